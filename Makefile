@@ -1,0 +1,31 @@
+# The two quick-start commands: `make demo` and `make test`.
+# Both create .venv and install the project (CPU torch pinned explicitly) on first use.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test install lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedgl-secure simulate --output runs/demo.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fedgl_secure tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Datasets, simulated institutions and the global node index."""

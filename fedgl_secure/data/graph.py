@@ -1,0 +1,87 @@
+"""The in-memory graph every loader returns and every client holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class GraphDataset:
+    """A node-classification graph with its split.
+
+    Attributes:
+        name: dataset name (``cora``, ``synthetic`` ...).
+        features: ``N x F`` CSR matrix, float32, as stored (not yet row-normalised).
+        labels: ``N`` int64 class ids; ``-1`` marks a node without a label.
+        edge_index: ``2 x E`` int64, undirected (both directions stored), no self-loops,
+            no duplicates, sorted lexicographically.
+        train_mask, val_mask, test_mask: ``N`` bool, pairwise disjoint, only labelled nodes.
+        num_classes: number of classes ``C``.
+        node_ids: ``N`` int64 identifiers that are stable across institutions (for a loaded
+            dataset: the row number in the raw files). Clients keep these ids, so the global
+            index can be rebuilt from them.
+    """
+
+    name: str
+    features: sp.csr_matrix
+    labels: np.ndarray
+    edge_index: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int
+    node_ids: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_undirected_edges(self) -> int:
+        return int(self.edge_index.shape[1] // 2)
+
+    def adjacency(self) -> sp.csr_matrix:
+        """Binary symmetric adjacency without self-loops, as CSR."""
+        n = self.num_nodes
+        values = np.ones(self.edge_index.shape[1], dtype=np.float32)
+        return sp.csr_matrix((values, (self.edge_index[0], self.edge_index[1])), shape=(n, n))
+
+
+def canonical_edge_index(rows: np.ndarray, cols: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Symmetrise, drop self-loops and duplicates, sort; returns ``2 x E`` int64."""
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    keep = rows != cols
+    rows, cols = rows[keep], cols[keep]
+    both_rows = np.concatenate([rows, cols])
+    both_cols = np.concatenate([cols, rows])
+    keys = np.unique(both_rows * num_nodes + both_cols)
+    return np.stack([keys // num_nodes, keys % num_nodes]).astype(np.int64)
+
+
+def induced_subgraph(dataset: GraphDataset, nodes: np.ndarray, name: str | None = None) -> GraphDataset:
+    """The subgraph induced by ``nodes`` (sorted local order), keeping features, labels, split and ids."""
+    nodes = np.sort(np.asarray(nodes, dtype=np.int64))
+    local_of = np.full(dataset.num_nodes, -1, dtype=np.int64)
+    local_of[nodes] = np.arange(nodes.shape[0])
+    src, dst = dataset.edge_index
+    keep = (local_of[src] >= 0) & (local_of[dst] >= 0)
+    edge_index = np.stack([local_of[src[keep]], local_of[dst[keep]]])
+    return GraphDataset(
+        name=name or dataset.name,
+        features=dataset.features[nodes].tocsr(),
+        labels=dataset.labels[nodes],
+        edge_index=edge_index,
+        train_mask=dataset.train_mask[nodes],
+        val_mask=dataset.val_mask[nodes],
+        test_mask=dataset.test_mask[nodes],
+        num_classes=dataset.num_classes,
+        node_ids=dataset.node_ids[nodes],
+    )

@@ -1,0 +1,1 @@
+"""The FedGL engine: equations, clients, server, methods, simulation and evaluation."""

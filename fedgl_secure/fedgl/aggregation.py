@@ -1,0 +1,48 @@
+"""Aggregation rules (Eq. 10) and the summation step every secure backend replaces.
+
+The engine only ever needs *sums* of pre-weighted client terms: ``Σ_k w_k X_k``. Keeping the
+summation behind one small interface is what lets the plaintext simulation and the CKKS
+consortium share every other line of the algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import torch
+
+from fedgl_secure.errors import ConfigError
+
+
+def client_weight(num_nodes: int) -> float:
+    """FedAvg's client weight ``w_k = N_k`` (the number of nodes the client holds)."""
+    return float(num_nodes)
+
+
+def fedavg(weighted_parameter_sum: torch.Tensor, total_weight: torch.Tensor | float) -> torch.Tensor:
+    """Eq. 10: ``W̄ = Σ_k w_k W_k / Σ_k w_k`` from the already-summed numerator and denominator."""
+    total = float(total_weight)
+    if total <= 0:
+        raise ConfigError("aggregation: the total client weight must be positive")
+    return weighted_parameter_sum / total
+
+
+class Summation(Protocol):
+    """Adds the clients' pre-weighted terms, kind by kind (plaintext, or CKKS ciphertexts)."""
+
+    def __call__(self, contributions: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]: ...
+
+
+def plaintext_sum(contributions: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Kind-wise sum of the clients' terms, in float64 so the order of clients does not matter."""
+    if not contributions:
+        raise ConfigError("aggregation: no client contributed to this round")
+    kinds = set(contributions[0])
+    for contribution in contributions[1:]:
+        if set(contribution) != kinds:
+            raise ConfigError(f"aggregation: clients uploaded different kinds {sorted(kinds)} vs {sorted(contribution)}")
+    return {
+        kind: torch.stack([c[kind].to(torch.float64) for c in contributions]).sum(dim=0).to(torch.float32)
+        for kind in sorted(kinds)
+    }

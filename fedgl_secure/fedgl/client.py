@@ -1,0 +1,77 @@
+"""One institution's side of a round: local training from W̄ and inference for the uploads."""
+
+from __future__ import annotations
+
+import torch
+
+from fedgl_secure.fedgl.config import TrainingConfig
+from fedgl_secure.fedgl.graph_tensors import GraphTensors
+from fedgl_secure.model.gcn import GCN, GCNOutput
+from fedgl_secure.model.losses import fedgl_loss, proximal_term
+from fedgl_secure.seeding import torch_stream
+
+
+class LocalTrainer:
+    """A client's model, optimiser and private random stream.
+
+    The optimiser state persists across rounds by default (each bank keeps its own Adam
+    moments); the parameters are overwritten with W̄ at the start of every round.
+    """
+
+    def __init__(self, client_id: int, graph: GraphTensors, config: TrainingConfig, seed: int) -> None:
+        self.client_id = client_id
+        self.graph = graph
+        self.config = config
+        self.model = GCN(graph.features.shape[1], config.hidden, graph.num_classes, config.dropout).to(graph.device)
+        self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(
+            [
+                {"params": self.model.first_layer_parameters(), "weight_decay": self.config.weight_decay},
+                {"params": self.model.second_layer_parameters(), "weight_decay": 0.0},
+            ],
+            lr=self.config.learning_rate,
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    def train(
+        self,
+        adjacency: torch.Tensor,
+        start_parameters: torch.Tensor | None,
+        pseudo_labels: torch.Tensor | None = None,
+        alpha: float = 0.0,
+        proximal_mu: float = 0.0,
+        epochs: int | None = None,
+    ) -> float:
+        """E local epochs of full-batch Adam on Eq. 8 (plus FedProx's term when ``proximal_mu > 0``).
+
+        Starts from ``start_parameters`` (W̄) when given, else continues from the current model
+        (the Local and Centralized baselines). Returns the last epoch's loss.
+        """
+        if start_parameters is not None:
+            self.model.load_flat_parameters(start_parameters)
+        if self.config.reset_optimizer_each_round:
+            self.optimizer = self._new_optimizer()
+        anchor = [p.detach().clone() for p in self.model.parameters()] if proximal_mu > 0 else None
+        self.model.train()
+        loss = torch.zeros(())
+        for _ in range(epochs or self.config.local_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            output = self.model(self.graph.features, adjacency, self.generator)
+            loss = fedgl_loss(output.logits, self.graph.labels, self.graph.train_mask, pseudo_labels, alpha)
+            if anchor is not None:
+                loss = loss + proximal_term(list(self.model.parameters()), anchor, proximal_mu)
+            loss.backward()
+            self.optimizer.step()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def infer(self, adjacency: torch.Tensor) -> GCNOutput:
+        """Eval-mode forward pass with the current local model (the P_k, H_k of a round)."""
+        self.model.eval()
+        return self.model(self.graph.features, adjacency)

@@ -1,0 +1,89 @@
+"""A graph prepared for training on a device: features, labels, masks and its normalised Â."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+from fedgl_secure.model.adjacency import (
+    fuse_pseudo_graph,
+    gcn_normalize,
+    project_pseudo_graph,
+    row_normalize_features,
+    to_torch_sparse,
+)
+
+
+@dataclass(frozen=True)
+class GraphTensors:
+    """Device tensors of one graph plus the global index of each of its nodes."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    train_mask: torch.Tensor
+    val_mask: torch.Tensor
+    test_mask: torch.Tensor
+    positions: np.ndarray
+    num_global_nodes: int
+    base_adjacency: sp.csr_matrix
+    num_classes: int
+    device: torch.device
+
+    @classmethod
+    def from_graph(
+        cls,
+        graph: GraphDataset,
+        positions: np.ndarray,
+        num_global_nodes: int,
+        device: torch.device,
+        normalize_features: bool = True,
+    ) -> GraphTensors:
+        features = row_normalize_features(graph.features) if normalize_features else graph.features
+        return cls(
+            features=to_torch_sparse(features, device),
+            labels=torch.as_tensor(graph.labels, dtype=torch.int64, device=device),
+            train_mask=torch.as_tensor(graph.train_mask, device=device),
+            val_mask=torch.as_tensor(graph.val_mask, device=device),
+            test_mask=torch.as_tensor(graph.test_mask, device=device),
+            positions=np.asarray(positions, dtype=np.int64),
+            num_global_nodes=num_global_nodes,
+            base_adjacency=gcn_normalize(graph.adjacency()),
+            num_classes=graph.num_classes,
+            device=device,
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.labels.shape[0])
+
+    def adjacency(self, pseudo_graph: PseudoGraph | None, beta: float, renormalize: bool) -> torch.Tensor:
+        """This graph's Â, fused with its projection of the global pseudo graph (Eq. 9)."""
+        projected = None
+        if pseudo_graph is not None and beta > 0:
+            projected = project_pseudo_graph(
+                pseudo_graph.neighbors.cpu().numpy(),
+                pseudo_graph.weights.cpu().numpy(),
+                self.positions,
+                self.num_global_nodes,
+            )
+        return to_torch_sparse(fuse_pseudo_graph(self.base_adjacency, projected, beta, renormalize), self.device)
+
+    def local_pseudo_labels(self, global_labels: torch.Tensor | None) -> torch.Tensor | None:
+        """The global pseudo labels (Eq. 13) at this graph's nodes."""
+        if global_labels is None:
+            return None
+        return global_labels.to(self.device)[torch.as_tensor(self.positions, device=self.device)]
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
+    """(correct, total) over ``mask``; counts rather than a ratio so callers can pool them."""
+    total = int(mask.sum())
+    if total == 0:
+        return 0, 0
+    correct = int((logits[mask].argmax(dim=1) == labels[mask]).sum())
+    return correct, total

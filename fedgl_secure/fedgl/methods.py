@@ -1,0 +1,167 @@
+"""Federated methods: what a client computes and uploads, what the server fuses and sends back.
+
+The engine (``simulation.py``, later the network services) is method-agnostic. A method
+declares its upload kinds; each client turns the current :class:`Broadcast` into a dict of
+*pre-weighted* terms ``w_k · X_k`` (one per kind, already in global index where per-node);
+the engine only sums them (in plaintext or under CKKS) and hands the sums back to the method.
+FedAvg and FedGL are two such methods; others (meta-learned FedAvg with self-training,
+neighbour reconstruction, edge-DP contrastive learning) plug in the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from fedgl_secure.fedgl.aggregation import client_weight, fedavg
+from fedgl_secure.fedgl.client import LocalTrainer
+from fedgl_secure.fedgl.config import ExperimentConfig, SelfSupervisionConfig
+from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
+from fedgl_secure.fedgl.graph_tensors import GraphTensors
+from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph
+from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+
+# Upload kinds. Every kind is a sum of pre-weighted client terms.
+WEIGHTS = "weights"  # w_k · W_k (flattened parameters)
+SAMPLE_WEIGHT = "sample_weight"  # w_k, for Σ_k w_k
+PREDICTIONS = "predictions"  # w_k · P_k in global index (M x C)
+EMBEDDINGS = "embeddings"  # w_k · H_k in global index (M x D)
+NODE_WEIGHT = "node_weight"  # w_k · [i ∈ V_k] (M), the per-node normaliser of Eqs. 12/14
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the server sends to the clients after a round (round 0: the initial model)."""
+
+    round_number: int
+    weights: torch.Tensor
+    pseudo_labels: torch.Tensor | None = None
+    pseudo_graph: PseudoGraph | None = None
+    # Server-side only (never sent to banks): fused values kept for diagnostics.
+    fused_predictions: torch.Tensor | None = field(default=None, repr=False)
+
+
+class FederatedMethod(Protocol):
+    name: str
+
+    @property
+    def upload_kinds(self) -> tuple[str, ...]: ...
+
+    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]: ...
+
+    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
+
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor: ...
+
+
+class FedAvg:
+    """Federated averaging (Eq. 10), optionally with FedProx's proximal term; weights only."""
+
+    name = "federated"
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+        federation = config.federation
+        self.proximal_mu = federation.fedprox_mu if federation.aggregation == "fedprox" else 0.0
+
+    @property
+    def upload_kinds(self) -> tuple[str, ...]:
+        return (WEIGHTS, SAMPLE_WEIGHT)
+
+    def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: torch.Tensor, alpha: float) -> None:
+        pseudo_labels = trainer.graph.local_pseudo_labels(broadcast.pseudo_labels) if alpha > 0 else None
+        trainer.train(adjacency, broadcast.weights, pseudo_labels, alpha, self.proximal_mu)
+
+    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
+        self._train(trainer, broadcast, self.evaluation_adjacency(trainer.graph, broadcast), alpha=0.0)
+        weight = client_weight(trainer.num_nodes)
+        return {WEIGHTS: weight * trainer.model.flat_parameters().cpu(), SAMPLE_WEIGHT: torch.tensor([weight])}
+
+    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
+        return Broadcast(round_number, fedavg(sums[WEIGHTS], sums[SAMPLE_WEIGHT].item()))
+
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+        return graph.adjacency(None, 0.0, False)
+
+
+class FedGL(FedAvg):
+    """FedGL: FedAvg plus global pseudo labels (Eqs. 12-13) and a global pseudo graph (Eqs. 14-15).
+
+    Uploads only what the enabled parts need: with α = 0 no predictions leave a bank, with
+    β = 0 no embeddings do.
+    """
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.name = config.method
+        self.ssl: SelfSupervisionConfig = config.self_supervision
+        self.alpha, self.beta = config.effective_alpha_beta()
+        self.server_device = None if config.device == "auto" else torch.device(config.device)
+
+    @property
+    def upload_kinds(self) -> tuple[str, ...]:
+        kinds = [WEIGHTS, SAMPLE_WEIGHT]
+        if self.alpha > 0:
+            kinds.append(PREDICTIONS)
+        if self.beta > 0:
+            kinds.append(EMBEDDINGS)
+        if self.alpha > 0 or self.beta > 0:
+            kinds.append(NODE_WEIGHT)
+        return tuple(kinds)
+
+    def _client_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+        return graph.adjacency(broadcast.pseudo_graph, self.beta, self.ssl.renormalize_fused)
+
+    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
+        adjacency = self._client_adjacency(trainer.graph, broadcast)
+        self._train(trainer, broadcast, adjacency, self.alpha)
+        weight = client_weight(trainer.num_nodes)
+        kinds = self.upload_kinds
+        contribution = {WEIGHTS: weight * trainer.model.flat_parameters().cpu(), SAMPLE_WEIGHT: torch.tensor([weight])}
+        if len(kinds) == 2:
+            return contribution
+        output = trainer.infer(adjacency)
+        positions = torch.as_tensor(trainer.graph.positions)
+        m = trainer.graph.num_global_nodes
+        if PREDICTIONS in kinds:
+            contribution[PREDICTIONS] = scatter_to_global(weight * torch.softmax(output.logits, 1).cpu(), positions, m)
+        if EMBEDDINGS in kinds:
+            embedding = output.logits if self.ssl.embedding == "output" else output.hidden
+            contribution[EMBEDDINGS] = scatter_to_global(weight * embedding.cpu(), positions, m)
+        contribution[NODE_WEIGHT] = scatter_to_global(torch.full((trainer.num_nodes,), weight), positions, m)
+        return contribution
+
+    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
+        total_weight = sums[SAMPLE_WEIGHT].item()
+        weights = fedavg(sums[WEIGHTS], total_weight)
+        pseudo_labels = fused_predictions = pseudo_graph = None
+        if PREDICTIONS in sums:
+            fused_predictions = fuse_node_values(sums[PREDICTIONS], sums[NODE_WEIGHT], total_weight, self.ssl.fusion)
+            pseudo_labels = global_pseudo_labels(fused_predictions, self.ssl.threshold)
+        if EMBEDDINGS in sums:
+            fused_embeddings = fuse_node_values(sums[EMBEDDINGS], sums[NODE_WEIGHT], total_weight, self.ssl.fusion)
+            pseudo_graph = discover_pseudo_graph(
+                fused_embeddings,
+                self.ssl.neighbors,
+                similarity=self.ssl.similarity,
+                backend=self.ssl.backend,
+                device=self.server_device,
+            )
+        return Broadcast(round_number, weights, pseudo_labels, pseudo_graph, fused_predictions)
+
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+        if self.ssl.pseudo_graph_at_eval:
+            return self._client_adjacency(graph, broadcast)
+        return graph.adjacency(None, 0.0, False)
+
+
+def build_method(config: ExperimentConfig) -> FederatedMethod:
+    """The federated method for ``config.method`` (baselines are not federated methods)."""
+    if config.method == "federated":
+        return FedAvg(config)
+    if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
+        return FedGL(config)
+    raise ValueError(f"{config.method!r} is a baseline, not a federated method")

@@ -1,0 +1,364 @@
+"""Global pseudo graph (Eq. 15): ``Ā = rownorm(topS(max(H̄ H̄ᵀ, 0)))``.
+
+The server turns the fused embeddings ``H̄`` (``M x D``, one row per node of the global index)
+into a kNN-style graph: each node keeps its ``s`` most similar other nodes, negative similarities
+become 0, and each row is normalised to sum 1.
+
+``M`` reaches 10^5–10^6 in a consortium, so the ``M x M`` similarity matrix is never built: rows
+are processed in blocks and only the top ``s`` entries of each row survive a block. Two exact
+backends do the block work:
+
+* ``torch``: ``block @ H̄ᵀ`` and ``torch.topk`` on any device; the only path that uses a GPU;
+* ``faiss``: ``faiss.IndexFlatIP`` exact inner-product search, whose fused matmul + heap
+  selection is faster on a CPU than a dense ``topk`` over full rows.
+
+Both give the same graph up to floating-point rounding (and the choice among tied entries).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm.auto import tqdm
+
+from fedgl_secure.errors import ConfigError
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
+
+SIMILARITIES = ("dot", "cosine")
+BACKENDS = ("auto", "torch", "faiss")
+
+# Bound on one block of similarity scores (float32). A block of rows is the torch backend's
+# working set; 256 MB keeps it well inside a GPU and a modest CPU host while blocks stay large
+# enough (671 rows at M = 10^5) for the matmul to run at full speed.
+_BLOCK_SCORE_BYTES = 256 * 2**20
+# faiss computes distances in tiles of 4096 queries (``distance_compute_blas_query_bs``); feeding
+# it a multiple of that keeps its BLAS path as efficient as one call over all rows, while bounding
+# the (rows x (s+1)) candidate buffers we hold at once.
+_FAISS_BLOCK_ROWS = 4 * 4096
+# Fewer blocks than this finish quickly enough that a progress bar would only be noise.
+_PROGRESS_MIN_BLOCKS = 20
+
+
+@dataclass(frozen=True)
+class PseudoGraph:
+    """The global pseudo graph ``Ā`` as a dense ``M x s`` neighbour list.
+
+    Attributes:
+        neighbors: ``M x s_eff`` int64 global row indices, row ``i`` sorted by decreasing
+            similarity to node ``i``; never ``i`` itself.
+        weights: ``M x s_eff`` float32 edge weights ``Ā[i, neighbors[i, j]]``; each row sums
+            to 1, or is all 0 when node ``i`` has no positive similarity among its top s.
+            A zero weight marks a kept neighbour whose similarity was clamped to 0; it is not
+            an edge.
+
+    A fixed-width list rather than a sparse matrix because every row has exactly ``s_eff``
+    candidates: it is what the server computes, compact to transmit, and cheap to project onto
+    one client's nodes.
+    """
+
+    neighbors: torch.Tensor
+    weights: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.neighbors.dim() != 2 or self.neighbors.shape != self.weights.shape:
+            raise ValueError(
+                "PseudoGraph: neighbors and weights must be 2-D with the same shape, got "
+                f"{tuple(self.neighbors.shape)} and {tuple(self.weights.shape)}"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        """``M``, the size of the global index."""
+        return int(self.neighbors.shape[0])
+
+    @property
+    def num_neighbors(self) -> int:
+        """``s_eff = min(s, M - 1)``, the width of each neighbour row."""
+        return int(self.neighbors.shape[1])
+
+    def to_sparse_coo(self) -> torch.Tensor:
+        """``Ā`` as a coalesced ``M x M`` torch sparse COO tensor (zero weights dropped)."""
+        m, width = self.neighbors.shape
+        rows = torch.arange(m, dtype=torch.int64).repeat_interleave(width)
+        cols = self.neighbors.reshape(-1).to(torch.int64)
+        values = self.weights.reshape(-1)
+        keep = values != 0
+        indices = torch.stack([rows[keep], cols[keep]])
+        # Checked: a PseudoGraph may come from outside (e.g. a received broadcast), and an
+        # out-of-range index in an unchecked sparse tensor is a crash, not an error.
+        return torch.sparse_coo_tensor(indices, values[keep], (m, m), check_invariants=True).coalesce()
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """``Ā`` as an ``M x M`` scipy CSR matrix (float32, zero weights dropped)."""
+        import scipy.sparse as sp
+
+        coo = self.to_sparse_coo()
+        rows, cols = coo.indices().numpy()
+        m = self.num_nodes
+        return sp.csr_matrix((coo.values().numpy(), (rows, cols)), shape=(m, m))
+
+
+# --------------------------------------------------------------------------------------------
+# The equation, as small pure functions.
+
+
+def rownorm(weights: torch.Tensor) -> torch.Tensor:
+    """Divide each row by its sum (Eq. 15's ``rownorm``); rows summing to 0 stay all 0.
+
+    Inputs are non-negative here, so a zero sum means an all-zero row: such a node has no
+    positively similar neighbour and gets no pseudo edges rather than a division by zero.
+    """
+    totals = weights.sum(dim=1, keepdim=True)
+    safe = torch.where(totals > 0, totals, torch.ones_like(totals))
+    return torch.where(totals > 0, weights / safe, torch.zeros_like(weights))
+
+
+def top_s(scores: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 15's ``topS``: the ``s`` largest entries of each row, as ``(values, column ids)``.
+
+    Sorted by decreasing value. The caller excludes self-similarity beforehand (by setting it
+    to ``-inf``), so this stays a plain selection.
+    """
+    return torch.topk(scores, s, dim=1, largest=True, sorted=True)
+
+
+def pseudo_graph_weights(top_similarities: torch.Tensor) -> torch.Tensor:
+    """Eq. 15 on the kept entries: ``rownorm(max(·, 0))`` of each row's top-s similarities.
+
+    ``max(·, 0)`` is monotone, so selecting the top s *before* clamping keeps the same values
+    as clamping the full ``M x M`` matrix first (up to which tied zeros are listed, and those
+    carry weight 0 either way). That order is what lets us never build the full matrix.
+    """
+    return rownorm(top_similarities.clamp(min=0))
+
+
+def drop_self(
+    ids: torch.Tensor, scores: torch.Tensor, row_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Remove each row's own id from its ``s + 1`` nearest candidates, leaving ``s`` columns.
+
+    A search over all nodes finds the query itself among its candidates, usually but not
+    always: with ``dot`` a node's self-similarity ``‖h_i‖²`` need not be among its top
+    ``s + 1``, and ties can push it out. Then the first ``s`` candidates already are the top
+    ``s`` of the other nodes, so the last column is the one to drop.
+    """
+    rows, width = ids.shape
+    is_self = ids == row_ids[:, None]
+    # Column to drop: the first self match, else the last. A gather over "every column but that
+    # one" keeps the order and the width fixed even for malformed rows, and is ~3x faster than
+    # boolean-mask indexing at 10^5 x 101.
+    drop = torch.where(is_self.any(dim=1), is_self.to(torch.uint8).argmax(dim=1), width - 1)
+    columns = torch.arange(width - 1).expand(rows, width - 1)
+    columns = columns + (columns >= drop[:, None])
+    return ids.gather(1, columns), scores.gather(1, columns)
+
+
+# --------------------------------------------------------------------------------------------
+# Discovery.
+
+
+def discover_pseudo_graph(
+    embeddings: torch.Tensor,
+    s: int,
+    similarity: str = "dot",
+    backend: str = "auto",
+    block_size: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool | None = None,
+) -> PseudoGraph:
+    """Compute the global pseudo graph ``Ā = rownorm(topS(max(H̄ H̄ᵀ, 0)))`` (Eq. 15).
+
+    Args:
+        embeddings: ``H̄``, ``M x D`` fused node embeddings (any real dtype; used as float32).
+        s: neighbours kept per node; ``s_eff = min(s, M - 1)`` because a node is never its own
+            neighbour.
+        similarity: ``"dot"`` (the paper's ``H̄ H̄ᵀ``) or ``"cosine"`` (rows L2-normalised first,
+            zero rows stay zero), which avoids a few high-norm nodes becoming everybody's
+            neighbours (DESIGN §3, pitfalls).
+        backend: ``"torch"``, ``"faiss"`` (CPU only) or ``"auto"``: torch on CUDA when a GPU is
+            usable, else faiss when installed, else torch on the CPU.
+        block_size: rows processed per block; by default as many as keep one block of scores
+            within ~256 MB (torch) or 16384 (faiss).
+        device: where the torch backend computes; a CPU device makes ``auto`` prefer faiss.
+            Results always come back on the CPU.
+        progress: show a progress bar over blocks; ``None`` shows one only for more than 20
+            blocks.
+
+    Raises:
+        ConfigError: an argument is invalid (the message names it).
+    """
+    if similarity not in SIMILARITIES:
+        raise ConfigError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    s = _positive_int("s", s)
+    if block_size is not None:
+        block_size = _positive_int("block_size", block_size)
+    h = _validated_embeddings(embeddings)
+    chosen, target = resolve_backend(backend, device)
+
+    m = h.shape[0]
+    s_eff = min(s, m - 1)
+    if s_eff <= 0:  # zero or one node: nobody to connect to
+        empty = torch.empty((m, 0))
+        return PseudoGraph(empty.to(torch.int64), empty.to(torch.float32))
+    if similarity == "cosine":
+        h = torch.nn.functional.normalize(h, p=2.0, dim=1)
+
+    if chosen == "faiss":
+        rows = block_size or _FAISS_BLOCK_ROWS
+        blocks = _faiss_top_s(h.cpu().contiguous(), s_eff, rows)
+    else:
+        rows = block_size or max(1, _BLOCK_SCORE_BYTES // (4 * m))
+        blocks = _torch_top_s(h.to(target), s_eff, rows)
+
+    neighbors = torch.empty((m, s_eff), dtype=torch.int64)
+    weights = torch.empty((m, s_eff), dtype=torch.float32)
+    n_blocks = -(-m // rows)
+    show = n_blocks > _PROGRESS_MIN_BLOCKS if progress is None else progress
+    # closing(): an error mid-way must still run the generator's cleanup (faiss thread count).
+    with closing(blocks), tqdm(total=n_blocks, desc="pseudo graph", unit="block", disable=not show) as bar:
+        for start, ids, top in blocks:
+            if not torch.isfinite(top).all():
+                raise ConfigError(
+                    "embeddings: similarities overflow float32; rescale the embeddings "
+                    "or use similarity='cosine'"
+                )
+            stop = start + ids.shape[0]
+            neighbors[start:stop] = ids
+            weights[start:stop] = pseudo_graph_weights(top)
+            bar.update(1)
+    return PseudoGraph(neighbors, weights)
+
+
+def _torch_top_s(
+    h: torch.Tensor, s: int, rows: int
+) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(first row, ids, similarities)`` of each block's top s, self excluded."""
+    m = h.shape[0]
+    h_t = h.t().contiguous()  # one transposed copy, not one per block
+    for start in range(0, m, rows):
+        stop = min(start + rows, m)
+        scores = h[start:stop] @ h_t
+        local = torch.arange(stop - start, device=h.device)
+        scores[local, start + local] = float("-inf")  # self-similarity is not an edge
+        values, ids = top_s(scores, s)
+        del scores  # free the block before the next one is allocated
+        yield start, ids.cpu(), values.cpu()
+
+
+def _faiss_top_s(
+    h: torch.Tensor, s: int, rows: int
+) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(first row, ids, similarities)`` of each block's top s via exact faiss search."""
+    faiss = _import_faiss()
+    assert faiss is not None  # resolve_backend checked it
+    points = h.numpy()
+    with _faiss_threads(faiss, torch.get_num_threads()):
+        index = faiss.IndexFlatIP(points.shape[1])
+        index.add(points)
+        for start in range(0, points.shape[0], rows):
+            stop = min(start + rows, points.shape[0])
+            scores, ids = index.search(points[start:stop], s + 1)
+            yield start, *drop_self(
+                torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)
+            )
+
+
+@contextmanager
+def _faiss_threads(faiss: ModuleType, n: int) -> Iterator[None]:
+    """Run faiss with ``n`` OpenMP threads, restoring its previous setting afterwards.
+
+    faiss and torch each ship their own OpenMP runtime. Left alone, faiss sizes its pool from
+    the core count regardless of ``torch.set_num_threads``, which oversubscribes a host that
+    was deliberately limited; matching torch makes one knob control both.
+    """
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and backend choice.
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {number}")
+    return number
+
+
+def _validated_embeddings(embeddings: object) -> torch.Tensor:
+    if not isinstance(embeddings, torch.Tensor):
+        raise ConfigError(f"embeddings must be a torch.Tensor, got {type(embeddings).__name__}")
+    if embeddings.dim() != 2:
+        raise ConfigError(f"embeddings must be 2-D (nodes x dims), got shape {tuple(embeddings.shape)}")
+    if embeddings.shape[1] == 0:
+        raise ConfigError("embeddings must have at least one column")
+    if embeddings.is_complex() or embeddings.dtype == torch.bool:
+        raise ConfigError(f"embeddings must be real-valued, got dtype {embeddings.dtype}")
+    h = embeddings.detach().to(torch.float32)
+    if not torch.isfinite(h).all():
+        raise ConfigError("embeddings must be finite (as float32): found NaN or infinity")
+    return h
+
+
+def _import_faiss() -> ModuleType | None:
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
+def resolve_backend(backend: str, device: torch.device | str | None = None) -> tuple[str, torch.device]:
+    """The backend ``discover_pseudo_graph`` will run and its device (faiss: always the CPU).
+
+    Public so callers can log or record what ``"auto"`` chose on this host.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    cpu = torch.device("cpu")
+    target: torch.device | None = None
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ConfigError(f"device {device!r} is not a valid torch device: {error}") from None
+        if target.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but CUDA is not available")
+    if backend == "faiss":
+        if target is not None and target.type != "cpu":
+            raise ConfigError(f"device {device!r} needs backend 'torch': backend 'faiss' runs on the CPU")
+        if _import_faiss() is None:
+            raise ConfigError(
+                "backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'"
+            )
+        return "faiss", cpu
+    if backend == "torch":
+        if target is None:
+            target = torch.device("cuda") if torch.cuda.is_available() else cpu
+        return "torch", target
+    # auto
+    if target is None and torch.cuda.is_available():
+        return "torch", torch.device("cuda")
+    if (target is None or target.type == "cpu") and _import_faiss() is not None:
+        return "faiss", cpu
+    return "torch", target or cpu

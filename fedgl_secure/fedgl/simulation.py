@@ -1,0 +1,289 @@
+"""In-process simulation of a federation: the round loop, the baselines and the run record.
+
+The loop is method-agnostic (see ``methods.py``) and takes the summation step as a
+parameter, so a secure backend can replace the plaintext sum without touching anything else.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
+from fedgl_secure.data.graph import GraphDataset
+
+from fedgl_secure.data.sampling import make_clients, select_participants
+from fedgl_secure.fedgl.aggregation import Summation, plaintext_sum
+from fedgl_secure.fedgl.client import LocalTrainer
+from fedgl_secure.fedgl.config import ExperimentConfig
+from fedgl_secure.fedgl.evaluation import EarlyStopping, evaluate_model, ratio
+from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+from fedgl_secure.log import get_logger
+from fedgl_secure.model.gcn import GCN
+from fedgl_secure.seeding import torch_stream
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' → CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The simulated institutions of one run, their union index and the merged graph."""
+
+    clients: list[GraphDataset]
+    index: GlobalIndex
+    merged: GraphTensors
+    client_graphs: list[GraphTensors]
+
+    @classmethod
+    def build(cls, dataset: GraphDataset, config: ExperimentConfig, device: torch.device) -> Federation:
+        federation = config.federation
+        clients = make_clients(dataset, federation.proportions, config.seed, federation.overlap)
+        index = GlobalIndex.from_id_sets([c.node_ids for c in clients])
+        normalize = config.training.normalize_features
+        merged = GraphTensors.from_graph(
+            merge_client_graphs(clients, index), np.arange(index.size), index.size, device, normalize
+        )
+        client_graphs = [
+            GraphTensors.from_graph(c, index.positions(c.node_ids), index.size, device, normalize) for c in clients
+        ]
+        return cls(clients, index, merged, client_graphs)
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    participants: list[int]
+    val_accuracy: float
+    test_accuracy: float
+    seconds: float
+    pseudo_labels: int | None = None
+    pseudo_label_accuracy: float | None = None
+    pseudo_graph_edges: int | None = None
+    pseudo_graph_homophily: float | None = None
+
+
+@dataclass
+class RunResult:
+    dataset: str
+    method: str
+    seed: int
+    rounds_run: int
+    best_round: int
+    best_val_accuracy: float
+    global_test_accuracy: float
+    local_test_accuracy: list[float]
+    wall_seconds: float
+    num_clients: int
+    num_global_nodes: int
+    history: list[RoundRecord] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def initial_parameters(config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
+    """W̄ of round 0, drawn from the run's "init" stream so every party can rebuild it."""
+    model = GCN(num_features, config.training.hidden, num_classes, config.training.dropout)
+    model.reset_parameters(torch_stream(config.seed, "init"))
+    return model.flat_parameters()
+
+
+def pseudo_label_accuracy(pseudo_labels: torch.Tensor, labels: torch.Tensor) -> tuple[int, float]:
+    """How many nodes got a pseudo label and how many of those (with a true label) are right."""
+    labelled = (pseudo_labels >= 0) & (labels.cpu() >= 0)
+    count = int((pseudo_labels >= 0).sum())
+    return count, ratio(int((pseudo_labels[labelled] == labels.cpu()[labelled]).sum()), int(labelled.sum()))
+
+
+def pseudo_graph_homophily(pseudo_graph: PseudoGraph, labels: torch.Tensor) -> tuple[int, float]:
+    """Edges of the pseudo graph and the share of them joining two nodes of the same class."""
+    labels = labels.cpu()
+    rows = torch.arange(pseudo_graph.num_nodes)[:, None].expand_as(pseudo_graph.neighbors)
+    keep = (pseudo_graph.weights > 0) & (labels[rows] >= 0) & (labels[pseudo_graph.neighbors] >= 0)
+    same = labels[rows][keep] == labels[pseudo_graph.neighbors][keep]
+    return int((pseudo_graph.weights > 0).sum()), ratio(int(same.sum()), int(keep.sum()))
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    dataset: GraphDataset | None = None,
+    progress: bool = True,
+    summation: Summation = plaintext_sum,
+) -> RunResult:
+    """Run one simulated experiment (any of the six methods) and return its record."""
+    started = time.perf_counter()
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
+    if dataset is None:
+        from fedgl_secure.data.registry import load_dataset
+
+        dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
+    federation = Federation.build(dataset, config, device)
+    log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
+    log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
+    if config.method == "centralized":
+        result = _run_centralized(config, federation, progress)
+    elif config.method == "local":
+        result = _run_local(config, federation, progress)
+    else:
+        result = _run_federated(config, federation, progress, summation)
+    result.wall_seconds = time.perf_counter() - started
+    result.config = config.model_dump(mode="json")
+    log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
+    return result
+
+
+def _new_result(config: ExperimentConfig, federation: Federation) -> RunResult:
+    return RunResult(
+        dataset=config.dataset,
+        method=config.method,
+        seed=config.seed,
+        rounds_run=0,
+        best_round=0,
+        best_val_accuracy=float("nan"),
+        global_test_accuracy=float("nan"),
+        local_test_accuracy=[],
+        wall_seconds=0.0,
+        num_clients=len(federation.clients),
+        num_global_nodes=federation.index.size,
+    )
+
+
+def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
+    return tqdm(
+        range(1, config.federation.max_rounds + 1),
+        desc=f"{config.dataset}/{config.method}/seed{config.seed}",
+        unit="round",
+        disable=not progress,
+        leave=False,
+    )
+
+
+def _run_federated(
+    config: ExperimentConfig, federation: Federation, progress: bool, summation: Summation
+) -> RunResult:
+    method = build_method(config)
+    merged = federation.merged
+    trainers = [
+        LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(federation.client_graphs)
+    ]
+    evaluator = GCN(merged.features.shape[1], config.training.hidden, merged.num_classes).to(merged.device)
+    broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
+    stopper = EarlyStopping(config.federation.patience)
+    result = _new_result(config, federation)
+    bar = _round_bar(config, progress)
+    for round_number in bar:
+        round_started = time.perf_counter()
+        participants = select_participants(
+            len(trainers), config.federation.participation, config.seed, round_number
+        )
+        contributions = [method.client_contribution(trainers[k], broadcast) for k in participants]
+        broadcast = method.server_update(summation(contributions), round_number)
+        evaluator.load_flat_parameters(broadcast.weights)
+        scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast))
+        record = RoundRecord(round_number, participants, scores.val, scores.test, time.perf_counter() - round_started)
+        if broadcast.pseudo_labels is not None:
+            record.pseudo_labels, record.pseudo_label_accuracy = pseudo_label_accuracy(
+                broadcast.pseudo_labels, merged.labels
+            )
+        if broadcast.pseudo_graph is not None:
+            record.pseudo_graph_edges, record.pseudo_graph_homophily = pseudo_graph_homophily(
+                broadcast.pseudo_graph, merged.labels
+            )
+        result.history.append(record)
+        result.rounds_run = round_number
+        if stopper.update(round_number, scores.val):
+            result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
+                round_number, scores.val, scores.test,
+            )
+            result.local_test_accuracy = [
+                evaluate_model(evaluator, graph, method.evaluation_adjacency(graph, broadcast)).test
+                for graph in federation.client_graphs
+            ]
+        bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
+        if stopper.should_stop(round_number):
+            break
+    return result
+
+
+def _run_centralized(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
+    """One GCN on the merged client graph; a "round" is E epochs so schedules are comparable."""
+    merged = federation.merged
+    trainer = LocalTrainer(-1, merged, config.training, config.seed)
+    trainer.model.load_flat_parameters(initial_parameters(config, merged.features.shape[1], merged.num_classes))
+    adjacency = merged.adjacency(None, 0.0, False)
+    client_adjacencies = [graph.adjacency(None, 0.0, False) for graph in federation.client_graphs]
+    stopper = EarlyStopping(config.federation.patience)
+    result = _new_result(config, federation)
+    bar = _round_bar(config, progress)
+    for round_number in bar:
+        round_started = time.perf_counter()
+        trainer.train(adjacency, None)
+        scores = evaluate_model(trainer.model, merged, adjacency)
+        result.history.append(
+            RoundRecord(round_number, [], scores.val, scores.test, time.perf_counter() - round_started)
+        )
+        result.rounds_run = round_number
+        if stopper.update(round_number, scores.val):
+            result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
+                round_number, scores.val, scores.test,
+            )
+            result.local_test_accuracy = [
+                evaluate_model(trainer.model, graph, adj).test
+                for graph, adj in zip(federation.client_graphs, client_adjacencies, strict=True)
+            ]
+        bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
+        if stopper.should_stop(round_number):
+            break
+    return result
+
+
+def _run_local(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
+    """Each client alone. Its global score pools every (client, own test node) prediction,
+    because there is no global model; model selection uses the pooled validation accuracy."""
+    graphs = federation.client_graphs
+    start = initial_parameters(config, graphs[0].features.shape[1], graphs[0].num_classes)
+    trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(graphs)]
+    for trainer in trainers:
+        trainer.model.load_flat_parameters(start)
+    adjacencies = [graph.adjacency(None, 0.0, False) for graph in graphs]
+    stopper = EarlyStopping(config.federation.patience)
+    result = _new_result(config, federation)
+    bar = _round_bar(config, progress)
+    for round_number in bar:
+        round_started = time.perf_counter()
+        val_counts, test_counts, local_tests = [0, 0], [0, 0], []
+        for trainer, adjacency in zip(trainers, adjacencies, strict=True):
+            trainer.train(adjacency, None)
+            trainer.model.eval()
+            with torch.no_grad():
+                logits = trainer.model(trainer.graph.features, adjacency).logits
+            for counts, mask in ((val_counts, trainer.graph.val_mask), (test_counts, trainer.graph.test_mask)):
+                correct, total = accuracy(logits, trainer.graph.labels, mask)
+                counts[0] += correct
+                counts[1] += total
+            local_tests.append(ratio(*accuracy(logits, trainer.graph.labels, trainer.graph.test_mask)))
+        val, test = ratio(*val_counts), ratio(*test_counts)
+        result.history.append(
+            RoundRecord(round_number, list(range(len(trainers))), val, test, time.perf_counter() - round_started)
+        )
+        result.rounds_run = round_number
+        if stopper.update(round_number, val):
+            result.best_round, result.best_val_accuracy, result.global_test_accuracy = round_number, val, test
+            result.local_test_accuracy = local_tests
+        bar.set_postfix(val=f"{val:.3f}", test=f"{test:.3f}", best=result.best_round)
+        if stopper.should_stop(round_number):
+            break
+    return result

@@ -1,0 +1,1 @@
+"""The local model: a two-layer GCN over a (possibly pseudo-graph-fused) normalised adjacency."""

@@ -1,0 +1,86 @@
+"""Normalised adjacencies: Â of Kipf & Welling and FedGL's pseudo-graph fusion (Eq. 9).
+
+Everything here is scipy on the CPU: adjacencies are built once per round and per client, are
+small compared with training, and scipy's CSR arithmetic is exact and well tested. The
+result is handed to torch as a sparse tensor on the training device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+
+def symmetric_normalize(matrix: sp.spmatrix) -> sp.csr_matrix:
+    """``D^-1/2 M D^-1/2`` with ``D`` the row sums of ``M``; rows with degree 0 stay 0."""
+    matrix = sp.csr_matrix(matrix, dtype=np.float64)
+    degree = np.asarray(matrix.sum(axis=1)).ravel()
+    inv_sqrt = np.zeros_like(degree)
+    positive = degree > 0
+    inv_sqrt[positive] = degree[positive] ** -0.5
+    scale = sp.diags(inv_sqrt)
+    return (scale @ matrix @ scale).tocsr()
+
+
+def gcn_normalize(adjacency: sp.spmatrix) -> sp.csr_matrix:
+    """Kipf & Welling's ``Â = D̃^-1/2 (A + I) D̃^-1/2``."""
+    n = adjacency.shape[0]
+    return symmetric_normalize(sp.csr_matrix(adjacency, dtype=np.float64) + sp.identity(n, format="csr"))
+
+
+def project_pseudo_graph(
+    neighbors: np.ndarray, weights: np.ndarray, client_positions: np.ndarray, num_global_nodes: int
+) -> sp.csr_matrix:
+    """Ā^(k): the global pseudo graph restricted to the rows and columns of client k's nodes.
+
+    ``neighbors``/``weights`` are the ``M x s`` top-s structure of Eq. 15 in global indices;
+    ``client_positions[i]`` is the global index of the client's local node ``i``.
+    """
+    n_local = client_positions.shape[0]
+    local_of = np.full(num_global_nodes, -1, dtype=np.int64)
+    local_of[client_positions] = np.arange(n_local)
+    row_neighbors = neighbors[client_positions]
+    row_weights = weights[client_positions]
+    local_cols = local_of[row_neighbors]
+    keep = (local_cols >= 0) & (row_weights > 0)
+    local_rows = np.broadcast_to(np.arange(n_local)[:, None], local_cols.shape)
+    return sp.csr_matrix(
+        (row_weights[keep].astype(np.float64), (local_rows[keep], local_cols[keep])), shape=(n_local, n_local)
+    )
+
+
+def fuse_pseudo_graph(
+    normalized_adjacency: sp.csr_matrix,
+    projected_pseudo_graph: sp.csr_matrix | None,
+    beta: float,
+    renormalize: bool = False,
+) -> sp.csr_matrix:
+    """Eq. 9: ``Â_k' = Â_k + β · D̄^-1/2 Ā^(k) D̄^-1/2``.
+
+    Always starts from the *original* ``Â_k``, never from last round's fused matrix. ``D̄`` is
+    the row-degree matrix of ``Ā^(k)``; rows of degree 0 stay 0. With ``renormalize`` the sum
+    is normalised once more symmetrically so its spectrum stays in the range GCN expects
+    (an option, not the paper's form).
+    """
+    if projected_pseudo_graph is None or beta == 0.0 or projected_pseudo_graph.nnz == 0:
+        return normalized_adjacency
+    fused = normalized_adjacency + beta * symmetric_normalize(projected_pseudo_graph)
+    return symmetric_normalize(fused) if renormalize else fused.tocsr()
+
+
+def to_torch_sparse(matrix: sp.spmatrix, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A coalesced float32 torch sparse COO tensor."""
+    coo = sp.coo_matrix(matrix)
+    indices = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+    values = torch.from_numpy(coo.data.astype(np.float32))
+    return torch.sparse_coo_tensor(indices, values, coo.shape, device=device, check_invariants=False).coalesce()
+
+
+def row_normalize_features(features: sp.spmatrix) -> sp.csr_matrix:
+    """Kipf's feature preprocessing: each row divided by its sum (all-zero rows stay zero)."""
+    features = sp.csr_matrix(features, dtype=np.float32)
+    sums = np.asarray(features.sum(axis=1)).ravel()
+    inv = np.zeros_like(sums)
+    inv[sums != 0] = 1.0 / sums[sums != 0]
+    return (sp.diags(inv) @ features).tocsr().astype(np.float32)

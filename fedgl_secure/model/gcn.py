@@ -1,0 +1,86 @@
+"""Two-layer GCN (Kipf & Welling) with reproducible dropout: ``H = Â σ(Â X W0) W1``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GCNOutput:
+    """What one forward pass yields: the logits H (pre-softmax) and the hidden layer."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+def sparse_dropout(matrix: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Dropout on the stored values of a coalesced sparse tensor (Kipf's input dropout)."""
+    if p <= 0.0:
+        return matrix
+    values = matrix.values()
+    keep = torch.rand(values.shape, generator=generator, device=values.device) >= p
+    return torch.sparse_coo_tensor(
+        matrix.indices(), values * keep / (1.0 - p), matrix.shape, check_invariants=False, is_coalesced=True
+    )
+
+
+def dense_dropout(tensor: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Inverted dropout drawing its mask from ``generator`` so every client's stream is its own."""
+    if p <= 0.0:
+        return tensor
+    keep = torch.rand(tensor.shape, generator=generator, device=tensor.device) >= p
+    return tensor * keep / (1.0 - p)
+
+
+class GCN(nn.Module):
+    """``H = Â σ(Â X W0 + b0) W1 + b1``; ``P = softmax(H)``.
+
+    Dropout (on the sparse input features and on the hidden layer, as in Kipf & Welling) takes
+    its randomness from an explicit generator, never from torch's global state: each bank
+    owns its stream, so a distributed run reproduces an in-process one bit for bit.
+    """
+
+    def __init__(self, in_features: int, hidden: int, num_classes: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.weight0 = nn.Parameter(torch.empty(in_features, hidden))
+        self.bias0 = nn.Parameter(torch.zeros(hidden))
+        self.weight1 = nn.Parameter(torch.empty(hidden, num_classes))
+        self.bias1 = nn.Parameter(torch.zeros(num_classes))
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """Glorot-uniform weights, zero biases."""
+        nn.init.xavier_uniform_(self.weight0, generator=generator)
+        nn.init.xavier_uniform_(self.weight1, generator=generator)
+        nn.init.zeros_(self.bias0)
+        nn.init.zeros_(self.bias1)
+
+    def first_layer_parameters(self) -> list[nn.Parameter]:
+        """Parameters that get weight decay (Kipf decays only the first layer)."""
+        return [self.weight0, self.bias0]
+
+    def second_layer_parameters(self) -> list[nn.Parameter]:
+        return [self.weight1, self.bias1]
+
+    def forward(
+        self, features: torch.Tensor, adjacency: torch.Tensor, generator: torch.Generator | None = None
+    ) -> GCNOutput:
+        dropout = self.dropout if self.training else 0.0
+        x = sparse_dropout(features, dropout, generator) if features.is_sparse else dense_dropout(
+            features, dropout, generator
+        )
+        support = torch.sparse.mm(x, self.weight0) if x.is_sparse else x @ self.weight0
+        hidden = torch.relu(torch.sparse.mm(adjacency, support) + self.bias0)
+        logits = torch.sparse.mm(adjacency, dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
+        return GCNOutput(logits=logits, hidden=hidden)
+
+    def flat_parameters(self) -> torch.Tensor:
+        """All parameters as one detached vector (the W_k of Eq. 10)."""
+        return nn.utils.parameters_to_vector(self.parameters()).detach().clone()
+
+    def load_flat_parameters(self, vector: torch.Tensor) -> None:
+        with torch.no_grad():
+            nn.utils.vector_to_parameters(vector.to(self.weight0.device, torch.float32), self.parameters())

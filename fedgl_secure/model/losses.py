@@ -1,0 +1,34 @@
+"""Local objectives: FedGL's self-supervised loss (Eq. 8) and FedProx's proximal term."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def fedgl_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    train_mask: torch.Tensor,
+    pseudo_labels: torch.Tensor | None,
+    alpha: float,
+) -> torch.Tensor:
+    """Eq. 8: ``L = CE(train labels) + α · CE(pseudo labels)``.
+
+    Both terms are means over their node sets. Pseudo labels are ``-1`` where the server gave
+    none; rows of the client's own training nodes are dropped from the pseudo term so that a
+    true label is never overridden by the consortium's guess.
+    """
+    loss = F.cross_entropy(logits[train_mask], labels[train_mask])
+    if pseudo_labels is None or alpha == 0.0:
+        return loss
+    pseudo_mask = (pseudo_labels >= 0) & ~train_mask
+    if not bool(pseudo_mask.any()):
+        return loss
+    return loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask])
+
+
+def proximal_term(parameters: list[torch.Tensor], global_parameters: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx: ``μ/2 · ‖W − W̄‖²`` summed over all parameter tensors."""
+    squared = sum(((p - g.detach()) ** 2).sum() for p, g in zip(parameters, global_parameters, strict=True))
+    return 0.5 * mu * squared
