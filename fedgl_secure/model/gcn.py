@@ -82,5 +82,17 @@ class GCN(nn.Module):
         return nn.utils.parameters_to_vector(self.parameters()).detach().clone()
 
     def load_flat_parameters(self, vector: torch.Tensor) -> None:
+        """Copy ``vector`` into the parameters.
+
+        Copies rather than ``vector_to_parameters``, which would make the parameters views of
+        ``vector``: training would then write into the broadcast W̄ shared by every client.
+        """
+        vector = vector.to(self.weight0.device, torch.float32)
+        offset = 0
         with torch.no_grad():
-            nn.utils.vector_to_parameters(vector.to(self.weight0.device, torch.float32), self.parameters())
+            for parameter in self.parameters():
+                count = parameter.numel()
+                parameter.copy_(vector[offset : offset + count].view_as(parameter))
+                offset += count
+        if offset != vector.numel():
+            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {offset}")
