@@ -18,8 +18,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain one-line errors that name the flag, also in logs and pipes
 )
-reproduce_app = typer.Typer(help="Reproduce the FedGL paper's experiments.", no_args_is_help=True)
+reproduce_app = typer.Typer(
+    help="Reproduce the FedGL paper's experiments.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(reproduce_app, name="reproduce")
 
 

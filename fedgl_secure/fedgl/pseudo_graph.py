@@ -214,18 +214,19 @@ def discover_pseudo_graph(
         h = torch.nn.functional.normalize(h, p=2.0, dim=1)
 
     if chosen == "faiss":
-        rows = block_size or _FAISS_BLOCK_ROWS
-        blocks = _faiss_top_s(h.cpu().contiguous(), s_eff, rows)
+        # A short last block would fall below faiss' BLAS threshold onto its ~2x slower
+        # one-query-at-a-time path, so the default blocking folds it into the previous block.
+        bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS, fold_short_tail=block_size is None)
+        blocks = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds)
     else:
-        rows = block_size or max(1, _BLOCK_SCORE_BYTES // (4 * m))
-        blocks = _torch_top_s(h.to(target), s_eff, rows)
+        bounds = _block_bounds(m, block_size or max(1, _BLOCK_SCORE_BYTES // (4 * m)))
+        blocks = _torch_top_s(h.to(target), s_eff, bounds)
 
     neighbors = torch.empty((m, s_eff), dtype=torch.int64)
     weights = torch.empty((m, s_eff), dtype=torch.float32)
-    n_blocks = -(-m // rows)
-    show = n_blocks > _PROGRESS_MIN_BLOCKS if progress is None else progress
+    show = len(bounds) > _PROGRESS_MIN_BLOCKS if progress is None else progress
     # closing(): an error mid-way must still run the generator's cleanup (faiss thread count).
-    with closing(blocks), tqdm(total=n_blocks, desc="pseudo graph", unit="block", disable=not show) as bar:
+    with closing(blocks), tqdm(total=len(bounds), desc="pseudo graph", unit="block", disable=not show) as bar:
         for start, ids, top in blocks:
             if not torch.isfinite(top).all():
                 raise ConfigError(
@@ -240,13 +241,11 @@ def discover_pseudo_graph(
 
 
 def _torch_top_s(
-    h: torch.Tensor, s: int, rows: int
+    h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
 ) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
     """Yield ``(first row, ids, similarities)`` of each block's top s, self excluded."""
-    m = h.shape[0]
     h_t = h.t().contiguous()  # one transposed copy, not one per block
-    for start in range(0, m, rows):
-        stop = min(start + rows, m)
+    for start, stop in bounds:
         scores = h[start:stop] @ h_t
         local = torch.arange(stop - start, device=h.device)
         scores[local, start + local] = float("-inf")  # self-similarity is not an edge
@@ -256,7 +255,7 @@ def _torch_top_s(
 
 
 def _faiss_top_s(
-    h: torch.Tensor, s: int, rows: int
+    h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
 ) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
     """Yield ``(first row, ids, similarities)`` of each block's top s via exact faiss search."""
     faiss = _import_faiss()
@@ -265,12 +264,23 @@ def _faiss_top_s(
     with _faiss_threads(faiss, torch.get_num_threads()):
         index = faiss.IndexFlatIP(points.shape[1])
         index.add(points)
-        for start in range(0, points.shape[0], rows):
-            stop = min(start + rows, points.shape[0])
+        for start, stop in bounds:
             scores, ids = index.search(points[start:stop], s + 1)
             yield start, *drop_self(
                 torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)
             )
+
+
+def _block_bounds(m: int, rows: int, fold_short_tail: bool = False) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive row blocks of ``rows`` rows covering ``0..m``.
+
+    With ``fold_short_tail`` a last block shorter than half a block joins the previous one.
+    """
+    starts = list(range(0, m, rows))
+    if fold_short_tail and len(starts) > 1 and m - starts[-1] < rows // 2:
+        starts.pop()
+    ends = starts[1:] + [m] if starts else []
+    return list(zip(starts, ends, strict=True))
 
 
 @contextmanager
