@@ -39,9 +39,7 @@ WARMUP_NODES = 2000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=100_000, help="M, rows of H̄")
     parser.add_argument("--dim", type=int, default=16, help="D, columns of H̄")
     parser.add_argument("--s", type=int, default=100, help="neighbours kept per node")

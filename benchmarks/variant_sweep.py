@@ -19,15 +19,24 @@ from fedgl_secure.cli import parse_assignments
 from fedgl_secure.fedgl.reproduce import run_table2
 
 VARIANTS: dict[str, list[str]] = {
-    "paper-dot-b1": ["self_supervision.similarity=\"dot\"", "self_supervision.beta=1.0"],
-    "cosine-b1": ["self_supervision.similarity=\"cosine\"", "self_supervision.beta=1.0"],
-    "cosine-b0.3": ["self_supervision.similarity=\"cosine\"", "self_supervision.beta=0.3"],
-    "cosine-b0.3-renorm": ["self_supervision.similarity=\"cosine\"", "self_supervision.beta=0.3",
-                           "self_supervision.renormalize_fused=true"],
-    "cosine-b0.3-noeval": ["self_supervision.similarity=\"cosine\"", "self_supervision.beta=0.3",
-                           "self_supervision.pseudo_graph_at_eval=false"],
-    "cosine-b1-renorm": ["self_supervision.similarity=\"cosine\"", "self_supervision.beta=1.0",
-                         "self_supervision.renormalize_fused=true"],
+    "paper-dot-b1": ['self_supervision.similarity="dot"', "self_supervision.beta=1.0"],
+    "cosine-b1": ['self_supervision.similarity="cosine"', "self_supervision.beta=1.0"],
+    "cosine-b0.3": ['self_supervision.similarity="cosine"', "self_supervision.beta=0.3"],
+    "cosine-b0.3-renorm": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=0.3",
+        "self_supervision.renormalize_fused=true",
+    ],
+    "cosine-b0.3-noeval": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=0.3",
+        "self_supervision.pseudo_graph_at_eval=false",
+    ],
+    "cosine-b1-renorm": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=1.0",
+        "self_supervision.renormalize_fused=true",
+    ],
     "no-gpg": ["self_supervision.beta=0.0"],
 }
 
@@ -50,12 +59,20 @@ def main() -> None:
     datasets = args.datasets.split(",")
     summary: dict[str, dict] = {}
     for name, assignments in variants.items():
-        table = run_table2(datasets, ["fedgl"], args.seeds, args.output_dir / name, args.data_root, args.workers,
-                           parse_assignments(assignments))
+        table = run_table2(
+            datasets,
+            ["fedgl"],
+            args.seeds,
+            args.output_dir / name,
+            args.data_root,
+            args.workers,
+            parse_assignments(assignments),
+        )
         summary[name] = {
             "settings": assignments,
-            **{d: {"val_mean": table[d]["fedgl"]["val_mean"], "test_mean": table[d]["fedgl"]["mean"]}
-               for d in datasets},
+            **{
+                d: {"val_mean": table[d]["fedgl"]["val_mean"], "test_mean": table[d]["fedgl"]["mean"]} for d in datasets
+            },
         }
         print(name, json.dumps(summary[name]), flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,10 @@ def simulate(
     try:
         overrides = parse_assignments(set_ or [])
         values: dict[str, Any] = {
-            "dataset": dataset.value, "method": method.value, "seed": seed, "device": device,
+            "dataset": dataset.value,
+            "method": method.value,
+            "seed": seed,
+            "device": device,
             "data_root": str(data_root) if data_root else None,
         }
         for key, value in overrides.items():
@@ -135,7 +138,9 @@ def reproduce_table2(
         str, typer.Option(help="comma-separated methods")
     ] = "centralized,federated,fedgl-no-gpg,fedgl-no-gpl,fedgl",
     seeds: Annotated[int, typer.Option(min=1, help="seeds 0..N-1 per cell")] = 5,
-    output_dir: Annotated[Path, typer.Option(help="where table2.md, table2.json and runs/ go")] = Path("results/table2"),
+    output_dir: Annotated[Path, typer.Option(help="where table2.md, table2.json and runs/ go")] = Path(
+        "results/table2"
+    ),
     data_root: Annotated[Path | None, typer.Option(help="directory holding <dataset>/raw/")] = None,
     workers: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override: section.field=value")] = None,
@@ -157,9 +162,7 @@ def reproduce_table2(
         root = str(data_root) if data_root else None
         for name in dataset_list:  # fail fast on bad data, before hours of runs
             load_dataset(name, root, seed=0)
-        table = run_table2(
-            dataset_list, method_list, seeds, output_dir, root, workers, parse_assignments(set_ or [])
-        )
+        table = run_table2(dataset_list, method_list, seeds, output_dir, root, workers, parse_assignments(set_ or []))
     except FedGLError as error:
         _fail(error)
     typer.echo((output_dir / "table2.md").read_text())

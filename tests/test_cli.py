@@ -13,8 +13,16 @@ from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 
-REQUIRED_KEYS = {"dataset", "method", "seed", "rounds_run", "best_round", "global_test_accuracy",
-                 "local_test_accuracy", "wall_seconds"}
+REQUIRED_KEYS = {
+    "dataset",
+    "method",
+    "seed",
+    "rounds_run",
+    "best_round",
+    "global_test_accuracy",
+    "local_test_accuracy",
+    "wall_seconds",
+}
 
 
 def _invoke(*args: str):
@@ -24,9 +32,21 @@ def _invoke(*args: str):
 def test_console_script_simulate_writes_the_run_record(tmp_path):
     output = tmp_path / "out" / "run.json"
     completed = subprocess.run(
-        [Path(sys.executable).parent / "fedgl-secure", "simulate", "--rounds", "2", "--output", str(output),
-         "--method", "fedgl-no-gpg", "--seed", "3"],
-        capture_output=True, text=True, timeout=300,
+        [
+            Path(sys.executable).parent / "fedgl-secure",
+            "simulate",
+            "--rounds",
+            "2",
+            "--output",
+            str(output),
+            "--method",
+            "fedgl-no-gpg",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
     record = json.loads(output.read_text())
@@ -84,8 +104,18 @@ def test_corrupt_file_is_named(tmp_path, data_root):
 
 def test_reproduce_table2_writes_markdown_and_json(tmp_path):
     result = _invoke(
-        "reproduce", "table2", "--datasets", "synthetic", "--methods", "federated,fedgl-no-gpg", "--seeds", "2",
-        "--output-dir", str(tmp_path), "--set", "federation.max_rounds=2",
+        "reproduce",
+        "table2",
+        "--datasets",
+        "synthetic",
+        "--methods",
+        "federated,fedgl-no-gpg",
+        "--seeds",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        "--set",
+        "federation.max_rounds=2",
     )
     assert result.exit_code == 0, result.output
     table = json.loads((tmp_path / "table2.json").read_text())
@@ -98,8 +128,18 @@ def test_reproduce_table2_writes_markdown_and_json(tmp_path):
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert len(runs) == 4
     again = _invoke(
-        "reproduce", "table2", "--datasets", "synthetic", "--methods", "federated,fedgl-no-gpg", "--seeds", "2",
-        "--output-dir", str(tmp_path), "--set", "federation.max_rounds=2",
+        "reproduce",
+        "table2",
+        "--datasets",
+        "synthetic",
+        "--methods",
+        "federated,fedgl-no-gpg",
+        "--seeds",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        "--set",
+        "federation.max_rounds=2",
     )
     assert again.exit_code == 0
     assert json.loads((tmp_path / "table2.json").read_text()) == table

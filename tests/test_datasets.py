@@ -98,9 +98,7 @@ def test_real_dataset_statistics_and_split(load: Loader, name: str) -> None:
     assert_well_formed(data)
 
 
-@pytest.mark.parametrize(
-    ("name", "nnz"), [("cora", 49216), ("citeseer", 105165), ("acm", 253300), ("wiki", 1556595)]
-)
+@pytest.mark.parametrize(("name", "nnz"), [("cora", 49216), ("citeseer", 105165), ("acm", 253300), ("wiki", 1556595)])
 def test_features_are_raw_not_normalised(load: Loader, name: str, nnz: int) -> None:
     features = load(name).features
     assert features.nnz == nnz

@@ -77,8 +77,9 @@ def test_eq10_fedavg_is_node_weighted_mean():
     ]
     sums = plaintext_sum(contributions)
     expected = sum(n * w.double() for n, w in zip(sizes, params, strict=True)) / sum(sizes)
-    torch.testing.assert_close(fedavg(sums["weights"], sums["sample_weight"].item()).double(), expected,
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        fedavg(sums["weights"], sums["sample_weight"].item()).double(), expected, atol=1e-6, rtol=0
+    )
 
 
 def _client_terms(rng, m, c, holdings, sizes):

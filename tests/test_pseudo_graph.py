@@ -81,9 +81,7 @@ def assert_invariants(graph: PseudoGraph) -> None:
         (20, 3, 100, None),  # s > M - 1 is capped
     ],
 )
-def test_matches_dense_reference(
-    backend: str, similarity: str, m: int, d: int, s: int, block_size: int | None
-):
+def test_matches_dense_reference(backend: str, similarity: str, m: int, d: int, s: int, block_size: int | None):
     h = random_embeddings(m, d, seed=m + d + s)
     graph = discover_pseudo_graph(h, s, similarity=similarity, backend=backend, block_size=block_size)
     assert_matches_reference(graph, h, s, similarity)

@@ -20,8 +20,15 @@ def _ring_graph(n: int = 200, seed: int = 0) -> GraphDataset:
     split = rng.permutation(n)
     masks = [np.zeros(n, bool) for _ in range(3)]
     masks[0][split[:20]] = masks[1][split[20:60]] = masks[2][split[60:120]] = True
-    return GraphDataset("ring", sp.csr_matrix(rng.random((n, 5)).astype(np.float32)), labels, edge_index,
-                        *masks, num_classes=3, node_ids=np.arange(n) + 1000)
+    return GraphDataset(
+        "ring",
+        sp.csr_matrix(rng.random((n, 5)).astype(np.float32)),
+        labels,
+        edge_index,
+        *masks,
+        num_classes=3,
+        node_ids=np.arange(n) + 1000,
+    )
 
 
 def test_client_sizes_are_rounded_proportions_and_sets_are_unique():

@@ -33,8 +33,9 @@ def _config(method="fedgl", rounds=4, **sections):
 
 
 def test_fedgl_end_to_end_learns_and_records_everything(dataset):
-    result = run_experiment(_config("fedgl", rounds=6, self_supervision={"similarity": "cosine"}), dataset,
-                            progress=False)
+    result = run_experiment(
+        _config("fedgl", rounds=6, self_supervision={"similarity": "cosine"}), dataset, progress=False
+    )
     assert result.rounds_run == 6 and 1 <= result.best_round <= 6
     assert result.num_clients == 6 and result.num_global_nodes <= dataset.num_nodes
     assert result.global_test_accuracy > 0.5  # 4 classes: chance is 0.25
@@ -51,8 +52,9 @@ def test_same_seed_same_run_and_other_seed_differs(dataset):
     second = run_experiment(_config("fedgl", rounds=3), dataset, progress=False)
     assert [h.val_accuracy for h in first.history] == [h.val_accuracy for h in second.history]
     assert first.global_test_accuracy == second.global_test_accuracy
-    other = run_experiment(build_config({**_config("fedgl", rounds=3).model_dump(), "seed": 1}), dataset,
-                           progress=False)
+    other = run_experiment(
+        build_config({**_config("fedgl", rounds=3).model_dump(), "seed": 1}), dataset, progress=False
+    )
     assert [h.val_accuracy for h in other.history] != [h.val_accuracy for h in first.history]
 
 
@@ -127,7 +129,9 @@ def test_federated_round_one_equals_fedavg_of_client_models(dataset):
 
 def test_partial_participation_and_early_stopping(dataset):
     result = run_experiment(
-        _config("federated", rounds=200, federation={"participation": 0.5, "patience": 3}), dataset, progress=False
+        _config("federated", rounds=200, federation={"participation": 0.5, "patience": 3}),
+        dataset,
+        progress=False,
     )
     assert all(len(h.participants) == 3 for h in result.history)
     assert result.rounds_run == result.best_round + 3 < 200
@@ -143,8 +147,12 @@ def test_baselines_and_ablations_run(dataset, method):
 
 def test_fedprox_and_paper_fusion_options_run(dataset):
     result = run_experiment(
-        _config("fedgl", rounds=2, federation={"aggregation": "fedprox", "fedprox_mu": 0.1},
-                self_supervision={"fusion": "paper", "embedding": "hidden", "renormalize_fused": True}),
+        _config(
+            "fedgl",
+            rounds=2,
+            federation={"aggregation": "fedprox", "fedprox_mu": 0.1},
+            self_supervision={"fusion": "paper", "embedding": "hidden", "renormalize_fused": True},
+        ),
         dataset,
         progress=False,
     )

@@ -101,12 +101,8 @@ def _graph_edges(graph: Any, num_nodes: int, path: Path, dataset: str) -> np.nda
         f"{path} should hold an adjacency dict, found {type(graph).__name__}",
     )
     with parsing(path, dataset):
-        rows = np.fromiter(
-            (int(node) for node, neighbours in graph.items() for _ in neighbours), dtype=np.int64
-        )
-        cols = np.fromiter(
-            (int(other) for neighbours in graph.values() for other in neighbours), dtype=np.int64
-        )
+        rows = np.fromiter((int(node) for node, neighbours in graph.items() for _ in neighbours), dtype=np.int64)
+        cols = np.fromiter((int(other) for neighbours in graph.values() for other in neighbours), dtype=np.int64)
     if rows.size:
         low, high = min(rows.min(), cols.min()), max(rows.max(), cols.max())
         check(
@@ -198,9 +194,7 @@ def load_planetoid(name: str, root: Path) -> GraphDataset:
     ty_full[sorted_test - test_min, :] = ty
     # Rows num_known..test_min-1 (none in Cora/Citeseer) would have no data either.
     gap = test_min - num_known
-    features = sp.vstack(
-        [allx, sp.csr_matrix((gap, num_features), dtype=np.float32), tx_full.tocsr()]
-    ).tolil()
+    features = sp.vstack([allx, sp.csr_matrix((gap, num_features), dtype=np.float32), tx_full.tocsr()]).tolil()
     onehot = np.vstack([ally, np.zeros((gap, num_classes), dtype=ally.dtype), ty_full])
     # GCN load_data: the i-th tx row belongs to node test_index[i].
     features[test_index, :] = features[sorted_test, :]

@@ -28,8 +28,7 @@ def require_files(directory: Path, names: Sequence[str], dataset: str) -> dict[s
     directory = Path(directory)
     if not directory.is_dir():
         raise DatasetError(
-            f"{dataset}: dataset directory {directory} does not exist; expected it to contain "
-            f"{', '.join(names)}"
+            f"{dataset}: dataset directory {directory} does not exist; expected it to contain {', '.join(names)}"
         )
     paths = {name: directory / name for name in names}
     missing = [name for name, path in paths.items() if not path.is_file()]

@@ -44,9 +44,7 @@ def sample_split(
     for cls, count in enumerate(np.asarray(train_per_class, dtype=np.int64)):
         members = np.flatnonzero(available & (labels == cls))
         if members.shape[0] < count:
-            raise DatasetError(
-                f"{dataset}: class {cls} has {members.shape[0]} available nodes, {count} requested"
-            )
+            raise DatasetError(f"{dataset}: class {cls} has {members.shape[0]} available nodes, {count} requested")
         train.append(rng.choice(members, size=int(count), replace=False))
     train_index = np.concatenate(train) if train else np.empty(0, dtype=np.int64)
     train_mask = index_mask(num_nodes, train_index)

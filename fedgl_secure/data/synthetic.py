@@ -113,9 +113,7 @@ def synthetic_consortium(
     Raises:
         ConfigError: an argument is out of range; the message names it.
     """
-    _require(
-        isinstance(seed, (int, np.integer)) and seed >= 0, "seed", f"must be an integer >= 0, got {seed!r}"
-    )
+    _require(isinstance(seed, (int, np.integer)) and seed >= 0, "seed", f"must be an integer >= 0, got {seed!r}")
     _require(num_classes >= 2, "num_classes", f"must be >= 2, got {num_classes}")
     _require(num_features >= 1, "num_features", f"must be >= 1, got {num_features}")
     _require(train_per_class >= 1, "train_per_class", f"must be >= 1, got {train_per_class}")

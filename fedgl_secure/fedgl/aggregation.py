@@ -41,7 +41,9 @@ def plaintext_sum(contributions: Sequence[Mapping[str, torch.Tensor]]) -> dict[s
     kinds = set(contributions[0])
     for contribution in contributions[1:]:
         if set(contribution) != kinds:
-            raise ConfigError(f"aggregation: clients uploaded different kinds {sorted(kinds)} vs {sorted(contribution)}")
+            raise ConfigError(
+                f"aggregation: clients uploaded different kinds {sorted(kinds)} vs {sorted(contribution)}"
+            )
     return {
         kind: torch.stack([c[kind].to(torch.float64) for c in contributions]).sum(dim=0).to(torch.float32)
         for kind in sorted(kinds)

@@ -8,6 +8,7 @@ from fedgl_secure.fedgl.config import TrainingConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors
 from fedgl_secure.model.gcn import GCN, GCNOutput
 from fedgl_secure.model.losses import fedgl_loss, proximal_term
+from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.seeding import torch_stream
 
 
@@ -41,7 +42,7 @@ class LocalTrainer:
 
     def train(
         self,
-        adjacency: torch.Tensor,
+        adjacency: SparseOperator,
         start_parameters: torch.Tensor | None,
         pseudo_labels: torch.Tensor | None = None,
         alpha: float = 0.0,
@@ -71,7 +72,7 @@ class LocalTrainer:
         return float(loss.detach())
 
     @torch.no_grad()
-    def infer(self, adjacency: torch.Tensor) -> GCNOutput:
+    def infer(self, adjacency: SparseOperator) -> GCNOutput:
         """Eval-mode forward pass with the current local model (the P_k, H_k of a round)."""
         self.model.eval()
         return self.model(self.graph.features, adjacency)

@@ -111,7 +111,5 @@ def build_config(overrides: dict) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors())
         raise ConfigError(f"invalid configuration: {problems}") from error

@@ -8,6 +8,7 @@ import torch
 
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.model.gcn import GCN
+from fedgl_secure.model.sparse import SparseOperator
 
 
 @dataclass(frozen=True)
@@ -17,12 +18,14 @@ class SplitAccuracy:
 
 
 @torch.no_grad()
-def evaluate_model(model: GCN, graph: GraphTensors, adjacency: torch.Tensor) -> SplitAccuracy:
+def evaluate_model(model: GCN, graph: GraphTensors, adjacency: SparseOperator) -> SplitAccuracy:
     """Validation and test accuracy of ``model`` on ``graph`` (eval mode, no dropout)."""
     model.eval()
     logits = model(graph.features, adjacency).logits
-    return SplitAccuracy(ratio(*accuracy(logits, graph.labels, graph.val_mask)),
-                         ratio(*accuracy(logits, graph.labels, graph.test_mask)))
+    return SplitAccuracy(
+        ratio(*accuracy(logits, graph.labels, graph.val_mask)),
+        ratio(*accuracy(logits, graph.labels, graph.test_mask)),
+    )
 
 
 def ratio(correct: int, total: int) -> float:

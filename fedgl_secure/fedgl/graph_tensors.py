@@ -15,15 +15,15 @@ from fedgl_secure.model.adjacency import (
     gcn_normalize,
     project_pseudo_graph,
     row_normalize_features,
-    to_torch_sparse,
 )
+from fedgl_secure.model.sparse import SparseOperator
 
 
 @dataclass(frozen=True)
 class GraphTensors:
     """Device tensors of one graph plus the global index of each of its nodes."""
 
-    features: torch.Tensor
+    features: SparseOperator
     labels: torch.Tensor
     train_mask: torch.Tensor
     val_mask: torch.Tensor
@@ -45,7 +45,7 @@ class GraphTensors:
     ) -> GraphTensors:
         features = row_normalize_features(graph.features) if normalize_features else graph.features
         return cls(
-            features=to_torch_sparse(features, device),
+            features=SparseOperator.from_scipy(features, device),
             labels=torch.as_tensor(graph.labels, dtype=torch.int64, device=device),
             train_mask=torch.as_tensor(graph.train_mask, device=device),
             val_mask=torch.as_tensor(graph.val_mask, device=device),
@@ -61,7 +61,7 @@ class GraphTensors:
     def num_nodes(self) -> int:
         return int(self.labels.shape[0])
 
-    def adjacency(self, pseudo_graph: PseudoGraph | None, beta: float, renormalize: bool) -> torch.Tensor:
+    def adjacency(self, pseudo_graph: PseudoGraph | None, beta: float, renormalize: bool) -> SparseOperator:
         """This graph's Â, fused with its projection of the global pseudo graph (Eq. 9)."""
         projected = None
         if pseudo_graph is not None and beta > 0:
@@ -71,7 +71,8 @@ class GraphTensors:
                 self.positions,
                 self.num_global_nodes,
             )
-        return to_torch_sparse(fuse_pseudo_graph(self.base_adjacency, projected, beta, renormalize), self.device)
+        fused = fuse_pseudo_graph(self.base_adjacency, projected, beta, renormalize)
+        return SparseOperator.from_scipy(fused, self.device)
 
     def local_pseudo_labels(self, global_labels: torch.Tensor | None) -> torch.Tensor | None:
         """The global pseudo labels (Eq. 13) at this graph's nodes."""

@@ -23,6 +23,7 @@ from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
 from fedgl_secure.fedgl.graph_tensors import GraphTensors
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph
 from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+from fedgl_secure.model.sparse import SparseOperator
 
 # Upload kinds. Every kind is a sum of pre-weighted client terms.
 WEIGHTS = "weights"  # w_k · W_k (flattened parameters)
@@ -54,7 +55,7 @@ class FederatedMethod(Protocol):
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
 
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor: ...
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator: ...
 
 
 class FedAvg:
@@ -71,19 +72,22 @@ class FedAvg:
     def upload_kinds(self) -> tuple[str, ...]:
         return (WEIGHTS, SAMPLE_WEIGHT)
 
-    def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: torch.Tensor, alpha: float) -> None:
+    def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: SparseOperator, alpha: float) -> None:
         pseudo_labels = trainer.graph.local_pseudo_labels(broadcast.pseudo_labels) if alpha > 0 else None
         trainer.train(adjacency, broadcast.weights, pseudo_labels, alpha, self.proximal_mu)
 
     def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
         self._train(trainer, broadcast, self.evaluation_adjacency(trainer.graph, broadcast), alpha=0.0)
         weight = client_weight(trainer.num_nodes)
-        return {WEIGHTS: weight * trainer.model.flat_parameters().cpu(), SAMPLE_WEIGHT: torch.tensor([weight])}
+        return {
+            WEIGHTS: weight * trainer.model.flat_parameters().cpu(),
+            SAMPLE_WEIGHT: torch.tensor([weight]),
+        }
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
         return Broadcast(round_number, fedavg(sums[WEIGHTS], sums[SAMPLE_WEIGHT].item()))
 
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         return graph.adjacency(None, 0.0, False)
 
 
@@ -112,7 +116,7 @@ class FedGL(FedAvg):
             kinds.append(NODE_WEIGHT)
         return tuple(kinds)
 
-    def _client_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+    def _client_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         return graph.adjacency(broadcast.pseudo_graph, self.beta, self.ssl.renormalize_fused)
 
     def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
@@ -120,7 +124,10 @@ class FedGL(FedAvg):
         self._train(trainer, broadcast, adjacency, self.alpha)
         weight = client_weight(trainer.num_nodes)
         kinds = self.upload_kinds
-        contribution = {WEIGHTS: weight * trainer.model.flat_parameters().cpu(), SAMPLE_WEIGHT: torch.tensor([weight])}
+        contribution = {
+            WEIGHTS: weight * trainer.model.flat_parameters().cpu(),
+            SAMPLE_WEIGHT: torch.tensor([weight]),
+        }
         if len(kinds) == 2:
             return contribution
         output = trainer.infer(adjacency)
@@ -152,7 +159,7 @@ class FedGL(FedAvg):
             )
         return Broadcast(round_number, weights, pseudo_labels, pseudo_graph, fused_predictions)
 
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> torch.Tensor:
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         if self.ssl.pseudo_graph_at_eval:
             return self._client_adjacency(graph, broadcast)
         return graph.adjacency(None, 0.0, False)

@@ -140,9 +140,7 @@ def pseudo_graph_weights(top_similarities: torch.Tensor) -> torch.Tensor:
     return rownorm(top_similarities.clamp(min=0))
 
 
-def drop_self(
-    ids: torch.Tensor, scores: torch.Tensor, row_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def drop_self(ids: torch.Tensor, scores: torch.Tensor, row_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Remove each row's own id from its ``s + 1`` nearest candidates, leaving ``s`` columns.
 
     A search over all nodes finds the query itself among its candidates, usually but not
@@ -230,8 +228,7 @@ def discover_pseudo_graph(
         for start, ids, top in blocks:
             if not torch.isfinite(top).all():
                 raise ConfigError(
-                    "embeddings: similarities overflow float32; rescale the embeddings "
-                    "or use similarity='cosine'"
+                    "embeddings: similarities overflow float32; rescale the embeddings or use similarity='cosine'"
                 )
             stop = start + ids.shape[0]
             neighbors[start:stop] = ids
@@ -266,8 +263,9 @@ def _faiss_top_s(
         index.add(points)
         for start, stop in bounds:
             scores, ids = index.search(points[start:stop], s + 1)
-            yield start, *drop_self(
-                torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)
+            yield (
+                start,
+                *drop_self(torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)),
             )
 
 
@@ -358,9 +356,7 @@ def resolve_backend(backend: str, device: torch.device | str | None = None) -> t
         if target is not None and target.type != "cpu":
             raise ConfigError(f"device {device!r} needs backend 'torch': backend 'faiss' runs on the CPU")
         if _import_faiss() is None:
-            raise ConfigError(
-                "backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'"
-            )
+            raise ConfigError("backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'")
         return "faiss", cpu
     if backend == "torch":
         if target is None:

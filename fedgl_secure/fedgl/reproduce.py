@@ -25,11 +25,34 @@ from fedgl_secure.fedgl.simulation import run_experiment
 # FedGL paper, Table 2: global test accuracy, mean of 5 seeds (DESIGN §4).
 PAPER_TABLE2 = MappingProxyType(
     {
-        "cora": {"centralized": 0.811, "federated": 0.810, "fedgl-no-gpg": 0.828, "fedgl-no-gpl": 0.812, "fedgl": 0.830},
-        "citeseer": {"centralized": 0.705, "federated": 0.676, "fedgl-no-gpg": 0.732, "fedgl-no-gpl": 0.676,
-                     "fedgl": 0.734},
-        "acm": {"centralized": 0.848, "federated": 0.855, "fedgl-no-gpg": 0.892, "fedgl-no-gpl": 0.858, "fedgl": 0.891},
-        "wiki": {"centralized": 0.619, "federated": 0.678, "fedgl-no-gpg": 0.689, "fedgl-no-gpl": 0.673, "fedgl": 0.691},
+        "cora": {
+            "centralized": 0.811,
+            "federated": 0.810,
+            "fedgl-no-gpg": 0.828,
+            "fedgl-no-gpl": 0.812,
+            "fedgl": 0.830,
+        },
+        "citeseer": {
+            "centralized": 0.705,
+            "federated": 0.676,
+            "fedgl-no-gpg": 0.732,
+            "fedgl-no-gpl": 0.676,
+            "fedgl": 0.734,
+        },
+        "acm": {
+            "centralized": 0.848,
+            "federated": 0.855,
+            "fedgl-no-gpg": 0.892,
+            "fedgl-no-gpl": 0.858,
+            "fedgl": 0.891,
+        },
+        "wiki": {
+            "centralized": 0.619,
+            "federated": 0.678,
+            "fedgl-no-gpg": 0.689,
+            "fedgl-no-gpl": 0.673,
+            "fedgl": 0.691,
+        },
     }
 )
 TABLE2_METHODS = ("centralized", "local", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "fedgl")

@@ -15,7 +15,6 @@ from tqdm.auto import tqdm
 
 from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
-
 from fedgl_secure.data.sampling import make_clients, select_participants
 from fedgl_secure.fedgl.aggregation import Summation, plaintext_sum
 from fedgl_secure.fedgl.client import LocalTrainer
@@ -171,9 +170,7 @@ def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
     )
 
 
-def _run_federated(
-    config: ExperimentConfig, federation: Federation, progress: bool, summation: Summation
-) -> RunResult:
+def _run_federated(config: ExperimentConfig, federation: Federation, progress: bool, summation: Summation) -> RunResult:
     method = build_method(config)
     merged = federation.merged
     trainers = [
@@ -186,9 +183,7 @@ def _run_federated(
     bar = _round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
-        participants = select_participants(
-            len(trainers), config.federation.participation, config.seed, round_number
-        )
+        participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
         contributions = [method.client_contribution(trainers[k], broadcast) for k in participants]
         broadcast = method.server_update(summation(contributions), round_number)
         evaluator.load_flat_parameters(broadcast.weights)
@@ -206,7 +201,9 @@ def _run_federated(
         result.rounds_run = round_number
         if stopper.update(round_number, scores.val):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
-                round_number, scores.val, scores.test,
+                round_number,
+                scores.val,
+                scores.test,
             )
             result.local_test_accuracy = [
                 evaluate_model(evaluator, graph, method.evaluation_adjacency(graph, broadcast)).test
@@ -238,7 +235,9 @@ def _run_centralized(config: ExperimentConfig, federation: Federation, progress:
         result.rounds_run = round_number
         if stopper.update(round_number, scores.val):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
-                round_number, scores.val, scores.test,
+                round_number,
+                scores.val,
+                scores.test,
             )
             result.local_test_accuracy = [
                 evaluate_model(trainer.model, graph, adj).test
@@ -270,7 +269,10 @@ def _run_local(config: ExperimentConfig, federation: Federation, progress: bool)
             trainer.model.eval()
             with torch.no_grad():
                 logits = trainer.model(trainer.graph.features, adjacency).logits
-            for counts, mask in ((val_counts, trainer.graph.val_mask), (test_counts, trainer.graph.test_mask)):
+            for counts, mask in (
+                (val_counts, trainer.graph.val_mask),
+                (test_counts, trainer.graph.test_mask),
+            ):
                 correct, total = accuracy(logits, trainer.graph.labels, mask)
                 counts[0] += correct
                 counts[1] += total

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 
 def symmetric_normalize(matrix: sp.spmatrix) -> sp.csr_matrix:
@@ -67,14 +66,6 @@ def fuse_pseudo_graph(
         return normalized_adjacency
     fused = normalized_adjacency + beta * symmetric_normalize(projected_pseudo_graph)
     return symmetric_normalize(fused) if renormalize else fused.tocsr()
-
-
-def to_torch_sparse(matrix: sp.spmatrix, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A coalesced float32 torch sparse COO tensor."""
-    coo = sp.coo_matrix(matrix)
-    indices = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
-    values = torch.from_numpy(coo.data.astype(np.float32))
-    return torch.sparse_coo_tensor(indices, values, coo.shape, device=device, check_invariants=False).coalesce()
 
 
 def row_normalize_features(features: sp.spmatrix) -> sp.csr_matrix:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedgl_secure.model.sparse import SparseOperator
+
 
 @dataclass(frozen=True)
 class GCNOutput:
@@ -16,15 +18,13 @@ class GCNOutput:
     hidden: torch.Tensor
 
 
-def sparse_dropout(matrix: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Dropout on the stored values of a coalesced sparse tensor (Kipf's input dropout)."""
+def sparse_dropout(matrix: SparseOperator, p: float, generator: torch.Generator | None) -> SparseOperator:
+    """Dropout on the stored values of a sparse matrix (Kipf's input dropout)."""
     if p <= 0.0:
         return matrix
-    values = matrix.values()
+    values = matrix.values
     keep = torch.rand(values.shape, generator=generator, device=values.device) >= p
-    return torch.sparse_coo_tensor(
-        matrix.indices(), values * keep / (1.0 - p), matrix.shape, check_invariants=False, is_coalesced=True
-    )
+    return matrix.with_values(values * keep / (1.0 - p))
 
 
 def dense_dropout(tensor: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -66,15 +66,18 @@ class GCN(nn.Module):
         return [self.weight1, self.bias1]
 
     def forward(
-        self, features: torch.Tensor, adjacency: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        features: SparseOperator | torch.Tensor,
+        adjacency: SparseOperator,
+        generator: torch.Generator | None = None,
     ) -> GCNOutput:
         dropout = self.dropout if self.training else 0.0
-        x = sparse_dropout(features, dropout, generator) if features.is_sparse else dense_dropout(
-            features, dropout, generator
-        )
-        support = torch.sparse.mm(x, self.weight0) if x.is_sparse else x @ self.weight0
-        hidden = torch.relu(torch.sparse.mm(adjacency, support) + self.bias0)
-        logits = torch.sparse.mm(adjacency, dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
+        if isinstance(features, SparseOperator):
+            support = sparse_dropout(features, dropout, generator) @ self.weight0
+        else:
+            support = dense_dropout(features, dropout, generator) @ self.weight0
+        hidden = torch.relu(adjacency @ support + self.bias0)
+        logits = adjacency @ (dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
         return GCNOutput(logits=logits, hidden=hidden)
 
     def flat_parameters(self) -> torch.Tensor:
