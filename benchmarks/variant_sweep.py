@@ -38,6 +38,23 @@ VARIANTS: dict[str, list[str]] = {
         "self_supervision.renormalize_fused=true",
     ],
     "no-gpg": ["self_supervision.beta=0.0"],
+    # second round, after "pseudo graph at evaluation" turned out to cost accuracy
+    "cosine-b1-noeval": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=1.0",
+        "self_supervision.pseudo_graph_at_eval=false",
+    ],
+    "cosine-b0.3-noeval-hidden": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=0.3",
+        "self_supervision.pseudo_graph_at_eval=false",
+        'self_supervision.embedding="hidden"',
+    ],
+    "cosine-b0.1-noeval": [
+        'self_supervision.similarity="cosine"',
+        "self_supervision.beta=0.1",
+        "self_supervision.pseudo_graph_at_eval=false",
+    ],
 }
 
 
