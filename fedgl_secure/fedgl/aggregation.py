@@ -29,9 +29,24 @@ def fedavg(weighted_parameter_sum: torch.Tensor, total_weight: torch.Tensor | fl
 
 
 class Summation(Protocol):
-    """Adds the clients' pre-weighted terms, kind by kind (plaintext, or CKKS ciphertexts)."""
+    """Adds the clients' pre-weighted terms of one round, kind by kind (plaintext, or CKKS).
 
-    def __call__(self, contributions: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]: ...
+    ``contributions`` maps each participating client id to its ``{kind: tensor}`` terms; the
+    round number and the sender ids are what a secure backend binds its receipts to.
+    """
+
+    def __call__(
+        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]: ...
+
+
+class PlaintextSummation:
+    """The simulation's summation: plain float64 addition, nothing hidden."""
+
+    def __call__(
+        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        return plaintext_sum([contributions[k] for k in sorted(contributions)])
 
 
 def plaintext_sum(contributions: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.sampling import make_clients, select_participants
-from fedgl_secure.fedgl.aggregation import Summation, plaintext_sum
+from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, evaluate_model, ratio
@@ -119,7 +119,7 @@ def run_experiment(
     config: ExperimentConfig,
     dataset: GraphDataset | None = None,
     progress: bool = True,
-    summation: Summation = plaintext_sum,
+    summation: Summation | None = None,
 ) -> RunResult:
     """Run one simulated experiment (any of the six methods) and return its record."""
     started = time.perf_counter()
@@ -137,7 +137,7 @@ def run_experiment(
     elif config.method == "local":
         result = _run_local(config, federation, progress)
     else:
-        result = _run_federated(config, federation, progress, summation)
+        result = _run_federated(config, federation, progress, summation or PlaintextSummation())
     result.wall_seconds = time.perf_counter() - started
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
@@ -184,8 +184,8 @@ def _run_federated(config: ExperimentConfig, federation: Federation, progress: b
     for round_number in bar:
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
-        contributions = [method.client_contribution(trainers[k], broadcast) for k in participants]
-        broadcast = method.server_update(summation(contributions), round_number)
+        contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
+        broadcast = method.server_update(summation(round_number, contributions), round_number)
         evaluator.load_flat_parameters(broadcast.weights)
         scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast))
         record = RoundRecord(round_number, participants, scores.val, scores.test, time.perf_counter() - round_started)
