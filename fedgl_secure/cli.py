@@ -1,4 +1,4 @@
-"""Command-line interface: ``fedgl-secure simulate`` and ``fedgl-secure reproduce table2``."""
+"""Command-line interface: ``fedgl-secure simulate [--secure]`` and ``fedgl-secure reproduce table2``."""
 
 from __future__ import annotations
 
@@ -62,6 +62,23 @@ def parse_assignments(assignments: list[str]) -> dict[str, Any]:
     return overrides
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POLICY = Path("policies") / "baseline.toml"
+
+
+def resolve_policy_path(policy: Path | None) -> Path:
+    """``--policy`` as given, else the source checkout's ``policies/baseline.toml`` when it exists."""
+    if policy is not None:
+        return policy
+    candidate = REPO_ROOT / DEFAULT_POLICY
+    if not candidate.is_file():
+        raise ConfigError(
+            f"--policy: no default policy at {candidate} (installed without the repository?); "
+            "pass --policy path/to/policy.toml"
+        )
+    return candidate
+
+
 def _fail(error: Exception) -> None:
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(code=2)
@@ -91,6 +108,12 @@ def simulate(
         typer.Option("--set", help="override any option: section.field=value (repeatable)"),
     ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar over rounds")] = True,
+    secure: Annotated[
+        bool, typer.Option(help="CKKS-encrypt every upload and decrypt only sums under the key authority's rules")
+    ] = False,
+    policy: Annotated[
+        Path | None, typer.Option(help="privacy policy for --secure (default: the repository's policies/baseline.toml)")
+    ] = None,
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
     from fedgl_secure.fedgl.config import build_config
@@ -112,7 +135,14 @@ def simulate(
         config = build_config(values)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
-        result = run_experiment(config, progress=progress)
+        if policy is not None and not secure:
+            raise ConfigError("--policy applies to --secure runs only; add --secure")
+        summation = _secure_summation(resolve_policy_path(policy)) if secure else None
+        try:
+            result = run_experiment(config, progress=progress, summation=summation)
+        finally:
+            if summation is not None:
+                summation.close()
     except FedGLError as error:
         _fail(error)
     summary = {
@@ -126,9 +156,24 @@ def simulate(
         "local_test_accuracy": [round(a, 4) for a in result.local_test_accuracy],
         "wall_seconds": round(result.wall_seconds, 2),
     }
+    if summation is not None:
+        summary["secure"] = {
+            "policy": str(resolve_policy_path(policy)),
+            "fingerprint": summation.fingerprint,
+            "wire_bytes": dict(summation.wire.bytes_by_kind),
+            "bytes_per_value": round(summation.wire.bytes_per_value(), 2),
+        }
     typer.echo(json.dumps(summary))
     if output is not None:
         output.write_text(json.dumps(result.to_dict(), indent=1))
+
+
+def _secure_summation(policy_path: Path):
+    """The CKKS summation for ``simulate --secure`` under the policy file at ``policy_path``."""
+    from fedgl_secure.crypto.secure_summation import SecureSummation
+    from fedgl_secure.privacy.policy import load_policy
+
+    return SecureSummation(load_policy(policy_path))
 
 
 @reproduce_app.command("table2")

@@ -17,3 +17,36 @@ class DatasetError(FedGLError):
 
 class ConfigError(FedGLError):
     """A configuration value (flag, file, option) is invalid."""
+
+
+class PolicyError(ConfigError):
+    """A privacy policy file is missing, malformed, or asks for something unsafe."""
+
+
+class CryptoError(FedGLError):
+    """Base class of the cryptographic layer's errors (contexts, ciphertexts, receipts, sealing)."""
+
+
+class ContextError(CryptoError):
+    """An HE context could not be created or loaded, or holds keys it must not hold."""
+
+
+class CiphertextError(CryptoError):
+    """A ciphertext is malformed, truncated, from a foreign context, or does not fit the others."""
+
+
+class ReceiptError(CryptoError):
+    """An upload receipt is malformed, forged, or bound to something else."""
+
+
+class SealError(CryptoError):
+    """A sealed secret could not be opened (wrong operator secret, or the file was altered)."""
+
+
+class DecryptionRefused(CryptoError):
+    """The key authority refused to decrypt; ``reason`` is a stable, machine-readable code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"decryption refused ({reason}): {detail}")
+        self.reason = reason
+        self.detail = detail

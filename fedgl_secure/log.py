@@ -20,9 +20,27 @@ def configure_logging(level: str = "warning", json: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+class _StderrLogger:
+    """Writes each rendered line to the *current* ``sys.stderr``.
+
+    structlog's ``PrintLogger`` keeps the stream it was given; once a caller (a test runner, an
+    embedding application) swaps ``sys.stderr`` and closes the old one, every later log line — even
+    from long-lived loggers bound before the swap — would fail with "I/O operation on closed file".
+    """
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = failure = msg
+
+
+def _stderr_logger(*_args: object) -> _StderrLogger:
+    return _StderrLogger()
 
 
 def get_logger(**context: object) -> structlog.typing.FilteringBoundLogger:

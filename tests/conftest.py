@@ -20,3 +20,26 @@ def data_root() -> Path:
     if not root.is_dir():
         pytest.skip(f"raw datasets not found at {root} (set FEDGL_DATA)")
     return root
+
+
+@pytest.fixture(scope="session")
+def small_he():
+    """Small but 128-bit-secure CKKS parameters (N = 4096, 108 of 109 bits) to keep unit tests fast."""
+    from fedgl_secure.privacy.policy import HEParameters
+
+    return HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36)
+
+
+@pytest.fixture(scope="session")
+def small_policy(small_he):
+    from fedgl_secure.privacy.policy import Policy
+
+    return Policy(he=small_he, quorum=2)
+
+
+@pytest.fixture(scope="session")
+def small_context(small_he):
+    """A secret CKKS context (key authority side) with the small parameters."""
+    from fedgl_secure.crypto.ckks import create_secret_context
+
+    return create_secret_context(small_he)

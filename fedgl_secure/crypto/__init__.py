@@ -1,0 +1,1 @@
+"""Cryptography: CKKS packing, upload receipts, sealed storage, the key authority's rules."""

@@ -1,0 +1,287 @@
+"""The key authority (DESIGN §5.3 step 4): holds the CKKS secret key, decrypts sums under rules.
+
+It decrypts a summed ciphertext only if
+
+1. the caller's role is ``aggregator``;
+2. the kind may leave a bank under the policy;
+3. the request's context fingerprint is this authority's;
+4. the round is the federation's open round (right number and nonce);
+5. the receipts verify against the registered bank keys, are bound to this (federation, round,
+   nonce, kind, context), come from distinct participating banks, and are at least the policy's
+   quorum (never fewer than 2);
+6. this (federation, round, kind) was never decrypted before — the SQLite ledger survives
+   restarts, which blocks differencing attacks across re-submissions.
+
+Every decision, allowed or refused, is appended to the hash-chained audit log. The secret key is
+only ever on disk sealed under the operator secret. The HTTP service is a thin shell over this.
+
+What it cannot check: that the summed ciphertext really is the sum of the receipted uploads (it
+never sees them); under the honest-but-curious aggregator of DESIGN §5.1 that is by assumption.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.audit import AuditLog
+from fedgl_secure.crypto.ledger import Ledger, OpenRound
+from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
+from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
+from fedgl_secure.errors import ContextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
+from fedgl_secure.log import get_logger
+from fedgl_secure.privacy.policy import Policy
+
+AGGREGATOR = "aggregator"
+SEALED_FILE = "secret_context.sealed"
+PUBLIC_FILE = "public_context.bin"
+LEDGER_FILE = "ledger.sqlite3"
+AUDIT_FILE = "audit.jsonl"
+AUDIT_HEAD = "audit_head"
+HE_PARAMETERS = "he_parameters"
+
+
+class Refusal(str, Enum):
+    """Stable reason codes of :class:`DecryptionRefused` (also written to the audit log)."""
+
+    NOT_AGGREGATOR = "not-aggregator"
+    KIND_NOT_ALLOWED = "kind-not-allowed"
+    FOREIGN_CONTEXT = "foreign-context"
+    NO_OPEN_ROUND = "no-open-round"
+    STALE_ROUND = "stale-round"
+    UNKNOWN_SENDER = "unknown-sender"
+    NOT_PARTICIPANT = "not-participant"
+    BAD_RECEIPT = "bad-receipt"
+    RECEIPT_MISMATCH = "receipt-mismatch"
+    DUPLICATE_SENDER = "duplicate-sender"
+    BELOW_QUORUM = "below-quorum"
+    ALREADY_DECRYPTED = "already-decrypted"
+    BAD_CIPHERTEXT = "bad-ciphertext"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a key file."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    with temporary.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+class KeyAuthority:
+    """In-process key authority over a state directory (sealed key, public context, ledger, audit log).
+
+    Creating it on an empty directory generates the CKKS key pair; creating it again on the same
+    directory (a restart) unseals the same key and keeps the ledger and the audit chain.
+    """
+
+    def __init__(self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.policy = policy
+        self.log = get_logger(role="key-authority", state_dir=str(self.state_dir))
+        self._lock = threading.Lock()
+        self.ledger = Ledger(self.state_dir / LEDGER_FILE)
+        try:
+            self._secret_context, self.public_context = self._load_or_create_keys(operator_secret)
+            self._check_he_parameters()
+            self.audit = AuditLog(self.state_dir / AUDIT_FILE, self.ledger.get_meta(AUDIT_HEAD))
+        except Exception:
+            self.ledger.close()
+            raise
+        self.fingerprint = ckks.fingerprint(self.public_context)
+        self.log = self.log.bind(fingerprint=self.fingerprint[:12])
+        self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
+
+    def _check_he_parameters(self) -> None:
+        """The key pair was made for some HE parameters; a policy asking for others must not run on it."""
+        wanted = self.policy.he.model_dump_json()
+        recorded = self.ledger.get_meta(HE_PARAMETERS)
+        if recorded is None:
+            self.ledger.set_meta(HE_PARAMETERS, wanted)
+        elif recorded != wanted:
+            raise ContextError(
+                f"{self.state_dir}: the key pair was made for HE parameters {recorded}, the policy asks for {wanted}; "
+                "use a fresh state directory to generate keys for the new parameters"
+            )
+
+    def _load_or_create_keys(self, operator_secret: bytes | str) -> tuple[ts.Context, bytes]:
+        sealed_path, public_path = self.state_dir / SEALED_FILE, self.state_dir / PUBLIC_FILE
+        if sealed_path.exists():
+            context = ckks.load_context(unseal_secret_context(sealed_path.read_bytes(), operator_secret))
+            if not ckks.has_secret_key(context):
+                raise CryptoError(f"{sealed_path}: the sealed context holds no secret key")
+            public = ckks.public_context_bytes(context)  # deterministic: the same bytes as at creation
+            if public_path.exists() and public_path.read_bytes() != public:
+                raise CryptoError(f"{public_path}: does not belong to the sealed secret key (replaced or altered)")
+            self.log.info("keys.unsealed")
+            return context, public
+        context = ckks.create_secret_context(self.policy.he)
+        public = ckks.public_context_bytes(context)
+        _write_atomically(sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret))
+        _write_atomically(public_path, public)
+        self.log.info("keys.created", he=self.policy.he.model_dump())
+        return context, public
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def _record(self, event: dict) -> None:
+        record = self.audit.append(event)
+        self.ledger.set_meta(AUDIT_HEAD, record["hash"])
+
+    # --- banks and rounds -------------------------------------------------------------------
+
+    def register_bank(self, name: str, public_key: Ed25519PublicKey) -> None:
+        """Enrol a bank's receipt-signing key (from provisioning); a name keeps its first key forever."""
+        raw = public_key_bytes(public_key)
+        on_record = self.ledger.register_bank(name, raw)
+        if on_record != raw:
+            self._record({"event": "register", "decision": "refused", "reason": "key-mismatch", "bank": name})
+            raise ReceiptError(f"bank {name!r} is already registered with a different signing key")
+        self._record({"event": "register", "decision": "allowed", "bank": name})
+
+    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None:
+        """Open (or reopen with a fresh nonce) round ``round_number``; earlier rounds become stale."""
+        names = tuple(sorted(set(participants)))
+        with self._lock:
+            current = self.ledger.current_round(federation)
+            problem = None
+            if current is not None and round_number < current.round:
+                problem = f"round {round_number} is older than the open round {current.round}"
+            elif current is not None and round_number == current.round and nonce == current.nonce:
+                problem = f"round {round_number} is already open with this nonce"
+            elif unknown := [name for name in names if name not in self.ledger.banks()]:
+                problem = f"participants {unknown} are not registered banks"
+            elif len(names) < self._quorum():
+                problem = f"{len(names)} participants cannot reach the quorum of {self._quorum()}"
+            event = {
+                "event": "open-round",
+                "federation": federation,
+                "round": round_number,
+                "participants": list(names),
+            }
+            if problem is not None:
+                self._record({**event, "decision": "refused", "reason": problem})
+                raise PolicyError(f"cannot open round {round_number} of {federation}: {problem}")
+            self.ledger.open_round(federation, round_number, nonce, names)
+            self._record({**event, "decision": "allowed"})
+        self.log.info("round.opened", federation=federation, round=round_number, participants=len(names))
+
+    def _quorum(self) -> int:
+        return max(2, self.policy.quorum)
+
+    # --- decryption -------------------------------------------------------------------------
+
+    def decrypt_sum(
+        self,
+        caller_role: str,
+        federation: str,
+        round_number: int,
+        kind: str,
+        summed_chunks: Sequence[bytes],
+        receipts: Sequence[Receipt | dict | str | bytes],
+        fingerprint: str,
+        length: int,
+    ) -> np.ndarray:
+        """Decrypt one fused sum if every rule holds; otherwise raise :class:`DecryptionRefused`."""
+        log = self.log.bind(caller=caller_role, federation=federation, round=round_number, kind=kind)
+        event = {
+            "event": "decrypt",
+            "caller": caller_role,
+            "federation": federation,
+            "round": round_number,
+            "kind": kind,
+        }
+        with self._lock:
+            try:
+                open_round = self._check_request(caller_role, federation, round_number, kind, fingerprint)
+                senders = self._check_receipts(receipts, open_round, kind)
+                if self.ledger.was_decrypted(federation, round_number, kind):
+                    raise DecryptionRefused(
+                        Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
+                    )
+                try:
+                    values = ckks.decrypt_vector(self._secret_context, summed_chunks, length)
+                except CryptoError as error:
+                    raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
+                if not self.ledger.record_decryption(federation, round_number, kind, open_round.nonce, senders):
+                    raise DecryptionRefused(Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number}")
+            except DecryptionRefused as refusal:
+                self._record({**event, "decision": "refused", "reason": refusal.reason, "detail": refusal.detail})
+                log.warning("decrypt.refused", reason=refusal.reason, detail=refusal.detail)
+                raise
+            self._record({**event, "decision": "allowed", "senders": list(senders), "values": length})
+        log.info("decrypt.allowed", senders=len(senders), values=length)
+        return values
+
+    def _check_request(
+        self, caller_role: str, federation: str, round_number: int, kind: str, fingerprint: str
+    ) -> OpenRound:
+        if caller_role != AGGREGATOR:
+            raise DecryptionRefused(Refusal.NOT_AGGREGATOR.value, f"role {caller_role!r} may not request decryption")
+        if kind not in self.policy.allowed_kinds:
+            raise DecryptionRefused(Refusal.KIND_NOT_ALLOWED.value, f"the policy does not let {kind!r} leave a bank")
+        if fingerprint != self.fingerprint:
+            raise DecryptionRefused(
+                Refusal.FOREIGN_CONTEXT.value,
+                f"context {fingerprint[:12]}… is not this authority's {self.fingerprint[:12]}…",
+            )
+        current = self.ledger.current_round(federation)
+        if current is None:
+            raise DecryptionRefused(Refusal.NO_OPEN_ROUND.value, f"federation {federation!r} has no open round")
+        if round_number != current.round:
+            raise DecryptionRefused(
+                Refusal.STALE_ROUND.value, f"round {round_number} is not the open round {current.round}"
+            )
+        return current
+
+    def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> tuple[str, ...]:
+        banks = self.ledger.banks()
+        expected = {
+            "federation": open_round.federation,
+            "round": open_round.round,
+            "nonce": open_round.nonce,
+            "kind": kind,
+            "context_fingerprint": self.fingerprint,
+        }
+        senders: list[str] = []
+        for position, raw in enumerate(receipts):
+            try:
+                receipt = raw if isinstance(raw, Receipt) else parse_receipt(raw)
+            except ReceiptError as error:
+                raise DecryptionRefused(Refusal.BAD_RECEIPT.value, f"receipt {position}: {error}") from None
+            if receipt.sender not in banks:
+                raise DecryptionRefused(Refusal.UNKNOWN_SENDER.value, f"receipt {position}: {receipt.sender!r}")
+            try:
+                verify_receipt(load_public_key(banks[receipt.sender]), receipt)
+            except ReceiptError as error:
+                raise DecryptionRefused(Refusal.BAD_RECEIPT.value, f"receipt {position}: {error}") from None
+            wrong = [name for name, value in expected.items() if getattr(receipt, name) != value]
+            if wrong:
+                raise DecryptionRefused(
+                    Refusal.RECEIPT_MISMATCH.value,
+                    f"receipt {position} from {receipt.sender!r} is bound to another {', '.join(wrong)}",
+                )
+            if receipt.sender not in open_round.participants:
+                raise DecryptionRefused(
+                    Refusal.NOT_PARTICIPANT.value,
+                    f"{receipt.sender!r} is not a participant of round {open_round.round}",
+                )
+            if receipt.sender in senders:
+                raise DecryptionRefused(Refusal.DUPLICATE_SENDER.value, f"two receipts from {receipt.sender!r}")
+            senders.append(receipt.sender)
+        if len(senders) < self._quorum():
+            raise DecryptionRefused(
+                Refusal.BELOW_QUORUM.value, f"{len(senders)} valid receipts, the quorum is {self._quorum()}"
+            )
+        return tuple(sorted(senders))

@@ -1,0 +1,104 @@
+"""Signed upload receipts (DESIGN §5.3 step 2): a bank's Ed25519 signature over what it uploaded.
+
+A receipt binds one upload to (federation, round, nonce, kind, sender, SHA-256 of the ciphertext
+bytes, context fingerprint). The aggregator checks it before adding; the key authority checks a
+quorum of them before decrypting a sum, so a sum can only be decrypted for a round the banks
+really took part in, under the context they really used. Signing covers a canonical encoding
+(sorted, compact JSON after a domain-separation tag) so both sides hash exactly the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedgl_secure.errors import ReceiptError
+
+DOMAIN = b"fedgl-secure/upload-receipt/v1\n"
+_HEX64 = r"^[0-9a-f]{64}$"
+
+
+class ReceiptFields(BaseModel):
+    """What a bank vouches for when it uploads one kind in one round."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    federation: str = Field(min_length=1, max_length=128)
+    round: int = Field(ge=1)
+    nonce: str = Field(pattern=r"^[0-9a-f]{16,128}$")
+    kind: str = Field(min_length=1, max_length=64)
+    sender: str = Field(min_length=1, max_length=128)
+    ciphertext_sha256: str = Field(pattern=_HEX64)
+    context_fingerprint: str = Field(pattern=_HEX64)
+
+
+class Receipt(ReceiptFields):
+    """Receipt fields plus the sender's Ed25519 signature (hex) over :func:`canonical_bytes`."""
+
+    signature: str = Field(pattern=r"^[0-9a-f]{128}$")
+
+    def fields(self) -> ReceiptFields:
+        return ReceiptFields(**self.model_dump(exclude={"signature"}))
+
+
+def canonical_bytes(fields: ReceiptFields) -> bytes:
+    """The exact bytes signed: domain tag + JSON with sorted keys and no whitespace."""
+    body = json.dumps(fields.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return DOMAIN + body.encode("ascii")
+
+
+def ciphertext_digest(chunks: Sequence[bytes]) -> str:
+    """SHA-256 (hex) of an upload's chunks, length-framed so chunk boundaries are bound too."""
+    digest = hashlib.sha256()
+    digest.update(len(chunks).to_bytes(8, "big"))
+    for chunk in chunks:
+        digest.update(len(chunk).to_bytes(8, "big"))
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sign_receipt(private_key: Ed25519PrivateKey, fields: ReceiptFields) -> Receipt:
+    """The sender's signed receipt for ``fields``."""
+    signature = private_key.sign(canonical_bytes(fields)).hex()
+    return Receipt(**fields.model_dump(), signature=signature)
+
+
+def verify_receipt(public_key: Ed25519PublicKey, receipt: Receipt) -> None:
+    """Raise :class:`ReceiptError` unless ``receipt`` was signed, unaltered, by ``public_key``'s owner."""
+    try:
+        public_key.verify(bytes.fromhex(receipt.signature), canonical_bytes(receipt.fields()))
+    except InvalidSignature:
+        raise ReceiptError(
+            f"receipt of {receipt.sender!r} for {receipt.kind!r}, round {receipt.round}: bad signature "
+            "(forged, altered, or signed with another key)"
+        ) from None
+
+
+def parse_receipt(data: bytes | str | dict) -> Receipt:
+    """A receipt from JSON (bytes/str) or a dict, with a :class:`ReceiptError` naming the bad field."""
+    try:
+        if isinstance(data, dict):
+            return Receipt.model_validate(data)
+        return Receipt.model_validate_json(data)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'receipt'}: {e['msg']}" for e in error.errors())
+        raise ReceiptError(f"malformed receipt: {problems}") from None
+
+
+def public_key_bytes(public_key: Ed25519PublicKey) -> bytes:
+    """The 32 raw bytes of an Ed25519 public key (how the key authority registers banks)."""
+    return public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def load_public_key(raw: bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from its 32 raw bytes."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as error:
+        raise ReceiptError(f"not an Ed25519 public key ({len(raw)} bytes): {error}") from None

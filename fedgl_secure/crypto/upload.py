@@ -1,0 +1,107 @@
+"""One bank's encrypted upload of one kind, and the aggregator's check of it (DESIGN §5.3 steps 2-3).
+
+The bank encrypts its pre-weighted term ``w_k · X_k`` under the public context and signs a receipt
+over the ciphertext digest; the aggregator verifies the receipt and the digest before it adds
+anything. Both halves live here so the in-process simulation and the services share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tenseal as ts
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.ckks_params import sum_bound
+from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
+from fedgl_secure.errors import CiphertextError, ReceiptError
+from fedgl_secure.privacy.policy import HEParameters
+
+
+@dataclass(frozen=True)
+class RoundTicket:
+    """What a bank must know about the open round to upload into it."""
+
+    federation: str
+    round: int
+    nonce: str
+    participants: int
+    context_fingerprint: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A bank's ciphertext chunks for one kind, the number of values, and its signed receipt."""
+
+    kind: str
+    chunks: list[bytes]
+    length: int
+    receipt: Receipt
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+
+def check_magnitude(values: np.ndarray, participants: int, params: HEParameters, kind: str) -> None:
+    """Refuse a term that could make the round's sum wrap around modulo the data primes.
+
+    A bank cannot see the others' terms, so it keeps its own below ``sum_bound / participants``:
+    then any sum of the round stays decryptable (see ``ckks_params``).
+    """
+    bound = sum_bound(params.coeff_mod_bit_sizes, params.global_scale_bits) / max(1, participants)
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    if largest >= bound:
+        raise CiphertextError(
+            f"{kind}: |value| up to {largest:.4g} ≥ {bound:.4g}, the per-bank bound for {participants} banks under "
+            f"{params.coeff_mod_bit_sizes} bits at scale 2^{params.global_scale_bits}; enlarge the data prime or "
+            "lower the scale in the policy"
+        )
+
+
+def make_upload(
+    context: ts.Context,
+    params: HEParameters,
+    ticket: RoundTicket,
+    sender: str,
+    signing_key: Ed25519PrivateKey,
+    kind: str,
+    values: np.ndarray,
+) -> Upload:
+    """Encrypt one pre-weighted term and sign its receipt (the bank side)."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(flat)):
+        raise CiphertextError(f"{kind}: refusing to encrypt NaN or infinite values")
+    check_magnitude(flat, ticket.participants, params, kind)
+    chunks = ckks.encrypt_vector(context, flat)
+    fields = ReceiptFields(
+        federation=ticket.federation,
+        round=ticket.round,
+        nonce=ticket.nonce,
+        kind=kind,
+        sender=sender,
+        ciphertext_sha256=ciphertext_digest(chunks),
+        context_fingerprint=ticket.context_fingerprint,
+    )
+    return Upload(kind, chunks, int(flat.size), sign_receipt(signing_key, fields))
+
+
+def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTicket, sender: str) -> None:
+    """The aggregator's check before adding: signature, binding to this round, and the digest."""
+    receipt = upload.receipt
+    verify_receipt(public_key, receipt)
+    expected = {
+        "federation": ticket.federation,
+        "round": ticket.round,
+        "nonce": ticket.nonce,
+        "kind": upload.kind,
+        "sender": sender,
+        "context_fingerprint": ticket.context_fingerprint,
+    }
+    wrong = [name for name, value in expected.items() if getattr(receipt, name) != value]
+    if wrong:
+        raise ReceiptError(f"upload of {upload.kind!r} from {sender!r}: receipt bound to another {', '.join(wrong)}")
+    if ciphertext_digest(upload.chunks) != receipt.ciphertext_sha256:
+        raise ReceiptError(f"upload of {upload.kind!r} from {sender!r}: ciphertext does not match its receipt digest")

@@ -1,0 +1,1 @@
+"""Privacy policies (and, later, mechanisms, accounting and audit)."""

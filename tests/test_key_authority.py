@@ -1,0 +1,269 @@
+"""Key authority rules, receipts, sealed storage and the audit chain (DESIGN §5.3 step 4)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
+from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority, Refusal
+from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
+from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
+from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
+from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
+from fedgl_secure.privacy.policy import HEParameters
+
+OPERATOR_SECRET = "correct horse battery staple"
+FEDERATION = "fed-test"
+BANKS = ("bank-a", "bank-b", "bank-c")
+LENGTH = 50
+
+
+class Consortium:
+    """A key authority, three enrolled banks, and helpers to run a round against it."""
+
+    def __init__(self, state_dir, policy):
+        self.state_dir, self.policy = state_dir, policy
+        self.authority = KeyAuthority(state_dir, policy, OPERATOR_SECRET)
+        self.public = ckks.load_public_context(self.authority.public_context)
+        self.keys = {name: Ed25519PrivateKey.generate() for name in BANKS}
+        for name, key in self.keys.items():
+            self.authority.register_bank(name, key.public_key())
+        self.values = {name: np.full(LENGTH, float(i + 1)) for i, name in enumerate(BANKS)}
+
+    def restart(self):
+        self.authority.close()
+        self.authority = KeyAuthority(self.state_dir, self.policy, OPERATOR_SECRET)
+
+    def open(self, round_number, participants=BANKS):
+        ticket = RoundTicket(
+            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.authority.fingerprint
+        )
+        self.authority.open_round(FEDERATION, round_number, ticket.nonce, participants)
+        return ticket
+
+    def uploads(self, ticket, kind="weights", senders=BANKS):
+        return [
+            make_upload(self.public, self.policy.he, ticket, name, self.keys[name], kind, self.values[name])
+            for name in senders
+        ]
+
+    def decrypt(self, ticket, kind="weights", uploads=None, role=AGGREGATOR, fingerprint=None, receipts=None):
+        uploads = self.uploads(ticket, kind) if uploads is None else uploads
+        summed = ckks.add_serialized(self.public, [u.chunks for u in uploads])
+        return self.authority.decrypt_sum(
+            role,
+            FEDERATION,
+            ticket.round,
+            kind,
+            summed,
+            [u.receipt for u in uploads] if receipts is None else receipts,
+            fingerprint or self.authority.fingerprint,
+            LENGTH,
+        )
+
+
+@pytest.fixture
+def consortium(tmp_path, small_policy):
+    consortium = Consortium(tmp_path / "ka", small_policy)
+    yield consortium
+    consortium.authority.close()
+
+
+def _refused(reason, call):
+    with pytest.raises(DecryptionRefused) as caught:
+        call()
+    assert caught.value.reason == reason.value, caught.value
+    return caught.value
+
+
+def test_valid_request_decrypts_the_sum(consortium):
+    total = consortium.decrypt(consortium.open(1))
+    np.testing.assert_allclose(total, np.full(LENGTH, 6.0), atol=1e-5)
+
+
+def test_refusals_leave_the_authority_serving(consortium):
+    c = consortium
+    ticket = c.open(1)
+    _refused(Refusal.NOT_AGGREGATOR, lambda: c.decrypt(ticket, role="bank"))
+    _refused(Refusal.FOREIGN_CONTEXT, lambda: c.decrypt(ticket, fingerprint="ab" * 32))
+    one = c.uploads(ticket, senders=("bank-a",))
+    _refused(Refusal.BELOW_QUORUM, lambda: c.decrypt(ticket, uploads=one))
+    a, b = c.uploads(ticket, senders=("bank-a", "bank-b"))
+    _refused(Refusal.DUPLICATE_SENDER, lambda: c.decrypt(ticket, uploads=[a, b, a]))
+    forged = sign_receipt(Ed25519PrivateKey.generate(), b.receipt.fields())  # b's fields, someone else's key
+    _refused(Refusal.BAD_RECEIPT, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, forged]))
+    tampered = b.receipt.model_copy(update={"ciphertext_sha256": "0" * 64})
+    _refused(Refusal.BAD_RECEIPT, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, tampered]))
+    _refused(Refusal.BAD_RECEIPT, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, {"sender": "x"}]))
+    other_kind = c.uploads(ticket, kind="predictions")
+    _refused(
+        Refusal.RECEIPT_MISMATCH,
+        lambda: c.decrypt(ticket, uploads=[a, b], receipts=[u.receipt for u in other_kind[:2]]),
+    )
+    stranger = Ed25519PrivateKey.generate()
+    alien = sign_receipt(stranger, b.receipt.fields().model_copy(update={"sender": "bank-z"}))
+    _refused(Refusal.UNKNOWN_SENDER, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, alien]))
+    # after all that, a valid request is still served
+    np.testing.assert_allclose(c.decrypt(ticket), np.full(LENGTH, 6.0), atol=1e-5)
+
+
+def test_stale_round_and_non_participant_are_refused(consortium):
+    c = consortium
+    first = c.open(1)
+    old_uploads = c.uploads(first)
+    second = c.open(2, participants=("bank-a", "bank-b"))
+    _refused(Refusal.STALE_ROUND, lambda: c.decrypt(first, uploads=old_uploads))
+    # receipts of round 1 replayed into round 2: bound to another round and nonce
+    replay = replace(first, round=2)
+    _refused(Refusal.RECEIPT_MISMATCH, lambda: c.decrypt(replay, uploads=old_uploads))
+    _refused(Refusal.NOT_PARTICIPANT, lambda: c.decrypt(second, uploads=c.uploads(second)))
+    np.testing.assert_allclose(
+        c.decrypt(second, uploads=c.uploads(second, senders=("bank-a", "bank-b"))), np.full(LENGTH, 3.0), atol=1e-5
+    )
+
+
+def test_each_round_and_kind_is_decrypted_once_even_across_restarts(consortium):
+    c = consortium
+    ticket = c.open(1)
+    c.decrypt(ticket, kind="weights")
+    _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(ticket, kind="weights"))
+    c.restart()
+    assert c.authority.fingerprint == ckks.fingerprint(c.authority.public_context)
+    _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(ticket, kind="weights"))
+    # a reopened round (fresh nonce) cannot be used to decrypt the same kind again either
+    reopened = c.open(1)
+    _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(reopened, kind="weights"))
+    np.testing.assert_allclose(c.decrypt(reopened, kind="predictions"), np.full(LENGTH, 6.0), atol=1e-5)
+    assert verify_audit_chain(c.state_dir / "audit.jsonl").ok
+
+
+def test_restart_under_other_he_parameters_is_refused(consortium, small_policy):
+    consortium.authority.close()
+    other = small_policy.model_copy(update={"he": HEParameters()})
+    with pytest.raises(ContextError, match="the key pair was made for HE parameters"):
+        KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET)
+    consortium.restart()
+
+
+def test_open_round_refusals(consortium):
+    c = consortium
+    with pytest.raises(PolicyError, match="quorum"):
+        c.open(1, participants=("bank-a",))
+    with pytest.raises(PolicyError, match="not registered"):
+        c.open(1, participants=("bank-a", "bank-x"))
+    c.open(3)
+    with pytest.raises(PolicyError, match="older than the open round 3"):
+        c.open(2)
+    with pytest.raises(ReceiptError, match="different signing key"):
+        c.authority.register_bank("bank-a", Ed25519PrivateKey.generate().public_key())
+
+
+def test_disallowed_kind_is_refused(tmp_path, small_policy):
+    policy = small_policy.model_copy(update={"allowed_kinds": ("weights", "sample_weight")})
+    c = Consortium(tmp_path / "ka", policy)
+    _refused(Refusal.KIND_NOT_ALLOWED, lambda: c.decrypt(c.open(1), kind="embeddings"))
+    c.authority.close()
+
+
+def test_audit_log_records_every_decision_and_detects_tampering(consortium):
+    c = consortium
+    ticket = c.open(1)
+    c.decrypt(ticket)
+    _refused(Refusal.NOT_AGGREGATOR, lambda: c.decrypt(ticket, kind="predictions", role="bank"))
+    path = c.state_dir / "audit.jsonl"
+    report = verify_audit_chain(path)
+    assert report.ok and report.broken_line is None
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    decisions = [(r["event"], r["decision"], r.get("reason")) for r in records if r["event"] == "decrypt"]
+    assert decisions == [("decrypt", "allowed", None), ("decrypt", "refused", "not-aggregator")]
+    lines = path.read_text().splitlines(keepends=True)
+    # altering a line's content is pinned to that line
+    altered = lines.copy()
+    altered[2] = altered[2].replace('"decision":"allowed"', '"decision":"refused"')
+    path.write_text("".join(altered))
+    report = verify_audit_chain(path)
+    assert not report.ok and report.broken_line == 3 and "altered" in report.problem
+    # removing a line breaks the next link
+    path.write_text("".join(lines[:2] + lines[3:]))
+    report = verify_audit_chain(path)
+    assert report.broken_line == 3 and "prev" in report.problem
+    # cutting the tail is caught at the next start against the head kept in the ledger
+    path.write_text("".join(lines[:-1]))
+    c.authority.close()
+    with pytest.raises(AuditChainError, match="cut from the end"):
+        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET)
+    path.write_text("".join(lines))
+    c.restart()
+
+
+def test_audit_log_appends_across_reopen(tmp_path):
+    log = AuditLog(tmp_path / "a.jsonl")
+    log.append({"event": "x"})
+    again = AuditLog(tmp_path / "a.jsonl", expected_head=log.head)
+    again.append({"event": "y"})
+    report = verify_audit_chain(tmp_path / "a.jsonl", expected_head=again.head)
+    assert report.ok and report.lines == 2
+
+
+def test_sealed_secret_round_trips_and_wrong_secret_fails(tmp_path, small_policy):
+    sealed = seal_secret_context(b"secret context bytes", OPERATOR_SECRET)
+    assert b"secret context bytes" not in sealed
+    assert unseal_secret_context(sealed, OPERATOR_SECRET) == b"secret context bytes"
+    with pytest.raises(SealError, match="wrong operator secret"):
+        unseal_secret_context(sealed, "another sixteen+ byte secret")
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    with pytest.raises(SealError, match="altered"):
+        unseal_secret_context(bytes(flipped), OPERATOR_SECRET)
+    with pytest.raises(SealError, match="bad header"):
+        unseal_secret_context(b"xx", OPERATOR_SECRET)
+    with pytest.raises(SealError, match="at least 16"):
+        seal_secret_context(b"x", "short")
+    # the key authority's key file is sealed; restarting with the wrong secret fails clearly
+    authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET)
+    authority.close()
+    assert (tmp_path / "ka" / "secret_context.sealed").read_bytes().startswith(MAGIC)
+    with pytest.raises(SealError, match="wrong operator secret"):
+        KeyAuthority(tmp_path / "ka", small_policy, "not the operator secret at all")
+
+
+def test_receipts_sign_verify_and_bind_every_field():
+    key = Ed25519PrivateKey.generate()
+    fields = ReceiptFields(
+        federation="f",
+        round=1,
+        nonce="ab" * 16,
+        kind="weights",
+        sender="bank-a",
+        ciphertext_sha256="1" * 64,
+        context_fingerprint="2" * 64,
+    )
+    receipt = sign_receipt(key, fields)
+    verify_receipt(key.public_key(), receipt)
+    assert canonical_bytes(fields).endswith(b'"sender":"bank-a"}')  # sorted keys
+    for name, value in [("round", 2), ("kind", "predictions"), ("sender", "bank-b"), ("nonce", "cd" * 16)]:
+        with pytest.raises(ReceiptError, match="bad signature"):
+            verify_receipt(key.public_key(), receipt.model_copy(update={name: value}))
+    with pytest.raises(ReceiptError, match="bad signature"):
+        verify_receipt(Ed25519PrivateKey.generate().public_key(), receipt)
+
+
+def test_aggregator_checks_uploads_before_adding(consortium):
+    c = consortium
+    ticket = c.open(1)
+    upload = c.uploads(ticket, senders=("bank-a",))[0]
+    check_upload(upload, c.keys["bank-a"].public_key(), ticket, "bank-a")
+    swapped = replace(upload, chunks=c.uploads(ticket, senders=("bank-b",))[0].chunks)
+    with pytest.raises(ReceiptError, match="digest"):
+        check_upload(swapped, c.keys["bank-a"].public_key(), ticket, "bank-a")
+    with pytest.raises(ReceiptError, match="bound to another sender"):
+        check_upload(upload, c.keys["bank-a"].public_key(), ticket, "bank-b")
+    with pytest.raises(ReceiptError, match="bad signature"):
+        check_upload(upload, c.keys["bank-b"].public_key(), ticket, "bank-a")

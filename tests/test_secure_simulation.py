@@ -1,0 +1,96 @@
+"""``simulate --secure``: the CKKS path gives the plaintext run's model, and refuses what policy forbids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedgl_secure.cli import app
+from fedgl_secure.crypto.secure_summation import SecureSummation
+from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.errors import PolicyError
+from fedgl_secure.fedgl.aggregation import PlaintextSummation, fedavg
+from fedgl_secure.fedgl.config import build_config
+from fedgl_secure.fedgl.methods import SAMPLE_WEIGHT, WEIGHTS
+from fedgl_secure.fedgl.simulation import run_experiment
+from fedgl_secure.privacy.policy import load_policy
+
+BASELINE = Path(__file__).resolve().parents[1] / "policies" / "baseline.toml"
+
+
+class Recording:
+    """Wraps a summation and keeps every round's sums (the final W̄ is derived from the last)."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds = inner, []
+
+    def __call__(self, round_number, contributions):
+        sums = self.inner(round_number, contributions)
+        self.rounds.append(sums)
+        return sums
+
+    def final_weights(self):
+        last = self.rounds[-1]
+        return fedavg(last[WEIGHTS].double(), last[SAMPLE_WEIGHT].double().item())
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return synthetic_consortium(seed=0)
+
+
+def test_secure_run_gives_the_plaintext_global_model(dataset):
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
+    plain = Recording(PlaintextSummation())
+    plain_result = run_experiment(config, dataset, progress=False, summation=plain)
+    secure_summation = SecureSummation(load_policy(BASELINE))
+    secure = Recording(secure_summation)
+    try:
+        secure_result = run_experiment(config, dataset, progress=False, summation=secure)
+    finally:
+        secure_summation.close()
+    assert len(secure.rounds) == len(plain.rounds) == 2
+    for plain_sums, secure_sums in zip(plain.rounds, secure.rounds, strict=True):
+        assert set(plain_sums) == set(secure_sums)
+        for kind in plain_sums:
+            assert secure_sums[kind].dtype == torch.float32 and secure_sums[kind].shape == plain_sums[kind].shape
+            scale = max(1.0, float(plain_sums[kind].abs().max()))
+            assert float((secure_sums[kind] - plain_sums[kind]).abs().max()) <= 1e-6 * scale, kind
+    assert float((secure.final_weights() - plain.final_weights()).abs().max()) <= 1e-4
+    assert [h.val_accuracy for h in secure_result.history] == [h.val_accuracy for h in plain_result.history]
+    assert secure_summation.wire.bytes_by_kind[WEIGHTS] > 0
+
+
+def test_kinds_outside_the_policy_never_get_encrypted(dataset, small_policy):
+    policy = small_policy.model_copy(update={"allowed_kinds": ("weights", "sample_weight")})
+    summation = SecureSummation(policy)
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 1}, "device": "cpu"})
+    try:
+        with pytest.raises(PolicyError, match=r"kinds \['embeddings', 'node_weight', 'predictions'\] may not leave"):
+            run_experiment(config, dataset, progress=False, summation=summation)
+        assert not summation.wire.bytes_by_kind
+    finally:
+        summation.close()
+
+
+def test_cli_secure_flag_runs_and_reports_wire_size(tmp_path):
+    result = CliRunner().invoke(
+        app, ["simulate", "--secure", "--rounds", "1", "--method", "federated", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["rounds_run"] == 1 and len(summary["secure"]["fingerprint"]) == 64
+    assert set(summary["secure"]["wire_bytes"]) == {"weights", "sample_weight"}
+
+
+def test_cli_policy_errors_are_clear(tmp_path):
+    bad = tmp_path / "weak.toml"
+    bad.write_text("quorum = 1\n")
+    result = CliRunner().invoke(app, ["simulate", "--secure", "--policy", str(bad), "--rounds", "1"])
+    assert result.exit_code == 2 and f"{bad}: quorum:" in result.output
+    result = CliRunner().invoke(app, ["simulate", "--policy", str(bad), "--rounds", "1"])
+    assert result.exit_code == 2 and "--secure" in result.output
