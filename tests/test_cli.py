@@ -103,20 +103,9 @@ def test_corrupt_file_is_named(tmp_path, data_root):
 
 
 def test_reproduce_table2_writes_markdown_and_json(tmp_path):
-    result = _invoke(
-        "reproduce",
-        "table2",
-        "--datasets",
-        "synthetic",
-        "--methods",
-        "federated,fedgl-no-gpg",
-        "--seeds",
-        "2",
-        "--output-dir",
-        str(tmp_path),
-        "--set",
-        "federation.max_rounds=2",
-    )
+    args = ["reproduce", "table2", "--datasets", "synthetic", "--methods", "federated,fedgl-no-gpg"]
+    args += ["--seeds", "2", "--output-dir", str(tmp_path), "--set", "federation.max_rounds=2"]
+    result = _invoke(*args)
     assert result.exit_code == 0, result.output
     table = json.loads((tmp_path / "table2.json").read_text())
     cell = table["synthetic"]["federated"]
@@ -124,22 +113,10 @@ def test_reproduce_table2_writes_markdown_and_json(tmp_path):
     assert cell["mean"] == pytest.approx(sum(cell["global_test_accuracy"]) / 2)
     markdown = (tmp_path / "table2.md").read_text()
     assert "| synthetic |" in markdown and "±" in markdown
-    # a second call re-uses the stored runs instead of training again
-    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert len(runs) == 4
-    again = _invoke(
-        "reproduce",
-        "table2",
-        "--datasets",
-        "synthetic",
-        "--methods",
-        "federated,fedgl-no-gpg",
-        "--seeds",
-        "2",
-        "--output-dir",
-        str(tmp_path),
-        "--set",
-        "federation.max_rounds=2",
-    )
+    # a second call re-uses the stored runs (files untouched) instead of training again
+    stored = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
+    assert len(stored) == 4
+    again = _invoke(*args)
     assert again.exit_code == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()} == stored
     assert json.loads((tmp_path / "table2.json").read_text()) == table
