@@ -1,0 +1,1 @@
+"""Network services of the secure consortium (DESIGN §5): key authority, aggregator, banks."""
