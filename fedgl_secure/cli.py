@@ -12,6 +12,7 @@ import typer
 
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
+from fedgl_secure.services.commands import consortium_app, node_app
 
 app = typer.Typer(
     help="fedgl-secure: privacy-hardened federated graph learning (FedGL) between institutions.",
@@ -24,6 +25,8 @@ reproduce_app = typer.Typer(
     help="Reproduce the FedGL paper's experiments.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(reproduce_app, name="reproduce")
+app.add_typer(node_app, name="node")
+app.add_typer(consortium_app, name="consortium")
 
 
 class DatasetName(str, Enum):
@@ -212,6 +215,25 @@ def reproduce_table2(
         _fail(error)
     typer.echo((output_dir / "table2.md").read_text())
     typer.echo(f"wrote {output_dir / 'table2.md'} and {output_dir / 'table2.json'} ({len(table)} datasets)")
+
+
+@app.command()
+def provision(
+    consortium: Annotated[Path, typer.Argument(help="the consortium file, e.g. services/consortium.toml")],
+    out: Annotated[Path | None, typer.Option(help="PKI directory (default: the consortium's pki_dir)")] = None,
+) -> None:
+    """Create the consortium CA, every node's TLS certificate and key, and the banks' signing and pseudonym keys.
+
+    Never replaces a file: run it again after adding a node and only that node's files are created.
+    """
+    from fedgl_secure.services.config import load_consortium
+    from fedgl_secure.services.pki import provision as provision_pki
+
+    try:
+        report = provision_pki(load_consortium(consortium), out)
+    except FedGLError as error:
+        _fail(error)
+    typer.echo(report.summary())
 
 
 def main() -> None:

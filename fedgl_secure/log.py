@@ -17,6 +17,7 @@ def configure_logging(level: str = "warning", json: bool = False) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,  # tracebacks as text, also in JSON logs
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -7,6 +7,7 @@ parameter, so a secure backend can replace the plaintext sum without touching an
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -120,8 +121,13 @@ def run_experiment(
     dataset: GraphDataset | None = None,
     progress: bool = True,
     summation: Summation | None = None,
+    observer: Callable[[Broadcast], None] | None = None,
 ) -> RunResult:
-    """Run one simulated experiment (any of the six methods) and return its record."""
+    """Run one simulated experiment (any of the six methods) and return its record.
+
+    ``observer`` sees every federated round's broadcast (W̄, pseudo labels, pseudo graph) — how
+    a consortium run is compared with the simulation, weight for weight.
+    """
     started = time.perf_counter()
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
@@ -137,7 +143,7 @@ def run_experiment(
     elif config.method == "local":
         result = _run_local(config, federation, progress)
     else:
-        result = _run_federated(config, federation, progress, summation or PlaintextSummation())
+        result = _run_federated(config, federation, progress, summation or PlaintextSummation(), observer)
     result.wall_seconds = time.perf_counter() - started
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
@@ -170,7 +176,13 @@ def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
     )
 
 
-def _run_federated(config: ExperimentConfig, federation: Federation, progress: bool, summation: Summation) -> RunResult:
+def _run_federated(
+    config: ExperimentConfig,
+    federation: Federation,
+    progress: bool,
+    summation: Summation,
+    observer: Callable[[Broadcast], None] | None = None,
+) -> RunResult:
     method = build_method(config)
     merged = federation.merged
     trainers = [
@@ -186,6 +198,8 @@ def _run_federated(config: ExperimentConfig, federation: Federation, progress: b
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
         contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
         broadcast = method.server_update(summation(round_number, contributions), round_number)
+        if observer is not None:
+            observer(broadcast)
         evaluator.load_flat_parameters(broadcast.weights)
         scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast))
         record = RoundRecord(round_number, participants, scores.val, scores.test, time.perf_counter() - round_started)

@@ -80,16 +80,24 @@ class ConsortiumConfig(_Model):
         for role in (NodeRole.KEY_AUTHORITY, NodeRole.AGGREGATOR):
             if roles.count(role) != 1:
                 raise ValueError(f"a consortium has exactly one {role.value}; found {roles.count(role)}")
-        if roles.count(NodeRole.BANK) < 2:
-            raise ValueError(f"a consortium needs at least 2 banks (a sum over one bank is its data); found {roles.count(NodeRole.BANK)}")
-        build_config(self.experiment)  # fail here, naming the field, not in the middle of a round
+        banks = roles.count(NodeRole.BANK)
+        if banks < 2:
+            raise ValueError(f"a consortium needs at least 2 banks (a sum over one bank is its data); found {banks}")
+        proportions = build_config(self.experiment).federation.proportions  # fails here, naming the field
+        if len(proportions) != banks:
+            raise ValueError(
+                f"experiment.federation.proportions has {len(proportions)} entries for {banks} banks; "
+                "bank k (in [[nodes]] order) holds client slice k, so give one proportion per bank"
+            )
         return self
 
     def node(self, name: str) -> NodeEntry:
         for node in self.nodes:
             if node.name == name:
                 return node
-        raise ConfigError(f"{self.source or 'consortium'}: no node named {name!r}; nodes are {[n.name for n in self.nodes]}")
+        raise ConfigError(
+            f"{self.source or 'consortium'}: no node named {name!r}; nodes are {[n.name for n in self.nodes]}"
+        )
 
     @property
     def key_authority(self) -> NodeEntry:

@@ -1,0 +1,578 @@
+"""The aggregator's round state machine (DESIGN §5.3), as a library the HTTP service wraps.
+
+The aggregator holds the *public* CKKS context only. Per round it
+
+1. waits for at least the quorum of live banks, picks the participants, opens the round at
+   the key authority (fresh nonce) and publishes it;
+2. accepts each participant's encrypted, receipted upload per kind — checking the receipt,
+   the digest, the chunk count and that every chunk is a ciphertext of this context, so one bad
+   upload can never spoil the sum;
+3. at the deadline (or when every participant has uploaded every kind) adds the ciphertexts of
+   the banks that uploaded *everything*; below the quorum it aborts the round and reopens it
+   with a fresh nonce; otherwise it asks the key authority to decrypt each sum, stores each
+   decrypted sum at once, and
+4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
+   stores the next model version together with the round, in one transaction.
+
+Round states: ``open`` → ``applied`` | ``aborted`` (reopened with a fresh nonce) |
+``abandoned`` (some sum was decrypted but the round could not finish — the key authority
+never decrypts a (round, kind) twice, so the retry takes the next round number) |
+``interrupted`` (the aggregator stopped while it was open). A restarted aggregator resumes
+after its last applied round; a round is applied once or not at all.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import tenseal as ts
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.receipts import Receipt
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
+from fedgl_secure.data.sampling import select_participants
+from fedgl_secure.errors import CiphertextError, ConfigError, DecryptionRefused, FedGLError
+from fedgl_secure.fedgl.config import ExperimentConfig
+from fedgl_secure.fedgl.evaluation import EarlyStopping, ratio
+from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+from fedgl_secure.fedgl.simulation import initial_parameters
+from fedgl_secure.log import get_logger
+from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment
+from fedgl_secure.services.pseudonyms import union_positions
+
+
+class ProtocolConflict(FedGLError):
+    """A request that is well formed but does not fit the protocol's state (HTTP 409).
+
+    ``code`` is stable and machine-readable (e.g. ``stale-round``, ``not-ready``).
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class Decryptor(Protocol):
+    """The key authority as the aggregator sees it (HTTP client, or the in-process library)."""
+
+    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None: ...
+
+    def decrypt(
+        self,
+        federation: str,
+        round_number: int,
+        kind: str,
+        summed_chunks: Sequence[bytes],
+        receipts: Sequence[Receipt],
+        fingerprint: str,
+        length: int,
+    ) -> np.ndarray: ...
+
+
+# --- the broadcast on the wire (numpy arrays, never pickles) ------------------------------------
+
+
+def encode_broadcast(broadcast: Broadcast) -> bytes:
+    arrays = {"weights": broadcast.weights.detach().cpu().numpy().astype(np.float32)}
+    if broadcast.pseudo_labels is not None:
+        arrays["pseudo_labels"] = broadcast.pseudo_labels.cpu().numpy().astype(np.int64)
+    if broadcast.pseudo_graph is not None:
+        arrays["pseudo_graph_neighbors"] = broadcast.pseudo_graph.neighbors.cpu().numpy().astype(np.int64)
+        arrays["pseudo_graph_weights"] = broadcast.pseudo_graph.weights.cpu().numpy().astype(np.float32)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def decode_broadcast(version: int, data: bytes, num_parameters: int, num_global_nodes: int) -> Broadcast:
+    """A broadcast from its bytes, checked against the shapes this bank expects."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, EOFError) as error:
+        raise CiphertextError(f"model version {version}: not a valid array bundle ({error})") from None
+    weights = arrays.get("weights")
+    if weights is None or weights.shape != (num_parameters,) or not np.all(np.isfinite(weights)):
+        raise CiphertextError(f"model version {version}: weights missing, non-finite or not {num_parameters} values")
+    labels = arrays.get("pseudo_labels")
+    if labels is not None and labels.shape != (num_global_nodes,):
+        raise CiphertextError(f"model version {version}: pseudo labels are not {num_global_nodes} values")
+    pseudo_graph = None
+    if "pseudo_graph_neighbors" in arrays:
+        neighbors, edge_weights = arrays["pseudo_graph_neighbors"], arrays.get("pseudo_graph_weights")
+        if (
+            edge_weights is None
+            or neighbors.ndim != 2
+            or neighbors.shape[0] != num_global_nodes
+            or edge_weights.shape != neighbors.shape
+            or (neighbors.size and (neighbors.min() < 0 or neighbors.max() >= num_global_nodes))
+        ):
+            raise CiphertextError(f"model version {version}: malformed pseudo graph")
+        pseudo_graph = PseudoGraph(torch.from_numpy(neighbors), torch.from_numpy(edge_weights))
+    return Broadcast(
+        version,
+        torch.from_numpy(weights),
+        torch.from_numpy(labels) if labels is not None else None,
+        pseudo_graph,
+    )
+
+
+def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind: str) -> None:
+    """Every chunk parses as a ciphertext of ``context`` and holds the right number of values."""
+    slots = ckks.slot_count(context)
+    expected = ckks.chunk_count(length, slots)
+    if len(chunks) != expected:
+        raise CiphertextError(f"{kind}: {len(chunks)} ciphertext chunks, expected {expected} for {length} values")
+    for index, data in enumerate(chunks):
+        try:
+            vector = ts.ckks_vector_from(context, bytes(data))
+        except (ValueError, RuntimeError, TypeError) as error:
+            raise CiphertextError(
+                f"{kind}, chunk {index}: not a CKKS ciphertext of this context ({len(data)} bytes; malformed, "
+                f"truncated, or made under other parameters): {error}"
+            ) from None
+        want = max(0, min(slots, length - index * slots))
+        if vector.size() != want:
+            raise CiphertextError(f"{kind}, chunk {index}: holds {vector.size()} values, expected {want}")
+
+
+# --- the coordinator -------------------------------------------------------------------------
+
+
+@dataclass
+class _OpenRound:
+    round: int
+    base_version: int
+    nonce: str
+    participants: tuple[str, ...]
+    shapes: dict[str, tuple[int, ...]]
+    deadline: float
+    uploads: dict[str, dict[str, Upload]] = field(default_factory=dict)
+
+    def complete_banks(self) -> tuple[str, ...]:
+        return tuple(b for b in self.participants if set(self.uploads.get(b, {})) == set(self.shapes))
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a bank is told when it asks for the current round."""
+
+    phase: str  # enrolling | waiting | open | aggregating | finished
+    federation: str
+    round: int | None = None
+    nonce: str | None = None
+    base_version: int | None = None
+    participants: tuple[str, ...] = ()
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    context_fingerprint: str = ""
+    seconds_left: float | None = None
+    latest_version: int | None = None
+
+
+class Coordinator:
+    """Enrolment, the union index and the round loop of one federation.
+
+    Request handlers (``enrol``, ``round_view``, ``accept_upload``...) are called from the HTTP
+    service's worker threads; :meth:`run` is the round loop on its own thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        federation: str,
+        config: ExperimentConfig,
+        policy: Policy,
+        banks: Sequence[str],
+        signing_keys: Mapping[str, Ed25519PublicKey],
+        public_context: bytes,
+        store: AggregatorStore,
+        decryptor: Decryptor,
+        liveness_seconds: float = 5.0,
+    ) -> None:
+        if len(config.federation.proportions) != len(banks):
+            raise ConfigError(
+                f"the experiment has {len(config.federation.proportions)} client proportions but the consortium "
+                f"has {len(banks)} banks; give one proportion per bank"
+            )
+        self.federation = federation
+        self.config = config
+        self.policy = policy
+        self.banks = tuple(banks)
+        self.signing_keys = dict(signing_keys)
+        self.context = ckks.load_public_context(public_context)
+        self.fingerprint = ckks.fingerprint(public_context)
+        self.store = store
+        self.decryptor = decryptor
+        self.liveness_seconds = liveness_seconds
+        self.method = build_method(config)
+        self.log = get_logger(role="aggregator", federation=federation)
+        self._changed = threading.Condition()
+        self._seen: dict[str, float] = {}
+        self._open: _OpenRound | None = None
+        self._aggregating = False
+        self._finished = store.get_meta("finished") == "1"
+        self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
+
+    # --- request handlers (any thread) ----------------------------------------------------
+
+    def _bank_index(self, bank: str) -> int:
+        if bank not in self.banks:
+            raise ProtocolConflict("unknown-bank", f"{bank!r} is not a bank of this consortium")
+        return self.banks.index(bank)
+
+    def heartbeat(self, bank: str) -> None:
+        self._bank_index(bank)
+        with self._changed:
+            self._seen[bank] = time.monotonic()
+            self._changed.notify_all()
+
+    def enrol(self, bank: str, num_features: int, num_classes: int, pseudonyms: Sequence[str]) -> None:
+        """Record a bank's pseudonym set and data dimensions (idempotent for the same set)."""
+        self._bank_index(bank)
+        if len(set(pseudonyms)) != len(pseudonyms) or not pseudonyms:
+            raise ProtocolConflict("bad-enrolment", f"{bank}: pseudonyms must be non-empty and distinct")
+        enrolment = Enrolment(bank, num_features, num_classes, tuple(pseudonyms))
+        with self._changed:
+            existing = self.store.enrolment(bank)
+            if existing is not None:
+                if existing != enrolment:
+                    raise ProtocolConflict(
+                        "enrolment-changed", f"{bank} enrolled before with other nodes or dimensions; it cannot change"
+                    )
+            else:
+                if self._index is not None:
+                    raise ProtocolConflict("enrolment-closed", "the union index is already built")
+                for other in self.store.enrolments().values():
+                    if (other.num_features, other.num_classes) != (num_features, num_classes):
+                        raise ProtocolConflict(
+                            "dimension-mismatch",
+                            f"{bank} has {num_features} features/{num_classes} classes, {other.bank} has "
+                            f"{other.num_features}/{other.num_classes}",
+                        )
+                self.store.enrol(enrolment)
+                self.log.info("bank.enrolled", bank=bank, nodes=len(pseudonyms))
+            self._seen[bank] = time.monotonic()
+            self._changed.notify_all()
+
+    def index_for(self, bank: str) -> tuple[int, np.ndarray]:
+        """(M, positions of this bank's pseudonyms in the union index, in the order it enrolled them)."""
+        self._bank_index(bank)
+        if self._index is None:
+            raise ProtocolConflict("not-ready", "the union index is built once every bank has enrolled")
+        size, positions = self._index
+        return size, positions[bank]
+
+    def model(self, version: int) -> bytes:
+        data = self.store.model(version)
+        if data is None:
+            raise ProtocolConflict("unknown-version", f"model version {version} does not exist (yet)")
+        return data
+
+    def round_view(self, bank: str) -> RoundView:
+        self.heartbeat(bank)
+        with self._changed:
+            latest = self.store.latest_version()
+            if self._finished:
+                return RoundView("finished", self.federation, latest_version=latest)
+            if self._index is None:
+                return RoundView("enrolling", self.federation)
+            current = self._open
+            if current is None:
+                phase = "aggregating" if self._aggregating else "waiting"
+                return RoundView(phase, self.federation, latest_version=latest)
+            return RoundView(
+                "open",
+                self.federation,
+                current.round,
+                current.nonce,
+                current.base_version,
+                current.participants,
+                current.shapes,
+                self.fingerprint,
+                max(0.0, current.deadline - time.monotonic()),
+                latest,
+            )
+
+    def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
+        """Check and keep one upload; True when it is new, False when it repeats an accepted one."""
+        self._bank_index(bank)
+        with self._changed:
+            current = self._open
+            if current is None or current.round != round_number:
+                open_number = current.round if current else None
+                raise ProtocolConflict("stale-round", f"round {round_number} is not open (open: {open_number})")
+            if bank not in current.participants:
+                raise ProtocolConflict("not-participant", f"{bank} is not a participant of round {round_number}")
+            if kind not in current.shapes:
+                raise CiphertextError(f"round {round_number} expects kinds {sorted(current.shapes)}, not {kind!r}")
+            length = int(np.prod(current.shapes[kind]))
+            ticket = RoundTicket(
+                self.federation, current.round, current.nonce, len(current.participants), self.fingerprint
+            )
+            upload = Upload(kind, list(chunks), length, receipt)
+            check_upload(upload, self.signing_keys[bank], ticket, bank)
+            previous = current.uploads.get(bank, {}).get(kind)
+            if previous is not None:
+                if previous.receipt.ciphertext_sha256 == receipt.ciphertext_sha256:
+                    return False
+                raise ProtocolConflict("already-uploaded", f"{bank} already uploaded other {kind!r} for this round")
+        # parsing ciphertexts is the slow part: outside the lock, then re-check the round
+        check_chunks(self.context, chunks, length, kind)
+        with self._changed:
+            if self._open is not current:
+                raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
+            current.uploads.setdefault(bank, {})[kind] = upload
+            self._seen[bank] = time.monotonic()
+            self._changed.notify_all()
+        return True
+
+    def accept_report(self, bank: str, version: int, counts: tuple[int, int, int, int]) -> None:
+        """A bank's evaluation of model ``version`` on its own validation and test nodes (counts only)."""
+        self._bank_index(bank)
+        val_correct, val_total, test_correct, test_total = counts
+        if not (0 <= val_correct <= val_total and 0 <= test_correct <= test_total):
+            raise ProtocolConflict("bad-report", f"counts must satisfy 0 <= correct <= total, got {counts}")
+        latest = self.store.latest_version()
+        if latest is None or not 0 <= version <= latest:
+            raise ProtocolConflict("unknown-version", f"model version {version} does not exist")
+        self.store.save_report(version, bank, counts)
+
+    def status(self) -> dict:
+        reports = self.store.pooled_reports()
+        history = []
+        for row in self.store.rounds():
+            pooled = reports.get(row.base_version + 1) if row.status == "applied" else None
+            history.append(
+                {
+                    "round": row.round,
+                    "base_version": row.base_version,
+                    "status": row.status,
+                    "attempts": row.attempts,
+                    "participants": list(row.participants),
+                    "contributors": list(row.contributors),
+                    "seconds": (row.closed_at - row.opened_at) if row.closed_at else None,
+                    "detail": row.detail,
+                    "val_accuracy": ratio(pooled[1], pooled[2]) if pooled else None,
+                }
+            )
+        best = max(reports.items(), key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
+        return {
+            "federation": self.federation,
+            "phase": self.round_phase(),
+            "latest_version": self.store.latest_version(),
+            "max_rounds": self.config.federation.max_rounds,
+            "rounds": history,
+            "best_version": best[0] if best else None,
+            "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else None,
+            "best_test_accuracy": ratio(best[1][3], best[1][4]) if best else None,
+        }
+
+    def round_phase(self) -> str:
+        with self._changed:
+            if self._finished:
+                return "finished"
+            if self._index is None:
+                return "enrolling"
+            return "open" if self._open is not None else ("aggregating" if self._aggregating else "waiting")
+
+    # --- the round loop (its own thread) --------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Drive rounds until ``max_rounds`` model versions exist, early stopping, or ``stop``."""
+        try:
+            if not self._wait_for_enrolment(stop):
+                return
+            version = self._resume()
+            round_number = self.store.last_round_number() + 1
+            stopper = EarlyStopping(self.config.federation.patience)
+            while not stop.is_set() and not self._finished and version < self.config.federation.max_rounds:
+                outcome = self._run_round(stop, round_number, version)
+                if outcome == "applied":
+                    version += 1
+                    if self._early_stop(stopper, version - 1):
+                        break
+                if outcome in ("applied", "abandoned"):
+                    round_number += 1
+            if not stop.is_set():
+                self._finish(version)
+        except Exception:  # the service must say why it stopped driving rounds
+            self.log.exception("rounds.crashed")
+            raise
+
+    def _wait_for_enrolment(self, stop: threading.Event) -> bool:
+        with self._changed:
+            while self._index is None:
+                enrolled = self.store.enrolments()
+                if len(enrolled) == len(self.banks):
+                    self._build_index(enrolled)
+                    break
+                if stop.is_set():
+                    return False
+                self._changed.wait(0.2)
+        return True
+
+    def _build_index(self, enrolled: Mapping[str, Enrolment]) -> None:
+        size, positions = union_positions([enrolled[bank].pseudonyms for bank in self.banks])
+        by_bank = dict(zip(self.banks, positions, strict=True))
+        first = enrolled[self.banks[0]]
+        if self.store.latest_version() is None:
+            weights = initial_parameters(self.config, first.num_features, first.num_classes)
+            self.store.save_initial_model(encode_broadcast(Broadcast(0, weights)))
+        self.store.save_index(size, by_bank)
+        self._index = (size, by_bank)
+        self.log.info("index.built", num_global_nodes=size, banks=len(self.banks))
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        size, _ = self._index
+        first = self.store.enrolment(self.banks[0])
+        num_parameters = int(initial_parameters(self.config, first.num_features, first.num_classes).numel())
+        return self.method.upload_shapes(num_parameters, size, first.num_classes)
+
+    def _resume(self) -> int:
+        """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
+        version = self.store.latest_version() or 0
+        last = self.store.round(self.store.last_round_number())
+        if last is not None and last.status not in ("applied", "aborted", "abandoned"):
+            sums = self.store.sums(last.round)
+            shapes = self._shapes()
+            if set(sums) == set(shapes) and last.base_version == version:
+                contributors = next(iter(sums.values()))[2]
+                self._apply(last.round, version, {k: v[1] for k, v in sums.items()}, shapes, contributors)
+                self.log.info("round.resumed", round=last.round)
+                return version + 1
+            status = "abandoned" if sums else "interrupted"
+            self.store.close_round(last.round, status, "the aggregator stopped while the round was open")
+            self.log.warning("round.retired", round=last.round, status=status)
+        return version
+
+    def _live_participants(self, training_round: int) -> tuple[str, ...]:
+        chosen = select_participants(
+            len(self.banks), self.config.federation.participation, self.config.seed, training_round
+        )
+        now = time.monotonic()
+        return tuple(
+            self.banks[k] for k in chosen if now - self._seen.get(self.banks[k], -1e18) <= self.liveness_seconds
+        )
+
+    def _quorum(self) -> int:
+        return max(2, self.policy.quorum)
+
+    def _run_round(self, stop: threading.Event, round_number: int, version: int) -> str:
+        with self._changed:
+            participants = self._live_participants(version + 1)
+            while len(participants) < self._quorum():
+                if stop.is_set():
+                    return "stopped"
+                self._changed.wait(0.2)
+                participants = self._live_participants(version + 1)
+        nonce = secrets.token_hex(16)
+        log = self.log.bind(round=round_number)
+        self.decryptor.open_round(self.federation, round_number, nonce, participants)
+        self.store.open_round(round_number, version, nonce, participants)
+        timeouts = self.policy.timeouts
+        opened = time.monotonic()
+        deadline = opened + min(timeouts.upload_seconds, timeouts.round_seconds)
+        current = _OpenRound(round_number, version, nonce, participants, self._shapes(), deadline)
+        with self._changed:
+            self._open = current
+            self._changed.notify_all()
+        log.info("round.opened", participants=list(participants), base_version=version)
+        with self._changed:
+            while len(current.complete_banks()) < len(participants) and time.monotonic() < deadline:
+                if stop.is_set():
+                    self._open = None
+                    return "stopped"
+                self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            complete = current.complete_banks()
+            self._open = None
+            self._aggregating = len(complete) >= self._quorum()
+        missing = sorted(set(participants) - set(complete))
+        if len(complete) < self._quorum():
+            detail = (
+                f"{len(complete)} of {len(participants)} banks uploaded every kind in time; quorum {self._quorum()}"
+            )
+            self.store.close_round(round_number, "aborted", detail)
+            log.warning("round.aborted", complete=list(complete), missing=missing, detail=detail)
+            return "aborted"
+        if missing:
+            log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
+        try:
+            sums = self._decrypt_sums(current, complete)
+        except (DecryptionRefused, FedGLError) as error:
+            self.store.close_round(round_number, "abandoned", str(error))
+            log.error("round.abandoned", error=str(error))
+            return "abandoned"
+        finally:
+            with self._changed:
+                self._aggregating = False
+        self._apply(round_number, version, sums, current.shapes, complete)
+        log.info(
+            "round.applied",
+            version=version + 1,
+            contributors=list(complete),
+            seconds=round(time.monotonic() - opened, 3),
+        )
+        return "applied"
+
+    def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...]) -> dict[str, np.ndarray]:
+        sums = {}
+        for kind, shape in current.shapes.items():
+            uploads = [current.uploads[bank][kind] for bank in complete]
+            summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
+            values = self.decryptor.decrypt(
+                self.federation,
+                current.round,
+                kind,
+                summed,
+                [upload.receipt for upload in uploads],
+                self.fingerprint,
+                int(np.prod(shape)),
+            )
+            self.store.save_sum(current.round, kind, current.nonce, values, complete)
+            sums[kind] = values
+        return sums
+
+    def _apply(
+        self,
+        round_number: int,
+        version: int,
+        sums: Mapping[str, np.ndarray],
+        shapes: Mapping[str, tuple[int, ...]],
+        contributors: tuple[str, ...],
+    ) -> None:
+        tensors = {
+            kind: torch.from_numpy(np.asarray(sums[kind], dtype=np.float32)).reshape(shapes[kind]) for kind in shapes
+        }
+        broadcast = self.method.server_update(tensors, version + 1)
+        self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors)
+        with self._changed:
+            self._changed.notify_all()
+
+    def _early_stop(self, stopper: EarlyStopping, reported_version: int) -> bool:
+        pooled = self.store.pooled_reports().get(reported_version)
+        if pooled is None or pooled[2] == 0:
+            return False
+        stopper.update(reported_version, ratio(pooled[1], pooled[2]))
+        if stopper.should_stop(reported_version):
+            self.log.info("rounds.early_stop", best_version=stopper.best_round, patience=stopper.patience)
+            return True
+        return False
+
+    def _finish(self, version: int) -> None:
+        self.store.set_meta("finished", "1")
+        with self._changed:
+            self._finished = True
+            self._changed.notify_all()
+        self.log.info("rounds.finished", latest_version=version)

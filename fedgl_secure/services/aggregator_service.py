@@ -1,0 +1,273 @@
+"""The aggregator's HTTP service: a thin shell over :class:`~fedgl_secure.services.aggregator.Coordinator`.
+
+Endpoints (mTLS; the caller's role comes from its certificate):
+
+=======  ======================================  =======  =====================================
+method   path                                    roles    what
+=======  ======================================  =======  =====================================
+GET      /v1/health                              any      liveness and phase
+GET      /v1/status                              any      rounds, participants, pooled accuracy
+POST     /v1/enrol                               bank     pseudonym set and data dimensions
+GET      /v1/index                               bank     M and this bank's positions in it
+GET      /v1/round                               bank     the open round (and a heartbeat)
+GET      /v1/models/{version}                    bank     W̄, Ȳ, Ā of a model version (npz)
+PUT      /v1/rounds/{round}/uploads/{kind}       bank     one kind's ciphertext chunks + receipt
+POST     /v1/reports                             bank     evaluation counts of a model version
+=======  ======================================  =======  =====================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+
+import httpx
+import numpy as np
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedgl_secure.crypto.receipts import Receipt
+from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.services import wire
+from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
+from fedgl_secure.services.aggregator_store import AggregatorStore
+from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.services.key_authority_service import KeyAuthorityClient
+from fedgl_secure.services.pki import load_signing_public_keys
+from fedgl_secure.services.pseudonyms import PSEUDONYM_PATTERN
+from fedgl_secure.services.retry import retry_until_ready
+from fedgl_secure.services.tls import (
+    Caller,
+    caller_identity,
+    make_http_client,
+    make_server,
+    require_roles,
+    serve_until_signalled,
+)
+
+RECEIPT_HEADER = "X-FedGL-Receipt"
+MAX_PSEUDONYMS = 50_000_000
+MAX_CHUNKS = 65_536  # 268 M values at N = 8192
+MAX_CHUNK_BYTES = 8 * 1024 * 1024  # a fresh N = 32768 ciphertext is ≈ 1-4 MiB
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnrolRequest(_Schema):
+    num_features: int = Field(ge=1)
+    num_classes: int = Field(ge=2)
+    pseudonyms: list[str] = Field(min_length=1, max_length=MAX_PSEUDONYMS)
+
+    def checked_pseudonyms(self) -> list[str]:
+        import re
+
+        pattern = re.compile(PSEUDONYM_PATTERN)
+        bad = next((p for p in self.pseudonyms if not pattern.match(p)), None)
+        if bad is not None:
+            raise ProtocolConflict("bad-enrolment", f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
+        return self.pseudonyms
+
+
+class IndexResponse(_Schema):
+    num_global_nodes: int
+    positions: list[int]
+
+
+class RoundResponse(_Schema):
+    phase: str
+    federation: str
+    round: int | None = None
+    nonce: str | None = None
+    base_version: int | None = None
+    participants: list[str] = []
+    shapes: dict[str, list[int]] = {}
+    context_fingerprint: str = ""
+    seconds_left: float | None = None
+    latest_version: int | None = None
+
+
+class UploadResponse(_Schema):
+    accepted: bool
+    duplicate: bool
+
+
+class ReportRequest(_Schema):
+    version: int = Field(ge=0)
+    val_correct: int = Field(ge=0)
+    val_total: int = Field(ge=0)
+    test_correct: int = Field(ge=0)
+    test_total: int = Field(ge=0)
+
+
+def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, lifespan=None) -> FastAPI:
+    """The aggregator's FastAPI app over ``coordinator`` (``lifespan`` runs the round loop)."""
+    app = FastAPI(title="fedgl-secure aggregator", version="1", lifespan=lifespan)
+    wire.install_error_handlers(app, coordinator.log, max_body_bytes)
+    bank_only = require_roles(NodeRole.BANK)
+
+    @app.exception_handler(ProtocolConflict)
+    async def _conflict(_request: Request, error: ProtocolConflict) -> JSONResponse:
+        return JSONResponse({"error": error.code, "detail": error.detail}, status_code=409)
+
+    @app.get("/v1/health")
+    def health(caller: Caller = Depends(caller_identity)) -> dict:
+        return {"role": "aggregator", "federation": coordinator.federation, "phase": coordinator.round_phase()}
+
+    @app.get("/v1/status")
+    def status(caller: Caller = Depends(caller_identity)) -> dict:
+        return coordinator.status()
+
+    @app.post("/v1/enrol")
+    def enrol(request: EnrolRequest, caller: Caller = Depends(bank_only)) -> dict:
+        coordinator.enrol(caller.name, request.num_features, request.num_classes, request.checked_pseudonyms())
+        return {"enrolled": True}
+
+    @app.get("/v1/index")
+    def index(caller: Caller = Depends(bank_only)) -> IndexResponse:
+        size, positions = coordinator.index_for(caller.name)
+        return IndexResponse(num_global_nodes=size, positions=positions.tolist())
+
+    @app.get("/v1/round")
+    def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
+        view = coordinator.round_view(caller.name)
+        return RoundResponse(
+            **{
+                **view.__dict__,
+                "participants": list(view.participants),
+                "shapes": {k: list(v) for k, v in view.shapes.items()},
+            }
+        )
+
+    @app.get("/v1/models/{version}")
+    def model(version: int, caller: Caller = Depends(bank_only)) -> Response:
+        return Response(coordinator.model(version), media_type="application/octet-stream")
+
+    @app.put("/v1/rounds/{round_number}/uploads/{kind}")
+    async def upload(
+        round_number: int, kind: str, request: Request, caller: Caller = Depends(bank_only)
+    ) -> UploadResponse:
+        receipt = wire.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
+        body = await wire.read_body(request, max_body_bytes)
+        chunks = wire.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=MAX_CHUNK_BYTES)
+        if receipt.sender != caller.name:
+            raise ProtocolConflict(
+                "wrong-sender", f"the receipt names {receipt.sender!r}, the certificate {caller.name!r}"
+            )
+        # ciphertext parsing is CPU-bound: off the event loop
+        from starlette.concurrency import run_in_threadpool
+
+        new = await run_in_threadpool(coordinator.accept_upload, caller.name, round_number, kind, chunks, receipt)
+        return UploadResponse(accepted=True, duplicate=not new)
+
+    @app.post("/v1/reports")
+    def report(request: ReportRequest, caller: Caller = Depends(bank_only)) -> dict:
+        counts = (request.val_correct, request.val_total, request.test_correct, request.test_total)
+        coordinator.accept_report(caller.name, request.version, counts)
+        return {"recorded": True}
+
+    return app
+
+
+class AggregatorClient:
+    """What a bank calls on the aggregator (over an mTLS ``httpx.Client``)."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code == 409:
+            body = _json_or_empty(response)
+            raise ProtocolConflict(str(body.get("error", "conflict")), str(body.get("detail", response.text)))
+        wire.raise_for_service_error(response)
+        return response
+
+    def health(self) -> dict:
+        return self._check(self.http.get("/v1/health")).json()
+
+    def status(self) -> dict:
+        return self._check(self.http.get("/v1/status")).json()
+
+    def enrol(self, num_features: int, num_classes: int, pseudonyms: Sequence[str]) -> None:
+        payload = {"num_features": num_features, "num_classes": num_classes, "pseudonyms": list(pseudonyms)}
+        self._check(self.http.post("/v1/enrol", json=payload))
+
+    def index(self) -> tuple[int, np.ndarray]:
+        body = IndexResponse.model_validate(self._check(self.http.get("/v1/index")).json())
+        return body.num_global_nodes, np.asarray(body.positions, dtype=np.int64)
+
+    def current_round(self) -> RoundResponse:
+        return RoundResponse.model_validate(self._check(self.http.get("/v1/round")).json())
+
+    def model(self, version: int) -> bytes:
+        return self._check(self.http.get(f"/v1/models/{version}")).content
+
+    def upload(self, round_number: int, kind: str, chunks: Sequence[bytes], receipt: Receipt) -> UploadResponse:
+        response = self.http.put(
+            f"/v1/rounds/{round_number}/uploads/{kind}",
+            content=wire.encode_chunks(chunks),
+            headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": "application/octet-stream"},
+        )
+        return UploadResponse.model_validate(self._check(response).json())
+
+    def report(self, version: int, counts: tuple[int, int, int, int]) -> None:
+        names = ("val_correct", "val_total", "test_correct", "test_total")
+        self._check(self.http.post("/v1/reports", json={"version": version, **dict(zip(names, counts, strict=True))}))
+
+
+def _json_or_empty(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:
+    """Serve the aggregator of ``consortium`` until stopped (SIGINT/SIGTERM); rounds run on a thread."""
+    configure_logging(node.log_level, json=True)
+    log = get_logger(node=node.name, role="aggregator", federation=consortium.federation)
+    policy = load_policy(consortium.policy)
+    layout = PkiLayout(consortium.pki_dir)
+    entry = consortium.node(node.name)
+    ka_entry = consortium.key_authority
+    ka_http = make_http_client(layout, node.name, ka_entry.url, expect_role=NodeRole.KEY_AUTHORITY)
+    key_authority = KeyAuthorityClient(ka_http)
+    public_context, fingerprint = retry_until_ready(key_authority.public_context, "the key authority", log)
+    bank_names = [bank.name for bank in consortium.banks]
+    state_dir = node.state_dir or consortium.state_dir(node.name)
+    store = AggregatorStore(state_dir / "aggregator.sqlite3")
+    coordinator = Coordinator(
+        federation=consortium.federation,
+        config=consortium.experiment_config(),
+        policy=policy,
+        banks=bank_names,
+        signing_keys=load_signing_public_keys(layout, bank_names),
+        public_context=public_context,
+        store=store,
+        decryptor=key_authority,
+        liveness_seconds=node.aggregator.liveness_seconds,
+    )
+    stop = threading.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        driver = threading.Thread(target=coordinator.run, args=(stop,), name="rounds", daemon=True)
+        driver.start()
+        log.info("aggregator.started", url=entry.url, fingerprint=fingerprint[:12])
+        yield
+        stop.set()
+        driver.join(timeout=30)
+        log.info("aggregator.stopped")
+
+    server = make_server(create_app(coordinator, lifespan=lifespan), entry.host, entry.port, layout, node.name)
+    try:
+        serve_until_signalled(server)
+    finally:
+        stop.set()
+        store.close()
+        ka_http.close()

@@ -1,0 +1,287 @@
+"""The aggregator's durable state (SQLite): enrolments, the union index, models, rounds, sums, reports.
+
+A restarted aggregator resumes from here: every applied round's broadcast is stored with the
+round that produced it (in the same transaction), and every decrypted sum is stored the moment
+the key authority returns it — the key authority decrypts each (round, kind) only once, so a
+sum that was not written down could never be asked for again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS enrolments (
+    bank TEXT PRIMARY KEY, num_features INTEGER NOT NULL, num_classes INTEGER NOT NULL,
+    pseudonyms TEXT NOT NULL, enrolled_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS positions (bank TEXT PRIMARY KEY, positions BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS models (
+    version INTEGER PRIMARY KEY, round INTEGER, arrays BLOB NOT NULL, contributors TEXT NOT NULL,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY, base_version INTEGER NOT NULL, nonce TEXT NOT NULL,
+    participants TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL,
+    opened_at REAL NOT NULL, closed_at REAL, contributors TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS sums (
+    round INTEGER NOT NULL, kind TEXT NOT NULL, nonce TEXT NOT NULL, vector BLOB NOT NULL,
+    contributors TEXT NOT NULL, PRIMARY KEY (round, kind));
+CREATE TABLE IF NOT EXISTS reports (
+    version INTEGER NOT NULL, bank TEXT NOT NULL, val_correct INTEGER NOT NULL, val_total INTEGER NOT NULL,
+    test_correct INTEGER NOT NULL, test_total INTEGER NOT NULL, PRIMARY KEY (version, bank));
+"""
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    round: int
+    base_version: int
+    nonce: str
+    participants: tuple[str, ...]
+    status: str
+    attempts: int
+    opened_at: float
+    closed_at: float | None
+    contributors: tuple[str, ...]
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    bank: str
+    num_features: int
+    num_classes: int
+    pseudonyms: tuple[str, ...]
+
+
+class AggregatorStore:
+    """Thread-safe access to ``aggregator.sqlite3`` (one connection, one lock, durable commits)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, parameters in statements:
+                    self._db.execute(sql, parameters)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, parameters: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, parameters).fetchall()
+
+    # --- meta --------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
+
+    # --- enrolment and the union index ------------------------------------------------------
+
+    def enrolment(self, bank: str) -> Enrolment | None:
+        rows = self._read("SELECT num_features, num_classes, pseudonyms FROM enrolments WHERE bank = ?", (bank,))
+        if not rows:
+            return None
+        features, classes, pseudonyms = rows[0]
+        return Enrolment(bank, features, classes, tuple(json.loads(pseudonyms)))
+
+    def enrolments(self) -> dict[str, Enrolment]:
+        rows = self._read("SELECT bank FROM enrolments ORDER BY bank")
+        return {bank: self.enrolment(bank) for (bank,) in rows}
+
+    def enrol(self, enrolment: Enrolment) -> None:
+        self._write(
+            [
+                (
+                    "INSERT INTO enrolments (bank, num_features, num_classes, pseudonyms, enrolled_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (
+                        enrolment.bank,
+                        enrolment.num_features,
+                        enrolment.num_classes,
+                        json.dumps(list(enrolment.pseudonyms)),
+                        time.time(),
+                    ),
+                )
+            ]
+        )
+
+    def save_index(self, num_global_nodes: int, positions: dict[str, np.ndarray]) -> None:
+        statements = [
+            ("INSERT OR REPLACE INTO meta (key, value) VALUES ('num_global_nodes', ?)", (str(num_global_nodes),))
+        ]
+        statements += [
+            ("INSERT OR REPLACE INTO positions (bank, positions) VALUES (?, ?)", (bank, pos.astype("<i8").tobytes()))
+            for bank, pos in positions.items()
+        ]
+        self._write(statements)
+
+    def index(self) -> tuple[int, dict[str, np.ndarray]] | None:
+        size = self.get_meta("num_global_nodes")
+        if size is None:
+            return None
+        rows = self._read("SELECT bank, positions FROM positions")
+        return int(size), {bank: np.frombuffer(blob, dtype="<i8").copy() for bank, blob in rows}
+
+    # --- models and rounds ------------------------------------------------------------------
+
+    def save_initial_model(self, arrays: bytes) -> None:
+        self._write(
+            [
+                (
+                    "INSERT OR IGNORE INTO models (version, round, arrays, contributors, created_at) "
+                    "VALUES (0, NULL, ?, '[]', ?)",
+                    (arrays, time.time()),
+                )
+            ]
+        )
+
+    def model(self, version: int) -> bytes | None:
+        rows = self._read("SELECT arrays FROM models WHERE version = ?", (version,))
+        return rows[0][0] if rows else None
+
+    def latest_version(self) -> int | None:
+        rows = self._read("SELECT MAX(version) FROM models")
+        return rows[0][0] if rows and rows[0][0] is not None else None
+
+    def open_round(self, round_number: int, base_version: int, nonce: str, participants: tuple[str, ...]) -> None:
+        """Record round ``round_number`` as open (a reopened round keeps its row and counts the attempt)."""
+        self._write(
+            [
+                (
+                    "INSERT INTO rounds (round, base_version, nonce, participants, status, attempts, opened_at) "
+                    "VALUES (?, ?, ?, ?, 'open', 1, ?) ON CONFLICT(round) DO UPDATE SET nonce = excluded.nonce, "
+                    "participants = excluded.participants, status = 'open', attempts = rounds.attempts + 1, "
+                    "opened_at = excluded.opened_at, closed_at = NULL, detail = NULL",
+                    (round_number, base_version, nonce, json.dumps(list(participants)), time.time()),
+                )
+            ]
+        )
+
+    def close_round(self, round_number: int, status: str, detail: str | None = None) -> None:
+        self._write(
+            [
+                (
+                    "UPDATE rounds SET status = ?, closed_at = ?, detail = ? WHERE round = ?",
+                    (status, time.time(), detail, round_number),
+                )
+            ]
+        )
+
+    def apply_round(self, round_number: int, version: int, arrays: bytes, contributors: tuple[str, ...]) -> None:
+        """Store the round's broadcast and mark it applied in one transaction (never half-applied)."""
+        names = json.dumps(list(contributors))
+        self._write(
+            [
+                (
+                    "INSERT INTO models (version, round, arrays, contributors, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (version, round_number, arrays, names, time.time()),
+                ),
+                (
+                    "UPDATE rounds SET status = 'applied', closed_at = ?, contributors = ? WHERE round = ?",
+                    (time.time(), names, round_number),
+                ),
+            ]
+        )
+
+    def round(self, round_number: int) -> RoundRow | None:
+        rows = self._read(
+            "SELECT round, base_version, nonce, participants, status, attempts, opened_at, closed_at, contributors, "
+            "detail FROM rounds WHERE round = ?",
+            (round_number,),
+        )
+        return _round_row(rows[0]) if rows else None
+
+    def rounds(self) -> list[RoundRow]:
+        rows = self._read(
+            "SELECT round, base_version, nonce, participants, status, attempts, opened_at, closed_at, contributors, "
+            "detail FROM rounds ORDER BY round"
+        )
+        return [_round_row(row) for row in rows]
+
+    def last_round_number(self) -> int:
+        rows = self._read("SELECT MAX(round) FROM rounds")
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    # --- decrypted sums ---------------------------------------------------------------------
+
+    def save_sum(
+        self, round_number: int, kind: str, nonce: str, vector: np.ndarray, contributors: tuple[str, ...]
+    ) -> None:
+        self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO sums (round, kind, nonce, vector, contributors) VALUES (?, ?, ?, ?, ?)",
+                    (round_number, kind, nonce, vector.astype("<f8").tobytes(), json.dumps(list(contributors))),
+                )
+            ]
+        )
+
+    def sums(self, round_number: int) -> dict[str, tuple[str, np.ndarray, tuple[str, ...]]]:
+        rows = self._read("SELECT kind, nonce, vector, contributors FROM sums WHERE round = ?", (round_number,))
+        return {
+            kind: (nonce, np.frombuffer(blob, dtype="<f8").copy(), tuple(json.loads(names)))
+            for kind, nonce, blob, names in rows
+        }
+
+    # --- evaluation reports -----------------------------------------------------------------
+
+    def save_report(self, version: int, bank: str, counts: tuple[int, int, int, int]) -> None:
+        self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO reports (version, bank, val_correct, val_total, test_correct, test_total) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (version, bank, *counts),
+                )
+            ]
+        )
+
+    def pooled_reports(self) -> dict[int, tuple[int, int, int, int, int]]:
+        """Per model version: (banks reporting, val correct, val total, test correct, test total)."""
+        rows = self._read(
+            "SELECT version, COUNT(*), SUM(val_correct), SUM(val_total), SUM(test_correct), SUM(test_total) "
+            "FROM reports GROUP BY version ORDER BY version"
+        )
+        return {row[0]: tuple(int(v) for v in row[1:]) for row in rows}
+
+
+def _round_row(row: tuple) -> RoundRow:
+    round_number, base, nonce, participants, status, attempts, opened, closed, contributors, detail = row
+    return RoundRow(
+        round_number,
+        base,
+        nonce,
+        tuple(json.loads(participants)),
+        status,
+        attempts,
+        opened,
+        closed,
+        tuple(json.loads(contributors)) if contributors else (),
+        detail,
+    )

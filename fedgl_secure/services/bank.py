@@ -1,0 +1,328 @@
+"""A bank node: its own graph slice, local training, and encrypted, receipted uploads (DESIGN §5.3 step 2).
+
+The bank pulls: it asks the aggregator for the open round, downloads the model version the
+round starts from, evaluates it on its own validation/test nodes (counts only are reported),
+trains, and uploads each kind as CKKS ciphertext chunks with a signed receipt. Raw node ids
+never leave the bank: it enrols HMAC pseudonyms and receives only its own positions in the
+union index.
+
+A round that is reopened (aborted below quorum, or the aggregator restarted) is retrained from
+the same starting state — model, optimiser moments and dropout stream are restored from a
+snapshot — so a reopened round gives the same contribution as the first attempt would have,
+and a consortium run reproduces the in-process simulation with the same seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi import Depends, FastAPI
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.data.sampling import make_clients
+from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.fedgl.client import LocalTrainer
+from fedgl_secure.fedgl.config import ExperimentConfig
+from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.simulation import resolve_device
+from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.model.gcn import GCN
+from fedgl_secure.privacy.policy import Policy, load_policy
+from fedgl_secure.services import wire
+from fedgl_secure.services.aggregator import ProtocolConflict, decode_broadcast
+from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.services.key_authority_service import KeyAuthorityClient
+from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key
+from fedgl_secure.services.pseudonyms import pseudonymise
+from fedgl_secure.services.retry import retry_until_ready
+from fedgl_secure.services.tls import Caller, caller_identity, make_http_client, make_server, serve_until_signalled
+
+
+@dataclass(frozen=True)
+class _TrainerState:
+    model: dict
+    optimizer: dict
+    generator: torch.Tensor
+
+
+def _snapshot(trainer: LocalTrainer) -> _TrainerState:
+    return _TrainerState(
+        copy.deepcopy(trainer.model.state_dict()),
+        copy.deepcopy(trainer.optimizer.state_dict()),
+        trainer.generator.get_state(),
+    )
+
+
+def _restore(trainer: LocalTrainer, state: _TrainerState) -> None:
+    trainer.model.load_state_dict(state.model)
+    trainer.optimizer.load_state_dict(copy.deepcopy(state.optimizer))
+    trainer.generator.set_state(state.generator)
+
+
+def bank_slice(
+    config: ExperimentConfig, consortium: ConsortiumConfig, name: str, data_root: str | None
+) -> GraphDataset:
+    """The bank's own graph: slice k of the experiment's dataset for the k-th bank of the consortium.
+
+    (In the loopback demo every bank derives its slice from the shared dataset; a real bank
+    would load its own customer graph here.)
+    """
+    banks = [bank.name for bank in consortium.banks]
+    if len(config.federation.proportions) != len(banks):
+        raise ConfigError(
+            f"{consortium.source}: experiment.federation.proportions has {len(config.federation.proportions)} "
+            f"entries for {len(banks)} banks; give one per bank"
+        )
+    dataset = load_dataset(config.dataset, data_root, seed=config.seed)
+    clients = make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
+    return clients[banks.index(name)]
+
+
+class BankWorker:
+    """One bank's side of every round, pulling work from the aggregator."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client_index: int,
+        config: ExperimentConfig,
+        graph: GraphDataset,
+        aggregator: AggregatorClient,
+        public_context: bytes,
+        policy: Policy,
+        signing_key: Ed25519PrivateKey,
+        pseudonym_key: bytes,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self.name = name
+        self.client_index = client_index
+        self.config = config
+        self.graph_data = graph
+        self.aggregator = aggregator
+        self.context = ckks.load_public_context(public_context)
+        self.fingerprint = ckks.fingerprint(public_context)
+        self.policy = policy
+        self.signing_key = signing_key
+        self.pseudonym_key = pseudonym_key
+        self.poll_seconds = poll_seconds
+        self.method = build_method(config)
+        self.log = get_logger(node=name, role="bank")
+        self.rounds_done: list[int] = []
+        self.finished = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Enrol, then take part in every round this bank is invited to, until the federation finishes."""
+        pseudonyms = pseudonymise(self.pseudonym_key, self.graph_data.node_ids.tolist())
+        features, classes = int(self.graph_data.features.shape[1]), int(self.graph_data.num_classes)
+        retry_until_ready(lambda: self.aggregator.enrol(features, classes, pseudonyms), "the aggregator", self.log)
+        size, positions = retry_until_ready(self._index_when_ready, "the union index", self.log, retry_on=(_NotReady,))
+        device = resolve_device(self.config.device)
+        graph = GraphTensors.from_graph(
+            self.graph_data, positions, size, device, self.config.training.normalize_features
+        )
+        trainer = LocalTrainer(self.client_index, graph, self.config.training, self.config.seed)
+        evaluator = GCN(graph.features.shape[1], self.config.training.hidden, graph.num_classes).to(device)
+        num_parameters = int(trainer.model.flat_parameters().numel())
+        self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)
+        session = _Session(trainer, evaluator, graph, num_parameters)
+        while not stop.is_set():
+            try:
+                view = self.aggregator.current_round()
+            except (ProtocolConflict, FedGLError, OSError) as error:
+                self.log.warning("round.poll_failed", error=str(error)[:300])
+                stop.wait(self.poll_seconds * 5)
+                continue
+            except Exception as error:  # httpx transport errors while the aggregator restarts
+                self.log.info("round.poll_unreachable", error=str(error)[:200])
+                stop.wait(self.poll_seconds * 5)
+                continue
+            if view.phase == "finished":
+                self._report_final(session, view.latest_version)
+                self.finished.set()
+                self.log.info("bank.finished", rounds=len(self.rounds_done))
+                return
+            if view.phase == "open" and self.name in view.participants and (view.round, view.nonce) not in session.done:
+                self._take_part(session, view)
+                continue
+            stop.wait(self.poll_seconds)
+
+    def _index_when_ready(self):
+        try:
+            return self.aggregator.index()
+        except ProtocolConflict as conflict:
+            if conflict.code == "not-ready":
+                raise _NotReady(conflict.detail) from None
+            raise
+
+    def _evaluate(self, session: _Session, broadcast: Broadcast) -> tuple[int, int, int, int]:
+        session.evaluator.load_flat_parameters(broadcast.weights)
+        session.evaluator.eval()
+        with torch.no_grad():
+            adjacency = self.method.evaluation_adjacency(session.graph, broadcast)
+            logits = session.evaluator(session.graph.features, adjacency).logits
+        graph = session.graph
+        return (*accuracy(logits, graph.labels, graph.val_mask), *accuracy(logits, graph.labels, graph.test_mask))
+
+    def _download(self, session: _Session, version: int) -> Broadcast:
+        return decode_broadcast(
+            version, self.aggregator.model(version), session.num_parameters, session.graph.num_global_nodes
+        )
+
+    def _report(self, session: _Session, version: int, broadcast: Broadcast) -> None:
+        if version in session.reported:
+            return
+        self.aggregator.report(version, self._evaluate(session, broadcast))
+        session.reported.add(version)
+
+    def _report_final(self, session: _Session, version: int | None) -> None:
+        if version is None or version in session.reported:
+            return
+        try:
+            self._report(session, version, self._download(session, version))
+        except (FedGLError, OSError) as error:
+            self.log.warning("report.failed", version=version, error=str(error)[:300])
+
+    def _take_part(self, session: _Session, view: RoundResponse) -> None:
+        log = self.log.bind(round=view.round, base_version=view.base_version)
+        if view.context_fingerprint != self.fingerprint:
+            log.error("round.foreign_context", theirs=view.context_fingerprint[:12], ours=self.fingerprint[:12])
+            session.done.add((view.round, view.nonce))
+            return
+        started = time.perf_counter()
+        try:
+            broadcast = self._download(session, view.base_version)
+            self._report(session, view.base_version, broadcast)
+            # a reopened round restarts from the same state, so it yields the same contribution
+            if view.base_version in session.snapshots:
+                _restore(session.trainer, session.snapshots[view.base_version])
+            else:
+                session.snapshots = {view.base_version: _snapshot(session.trainer)}
+            contribution = self.method.client_contribution(session.trainer, broadcast)
+            expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
+            actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
+            if actual != expected:
+                raise ConfigError(f"round {view.round} expects uploads {expected}, this bank computes {actual}")
+            ticket = RoundTicket(
+                view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint
+            )
+            uploaded = 0
+            for kind in sorted(contribution):
+                values = contribution[kind].detach().to(torch.float64).cpu().numpy()
+                upload = make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, kind, values)
+                self.aggregator.upload(view.round, kind, upload.chunks, upload.receipt)
+                uploaded += upload.wire_bytes
+        except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
+            log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
+            session.done.add((view.round, view.nonce))
+            return
+        except (FedGLError, OSError) as error:
+            log.warning("round.failed", error=str(error)[:300])
+            time.sleep(self.poll_seconds * 5)
+            return
+        except Exception as error:  # transport errors: the aggregator may be restarting; the round reopens
+            log.warning("round.unreachable", error=str(error)[:300])
+            time.sleep(self.poll_seconds * 5)
+            return
+        session.done.add((view.round, view.nonce))
+        self.rounds_done.append(view.round)
+        log.info("round.uploaded", bytes=uploaded, seconds=round(time.perf_counter() - started, 3))
+
+
+class _NotReady(FedGLError):
+    pass
+
+
+@dataclass
+class _Session:
+    """What a bank keeps between rounds: its trainer, and which rounds and versions it has handled."""
+
+    trainer: LocalTrainer
+    evaluator: GCN
+    graph: GraphTensors
+    num_parameters: int
+    done: set[tuple[int, str]] = field(default_factory=set)
+    reported: set[int] = field(default_factory=set)
+    snapshots: dict[int, _TrainerState] = field(default_factory=dict)
+
+
+def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
+    """The bank's own small API: health and progress (any consortium member)."""
+    app = FastAPI(title=f"fedgl-secure bank {worker.name}", version="1", lifespan=lifespan)
+    wire.install_error_handlers(app)
+
+    @app.get("/v1/health")
+    def health(caller: Caller = Depends(caller_identity)) -> dict:
+        return {
+            "role": "bank",
+            "name": worker.name,
+            "rounds_done": len(worker.rounds_done),
+            "finished": worker.finished.is_set(),
+        }
+
+    return app
+
+
+def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
+    """Serve a bank until the federation finishes or the process is stopped."""
+    configure_logging(node.log_level, json=True)
+    log = get_logger(node=node.name, role="bank", federation=consortium.federation)
+    config = consortium.experiment_config()
+    policy = load_policy(consortium.policy)
+    layout = PkiLayout(consortium.pki_dir)
+    entry = consortium.node(node.name)
+    graph = bank_slice(config, consortium, node.name, node.bank.data_root)
+    ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
+    agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
+    public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
+    worker = BankWorker(
+        name=node.name,
+        client_index=[bank.name for bank in consortium.banks].index(node.name),
+        config=config,
+        graph=graph,
+        aggregator=AggregatorClient(agg_http),
+        public_context=public_context,
+        policy=policy,
+        signing_key=load_signing_key(layout, node.name),
+        pseudonym_key=load_pseudonym_key(layout, node.name),
+        poll_seconds=node.bank.poll_seconds,
+    )
+    stop = threading.Event()
+    server = None
+
+    def work() -> None:
+        try:
+            worker.run(stop)
+        except Exception:
+            log.exception("bank.crashed")
+        finally:
+            if server is not None:
+                server.should_exit = True  # the federation is over (or the worker failed): stop serving
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        thread = threading.Thread(target=work, name="bank-worker", daemon=True)
+        thread.start()
+        log.info("bank.started", url=entry.url)
+        yield
+        stop.set()
+        thread.join(timeout=30)
+
+    server = make_server(create_app(worker, lifespan=lifespan), entry.host, entry.port, layout, node.name)
+    try:
+        serve_until_signalled(server)
+    finally:
+        stop.set()
+        ka_http.close()
+        agg_http.close()

@@ -1,0 +1,50 @@
+"""CLI commands of the services: ``node start`` and ``consortium up`` (registered by ``fedgl_secure.cli``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgl_secure.errors import FedGLError
+
+node_app = typer.Typer(help="Run one node of a consortium.", no_args_is_help=True, rich_markup_mode=None)
+consortium_app = typer.Typer(help="Run a whole consortium locally.", no_args_is_help=True, rich_markup_mode=None)
+
+
+def _fail(error: Exception) -> None:
+    typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(code=2)
+
+
+@node_app.command("start")
+def node_start(
+    config: Annotated[Path, typer.Option(help="the node's TOML file, e.g. services/bank-a.toml")],
+) -> None:
+    """Start the key authority, the aggregator or a bank, as the config's role says (blocks until stopped)."""
+    from fedgl_secure.services.node import start_node
+
+    try:
+        start_node(config)
+    except FedGLError as error:
+        _fail(error)
+
+
+@consortium_app.command("up")
+def consortium_up_command(
+    consortium: Annotated[Path, typer.Argument(help="services/consortium.toml (node configs sit next to it)")],
+    progress: Annotated[bool, typer.Option(help="show a progress bar over rounds")] = True,
+    timeout: Annotated[float | None, typer.Option(help="give up after this many seconds")] = None,
+) -> None:
+    """Start every node as its own process, show round progress, stop them all at the end or on Ctrl-C."""
+    from fedgl_secure.services.orchestrate import consortium_up
+
+    try:
+        summary = consortium_up(consortium, progress=progress, echo=typer.echo, timeout=timeout)
+    except FedGLError as error:
+        _fail(error)
+    typer.echo(json.dumps(summary))
+    if summary.get("interrupted"):
+        raise typer.Exit(code=130)

@@ -1,0 +1,345 @@
+"""The key authority as an HTTP service over mutual TLS: a thin shell over :class:`KeyAuthority`.
+
+Every rule lives in the library (``crypto/key_authority.py``); this module only moves bytes:
+
+========================  ==========  =====================================================
+endpoint                  who         what
+========================  ==========  =====================================================
+``GET /v1/health``        any node    service name, role, context fingerprint, status
+``GET /v1/context``       any node    the *public* CKKS context (octet-stream) and
+                                      ``X-FedGL-Context-Fingerprint``
+``POST /v1/rounds/open``  aggregator  JSON :class:`OpenRoundRequest` → ``{"opened": true}``;
+                                      a refused round is 409
+``POST /v1/decrypt``      (any node)  body: :func:`wire.encode_chunks` of the summed chunks;
+                                      header ``X-FedGL-Decrypt``: :class:`DecryptRequest`;
+                                      → float64 values (octet-stream). The caller's mTLS
+                                      role goes to the library, so a bank is refused *and
+                                      audited* (403 ``not-aggregator``)
+``GET /v1/audit/verify``  any node    :class:`AuditReport` of the hash-chained audit log
+========================  ==========  =====================================================
+
+Errors are JSON ``{"error": <code>, "detail": <message>}``: refusals are 403 with the stable
+reason code of :class:`Refusal` (``bad-ciphertext`` is 400), malformed bodies and headers 400,
+oversized bodies 413. :class:`KeyAuthorityClient` is the aggregator's side of the same API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import httpx
+import numpy as np
+import structlog
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.audit import verify_audit_chain
+from fedgl_secure.crypto.key_authority import AUDIT_HEAD, KeyAuthority
+from fedgl_secure.crypto.receipts import Receipt
+from fedgl_secure.errors import ConfigError, ContextError
+from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.privacy.policy import HEParameters, load_policy
+from fedgl_secure.services import pki, tls, wire
+from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+
+FINGERPRINT_HEADER = "X-FedGL-Context-Fingerprint"
+DECRYPT_HEADER = "X-FedGL-Decrypt"
+OCTET_STREAM = "application/octet-stream"
+MAX_VALUES = 2**31 - 1
+MAX_RECEIPTS = 1024
+_HEX64 = r"^[0-9a-f]{64}$"
+
+# Who may call: the mTLS caller, checked against roles (module-level so FastAPI can resolve the names).
+AnyCaller = Annotated[tls.Caller, Depends(tls.caller_identity)]
+AnyNode = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.KEY_AUTHORITY, NodeRole.AGGREGATOR, NodeRole.BANK))]
+AggregatorOnly = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.AGGREGATOR))]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HealthResponse(_Schema):
+    name: str
+    role: str = NodeRole.KEY_AUTHORITY.value
+    fingerprint: str
+    status: str = "ok"
+
+
+class OpenRoundRequest(_Schema):
+    federation: str = Field(min_length=1, max_length=128)
+    round: int = Field(ge=1)
+    nonce: str = Field(pattern=r"^[0-9a-f]{16,128}$")
+    participants: list[str] = Field(min_length=1, max_length=MAX_RECEIPTS)
+
+
+class OpenRoundResponse(_Schema):
+    opened: bool
+    federation: str
+    round: int
+
+
+class DecryptRequest(_Schema):
+    """What ``X-FedGL-Decrypt`` carries next to the summed ciphertext body.
+
+    Receipts stay loose dicts here: the key authority parses and verifies them, so a malformed or
+    forged receipt is a refusal in the audit log rather than a bare 400.
+    """
+
+    federation: str = Field(min_length=1, max_length=128)
+    round: int = Field(ge=1)
+    kind: str = Field(min_length=1, max_length=64)
+    context_fingerprint: str = Field(pattern=_HEX64)
+    length: int = Field(ge=0, le=MAX_VALUES)
+    receipts: list[dict[str, Any]] = Field(max_length=MAX_RECEIPTS)
+
+
+class AuditReport(_Schema):
+    ok: bool
+    records: int
+    head: str
+    broken_line: int | None = None
+    problem: str | None = None
+
+
+_DECRYPT_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "description": "the summed ciphertext chunks, framed by wire.encode_chunks",
+        "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}},
+    },
+    "parameters": [
+        {
+            "name": DECRYPT_HEADER,
+            "in": "header",
+            "required": True,
+            "description": "DecryptRequest as base64url compact JSON (wire.encode_header)",
+            "schema": {"type": "string"},
+        }
+    ],
+}
+
+
+def max_chunk_bytes(params: HEParameters) -> int:
+    """Upper bound on one serialised ciphertext: 2 polynomials × N coefficients × primes × 8 bytes + slack."""
+    return 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes) * 8 + 64 * 1024
+
+
+def create_app(
+    authority: KeyAuthority, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, name: str = "key-authority"
+) -> FastAPI:
+    """The HTTP shell over ``authority`` (the caller keeps ownership: it closes the authority)."""
+    log = get_logger(node=name, role=NodeRole.KEY_AUTHORITY.value)
+    slots = authority.policy.he.poly_modulus_degree // 2
+    chunk_limit = max_chunk_bytes(authority.policy.he)
+    # One request at a time touches the authority: its ledger, audit file and secret context.
+    lock = threading.Lock()
+    app = FastAPI(title="fedgl-secure key authority", version="1")
+    wire.install_error_handlers(app, log=log, max_body_bytes=max_body_bytes)
+
+    @app.get("/v1/health", response_model=HealthResponse)
+    def health(caller: AnyNode) -> HealthResponse:
+        return HealthResponse(name=name, fingerprint=authority.fingerprint)
+
+    @app.get("/v1/context", response_class=Response, responses={200: {"content": {OCTET_STREAM: {}}}})
+    def context(caller: AnyNode) -> Response:
+        log.debug("context.served", caller=caller.name)
+        return Response(
+            authority.public_context, media_type=OCTET_STREAM, headers={FINGERPRINT_HEADER: authority.fingerprint}
+        )
+
+    @app.post("/v1/rounds/open", response_model=OpenRoundResponse)
+    def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
+        with lock:
+            authority.open_round(request.federation, request.round, request.nonce, request.participants)
+        log.info("round.opened", caller=caller.name, federation=request.federation, round=request.round)
+        return OpenRoundResponse(opened=True, federation=request.federation, round=request.round)
+
+    @app.post(
+        "/v1/decrypt",
+        response_class=Response,
+        responses={200: {"content": {OCTET_STREAM: {}}, "description": "the sum's values, little-endian float64"}},
+        openapi_extra=_DECRYPT_OPENAPI,
+    )
+    async def decrypt(request: Request, caller: AnyCaller) -> Response:
+        meta = wire.decode_header(request.headers.get(DECRYPT_HEADER), DecryptRequest, DECRYPT_HEADER)
+        bound = log.bind(caller=caller.name, federation=meta.federation, round=meta.round, kind=meta.kind)
+        if caller.role is not NodeRole.AGGREGATOR:
+            # Refused by the library, without reading the body, so the attempt lands in the audit log.
+            await run_in_threadpool(_decrypt, authority, lock, caller, meta, [])
+            raise HTTPException(status_code=403, detail=f"role {caller.role.value!r} may not request decryption")
+        body = await wire.read_body(request, max_body_bytes)
+        chunks = wire.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
+        bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
+        values = await run_in_threadpool(_decrypt, authority, lock, caller, meta, chunks)
+        return Response(wire.encode_float64(values), media_type=OCTET_STREAM)
+
+    @app.get("/v1/audit/verify", response_model=AuditReport)
+    def audit_verify(caller: AnyNode) -> AuditReport:
+        with lock:
+            report = verify_audit_chain(authority.audit.path, authority.ledger.get_meta(AUDIT_HEAD))
+        log.info("audit.verified", caller=caller.name, ok=report.ok, records=report.lines)
+        return AuditReport(
+            ok=report.ok, records=report.lines, head=report.head, broken_line=report.broken_line, problem=report.problem
+        )
+
+    return app
+
+
+def _decrypt(
+    authority: KeyAuthority, lock: threading.Lock, caller: tls.Caller, meta: DecryptRequest, chunks: list[bytes]
+) -> np.ndarray:
+    with lock:
+        return authority.decrypt_sum(
+            caller.role.value,
+            meta.federation,
+            meta.round,
+            meta.kind,
+            chunks,
+            meta.receipts,
+            meta.context_fingerprint,
+            meta.length,
+        )
+
+
+class KeyAuthorityClient:
+    """The aggregator's view of the key authority (over an mTLS :class:`httpx.Client`).
+
+    Errors come back as the exceptions the library raises in-process: a refusal is
+    :class:`DecryptionRefused` with its reason code; anything else is :class:`wire.ServiceError`.
+    """
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise wire.ServiceError(
+                None, "unreachable", f"key authority at {self.http.base_url}{path}: {error}"
+            ) from None
+        wire.raise_for_service_error(response)
+        return response
+
+    def health(self) -> HealthResponse:
+        return HealthResponse.model_validate_json(self._call("GET", "/v1/health").content)
+
+    def public_context(self) -> tuple[bytes, str]:
+        """The public context bytes and their fingerprint, checked to be the SHA-256 of the bytes."""
+        response = self._call("GET", "/v1/context")
+        data, announced = response.content, response.headers.get(FINGERPRINT_HEADER, "")
+        actual = hashlib.sha256(data).hexdigest()
+        if announced != actual:
+            raise ContextError(
+                f"the key authority's context is {len(data)} bytes with SHA-256 {actual[:12]}…, but "
+                f"{FINGERPRINT_HEADER} says {announced[:12] or '(missing)'}… (altered in transit?)"
+            )
+        return data, actual
+
+    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None:
+        request = OpenRoundRequest(federation=federation, round=round_number, nonce=nonce, participants=participants)
+        self._call("POST", "/v1/rounds/open", json=request.model_dump(mode="json"))
+
+    def decrypt(
+        self,
+        federation: str,
+        round_number: int,
+        kind: str,
+        summed_chunks: Sequence[bytes],
+        receipts: Sequence[Receipt | dict],
+        fingerprint: str,
+        length: int,
+    ) -> np.ndarray:
+        """Ask for one fused sum; raises :class:`DecryptionRefused` with the authority's reason."""
+        meta = DecryptRequest(
+            federation=federation,
+            round=round_number,
+            kind=kind,
+            context_fingerprint=fingerprint,
+            length=length,
+            receipts=[r.model_dump(mode="json") if isinstance(r, Receipt) else dict(r) for r in receipts],
+        )
+        response = self._call(
+            "POST",
+            "/v1/decrypt",
+            content=wire.encode_chunks(summed_chunks),
+            headers={DECRYPT_HEADER: wire.encode_header(meta), "Content-Type": OCTET_STREAM},
+        )
+        return wire.decode_float64(response.content, length)
+
+    def audit_report(self) -> AuditReport:
+        return AuditReport.model_validate_json(self._call("GET", "/v1/audit/verify").content)
+
+
+# --- running the node ----------------------------------------------------------------------------
+
+
+def read_operator_secret(node: NodeConfig, environ: dict[str, str] | None = None) -> bytes:
+    """The operator secret: ``key_authority.operator_secret_file`` if set, else the environment variable.
+
+    One trailing newline (``\\n`` or ``\\r\\n``) is stripped, as editors and ``echo`` add one.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    section = node.key_authority
+    where = node.source or "the node config"
+    if section.operator_secret_file is not None:
+        path = section.operator_secret_file
+        try:
+            secret = path.read_bytes()
+            mode = path.stat().st_mode
+        except OSError as error:
+            raise ConfigError(
+                f"{where}: key_authority.operator_secret_file: cannot read {path} ({error.strerror or error})"
+            ) from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            get_logger(node=node.name).warning("operator_secret.readable_by_others", path=str(path), mode=oct(mode))
+        source = str(path)
+    elif environ.get(section.operator_secret_env):
+        secret, source = environ[section.operator_secret_env].encode("utf-8"), f"${section.operator_secret_env}"
+    else:
+        raise ConfigError(
+            f"{where}: no operator secret: set key_authority.operator_secret_file to a file holding it, or the "
+            f"environment variable {section.operator_secret_env} (key_authority.operator_secret_env)"
+        )
+    secret = secret.removesuffix(b"\n").removesuffix(b"\r")
+    if not secret:
+        raise ConfigError(f"{where}: the operator secret from {source} is empty")
+    return secret
+
+
+def run_key_authority(node: NodeConfig, consortium: ConsortiumConfig) -> None:
+    """Serve the key authority until SIGINT/SIGTERM (blocking); closes the authority on the way out."""
+    configure_logging(node.log_level, json=True)
+    structlog.contextvars.bind_contextvars(node=node.name, role=NodeRole.KEY_AUTHORITY.value)
+    log = get_logger()
+    policy = load_policy(consortium.policy)
+    secret = read_operator_secret(node)
+    state_dir = node.state_dir or consortium.state_dir(node.name)
+    layout = PkiLayout(consortium.pki_dir)
+    entry = consortium.node(node.name)
+    authority = KeyAuthority(state_dir, policy, secret)
+    try:
+        banks = [bank.name for bank in consortium.banks]
+        for bank, public_key in pki.load_signing_public_keys(layout, banks).items():
+            authority.register_bank(bank, public_key)
+        app = create_app(authority, name=node.name)
+        server = tls.make_server(app, entry.host, entry.port, layout, node.name, node.log_level)
+        log.info(
+            "key_authority.serving",
+            url=entry.url,
+            state_dir=str(state_dir),
+            banks=banks,
+            fingerprint=authority.fingerprint,
+        )
+        tls.serve_until_signalled(server)
+    finally:
+        authority.close()
+        log.info("key_authority.stopped")

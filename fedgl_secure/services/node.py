@@ -1,0 +1,46 @@
+"""``fedgl-secure node start <node>.toml``: load a node's config and run the service its role names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from fedgl_secure.errors import FedGLError
+from fedgl_secure.services.config import NodeRole, load_node_config
+
+
+def start_node(config_path: str | Path) -> None:
+    """Run the node described by ``config_path`` until it is stopped (SIGINT/SIGTERM); blocking."""
+    node, consortium = load_node_config(config_path)
+    if node.role is NodeRole.KEY_AUTHORITY:
+        from fedgl_secure.services.key_authority_service import run_key_authority
+
+        run_key_authority(node, consortium)
+    elif node.role is NodeRole.AGGREGATOR:
+        from fedgl_secure.services.aggregator_service import run_aggregator
+
+        run_aggregator(node, consortium)
+    elif node.role is NodeRole.BANK:
+        from fedgl_secure.services.bank import run_bank
+
+        run_bank(node, consortium)
+    else:  # pragma: no cover - NodeRole is closed
+        raise FedGLError(f"{config_path}: no service for role {node.role!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedgl_secure.services.node <node>.toml``; package errors are one line and exit 1."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m fedgl_secure.services.node <node>.toml", file=sys.stderr)
+        return 2
+    try:
+        start_node(args[0])
+    except FedGLError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""``fedgl-secure consortium up``: every node of a consortium as its own process, for a local demo.
+
+Nodes start in dependency order (key authority, aggregator, banks), each with
+``fedgl-secure node start --config <consortium dir>/<node>.toml`` and its JSON log in
+``<state_root>/logs/<node>.log``. Progress comes from the aggregator's structured log; Ctrl-C
+(or the end of the federation) stops every process: SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.services.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium, load_node_config
+
+GRACE_SECONDS = 15.0
+
+
+class NodeFailed(FedGLError):
+    """A node process exited while the consortium was running."""
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    role: NodeRole
+    config: Path
+    log_path: Path
+    process: subprocess.Popen
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def node_command(config: Path) -> list[str]:
+    """The command that starts one node (the same one an operator would type)."""
+    return [sys.executable, "-m", "fedgl_secure", "node", "start", "--config", str(config)]
+
+
+def start_node_process(config: Path, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            node_command(config),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # Ctrl-C reaches the orchestrator only; it stops the nodes itself
+        )
+
+
+def stop_processes(processes: list[NodeProcess], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM every live process (banks first), then SIGKILL whatever is left after ``grace``."""
+    for node in processes:
+        if node.alive():
+            node.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for node in processes:
+        try:
+            node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            node.process.kill()
+            node.process.wait()
+
+
+def ensure_demo_secrets(consortium: ConsortiumConfig, consortium_dir: Path) -> None:
+    """Provision keys and the key authority's operator secret if this demo has none yet.
+
+    Never replaces anything that exists: provisioning keeps existing keys, and an existing
+    operator secret file is left alone (it seals the CKKS secret key).
+    """
+    from fedgl_secure.services.pki import provision
+
+    if not PkiLayout(consortium.pki_dir).ca_cert.exists():
+        provision(consortium)
+    ka_config, _ = load_node_config(consortium_dir / f"{consortium.key_authority.name}.toml")
+    secret_file = ka_config.key_authority.operator_secret_file
+    if (
+        secret_file is not None
+        and not secret_file.exists()
+        and not os.environ.get(ka_config.key_authority.operator_secret_env)
+    ):
+        secret_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+
+
+@dataclass
+class AggregatorLog:
+    """Follows the aggregator's JSON log for round events."""
+
+    path: Path
+    offset: int = 0
+    events: list[dict] = field(default_factory=list)
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete, _, _rest = data.rpartition(b"\n")
+        if not complete:
+            return []
+        self.offset += len(complete) + 1
+        new = []
+        for line in complete.split(b"\n"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and str(record.get("event", "")).startswith(("round.", "rounds.", "index.")):
+                new.append(record)
+        self.events.extend(new)
+        return new
+
+
+def consortium_up(
+    consortium_path: str | Path,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+    timeout: float | None = None,
+) -> dict:
+    """Run the whole consortium until the federation finishes (or Ctrl-C); returns a summary."""
+    consortium_path = Path(consortium_path)
+    consortium = load_consortium(consortium_path)
+    consortium_dir = consortium_path.resolve().parent
+    order = [consortium.key_authority, consortium.aggregator, *consortium.banks]
+    configs = {node.name: consortium_dir / f"{node.name}.toml" for node in order}
+    missing = [str(path) for path in configs.values() if not path.is_file()]
+    if missing:
+        raise ConfigError(f"node configs missing next to {consortium_path}: {missing}")
+    ensure_demo_secrets(consortium, consortium_dir)
+    logs = consortium.state_root / "logs"
+    processes: list[NodeProcess] = []
+    aggregator_log = AggregatorLog(logs / f"{consortium.aggregator.name}.log")
+    if aggregator_log.path.exists():
+        aggregator_log.offset = aggregator_log.path.stat().st_size  # only this run's events
+    max_rounds = consortium.experiment_config().federation.max_rounds
+    bar = tqdm(total=max_rounds, desc=consortium.federation, unit="round", disable=not progress)
+    started = time.monotonic()
+    summary: dict = {"federation": consortium.federation, "logs": str(logs)}
+    try:
+        for node in order:
+            process = start_node_process(configs[node.name], logs / f"{node.name}.log")
+            processes.append(NodeProcess(node.name, node.role, configs[node.name], logs / f"{node.name}.log", process))
+        echo(f"started {len(processes)} nodes; logs in {logs}")
+        applied = 0
+        while True:
+            for event in aggregator_log.poll():
+                name = event.get("event")
+                if name == "round.applied":
+                    applied += 1
+                    bar.update(1)
+                    bar.set_postfix(round=event.get("round"), banks=len(event.get("contributors", [])))
+                elif name in ("round.aborted", "round.timed_out_banks", "round.abandoned"):
+                    bar.write(f"round {event.get('round')}: {name.split('.')[1]} {event.get('missing', '')}")
+                elif name == "rounds.finished":
+                    summary["finished"] = True
+            dead = [node for node in processes if not node.alive() and node.role is not NodeRole.BANK]
+            if dead:
+                raise NodeFailed(
+                    f"{dead[0].name} exited with code {dead[0].process.returncode}; see {dead[0].log_path}"
+                )
+            banks_done = all(not node.alive() for node in processes if node.role is NodeRole.BANK)
+            if summary.get("finished") and banks_done:
+                break
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise NodeFailed(f"the federation did not finish within {timeout:.0f} s; see {logs}")
+            time.sleep(0.2)
+        summary["rounds_applied"] = applied
+        summary["wall_seconds"] = round(time.monotonic() - started, 2)
+        summary["round_seconds"] = [
+            e.get("seconds") for e in aggregator_log.events if e.get("event") == "round.applied"
+        ]
+    except KeyboardInterrupt:
+        bar.write("interrupted: stopping every node")
+        summary["interrupted"] = True
+    finally:
+        bar.close()
+        stop_processes(list(reversed(processes)))
+    summary["exit_codes"] = {node.name: node.process.returncode for node in processes}
+    return summary

@@ -1,0 +1,47 @@
+"""Waiting for another party: retry a call while the peer is down or not ready yet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import httpx
+
+from fedgl_secure.errors import FedGLError
+from fedgl_secure.services.wire import ServiceError
+
+T = TypeVar("T")
+
+
+class PeerUnavailable(FedGLError):
+    """A peer did not answer (or stayed not ready) within the waiting time."""
+
+
+def retry_until_ready(
+    call: Callable[[], T],
+    what: str,
+    log,
+    timeout: float = 300.0,
+    interval: float = 0.5,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """``call()`` until it succeeds; transport errors (peer down, restarting) and ``retry_on`` are retried.
+
+    Anything else — a refusal, a 4xx — is a real answer and is raised at once.
+    """
+    transient = (httpx.TransportError, ServiceError, *retry_on)
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except transient as error:
+            if isinstance(error, ServiceError) and error.status is not None and error.status < 500:
+                raise
+            attempt += 1
+            if time.monotonic() >= deadline:
+                raise PeerUnavailable(f"{what} did not become ready within {timeout:.0f} s: {error}") from None
+            if attempt == 1 or attempt % 20 == 0:
+                log.info("peer.waiting", peer=what, error=str(error)[:200], attempt=attempt)
+            time.sleep(interval)

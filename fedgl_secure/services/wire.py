@@ -1,0 +1,485 @@
+"""Wire formats and HTTP error conventions shared by every service (DESIGN §5.5).
+
+What travels, and how:
+
+* **ciphertext chunks** — a binary body ``b"FGC1" | u32 count | (u64 length | bytes) * count``,
+  big-endian (:func:`encode_chunks` / :func:`decode_chunks`);
+* **float vectors** — raw little-endian float64 (:func:`encode_float64` / :func:`decode_float64`);
+* **array bundles** — an ``.npz`` archive loaded without pickle (:func:`encode_arrays` /
+  :func:`decode_arrays`);
+* **metadata** next to a binary body — a pydantic model as base64url compact JSON in a header
+  (:func:`encode_header` / :func:`decode_header`).
+
+Every decoder assumes hostile input: anything malformed, truncated, oversized, non-finite or
+pickled raises :class:`WireError` naming what is wrong and where (byte offset, size, field).
+:func:`install_error_handlers` turns the package's typed errors into JSON
+``{"error": <code>, "detail": <message>}`` responses with a 4xx status, so bad input never takes a
+service down; :func:`raise_for_service_error` turns those responses back into exceptions on the
+client side, so an in-process call and the same call over HTTP fail the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import struct
+import traceback
+import zipfile
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fedgl_secure.crypto.key_authority import Refusal
+from fedgl_secure.errors import (
+    CiphertextError,
+    ConfigError,
+    ContextError,
+    DecryptionRefused,
+    FedGLError,
+    PolicyError,
+    ReceiptError,
+)
+from fedgl_secure.log import get_logger
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Default cap on one request body (a summed ciphertext of ≈ 2M values at N = 8192 fits)."""
+
+CHUNKS_MAGIC = b"FGC1"
+_COUNT = struct.Struct(">I")
+_LENGTH = struct.Struct(">Q")
+_FLOAT64 = np.dtype("<f8")
+_NPZ_MAGIC = b"PK\x03\x04"
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+REFUSAL_CODES = frozenset(refusal.value for refusal in Refusal)
+"""Error codes that mean "the key authority refused to decrypt" (see :class:`Refusal`)."""
+
+_HTTP_CODES = {
+    400: "bad-request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    409: "conflict",
+    411: "length-required",
+    413: "body-too-large",
+    415: "unsupported-media-type",
+    422: "invalid-request",
+    429: "too-many-requests",
+    500: "internal-error",
+    503: "unavailable",
+}
+
+
+class WireError(CiphertextError):
+    """A request or response body, or a metadata header, does not follow the wire format."""
+
+
+class ServiceError(FedGLError):
+    """A service answered with an error that has no more specific exception on this side."""
+
+    def __init__(self, status: int | None, error: str, detail: str, url: str = "") -> None:
+        where = f" from {url}" if url else ""
+        status_text = f"HTTP {status}" if status is not None else "no response"
+        super().__init__(f"{status_text}{where} ({error}): {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
+# --- ciphertext chunks --------------------------------------------------------------------------
+
+
+def encode_chunks(chunks: Sequence[bytes]) -> bytes:
+    """Frame serialised ciphertext chunks: magic, u32 count, then u64 length + bytes per chunk."""
+    parts = [CHUNKS_MAGIC, _COUNT.pack(len(chunks))]
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, bytes | bytearray | memoryview):
+            raise WireError(f"chunk {index}: expected bytes, got {type(chunk).__name__}")
+        parts.append(_LENGTH.pack(len(chunk)))
+        parts.append(bytes(chunk))
+    return b"".join(parts)
+
+
+def decode_chunks(body: bytes, max_chunks: int, max_chunk_bytes: int) -> list[bytes]:
+    """Parse :func:`encode_chunks` framing, refusing anything malformed before copying a byte.
+
+    ``max_chunks`` and ``max_chunk_bytes`` bound what the receiver is willing to hold (the chunk
+    count a vector of the announced length needs; the size of one ciphertext under the context).
+    """
+    body = bytes(body)
+    header = len(CHUNKS_MAGIC) + _COUNT.size
+    if len(body) < header:
+        raise WireError(f"ciphertext body of {len(body)} bytes is shorter than the {header}-byte header (truncated)")
+    if body[: len(CHUNKS_MAGIC)] != CHUNKS_MAGIC:
+        raise WireError(
+            f"ciphertext body does not start with {CHUNKS_MAGIC!r} (got {body[: len(CHUNKS_MAGIC)]!r} at offset 0); "
+            "not chunk-framed"
+        )
+    (count,) = _COUNT.unpack_from(body, len(CHUNKS_MAGIC))
+    if count > max_chunks:
+        raise WireError(f"ciphertext body announces {count} chunks at offset 4, more than the {max_chunks} allowed")
+    chunks, offset = [], header
+    for index in range(count):
+        if offset + _LENGTH.size > len(body):
+            raise WireError(
+                f"chunk {index}: length field at offset {offset} is cut off; the body ends at {len(body)} (truncated)"
+            )
+        (length,) = _LENGTH.unpack_from(body, offset)
+        offset += _LENGTH.size
+        if length > max_chunk_bytes:
+            raise WireError(
+                f"chunk {index} at offset {offset}: {length} bytes exceeds the {max_chunk_bytes}-byte chunk limit"
+            )
+        if offset + length > len(body):
+            raise WireError(
+                f"chunk {index} at offset {offset}: announces {length} bytes but only {len(body) - offset} remain "
+                "(truncated)"
+            )
+        chunks.append(body[offset : offset + length])
+        offset += length
+    if offset != len(body):
+        raise WireError(f"{len(body) - offset} bytes of trailing garbage after the last chunk, at offset {offset}")
+    return chunks
+
+
+# --- float vectors -------------------------------------------------------------------------------
+
+
+def encode_float64(values: np.ndarray) -> bytes:
+    """A flat vector as little-endian float64 bytes; NaN and infinities are refused."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    _check_finite(flat, "float vector")
+    return flat.astype(_FLOAT64, copy=False).tobytes()
+
+
+def decode_float64(body: bytes, expected_length: int) -> np.ndarray:
+    """Parse :func:`encode_float64` output of exactly ``expected_length`` finite values."""
+    expected_bytes = expected_length * _FLOAT64.itemsize
+    if len(body) != expected_bytes:
+        raise WireError(
+            f"float64 body of {len(body)} bytes; {expected_length} values need exactly {expected_bytes} bytes"
+        )
+    values = np.frombuffer(bytes(body), dtype=_FLOAT64).astype(np.float64)
+    _check_finite(values, "float vector")
+    return values
+
+
+def _check_finite(values: np.ndarray, what: str) -> None:
+    if values.dtype.kind in "fc" and values.size and not np.all(np.isfinite(values)):
+        bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
+        raise WireError(f"{what}: {bad.size} NaN or infinite values (first at flat index {int(bad[0])})")
+
+
+# --- array bundles -------------------------------------------------------------------------------
+
+
+def encode_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """An ``.npz`` archive of named numeric arrays (never pickled objects)."""
+    clean = {}
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.dtype.hasobject:
+            raise WireError(f"array {name!r}: dtype {array.dtype} holds Python objects; only numeric arrays travel")
+        _check_finite(array, f"array {name!r}")
+        clean[name] = array
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **clean)
+    return buffer.getvalue()
+
+
+def decode_arrays(
+    body: bytes,
+    expected: Mapping[str, tuple[np.dtype | type | str, int]] | None = None,
+    max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> dict[str, np.ndarray]:
+    """Load an ``.npz`` bundle without pickle; with ``expected``, names, dtypes and ranks must match.
+
+    ``max_bytes`` caps the *uncompressed* size, so a small compressed archive cannot expand into
+    gigabytes. Float arrays must be finite.
+    """
+    body = bytes(body)
+    if not body.startswith(_NPZ_MAGIC):
+        raise WireError(f"array bundle of {len(body)} bytes is not an .npz (zip) archive (starts with {body[:4]!r})")
+    try:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise WireError(f"array bundle of {len(body)} bytes is a damaged .npz archive: {error}") from None
+    expanded = sum(info.file_size for info in infos)
+    if expanded > max_bytes:
+        raise WireError(f"array bundle expands to {expanded} bytes, more than the {max_bytes}-byte limit")
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+            for name in archive.files:
+                try:
+                    arrays[name] = np.asarray(archive[name])
+                except ValueError as error:  # object arrays: "cannot be loaded when allow_pickle=False"
+                    raise WireError(f"array {name!r} is refused: {error} (pickled data never loads)") from None
+    except WireError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise WireError(f"array bundle of {len(body)} bytes cannot be read as .npz: {error}") from None
+    for name, array in arrays.items():
+        _check_finite(array, f"array {name!r}")
+    if expected is not None:
+        _check_expected_arrays(arrays, expected)
+    return arrays
+
+
+def _check_expected_arrays(
+    arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[np.dtype | type | str, int]]
+) -> None:
+    missing = sorted(set(expected) - set(arrays))
+    unexpected = sorted(set(arrays) - set(expected))
+    if missing or unexpected:
+        raise WireError(f"array bundle: missing {missing}, unexpected {unexpected}; expected {sorted(expected)}")
+    for name, (dtype, ndim) in expected.items():
+        array = arrays[name]
+        if array.dtype != np.dtype(dtype):
+            raise WireError(f"array {name!r}: dtype {array.dtype}, expected {np.dtype(dtype)}")
+        if array.ndim != ndim:
+            raise WireError(f"array {name!r}: {array.ndim} dimensions {array.shape}, expected {ndim}")
+
+
+# --- metadata headers ----------------------------------------------------------------------------
+
+
+def encode_header(model: BaseModel) -> str:
+    """A pydantic model as base64url (unpadded) compact JSON, fit for an HTTP header value."""
+    return base64.urlsafe_b64encode(model.model_dump_json().encode("utf-8")).rstrip(b"=").decode("ascii")
+
+
+def decode_header(value: str | None, model_type: type[ModelT], header_name: str) -> ModelT:
+    """Parse :func:`encode_header` output; problems name the header and every bad field."""
+    if value is None or not value.strip():
+        raise WireError(f"missing header {header_name}: it must carry the {model_type.__name__} as base64url JSON")
+    text = value.strip()
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as error:
+        raise WireError(f"header {header_name}: not base64url ({error})") from None
+    try:
+        return model_type.model_validate_json(raw)
+    except ValidationError as error:
+        raise WireError(f"header {header_name}: {validation_problems(error)}") from None
+
+
+def validation_problems(error: ValidationError) -> str:
+    """One line naming every field pydantic rejected (``round: Input should be ...; ...``)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(whole value)'}: {e['msg']}" for e in error.errors())
+
+
+# --- body limits ---------------------------------------------------------------------------------
+
+
+def _too_large(size: int, limit: int, declared: bool) -> HTTPException:
+    if declared:
+        detail = f"request body declares {size} bytes (Content-Length); the limit is {limit} bytes"
+    else:
+        detail = f"request body exceeds the limit of {limit} bytes ({size} bytes read so far)"
+    return HTTPException(status_code=413, detail=detail)
+
+
+def _declared_length(headers: Mapping[str, str]) -> int | None:
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        length = -1
+    if length < 0:
+        raise HTTPException(status_code=400, detail=f"Content-Length {value!r} is not a non-negative integer")
+    return length
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 if ``Content-Length`` or the streamed bytes exceed ``limit``."""
+    declared = _declared_length(request.headers)
+    if declared is not None and declared > limit:
+        raise _too_large(declared, limit, declared=True)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise _too_large(size, limit, declared=False)
+        parts.append(part)
+    return b"".join(parts)
+
+
+class BodyLimitMiddleware:
+    """Caps every request body at ``max_bytes`` (JSON bodies included, before they are parsed).
+
+    A declared ``Content-Length`` over the limit is answered 413 at once, without reading; a body
+    streamed past the limit raises a 413 :class:`HTTPException` inside the endpoint reading it.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        try:
+            declared = _declared_length(headers)
+            if declared is not None and declared > self.max_bytes:
+                raise _too_large(declared, self.max_bytes, declared=True)
+        except HTTPException as error:
+            await error_response(error.status_code, _HTTP_CODES[error.status_code], str(error.detail))(
+                scope, receive, send
+            )
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _too_large(received, self.max_bytes, declared=False)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+# --- errors over HTTP ----------------------------------------------------------------------------
+
+
+def error_response(status: int, error: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The one error body every service sends: ``{"error": <code>, "detail": <message>}``."""
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=dict(headers or {}))
+
+
+def status_and_code(error: FedGLError) -> tuple[int, str]:
+    """HTTP status and error code of a package error (refusals carry their own reason code)."""
+    if isinstance(error, DecryptionRefused):
+        # A ciphertext that does not decrypt is bad input (nothing was consumed); the rest are refusals.
+        return (400 if error.reason == Refusal.BAD_CIPHERTEXT.value else 403), error.reason
+    for error_type, status, code in (
+        (WireError, 400, "bad-wire-format"),
+        (CiphertextError, 400, "bad-ciphertext"),
+        (ReceiptError, 400, "bad-receipt"),
+        (ContextError, 400, "bad-context"),
+        (PolicyError, 409, "policy-conflict"),
+        (ConfigError, 409, "config-conflict"),
+    ):
+        if isinstance(error, error_type):
+            return status, code
+    return 400, "bad-request"
+
+
+class _InternalErrorMiddleware:
+    """Unexpected exceptions become a generic 500 (traceback logged, not sent); the server lives on."""
+
+    def __init__(self, app: ASGIApp, log: Any) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            self.log.error(
+                "request.crashed",
+                method=scope.get("method"),
+                path=scope.get("path"),
+                error=repr(error),
+                traceback=traceback.format_exc(),
+            )
+            if started:
+                raise
+            response = error_response(500, "internal-error", "internal error; the service logged the details")
+            await response(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | None = None) -> None:
+    """Map package errors to JSON 4xx, framework errors to the same body shape, the rest to 500.
+
+    WireError/CiphertextError/ReceiptError/ContextError → 400; DecryptionRefused → 403 with its
+    reason code (400 for ``bad-ciphertext``); PolicyError/ConfigError → 409; other FedGLError →
+    400; HTTP and validation errors keep their status. With ``max_body_bytes`` every request body
+    is capped as well (see :class:`BodyLimitMiddleware`).
+    """
+    log = log if log is not None else get_logger()
+
+    async def on_package_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, FedGLError)
+        status, code = status_and_code(error)
+        detail = error.detail if isinstance(error, DecryptionRefused) else str(error)
+        log.warning("request.rejected", path=request.url.path, status=status, error=code, detail=detail)
+        return error_response(status, code, detail)
+
+    async def on_http_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, HTTPException)
+        code = _HTTP_CODES.get(error.status_code, f"http-{error.status_code}")
+        if error.status_code >= 400:
+            log.info("request.rejected", path=request.url.path, status=error.status_code, error=code)
+        return error_response(error.status_code, code, str(error.detail), error.headers)
+
+    async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        detail = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ()))) or '(request)'}: {e.get('msg', 'invalid')}" for e in error.errors()
+        )
+        log.info("request.rejected", path=request.url.path, status=422, error="invalid-request", detail=detail)
+        return error_response(422, "invalid-request", detail)
+
+    app.add_exception_handler(FedGLError, on_package_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    if max_body_bytes is not None:
+        app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(_InternalErrorMiddleware, log=log)
+
+
+def raise_for_service_error(response: httpx.Response) -> None:
+    """Turn an error response back into an exception: refusals into :class:`DecryptionRefused`.
+
+    A JSON ``{"error", "detail"}`` body whose code is a key-authority refusal reason raises
+    :class:`DecryptionRefused` (so an over-the-wire refusal looks like an in-process one); any
+    other error raises :class:`ServiceError` with the status, code and detail.
+    """
+    if response.is_success:
+        return
+    error, detail = _HTTP_CODES.get(response.status_code, f"http-{response.status_code}"), response.text[:500]
+    try:
+        payload = json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        error, detail = payload["error"], str(payload.get("detail", ""))
+    if error in REFUSAL_CODES:
+        raise DecryptionRefused(error, detail)
+    try:
+        url = str(response.request.url)
+    except RuntimeError:  # a response built by hand has no request
+        url = ""
+    raise ServiceError(response.status_code, error, detail, url)

@@ -1,0 +1,175 @@
+"""A real consortium on 127.0.0.1 for tests: provisioned keys, free ports, one process per node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fedgl_secure.services.config import PkiLayout, load_consortium
+from fedgl_secure.services.pki import provision
+from fedgl_secure.services.tls import make_http_client
+
+BANKS = ("bank-a", "bank-b", "bank-c")
+NODES = ("key-authority", "aggregator", *BANKS)
+ROLES = {"key-authority": "key-authority", "aggregator": "aggregator", **{bank: "bank" for bank in BANKS}}
+
+# Small but 128-bit-secure CKKS parameters: N = 4096, 108 of 109 bits.
+SMALL_HE = """
+[he]
+poly_modulus_degree = 4096
+coeff_mod_bit_sizes = [54, 54]
+global_scale_bits = 36
+"""
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass
+class LocalConsortium:
+    root: Path
+    max_rounds: int
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def consortium_path(self) -> Path:
+        return self.root / "consortium.toml"
+
+    @property
+    def layout(self) -> PkiLayout:
+        return PkiLayout(self.root / "pki")
+
+    def config_path(self, name: str) -> Path:
+        return self.root / f"{name}.toml"
+
+    def log_path(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.log"
+
+    def url(self, name: str) -> str:
+        return load_consortium(self.consortium_path).node(name).url
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path(name).open("ab") as log:
+                self.processes[name] = subprocess.Popen(
+                    [sys.executable, "-m", "fedgl_secure", "node", "start", "--config", str(self.config_path(name))],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "FEDGL_KA_SECRET": "test-operator-secret-0123456789"},
+                )
+
+    def signal(self, name: str, sig: int) -> None:
+        self.processes[name].send_signal(sig)
+
+    def kill(self, name: str) -> None:
+        self.processes[name].kill()
+        self.processes[name].wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    def client(self, as_node: str, target: str, **kwargs) -> httpx.Client:
+        return make_http_client(self.layout, as_node, self.url(target), **kwargs)
+
+    def logs(self, name: str) -> str:
+        path = self.log_path(name)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def status(self) -> dict | None:
+        try:
+            with self.client("key-authority", "aggregator", timeout=5) as http:
+                response = http.get("/v1/status")
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def wait_for(self, predicate, what: str, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if name in ("key-authority", "aggregator") and process.poll() is not None:
+                    raise AssertionError(f"{name} exited ({process.returncode}):\n{self.logs(name)[-3000:]}")
+            status = self.status()
+            if status is not None and predicate(status):
+                return status
+            time.sleep(0.3)
+        raise AssertionError(
+            f"timed out waiting for {what}; last status {json.dumps(self.status())[:2000]}\n"
+            f"aggregator log tail:\n{self.logs('aggregator')[-3000:]}"
+        )
+
+    def wait_healthy(self, name: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                raise AssertionError(f"{name} exited:\n{self.logs(name)[-3000:]}")
+            try:
+                with self.client("aggregator" if name != "aggregator" else "key-authority", name, timeout=2) as http:
+                    if http.get("/v1/health").status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{name} not healthy in {timeout} s:\n{self.logs(name)[-3000:]}")
+
+
+def write_consortium(
+    root: Path,
+    *,
+    max_rounds: int = 3,
+    upload_seconds: float = 60.0,
+    liveness_seconds: float = 5.0,
+    seed: int = 0,
+    patience: int | None = None,
+) -> LocalConsortium:
+    """Write policy, consortium and node files under ``root`` and provision the keys."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "policy.toml").write_text(
+        f'description = "test policy"\nquorum = 2\n{SMALL_HE}\n[timeouts]\n'
+        f"round_seconds = {max(upload_seconds, 60.0)}\nupload_seconds = {upload_seconds}\n"
+    )
+    ports = free_ports(len(NODES))
+    nodes = "".join(
+        f'\n[[nodes]]\nname = "{name}"\nrole = "{ROLES[name]}"\nport = {port}\n'
+        for name, port in zip(NODES, ports, strict=True)
+    )
+    (root / "consortium.toml").write_text(
+        'federation = "test-federation"\npolicy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n'
+        f'{nodes}\n[experiment]\ndataset = "synthetic"\nmethod = "fedgl"\nseed = {seed}\ndevice = "cpu"\n'
+        f"[experiment.federation]\nproportions = [0.5, 0.6, 0.7]\nmax_rounds = {max_rounds}\n"
+        f"patience = {patience or max_rounds + 10}\n"
+    )
+    for name in NODES:
+        extra = f"\n[aggregator]\nliveness_seconds = {liveness_seconds}\n" if name == "aggregator" else ""
+        extra += "\n[bank]\npoll_seconds = 0.1\n" if ROLES[name] == "bank" else ""
+        (root / f"{name}.toml").write_text(
+            f'name = "{name}"\nrole = "{ROLES[name]}"\nconsortium = "consortium.toml"\nlog_level = "info"\n{extra}'
+        )
+    provision(load_consortium(root / "consortium.toml"))
+    return LocalConsortium(root, max_rounds)

@@ -1,0 +1,152 @@
+"""The aggregator's round state machine in-process (real CKKS, real key-authority rules, no network)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
+from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
+from fedgl_secure.fedgl.config import build_config
+from fedgl_secure.privacy.policy import Policy, Timeouts
+from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
+from fedgl_secure.services.aggregator_store import AggregatorStore
+from fedgl_secure.services.pseudonyms import pseudonymise
+
+BANKS = ("bank-a", "bank-b", "bank-c")
+
+
+class InProcessDecryptor:
+    """The key authority library behind the aggregator's Decryptor protocol."""
+
+    def __init__(self, authority: KeyAuthority) -> None:
+        self.authority = authority
+
+    def open_round(self, federation, round_number, nonce, participants):
+        self.authority.open_round(federation, round_number, nonce, participants)
+
+    def decrypt(self, federation, round_number, kind, summed_chunks, receipts, fingerprint, length):
+        return self.authority.decrypt_sum(
+            AGGREGATOR, federation, round_number, kind, summed_chunks, receipts, fingerprint, length
+        )
+
+
+@pytest.fixture
+def setup(tmp_path, small_he):
+    policy = Policy(he=small_he, quorum=2, timeouts=Timeouts(round_seconds=30, upload_seconds=20))
+    authority = KeyAuthority(tmp_path / "ka", policy, b"operator-secret-for-tests-0123")
+    keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
+    for bank, key in keys.items():
+        authority.register_bank(bank, key.public_key())
+    config = build_config(
+        {"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": 1, "patience": 5}}
+    )
+    store = AggregatorStore(tmp_path / "aggregator.sqlite3")
+    coordinator = Coordinator(
+        federation="fed-test",
+        config=config,
+        policy=policy,
+        banks=BANKS,
+        signing_keys={bank: key.public_key() for bank, key in keys.items()},
+        public_context=authority.public_context,
+        store=store,
+        decryptor=InProcessDecryptor(authority),
+    )
+    yield coordinator, authority, keys, policy
+    store.close()
+    authority.close()
+
+
+def test_the_aggregator_context_holds_no_secret_key(setup, small_context):
+    coordinator, *_ = setup
+    assert not coordinator.context.has_secret_key()
+    with pytest.raises(ContextError, match="secret key"):
+        ckks.load_public_context(ckks.secret_context_bytes(small_context))
+
+
+def wait_open(coordinator: Coordinator, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = coordinator.round_view("bank-a")
+        if view.phase == "open":
+            return view
+        time.sleep(0.05)
+    raise AssertionError("no round opened")
+
+
+def test_bad_uploads_are_refused_and_the_round_still_completes(setup):
+    coordinator, authority, keys, policy = setup
+    key = b"k" * 32
+    for offset, bank in enumerate(BANKS):  # overlapping node sets
+        coordinator.enrol(bank, 5, 3, pseudonymise(key, range(offset * 10, offset * 10 + 40)))
+    with pytest.raises(ProtocolConflict, match="cannot change"):
+        coordinator.enrol("bank-a", 5, 3, pseudonymise(key, range(3)))
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        view = wait_open(coordinator)
+        size, positions = coordinator.index_for("bank-a")
+        assert size == 60 and sorted(positions.tolist()) == sorted(set(positions.tolist()))
+        ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        rng = np.random.default_rng(0)
+        values = {kind: rng.uniform(0, 1, shape) for kind, shape in view.shapes.items()}
+
+        def upload(bank, kind, data=None):
+            return make_upload(
+                coordinator.context, policy.he, ticket, bank, keys[bank], kind, values[kind] if data is None else data
+            )
+
+        good = upload("bank-a", "weights")
+        garbage = [b"\x00" * len(chunk) for chunk in good.chunks]
+        forged = make_upload(
+            coordinator.context, policy.he, ticket, "bank-a", keys["bank-a"], "weights", values["weights"]
+        )
+        # a valid receipt over bytes that are not ciphertexts: caught before anything is added
+        signed_garbage = _resigned(good, garbage, keys["bank-a"])
+        with pytest.raises(CiphertextError, match="not a CKKS ciphertext"):
+            coordinator.accept_upload("bank-a", view.round, "weights", garbage, signed_garbage)
+        truncated = [chunk[: len(chunk) // 2] for chunk in good.chunks]
+        with pytest.raises(CiphertextError):
+            coordinator.accept_upload(
+                "bank-a", view.round, "weights", truncated, _resigned(good, truncated, keys["bank-a"])
+            )
+        with pytest.raises(ReceiptError, match="digest"):
+            coordinator.accept_upload("bank-a", view.round, "weights", garbage, good.receipt)
+        with pytest.raises(ReceiptError):  # bank-b's receipt replayed as bank-a's
+            coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, upload("bank-b", "weights").receipt)
+        with pytest.raises(CiphertextError, match="expects kinds"):
+            coordinator.accept_upload("bank-a", view.round, "secrets", good.chunks, good.receipt)
+        with pytest.raises(ProtocolConflict, match="stale-round"):
+            coordinator.accept_upload("bank-a", view.round + 1, "weights", good.chunks, good.receipt)
+        assert coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, good.receipt)
+        assert not coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, good.receipt)  # idempotent
+        with pytest.raises(ProtocolConflict, match="already-uploaded"):
+            coordinator.accept_upload("bank-a", view.round, "weights", forged.chunks, forged.receipt)
+        for bank in BANKS:
+            for kind in view.shapes:
+                if (bank, kind) != ("bank-a", "weights"):
+                    made = upload(bank, kind)
+                    coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
+        driver.join(timeout=60)
+        assert not driver.is_alive()
+    finally:
+        stop.set()
+    status = coordinator.status()
+    assert status["phase"] == "finished" and status["latest_version"] == 1
+    assert status["rounds"][0]["status"] == "applied"
+    assert sorted(status["rounds"][0]["contributors"]) == list(BANKS)
+
+
+def _resigned(upload, chunks, key):
+    from fedgl_secure.crypto.receipts import ReceiptFields, ciphertext_digest, sign_receipt
+
+    fields = upload.receipt.fields().model_dump()
+    fields["ciphertext_sha256"] = ciphertext_digest(chunks)
+    return sign_receipt(key, ReceiptFields(**fields))

@@ -1,0 +1,156 @@
+"""The secure consortium end to end: five real processes over mutual TLS on 127.0.0.1.
+
+Slow by nature (each node imports torch and TenSEAL); every test here shares as much as it can.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import sqlite3
+import ssl
+
+import httpx
+import numpy as np
+import pytest
+from consortium_harness import BANKS, NODES, write_consortium
+
+from fedgl_secure.crypto.receipts import ReceiptFields, ciphertext_digest, sign_receipt
+from fedgl_secure.errors import DecryptionRefused
+from fedgl_secure.fedgl.simulation import run_experiment
+from fedgl_secure.services.config import load_consortium
+from fedgl_secure.services.key_authority_service import KeyAuthorityClient
+from fedgl_secure.services.pki import load_signing_key
+
+pytestmark = pytest.mark.slow
+
+
+def final_weights(consortium, version: int) -> np.ndarray:
+    with consortium.client("bank-a", "aggregator") as http:
+        response = http.get(f"/v1/models/{version}")
+    assert response.status_code == 200, response.text
+    with np.load(io.BytesIO(response.content), allow_pickle=False) as archive:
+        return archive["weights"].astype(np.float64)
+
+
+def simulated_weights(consortium, rounds: int) -> np.ndarray:
+    config = load_consortium(consortium.consortium_path).experiment_config()
+    seen = []
+    run_experiment(config, progress=False, observer=seen.append)
+    assert len(seen) >= rounds
+    return seen[rounds - 1].weights.double().numpy()
+
+
+def applied_rounds(status: dict) -> list[dict]:
+    return [row for row in status["rounds"] if row["status"] == "applied"]
+
+
+@pytest.fixture(scope="module")
+def finished_consortium(tmp_path_factory):
+    consortium = write_consortium(tmp_path_factory.mktemp("consortium"), max_rounds=3)
+    consortium.start(*NODES)
+    try:
+        status = consortium.wait_for(lambda s: s["phase"] == "finished", "three rounds", timeout=240)
+        yield consortium, status
+    finally:
+        consortium.stop_all()
+
+
+def test_three_rounds_match_the_plaintext_simulation(finished_consortium):
+    consortium, status = finished_consortium
+    rounds = applied_rounds(status)
+    assert [row["base_version"] for row in rounds] == [0, 1, 2]
+    assert all(sorted(row["contributors"]) == list(BANKS) for row in rounds)
+    consortium_weights = final_weights(consortium, 3)
+    expected = simulated_weights(consortium, 3)
+    assert consortium_weights.shape == expected.shape
+    assert np.max(np.abs(consortium_weights - expected)) <= 1e-4
+    # the banks evaluated every model version on their own nodes and reported counts only
+    assert status["best_version"] is not None and 0 <= status["best_val_accuracy"] <= 1
+
+
+def test_roles_are_authorised_on_every_service(finished_consortium):
+    consortium, _ = finished_consortium
+    with consortium.client("bank-a", "key-authority") as http:
+        opened = http.post(
+            "/v1/rounds/open",
+            json={"federation": "test-federation", "round": 9, "nonce": "ab" * 16, "participants": []},
+        )
+        assert opened.status_code == 403, opened.text
+        assert "bank" in opened.json()["detail"]
+        decrypt = http.post("/v1/decrypt", content=b"FGC1")
+        assert decrypt.status_code in (400, 403)
+        assert http.get("/v1/context").status_code == 200  # the public context is for every member
+    with consortium.client("key-authority", "aggregator") as http:
+        assert http.get("/v1/round").status_code == 403
+        assert http.put("/v1/rounds/1/uploads/weights", content=b"x").status_code == 403
+
+
+def test_tls_refuses_a_client_without_a_certificate(finished_consortium):
+    consortium, _ = finished_consortium
+    context = ssl.create_default_context(cafile=str(consortium.layout.ca_cert))
+    with httpx.Client(verify=context, base_url=consortium.url("aggregator"), timeout=5) as http:
+        with pytest.raises((httpx.TransportError, ssl.SSLError)):
+            http.get("/v1/health")
+
+
+def test_bad_upload_bodies_get_clear_4xx_and_services_keep_working(finished_consortium):
+    consortium, _ = finished_consortium
+    with consortium.client("bank-a", "aggregator") as http:
+        missing_receipt = http.put("/v1/rounds/1/uploads/weights", content=b"FGC1\x00\x00\x00\x01")
+        assert missing_receipt.status_code == 400 and "X-FedGL-Receipt" in missing_receipt.text
+        garbage_receipt = http.put(
+            "/v1/rounds/1/uploads/weights", content=b"junk", headers={"X-FedGL-Receipt": "not-base64!"}
+        )
+        assert garbage_receipt.status_code == 400 and "X-FedGL-Receipt" in garbage_receipt.text
+        oversized = http.put("/v1/rounds/1/uploads/weights", content=b"\0" * (65 * 1024 * 1024))
+        assert oversized.status_code == 413
+        assert http.get("/v1/health").status_code == 200
+    with consortium.client("aggregator", "key-authority") as http:
+        truncated = http.post("/v1/decrypt", content=b"FGC1\x00\x00\x00\x02\x00")
+        assert 400 <= truncated.status_code < 500
+        assert http.get("/v1/health").status_code == 200
+
+
+def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finished_consortium):
+    """A replay of round 3's weights with valid, correctly bound receipts (a differencing attempt)."""
+    consortium, _ = finished_consortium
+    with sqlite3.connect(consortium.root / "state" / "aggregator" / "aggregator.sqlite3") as db:
+        (nonce,) = db.execute("SELECT nonce FROM rounds WHERE round = 3").fetchone()
+    with consortium.client("aggregator", "key-authority") as http:
+        authority = KeyAuthorityClient(http)
+        _, fingerprint = authority.public_context()
+        before = authority.audit_report()
+    assert before.ok
+    chunks = [b"\0" * 64]
+    receipts = [
+        sign_receipt(
+            load_signing_key(consortium.layout, bank),
+            ReceiptFields(
+                federation="test-federation",
+                round=3,
+                nonce=nonce,
+                kind="weights",
+                sender=bank,
+                ciphertext_sha256=ciphertext_digest(chunks),
+                context_fingerprint=fingerprint,
+            ),
+        )
+        for bank in BANKS
+    ]
+
+    def replay() -> str:
+        with consortium.client("aggregator", "key-authority") as http:
+            with pytest.raises(DecryptionRefused) as refusal:
+                KeyAuthorityClient(http).decrypt("test-federation", 3, "weights", chunks, receipts, fingerprint, 1)
+        return refusal.value.reason
+
+    assert replay() == "already-decrypted"
+    consortium.signal("key-authority", signal.SIGTERM)
+    assert consortium.processes["key-authority"].wait(timeout=30) == 0
+    consortium.start("key-authority")
+    consortium.wait_healthy("key-authority")
+    assert replay() == "already-decrypted"  # the ledger survived the restart
+    with consortium.client("aggregator", "key-authority") as http:
+        after = KeyAuthorityClient(http).audit_report()
+    assert after.ok and after.records > before.records  # one chain across the restart, refusals included
