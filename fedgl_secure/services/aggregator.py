@@ -222,6 +222,7 @@ class Coordinator:
         self._seen: dict[str, float] = {}
         self._open: _OpenRound | None = None
         self._aggregating = False
+        self._started = time.monotonic()
         self._finished = store.get_meta("finished") == "1"
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
 
@@ -313,6 +314,8 @@ class Coordinator:
             if current is None or current.round != round_number:
                 open_number = current.round if current else None
                 raise ProtocolConflict("stale-round", f"round {round_number} is not open (open: {open_number})")
+            if receipt.nonce != current.nonce:
+                raise ProtocolConflict("stale-round", f"round {round_number} was reopened with a fresh nonce; retrain")
             if bank not in current.participants:
                 raise ProtocolConflict("not-participant", f"{bank} is not a participant of round {round_number}")
             if kind not in current.shapes:
@@ -391,6 +394,7 @@ class Coordinator:
 
     def run(self, stop: threading.Event) -> None:
         """Drive rounds until ``max_rounds`` model versions exist, early stopping, or ``stop``."""
+        self._started = time.monotonic()
         try:
             if not self._wait_for_enrolment(stop):
                 return
@@ -457,26 +461,31 @@ class Coordinator:
             self.log.warning("round.retired", round=last.round, status=status)
         return version
 
-    def _live_participants(self, training_round: int) -> tuple[str, ...]:
+    def _participants(self, training_round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(chosen for this round, of those the banks heard from within ``liveness_seconds``)."""
         chosen = select_participants(
             len(self.banks), self.config.federation.participation, self.config.seed, training_round
         )
         now = time.monotonic()
-        return tuple(
-            self.banks[k] for k in chosen if now - self._seen.get(self.banks[k], -1e18) <= self.liveness_seconds
-        )
+        names = tuple(self.banks[k] for k in chosen)
+        return names, tuple(b for b in names if now - self._seen.get(b, -1e18) <= self.liveness_seconds)
 
     def _quorum(self) -> int:
         return max(2, self.policy.quorum)
 
     def _run_round(self, stop: threading.Event, round_number: int, version: int) -> str:
         with self._changed:
-            participants = self._live_participants(version + 1)
-            while len(participants) < self._quorum():
+            # Every chosen bank, or — once a silent bank has had ``liveness_seconds`` since this
+            # aggregator (re)started to show up — at least the quorum of live ones.
+            while True:
+                chosen, participants = self._participants(version + 1)
+                waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
+                if len(participants) == len(chosen) or (waited_long_enough and len(participants) >= self._quorum()):
+                    if len(participants) >= self._quorum():
+                        break
                 if stop.is_set():
                     return "stopped"
                 self._changed.wait(0.2)
-                participants = self._live_participants(version + 1)
         nonce = secrets.token_hex(16)
         log = self.log.bind(round=round_number)
         self.decryptor.open_round(self.federation, round_number, nonce, participants)
