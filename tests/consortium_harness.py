@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,32 +13,16 @@ from pathlib import Path
 
 import httpx
 
+from fedgl_secure.privacy.policy import HEParameters
 from fedgl_secure.services.config import PkiLayout, load_consortium
-from fedgl_secure.services.pki import provision
+from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.tls import make_http_client
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 NODES = ("key-authority", "aggregator", *BANKS)
-ROLES = {"key-authority": "key-authority", "aggregator": "aggregator", **{bank: "bank" for bank in BANKS}}
 
 # Small but 128-bit-secure CKKS parameters: N = 4096, 108 of 109 bits.
-SMALL_HE = """
-[he]
-poly_modulus_degree = 4096
-coeff_mod_bit_sizes = [54, 54]
-global_scale_bits = 36
-"""
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+SMALL_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36)
 
 
 @dataclass
@@ -148,28 +131,25 @@ def write_consortium(
     seed: int = 0,
     patience: int | None = None,
 ) -> LocalConsortium:
-    """Write policy, consortium and node files under ``root`` and provision the keys."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "policy.toml").write_text(
-        f'description = "test policy"\nquorum = 2\n{SMALL_HE}\n[timeouts]\n'
-        f"round_seconds = {max(upload_seconds, 60.0)}\nupload_seconds = {upload_seconds}\n"
+    """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned."""
+    experiment = {
+        "dataset": "synthetic",
+        "method": "fedgl",
+        "seed": seed,
+        "device": "cpu",
+        "federation": {
+            "proportions": [0.5, 0.6, 0.7],
+            "max_rounds": max_rounds,
+            "patience": patience or max_rounds + 10,
+        },
+    }
+    write_loopback_consortium(
+        root,
+        banks=BANKS,
+        experiment=experiment,
+        he=SMALL_HE,
+        upload_seconds=upload_seconds,
+        liveness_seconds=liveness_seconds,
+        federation="test-federation",
     )
-    ports = free_ports(len(NODES))
-    nodes = "".join(
-        f'\n[[nodes]]\nname = "{name}"\nrole = "{ROLES[name]}"\nport = {port}\n'
-        for name, port in zip(NODES, ports, strict=True)
-    )
-    (root / "consortium.toml").write_text(
-        'federation = "test-federation"\npolicy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n'
-        f'{nodes}\n[experiment]\ndataset = "synthetic"\nmethod = "fedgl"\nseed = {seed}\ndevice = "cpu"\n'
-        f"[experiment.federation]\nproportions = [0.5, 0.6, 0.7]\nmax_rounds = {max_rounds}\n"
-        f"patience = {patience or max_rounds + 10}\n"
-    )
-    for name in NODES:
-        extra = f"\n[aggregator]\nliveness_seconds = {liveness_seconds}\n" if name == "aggregator" else ""
-        extra += "\n[bank]\npoll_seconds = 0.1\n" if ROLES[name] == "bank" else ""
-        (root / f"{name}.toml").write_text(
-            f'name = "{name}"\nrole = "{ROLES[name]}"\nconsortium = "consortium.toml"\nlog_level = "info"\n{extra}'
-        )
-    provision(load_consortium(root / "consortium.toml"))
     return LocalConsortium(root, max_rounds)

@@ -150,3 +150,31 @@ def _resigned(upload, chunks, key):
     fields = upload.receipt.fields().model_dump()
     fields["ciphertext_sha256"] = ciphertext_digest(chunks)
     return sign_receipt(key, ReceiptFields(**fields))
+
+
+def test_a_setup_whose_rounds_could_never_decrypt_is_refused(small_he):
+    from fedgl_secure.errors import ConfigError
+    from fedgl_secure.services.aggregator import check_consortium_can_run
+
+    config = build_config({"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5]}})
+    with pytest.raises(ConfigError, match="allowed_kinds"):
+        check_consortium_can_run(config, Policy(he=small_he, allowed_kinds=("weights",)), 3)
+    sparse = build_config(
+        {"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5], "participation": 0.4}}
+    )
+    with pytest.raises(ConfigError, match="quorum"):
+        check_consortium_can_run(sparse, Policy(he=small_he, quorum=2), 3)
+    check_consortium_can_run(config, Policy(he=small_he, quorum=3), 3)
+
+
+def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
+    from fedgl_secure.services.pseudonyms import union_positions
+
+    key = b"p" * 32
+    sets = [pseudonymise(key, range(0, 50)), pseudonymise(key, range(25, 80))]
+    size, (first, second) = union_positions(sets)
+    assert size == 80
+    assert sorted(set(first.tolist()) | set(second.tolist())) == list(range(80))
+    assert first[25:].tolist() == second[:25].tolist()  # a shared customer has one position
+    orders = {tuple(union_positions(sets)[1][0].tolist()) for _ in range(5)}
+    assert len(orders) > 1  # not the sorted order every time: positions reveal nothing but M

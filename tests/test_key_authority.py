@@ -267,3 +267,23 @@ def test_aggregator_checks_uploads_before_adding(consortium):
         check_upload(upload, c.keys["bank-a"].public_key(), ticket, "bank-b")
     with pytest.raises(ReceiptError, match="bad signature"):
         check_upload(upload, c.keys["bank-b"].public_key(), ticket, "bank-a")
+
+
+def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_policy):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
+    from fedgl_secure.errors import DecryptionRefused, PolicyError
+
+    authority = KeyAuthority(tmp_path, small_policy, b"operator-secret-0123456789", federation="ours")
+    try:
+        for bank in ("a", "b"):
+            authority.register_bank(bank, Ed25519PrivateKey.generate().public_key())
+        with pytest.raises(PolicyError, match="serves federation 'ours' only"):
+            authority.open_round("theirs", 1, "ab" * 16, ["a", "b"])
+        authority.open_round("ours", 1, "ab" * 16, ["a", "b"])
+        with pytest.raises(DecryptionRefused) as refusal:
+            authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [b"x"], [], authority.fingerprint, 1)
+        assert refusal.value.reason == "foreign-federation"
+    finally:
+        authority.close()

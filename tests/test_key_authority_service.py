@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from fedgl_secure.services.key_authority_service import (
     create_app,
     read_operator_secret,
 )
+from fedgl_secure.services.loopback import free_ports
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
@@ -322,7 +322,9 @@ def test_operator_secret_missing_names_both_options(tmp_path):
     with pytest.raises(ConfigError, match=r"operator_secret_file.*TEST_KA_SECRET"):
         read_operator_secret(_node(tmp_path), {})
     with pytest.raises(ConfigError, match=r"key_authority.operator_secret_file: cannot read .*nowhere"):
-        read_operator_secret(_node(tmp_path, tmp_path / "nowhere"), {"TEST_KA_SECRET": "not used"})
+        read_operator_secret(_node(tmp_path, tmp_path / "nowhere"), {})
+    # a configured file that does not exist (yet) yields to the environment variable
+    assert read_operator_secret(_node(tmp_path, tmp_path / "nowhere"), {"TEST_KA_SECRET": "from-env"}) == b"from-env"
     (tmp_path / "empty").write_bytes(b"\n")
     with pytest.raises(ConfigError, match="is empty"):
         read_operator_secret(_node(tmp_path, tmp_path / "empty"), {})
@@ -331,19 +333,8 @@ def test_operator_secret_missing_names_both_options(tmp_path):
 # --- a real process over mutual TLS --------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _write_consortium(root: Path, small_he) -> Path:
-    ports = _free_ports(4)
+    ports = free_ports(4)
     names = [("key-authority", "key-authority"), ("aggregator", "aggregator"), ("bank-a", "bank"), ("bank-b", "bank")]
     nodes = "".join(
         f'[[nodes]]\nname = "{name}"\nrole = "{role}"\nport = {port}\n\n'

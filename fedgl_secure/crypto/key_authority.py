@@ -65,6 +65,7 @@ class Refusal(str, Enum):
     BELOW_QUORUM = "below-quorum"
     ALREADY_DECRYPTED = "already-decrypted"
     BAD_CIPHERTEXT = "bad-ciphertext"
+    FOREIGN_FEDERATION = "foreign-federation"
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -84,8 +85,11 @@ class KeyAuthority:
     directory (a restart) unseals the same key and keeps the ledger and the audit chain.
     """
 
-    def __init__(self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str) -> None:
+    def __init__(
+        self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str, federation: str | None = None
+    ) -> None:
         self.state_dir = Path(state_dir)
+        self.federation = federation  # when set, every other federation id is refused
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.policy = policy
         self.log = get_logger(role="key-authority", state_dir=str(self.state_dir))
@@ -156,7 +160,9 @@ class KeyAuthority:
         with self._lock:
             current = self.ledger.current_round(federation)
             problem = None
-            if current is not None and round_number < current.round:
+            if self.federation is not None and federation != self.federation:
+                problem = f"this key authority serves federation {self.federation!r} only"
+            elif current is not None and round_number < current.round:
                 problem = f"round {round_number} is older than the open round {current.round}"
             elif current is not None and round_number == current.round and nonce == current.nonce:
                 problem = f"round {round_number} is already open with this nonce"
@@ -229,6 +235,10 @@ class KeyAuthority:
     ) -> OpenRound:
         if caller_role != AGGREGATOR:
             raise DecryptionRefused(Refusal.NOT_AGGREGATOR.value, f"role {caller_role!r} may not request decryption")
+        if self.federation is not None and federation != self.federation:
+            raise DecryptionRefused(
+                Refusal.FOREIGN_FEDERATION.value, f"this key authority serves federation {self.federation!r} only"
+            )
         if kind not in self.policy.allowed_kinds:
             raise DecryptionRefused(Refusal.KIND_NOT_ALLOWED.value, f"the policy does not let {kind!r} leave a bank")
         if fingerprint != self.fingerprint:

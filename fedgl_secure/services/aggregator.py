@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import httpx
 import numpy as np
 import tenseal as ts
 import torch
@@ -151,6 +152,31 @@ def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind
 # --- the coordinator -------------------------------------------------------------------------
 
 
+def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks: int) -> None:
+    """Refuse, before any key is used, a set-up whose every round would fail.
+
+    The method must upload only kinds the policy lets leave a bank (the key authority would
+    refuse to decrypt the others), and a round's share of banks must reach the quorum.
+    """
+    kinds = build_method(config).upload_kinds
+    refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
+    if refused:
+        raise ConfigError(
+            f"the experiment's method {config.method!r} uploads {list(kinds)}, but the policy's allowed_kinds "
+            f"{list(policy.allowed_kinds)} keep {refused} inside the banks; allow them or choose another method"
+        )
+    per_round = (
+        num_banks
+        if config.federation.participation >= 1
+        else max(1, int(round(config.federation.participation * num_banks)))
+    )
+    if per_round < max(2, policy.quorum):
+        raise ConfigError(
+            f"participation {config.federation.participation} of {num_banks} banks gives {per_round} per round, "
+            f"below the policy's quorum {max(2, policy.quorum)}: no round could ever be decrypted"
+        )
+
+
 @dataclass
 class _OpenRound:
     round: int
@@ -206,6 +232,7 @@ class Coordinator:
                 f"the experiment has {len(config.federation.proportions)} client proportions but the consortium "
                 f"has {len(banks)} banks; give one proportion per bank"
             )
+        check_consortium_can_run(config, policy, len(banks))
         self.federation = federation
         self.config = config
         self.policy = policy
@@ -473,22 +500,66 @@ class Coordinator:
     def _quorum(self) -> int:
         return max(2, self.policy.quorum)
 
-    def _run_round(self, stop: threading.Event, round_number: int, version: int) -> str:
+    def _pinned_contributors(self, version: int) -> tuple[str, ...]:
+        """Banks whose sums for a round from ``version`` were already decrypted, if that round never applied.
+
+        A retry from the same version must have exactly these contributors: banks retrain from
+        the same state, so their terms repeat, and a sum over another set would let the
+        difference of the two decrypted sums reveal one bank's term.
+        """
+        for row in self.store.rounds():
+            if row.base_version == version and row.status != "applied":
+                sums = self.store.sums(row.round)
+                if sums:
+                    return next(iter(sums.values()))[2]
+        return ()
+
+    def _choose_participants(self, stop: threading.Event, version: int) -> tuple[tuple[str, ...], int] | None:
+        """(participants, how many must upload everything) for a round from ``version``; None if stopped.
+
+        Every chosen bank, or — once a silent bank has had ``liveness_seconds`` since this
+        aggregator (re)started to show up — at least the quorum of live ones; a pinned set
+        (see :meth:`_pinned_contributors`) must be live in full.
+        """
+        pinned = self._pinned_contributors(version)
         with self._changed:
-            # Every chosen bank, or — once a silent bank has had ``liveness_seconds`` since this
-            # aggregator (re)started to show up — at least the quorum of live ones.
-            while True:
-                chosen, participants = self._participants(version + 1)
-                waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
-                if len(participants) == len(chosen) or (waited_long_enough and len(participants) >= self._quorum()):
-                    if len(participants) >= self._quorum():
-                        break
-                if stop.is_set():
-                    return "stopped"
+            while not stop.is_set():
+                chosen, live = self._participants(version + 1)
+                if pinned:
+                    if set(pinned) <= set(live):
+                        return pinned, len(pinned)
+                else:
+                    waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
+                    if len(live) >= self._quorum() and (len(live) == len(chosen) or waited_long_enough):
+                        return live, self._quorum()
                 self._changed.wait(0.2)
-        nonce = secrets.token_hex(16)
+        return None
+
+    def _open_at_key_authority(self, stop: threading.Event, round_number: int, participants: tuple[str, ...]) -> str:
+        """Open the round at the key authority (fresh nonce); waits out an unreachable or refusing one."""
+        attempt = 0
+        while True:
+            nonce = secrets.token_hex(16)
+            try:
+                self.decryptor.open_round(self.federation, round_number, nonce, participants)
+                return nonce
+            except (FedGLError, httpx.HTTPError) as error:
+                attempt += 1
+                if attempt == 1 or attempt % 30 == 0:
+                    self.log.error("round.open_failed", round=round_number, error=str(error)[:300], attempt=attempt)
+                if stop.wait(1.0):
+                    raise
+
+    def _run_round(self, stop: threading.Event, round_number: int, version: int) -> str:
+        chosen = self._choose_participants(stop, version)
+        if chosen is None:
+            return "stopped"
+        participants, required = chosen
         log = self.log.bind(round=round_number)
-        self.decryptor.open_round(self.federation, round_number, nonce, participants)
+        try:
+            nonce = self._open_at_key_authority(stop, round_number, participants)
+        except (FedGLError, httpx.HTTPError):
+            return "stopped"
         self.store.open_round(round_number, version, nonce, participants)
         timeouts = self.policy.timeouts
         opened = time.monotonic()
@@ -506,12 +577,10 @@ class Coordinator:
                 self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             complete = current.complete_banks()
             self._open = None
-            self._aggregating = len(complete) >= self._quorum()
+            self._aggregating = len(complete) >= required
         missing = sorted(set(participants) - set(complete))
-        if len(complete) < self._quorum():
-            detail = (
-                f"{len(complete)} of {len(participants)} banks uploaded every kind in time; quorum {self._quorum()}"
-            )
+        if len(complete) < required:
+            detail = f"{len(complete)} of {len(participants)} banks uploaded every kind in time; {required} needed"
             self.store.close_round(round_number, "aborted", detail)
             log.warning("round.aborted", complete=list(complete), missing=missing, detail=detail)
             return "aborted"

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import Depends, FastAPI
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
@@ -96,6 +96,7 @@ class BankWorker:
         self,
         *,
         name: str,
+        federation: str,
         client_index: int,
         config: ExperimentConfig,
         graph: GraphDataset,
@@ -107,6 +108,7 @@ class BankWorker:
         poll_seconds: float = 0.2,
     ) -> None:
         self.name = name
+        self.federation = federation
         self.client_index = client_index
         self.config = config
         self.graph_data = graph
@@ -196,8 +198,13 @@ class BankWorker:
 
     def _take_part(self, session: _Session, view: RoundResponse) -> None:
         log = self.log.bind(round=view.round, base_version=view.base_version)
-        if view.context_fingerprint != self.fingerprint:
-            log.error("round.foreign_context", theirs=view.context_fingerprint[:12], ours=self.fingerprint[:12])
+        if view.context_fingerprint != self.fingerprint or view.federation != self.federation:
+            log.error(
+                "round.foreign",
+                context=view.context_fingerprint[:12],
+                ours=self.fingerprint[:12],
+                federation=view.federation,
+            )
             session.done.add((view.round, view.nonce))
             return
         started = time.perf_counter()
@@ -217,11 +224,27 @@ class BankWorker:
             ticket = RoundTicket(
                 view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint
             )
+            # encrypted once per (round, nonce): a retry after a broken connection resends the same
+            # bytes, which the aggregator accepts as a repeat instead of a conflicting second upload
+            key = (view.round, view.nonce)
+            if key not in session.uploads:
+                session.uploads = {
+                    key: [
+                        make_upload(
+                            self.context,
+                            self.policy.he,
+                            ticket,
+                            self.name,
+                            self.signing_key,
+                            kind,
+                            contribution[kind].detach().to(torch.float64).cpu().numpy(),
+                        )
+                        for kind in sorted(contribution)
+                    ]
+                }
             uploaded = 0
-            for kind in sorted(contribution):
-                values = contribution[kind].detach().to(torch.float64).cpu().numpy()
-                upload = make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, kind, values)
-                self.aggregator.upload(view.round, kind, upload.chunks, upload.receipt)
+            for upload in session.uploads[key]:
+                self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
                 uploaded += upload.wire_bytes
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
@@ -255,6 +278,7 @@ class _Session:
     done: set[tuple[int, str]] = field(default_factory=set)
     reported: set[int] = field(default_factory=set)
     snapshots: dict[int, _TrainerState] = field(default_factory=dict)
+    uploads: dict[tuple[int, str], list[Upload]] = field(default_factory=dict)
 
 
 def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
@@ -288,6 +312,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
     worker = BankWorker(
         name=node.name,
+        federation=consortium.federation,
         client_index=[bank.name for bank in consortium.banks].index(node.name),
         config=config,
         graph=graph,

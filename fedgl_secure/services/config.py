@@ -137,7 +137,6 @@ class AggregatorSection(_Model):
     """How long a bank may stay silent before it is left out of the next round."""
 
     liveness_seconds: float = Field(5.0, gt=0)
-    enrolment_seconds: float = Field(300.0, gt=0)
 
 
 class NodeConfig(_Model):

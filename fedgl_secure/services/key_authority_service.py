@@ -283,14 +283,17 @@ class KeyAuthorityClient:
 
 
 def read_operator_secret(node: NodeConfig, environ: dict[str, str] | None = None) -> bytes:
-    """The operator secret: ``key_authority.operator_secret_file`` if set, else the environment variable.
+    """The operator secret: ``key_authority.operator_secret_file`` if it exists, else the environment variable.
 
     One trailing newline (``\\n`` or ``\\r\\n``) is stripped, as editors and ``echo`` add one.
     """
     environ = dict(os.environ) if environ is None else environ
     section = node.key_authority
     where = node.source or "the node config"
-    if section.operator_secret_file is not None:
+    from_file = section.operator_secret_file is not None and (
+        section.operator_secret_file.exists() or not environ.get(section.operator_secret_env)
+    )
+    if from_file:  # a configured file that does not exist yet yields to the environment variable
         path = section.operator_secret_file
         try:
             secret = path.read_bytes()
@@ -325,7 +328,7 @@ def run_key_authority(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     state_dir = node.state_dir or consortium.state_dir(node.name)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    authority = KeyAuthority(state_dir, policy, secret)
+    authority = KeyAuthority(state_dir, policy, secret, federation=consortium.federation)
     try:
         banks = [bank.name for bank in consortium.banks]
         for bank, public_key in pki.load_signing_public_keys(layout, banks).items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -30,9 +31,11 @@ def pseudonymise(key: bytes, node_ids: Iterable[object]) -> list[str]:
 def union_positions(pseudonym_sets: Sequence[Sequence[str]]) -> tuple[int, list[np.ndarray]]:
     """The union index over pseudonyms: its size M and, per set, each member's position in it.
 
-    The union is sorted, so positions do not depend on which bank enrolled first.
+    Positions follow a fresh secret random order, not the sorted pseudonyms: with a sorted union a
+    bank could count how many other banks' customers fall between two of its own pseudonyms.
     """
     union = np.unique(np.concatenate([np.asarray(s, dtype="<U64") for s in pseudonym_sets]))
+    order = np.random.default_rng(secrets.randbits(128)).permutation(union.size)  # position of sorted item i
     return int(union.size), [
-        np.searchsorted(union, np.asarray(s, dtype="<U64")).astype(np.int64) for s in pseudonym_sets
+        order[np.searchsorted(union, np.asarray(s, dtype="<U64"))].astype(np.int64) for s in pseudonym_sets
     ]
