@@ -72,13 +72,13 @@ def test_eq10_fedavg_is_node_weighted_mean():
     sizes = [30, 50, 20]
     params = [torch.tensor(rng.normal(size=7), dtype=torch.float32) for _ in sizes]
     contributions = [
-        {"weights": client_weight(n) * w, "sample_weight": torch.tensor([client_weight(n)])}
+        {"weights": client_weight(n) * w, "total_weight": torch.tensor([client_weight(n)])}
         for n, w in zip(sizes, params, strict=True)
     ]
     sums = plaintext_sum(contributions)
     expected = sum(n * w.double() for n, w in zip(sizes, params, strict=True)) / sum(sizes)
     torch.testing.assert_close(
-        fedavg(sums["weights"], sums["sample_weight"].item()).double(), expected, atol=1e-6, rtol=0
+        fedavg(sums["weights"], sums["total_weight"].item()).double(), expected, atol=1e-6, rtol=0
     )
 
 
@@ -95,7 +95,7 @@ def _client_terms(rng, m, c, holdings, sizes):
             {
                 "predictions": scatter_to_global(n * p, pos, m),
                 "node_weight": scatter_to_global(torch.full((len(held),), float(n)), pos, m),
-                "sample_weight": torch.tensor([float(n)]),
+                "total_weight": torch.tensor([float(n)]),
             }
         )
     return probs, plaintext_sum(contributions)
@@ -118,8 +118,8 @@ def test_eq12_per_node_and_paper_fusion_match_dense_reference():
                 den += n
                 paper_ref[i] += n / sum(sizes) * row
         per_node_ref[i] = num / den if den else 0.0
-    per_node = fuse_node_values(sums["predictions"], sums["node_weight"], sums["sample_weight"].item(), "per-node")
-    paper = fuse_node_values(sums["predictions"], sums["node_weight"], sums["sample_weight"].item(), "paper")
+    per_node = fuse_node_values(sums["predictions"], sums["node_weight"], sums["total_weight"].item(), "per-node")
+    paper = fuse_node_values(sums["predictions"], sums["node_weight"], sums["total_weight"].item(), "paper")
     np.testing.assert_allclose(per_node.numpy(), per_node_ref, atol=1e-6)
     np.testing.assert_allclose(paper.numpy(), paper_ref, atol=1e-6)
     # node 4 and 6 are held by nobody: zero rows, never NaN

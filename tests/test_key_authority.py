@@ -166,7 +166,7 @@ def test_open_round_refusals(consortium):
 
 
 def test_disallowed_kind_is_refused(tmp_path, small_policy):
-    policy = small_policy.model_copy(update={"allowed_kinds": ("weights", "sample_weight")})
+    policy = small_policy.model_copy(update={"allowed_kinds": ("weights",)})
     c = Consortium(tmp_path / "ka", policy)
     _refused(Refusal.KIND_NOT_ALLOWED, lambda: c.decrypt(c.open(1), kind="embeddings"))
     c.authority.close()

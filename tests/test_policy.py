@@ -65,6 +65,16 @@ def test_bad_policies_name_the_file_and_field(tmp_path, text, field, fragment):
     assert fragment in message
 
 
+def test_retired_sample_weight_kind_says_where_it_went(tmp_path):
+    path = _write(tmp_path, 'allowed_kinds = ["weights", "sample_weight", "predictions"]')
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    message = str(caught.value)
+    assert f"{path}: allowed_kinds: " in message
+    assert "'sample_weight' was folded into 'weights'" in message
+    assert "sample_weight" not in KNOWN_KINDS
+
+
 def test_invalid_toml_and_missing_file_are_named(tmp_path):
     with pytest.raises(PolicyError, match="not valid TOML"):
         load_policy(_write(tmp_path, "quorum = = 2"))

@@ -15,7 +15,7 @@ from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.fedgl.aggregation import PlaintextSummation, fedavg
 from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.methods import SAMPLE_WEIGHT, WEIGHTS
+from fedgl_secure.fedgl.methods import WEIGHTS, split_weights_sum
 from fedgl_secure.fedgl.simulation import run_experiment
 from fedgl_secure.privacy.policy import load_policy
 
@@ -34,8 +34,7 @@ class Recording:
         return sums
 
     def final_weights(self):
-        last = self.rounds[-1]
-        return fedavg(last[WEIGHTS].double(), last[SAMPLE_WEIGHT].double().item())
+        return [fedavg(*split_weights_sum(sums[WEIGHTS].double())) for sums in self.rounds]
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +59,31 @@ def test_secure_run_gives_the_plaintext_global_model(dataset):
             assert secure_sums[kind].dtype == torch.float32 and secure_sums[kind].shape == plain_sums[kind].shape
             scale = max(1.0, float(plain_sums[kind].abs().max()))
             assert float((secure_sums[kind] - plain_sums[kind]).abs().max()) <= 1e-6 * scale, kind
-    assert float((secure.final_weights() - plain.final_weights()).abs().max()) <= 1e-4
+    assert float((secure.final_weights()[-1] - plain.final_weights()[-1]).abs().max()) <= 1e-4
     assert [h.val_accuracy for h in secure_result.history] == [h.val_accuracy for h in plain_result.history]
     assert secure_summation.wire.bytes_by_kind[WEIGHTS] > 0
 
 
+def test_one_round_secure_and_plaintext_give_the_same_global_model(dataset, small_policy):
+    """W̄ of round 1 (Eq. 10, with Σ_k w_k folded into the weights upload) agrees within 1e-5."""
+    config = build_config({"method": "federated", "federation": {"max_rounds": 1}, "device": "cpu"})
+    plain = Recording(PlaintextSummation())
+    run_experiment(config, dataset, progress=False, summation=plain)
+    summation = SecureSummation(small_policy)
+    secure = Recording(summation)
+    try:
+        run_experiment(config, dataset, progress=False, summation=secure)
+    finally:
+        summation.close()
+    _, plain_total = split_weights_sum(plain.rounds[0][WEIGHTS])
+    _, secure_total = split_weights_sum(secure.rounds[0][WEIGHTS])
+    assert plain_total == pytest.approx(secure_total, abs=1e-3) and plain_total > 0
+    assert float((secure.final_weights()[0] - plain.final_weights()[0]).abs().max()) <= 1e-5
+    assert set(summation.wire.bytes_by_kind) == {WEIGHTS}
+
+
 def test_kinds_outside_the_policy_never_get_encrypted(dataset, small_policy):
-    policy = small_policy.model_copy(update={"allowed_kinds": ("weights", "sample_weight")})
+    policy = small_policy.model_copy(update={"allowed_kinds": ("weights",)})
     summation = SecureSummation(policy)
     config = build_config({"method": "fedgl", "federation": {"max_rounds": 1}, "device": "cpu"})
     try:
@@ -84,7 +101,7 @@ def test_cli_secure_flag_runs_and_reports_wire_size(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["rounds_run"] == 1 and len(summary["secure"]["fingerprint"]) == 64
-    assert set(summary["secure"]["wire_bytes"]) == {"weights", "sample_weight"}
+    assert set(summary["secure"]["wire_bytes"]) == {"weights"}
 
 
 def test_cli_policy_errors_are_clear(tmp_path):

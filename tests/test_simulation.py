@@ -12,7 +12,6 @@ from fedgl_secure.fedgl.methods import (
     EMBEDDINGS,
     NODE_WEIGHT,
     PREDICTIONS,
-    SAMPLE_WEIGHT,
     WEIGHTS,
     Broadcast,
     build_method,
@@ -81,10 +80,10 @@ def test_each_client_owns_its_random_stream(dataset):
 @pytest.mark.parametrize(
     ("method", "kinds"),
     [
-        ("federated", {WEIGHTS, SAMPLE_WEIGHT}),
-        ("fedgl-no-gpg", {WEIGHTS, SAMPLE_WEIGHT, PREDICTIONS, NODE_WEIGHT}),
-        ("fedgl-no-gpl", {WEIGHTS, SAMPLE_WEIGHT, EMBEDDINGS, NODE_WEIGHT}),
-        ("fedgl", {WEIGHTS, SAMPLE_WEIGHT, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT}),
+        ("federated", {WEIGHTS}),
+        ("fedgl-no-gpg", {WEIGHTS, PREDICTIONS, NODE_WEIGHT}),
+        ("fedgl-no-gpl", {WEIGHTS, EMBEDDINGS, NODE_WEIGHT}),
+        ("fedgl", {WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT}),
     ],
 )
 def test_methods_upload_only_what_they_use(dataset, method, kinds):
@@ -106,6 +105,34 @@ def test_methods_upload_only_what_they_use(dataset, method, kinds):
         torch.testing.assert_close(
             contribution[PREDICTIONS][held].sum(1), torch.full((int(held.sum()),), float(trainer.num_nodes))
         )
+
+
+@pytest.mark.parametrize(
+    ("method", "self_supervision"),
+    [
+        ("federated", {}),
+        ("fedgl", {}),
+        ("fedgl", {"embedding": "hidden"}),
+        ("fedgl-no-gpg", {}),
+        ("fedgl-no-gpl", {"embedding": "hidden"}),
+    ],
+)
+def test_upload_shapes_are_what_clients_send(dataset, method, self_supervision):
+    """``upload_shapes`` (what a receiver will accept) equals the shapes of a real contribution."""
+    config = _config(method, training={"hidden": 8}, self_supervision=self_supervision)
+    federation = Federation.build(dataset, config, torch.device("cpu"))
+    fed_method = build_method(config)
+    start = Broadcast(0, initial_parameters(config, dataset.num_features, dataset.num_classes))
+    trainer = LocalTrainer(2, federation.client_graphs[2], config.training, config.seed)
+    contribution = fed_method.client_contribution(trainer, start)
+    shapes = fed_method.upload_shapes(start.weights.numel(), federation.index.size, dataset.num_classes)
+    assert shapes == {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
+    assert shapes[WEIGHTS] == (start.weights.numel() + 1,)
+    if EMBEDDINGS in shapes:
+        expected_dim = 8 if self_supervision.get("embedding") == "hidden" else dataset.num_classes
+        assert shapes[EMBEDDINGS] == (federation.index.size, expected_dim)
+    # the weights upload carries w_k = N_k as its last entry
+    assert float(contribution[WEIGHTS][-1]) == float(trainer.num_nodes)
 
 
 def test_federated_round_one_equals_fedavg_of_client_models(dataset):

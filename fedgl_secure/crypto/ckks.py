@@ -90,21 +90,23 @@ def slot_count(context: ts.Context) -> int:
 
 
 def chunk_count(length: int, slots: int) -> int:
-    """Ciphertexts needed for ``length`` values (at least one, so empty vectors still round-trip)."""
+    """Ciphertexts needed for ``length`` values (at least one; CKKS cannot encrypt an empty vector)."""
     return max(1, -(-length // slots))
 
 
 def encrypt_vector(context: ts.Context, values: np.ndarray) -> list[bytes]:
     """Encrypt a flat float vector into serialised chunks of N/2 slots (the last one shorter)."""
-    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    flat = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
         raise CiphertextError("refusing to encrypt NaN or infinite values")
+    if flat.size == 0:
+        raise CiphertextError("nothing to encrypt: the vector is empty")
     slots = slot_count(context)
     chunks = []
     for index in range(chunk_count(flat.size, slots)):
         part = flat[index * slots : (index + 1) * slots]
-        try:
-            chunks.append(ts.ckks_vector(context, part.tolist()).serialize())
+        try:  # TenSEAL takes the float64 array as it is (no Python list in between)
+            chunks.append(ts.ckks_vector(context, part).serialize())
         except ValueError as error:  # "encoded values are too large"
             raise CiphertextError(
                 f"chunk {index}: cannot encode values up to {np.abs(part).max():.4g} at this scale ({error})"

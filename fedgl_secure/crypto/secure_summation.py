@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import secrets
 import tempfile
+import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
+from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, make_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
@@ -54,6 +56,19 @@ class WireStats:
         return sum(self.bytes_by_kind.values()) / values if values else float("nan")
 
 
+@dataclass
+class PhaseTimes:
+    """Seconds spent per party over all rounds: banks encrypting and signing, the aggregator
+    checking and adding, the key authority decrypting."""
+
+    encrypt: float = 0.0
+    aggregate: float = 0.0
+    decrypt: float = 0.0
+
+    def total(self) -> float:
+        return self.encrypt + self.aggregate + self.decrypt
+
+
 @dataclass(frozen=True)
 class _Bank:
     name: str
@@ -65,7 +80,8 @@ class SecureSummation:
 
     ``state_dir`` holds the key authority's sealed key, ledger and audit log (a temporary
     directory, removed with this object, when not given). Bank keys are generated on a client's
-    first contribution and enrolled with the key authority, as provisioning would.
+    first contribution (or by :meth:`enrol`) and enrolled with the key authority, as provisioning
+    would. ``seconds`` splits the time spent between the parties.
     """
 
     def __init__(
@@ -83,8 +99,10 @@ class SecureSummation:
         # what banks and the aggregator receive: the public context, checked to carry no secret
         self.public_context = ckks.load_public_context(self.authority.public_context)
         self.fingerprint = ckks.fingerprint(self.authority.public_context)
+        self._mask_bound = mask_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits)
         self._banks: dict[int, _Bank] = {}
         self.wire = WireStats()
+        self.seconds = PhaseTimes()
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
     def close(self) -> None:
@@ -98,6 +116,11 @@ class SecureSummation:
             self.authority.register_bank(bank.name, bank.signing_key.public_key())
             self._banks[client_id] = bank
         return self._banks[client_id]
+
+    def enrol(self, client_ids: Iterable[int]) -> None:
+        """Generate and register the signing keys of these clients now (provisioning, not a round's work)."""
+        for client_id in client_ids:
+            self._bank(client_id)
 
     def _check_kinds(self, contributions: Mapping[int, Mapping[str, torch.Tensor]]) -> dict[str, torch.Size]:
         """The common kinds and shapes of the round; refuses kinds the policy keeps inside banks."""
@@ -126,6 +149,7 @@ class SecureSummation:
         sums = {}
         for kind in sorted(shapes):
             uploads = []
+            started = time.perf_counter()
             for client_id, bank in banks.items():  # bank side: encrypt and sign
                 values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
                 upload = make_upload(
@@ -133,17 +157,24 @@ class SecureSummation:
                 )
                 self.wire.add(upload)
                 uploads.append(upload)
+            encrypted = time.perf_counter()
             summed = self._aggregate(ticket, kind, banks, uploads)
-            values = self.authority.decrypt_sum(
+            masked, mask = mask_sum(self.public_context, summed, uploads[0].length, self._mask_bound)
+            aggregated = time.perf_counter()
+            masked_values = self.authority.decrypt_sum(
                 AGGREGATOR,
                 self.federation,
                 round_number,
                 kind,
-                summed,
+                masked,
                 [upload.receipt for upload in uploads],
                 self.fingerprint,
                 uploads[0].length,
             )
+            values = unmask(masked_values, mask)  # the key authority saw s + r only
+            self.seconds.encrypt += encrypted - started
+            self.seconds.aggregate += aggregated - encrypted
+            self.seconds.decrypt += time.perf_counter() - aggregated
             sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
             log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums

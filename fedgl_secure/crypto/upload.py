@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.ckks_params import sum_bound
+from fedgl_secure.crypto.masking import TERMS_SHARE
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
 from fedgl_secure.errors import CiphertextError, ReceiptError
 from fedgl_secure.privacy.policy import HEParameters
@@ -48,10 +49,11 @@ class Upload:
 def check_magnitude(values: np.ndarray, participants: int, params: HEParameters, kind: str) -> None:
     """Refuse a term that could make the round's sum wrap around modulo the data primes.
 
-    A bank cannot see the others' terms, so it keeps its own below ``sum_bound / participants``:
-    then any sum of the round stays decryptable (see ``ckks_params``).
+    A bank cannot see the others' terms, so it keeps its own below ``TERMS_SHARE · sum_bound /
+    participants``: the sum then uses at most half the range, and the aggregator's one-time mask
+    (``masking.py``) the rest, so any masked sum of the round stays decryptable (``ckks_params``).
     """
-    bound = sum_bound(params.coeff_mod_bit_sizes, params.global_scale_bits) / max(1, participants)
+    bound = sum_bound(params.coeff_mod_bit_sizes, params.global_scale_bits) * TERMS_SHARE / max(1, participants)
     largest = float(np.abs(values).max()) if values.size else 0.0
     if largest >= bound:
         raise CiphertextError(

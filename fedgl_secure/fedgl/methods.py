@@ -26,11 +26,20 @@ from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
 from fedgl_secure.model.sparse import SparseOperator
 
 # Upload kinds. Every kind is a sum of pre-weighted client terms.
-WEIGHTS = "weights"  # w_k · W_k (flattened parameters)
-SAMPLE_WEIGHT = "sample_weight"  # w_k, for Σ_k w_k
+WEIGHTS = "weights"  # cat(w_k · W_k, [w_k]): flattened parameters, then the weight itself (for Σ_k w_k)
 PREDICTIONS = "predictions"  # w_k · P_k in global index (M x C)
 EMBEDDINGS = "embeddings"  # w_k · H_k in global index (M x D)
 NODE_WEIGHT = "node_weight"  # w_k · [i ∈ V_k] (M), the per-node normaliser of Eqs. 12/14
+
+
+def weights_term(weight: float, parameters: torch.Tensor) -> torch.Tensor:
+    """The WEIGHTS upload ``cat(w_k · W_k, [w_k])``: Eq. 10's numerator and denominator terms in one vector."""
+    return torch.cat([weight * parameters, torch.tensor([weight], dtype=parameters.dtype)])
+
+
+def split_weights_sum(summed: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``(Σ_k w_k W_k, Σ_k w_k)`` from the summed WEIGHTS terms (the last entry is Σ_k w_k)."""
+    return summed[:-1], float(summed[-1])
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,10 @@ class FederatedMethod(Protocol):
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
 
+    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
+        """The exact shape of every kind ``client_contribution`` returns (a receiver refuses others)."""
+        ...
+
     def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator: ...
 
 
@@ -70,7 +83,11 @@ class FedAvg:
 
     @property
     def upload_kinds(self) -> tuple[str, ...]:
-        return (WEIGHTS, SAMPLE_WEIGHT)
+        return (WEIGHTS,)
+
+    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
+        """``weights``: the flat parameters plus the folded weight w_k."""
+        return {WEIGHTS: (num_parameters + 1,)}
 
     def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: SparseOperator, alpha: float) -> None:
         pseudo_labels = trainer.graph.local_pseudo_labels(broadcast.pseudo_labels) if alpha > 0 else None
@@ -79,13 +96,10 @@ class FedAvg:
     def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
         self._train(trainer, broadcast, self.evaluation_adjacency(trainer.graph, broadcast), alpha=0.0)
         weight = client_weight(trainer.num_nodes)
-        return {
-            WEIGHTS: weight * trainer.model.flat_parameters().cpu(),
-            SAMPLE_WEIGHT: torch.tensor([weight]),
-        }
+        return {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
-        return Broadcast(round_number, fedavg(sums[WEIGHTS], sums[SAMPLE_WEIGHT].item()))
+        return Broadcast(round_number, fedavg(*split_weights_sum(sums[WEIGHTS])))
 
     def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         return graph.adjacency(None, 0.0, False)
@@ -107,7 +121,7 @@ class FedGL(FedAvg):
 
     @property
     def upload_kinds(self) -> tuple[str, ...]:
-        kinds = [WEIGHTS, SAMPLE_WEIGHT]
+        kinds = [WEIGHTS]
         if self.alpha > 0:
             kinds.append(PREDICTIONS)
         if self.beta > 0:
@@ -115,6 +129,20 @@ class FedGL(FedAvg):
         if self.alpha > 0 or self.beta > 0:
             kinds.append(NODE_WEIGHT)
         return tuple(kinds)
+
+    def embedding_dim(self, num_classes: int) -> int:
+        """D of H_k: C for the output layer (logits), the hidden width for the hidden layer."""
+        return num_classes if self.ssl.embedding == "output" else self.config.training.hidden
+
+    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
+        """``weights`` (P + 1,), ``predictions`` (M, C), ``embeddings`` (M, D), ``node_weight`` (M,) — as sent."""
+        shapes = {
+            WEIGHTS: (num_parameters + 1,),
+            PREDICTIONS: (num_global_nodes, num_classes),
+            EMBEDDINGS: (num_global_nodes, self.embedding_dim(num_classes)),
+            NODE_WEIGHT: (num_global_nodes,),
+        }
+        return {kind: shapes[kind] for kind in self.upload_kinds}
 
     def _client_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         return graph.adjacency(broadcast.pseudo_graph, self.beta, self.ssl.renormalize_fused)
@@ -124,11 +152,8 @@ class FedGL(FedAvg):
         self._train(trainer, broadcast, adjacency, self.alpha)
         weight = client_weight(trainer.num_nodes)
         kinds = self.upload_kinds
-        contribution = {
-            WEIGHTS: weight * trainer.model.flat_parameters().cpu(),
-            SAMPLE_WEIGHT: torch.tensor([weight]),
-        }
-        if len(kinds) == 2:
+        contribution = {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
+        if len(kinds) == 1:
             return contribution
         output = trainer.infer(adjacency)
         positions = torch.as_tensor(trainer.graph.positions)
@@ -142,8 +167,8 @@ class FedGL(FedAvg):
         return contribution
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
-        total_weight = sums[SAMPLE_WEIGHT].item()
-        weights = fedavg(sums[WEIGHTS], total_weight)
+        weighted_parameters, total_weight = split_weights_sum(sums[WEIGHTS])
+        weights = fedavg(weighted_parameters, total_weight)
         pseudo_labels = fused_predictions = pseudo_graph = None
         if PREDICTIONS in sums:
             fused_predictions = fuse_node_values(sums[PREDICTIONS], sums[NODE_WEIGHT], total_weight, self.ssl.fusion)

@@ -15,14 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from fedgl_secure.crypto.ckks_params import moduli_problems, scale_problems
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.errors import PolicyError
-from fedgl_secure.fedgl.methods import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, SAMPLE_WEIGHT, WEIGHTS
+from fedgl_secure.fedgl.methods import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-KNOWN_KINDS = (WEIGHTS, SAMPLE_WEIGHT, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT)
+KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT)
+# Kinds that no longer exist, and where their values went. Σ_k w_k was its own one-value kind, which
+# cost a whole ciphertext (N/2 slots) per bank and round; it is now the last entry of "weights".
+RETIRED_KINDS = {"sample_weight": WEIGHTS}
 
 
 class HEParameters(BaseModel):
@@ -107,6 +110,12 @@ class Policy(BaseModel):
     @field_validator("allowed_kinds")
     @classmethod
     def _kinds_known_and_unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        retired = [kind for kind in value if kind in RETIRED_KINDS]
+        if retired:
+            moves = ", ".join(f"{kind!r} was folded into {RETIRED_KINDS[kind]!r}" for kind in retired)
+            raise ValueError(
+                f"{moves} (Σ_k w_k is the last entry of each weights upload); remove {retired} from the list"
+            )
         unknown = [kind for kind in value if kind not in KNOWN_KINDS]
         if unknown:
             raise ValueError(f"unknown kinds {unknown}; known kinds are {list(KNOWN_KINDS)}")

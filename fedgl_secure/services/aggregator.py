@@ -9,8 +9,9 @@ The aggregator holds the *public* CKKS context only. Per round it
    upload can never spoil the sum;
 3. at the deadline (or when every participant has uploaded every kind) adds the ciphertexts of
    the banks that uploaded *everything*; below the quorum it aborts the round and reopens it
-   with a fresh nonce; otherwise it asks the key authority to decrypt each sum, stores each
-   decrypted sum at once, and
+   with a fresh nonce; otherwise it masks each sum with a fresh one-time mask, asks the key
+   authority to decrypt it (so the key authority never sees a sum in clear), removes the mask
+   and stores each decrypted sum at once, and
 4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
    stores the next model version together with the round, in one transaction.
 
@@ -38,6 +39,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
@@ -244,6 +246,7 @@ class Coordinator:
         self.decryptor = decryptor
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
+        self._mask_bound = mask_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits)
         self.log = get_logger(role="aggregator", federation=federation)
         self._changed = threading.Condition()
         self._seen: dict[str, float] = {}
@@ -608,16 +611,20 @@ class Coordinator:
         sums = {}
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
+            length = int(np.prod(shape))
             summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
-            values = self.decryptor.decrypt(
+            # the key authority decrypts s + r for a fresh mask r; only the aggregator can remove it
+            masked, mask = mask_sum(self.context, summed, length, self._mask_bound)
+            masked_values = self.decryptor.decrypt(
                 self.federation,
                 current.round,
                 kind,
-                summed,
+                masked,
                 [upload.receipt for upload in uploads],
                 self.fingerprint,
-                int(np.prod(shape)),
+                length,
             )
+            values = unmask(masked_values, mask)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums

@@ -1,0 +1,392 @@
+"""Cost of the secure path: FedGL in plaintext against FedGL with CKKS ``SecureSummation``.
+
+    python benchmarks/secure_overhead.py --dataset cora --output runs/secure_overhead.json
+
+One process, one dataset load, the same seed and the same fixed number of rounds for both runs
+(early stopping is disabled by ``patience = rounds``). The secure run uses the policy file's HE
+parameters (default ``policies/baseline.toml``: N = 8192, moduli [60, 60], scale 2^40); its key
+authority, key generation, sealing and bank enrolment happen before round 1 and are not round
+time. Both paths are warmed up first (one round each).
+
+**Interleaved timing.** On a shared machine the load drifts by more than the effect measured, so
+the two runs go in lockstep: each runs the unchanged engine (``run_experiment``) in its own
+thread, and a baton lets exactly one of them work at a time, handing over at every summation
+(plain round 1, secure round 1, plain round 2, ...). A run's *round time* k is its busy time
+from the end of summation k-1 to the end of summation k: server update and evaluation of round
+k-1, training of round k, summation k — one whole round of work, never the other run's. The first
+one also holds the federation's construction, so rounds 2..R are compared.
+
+Reported:
+
+* ``round_ratio`` = secure / plain mean seconds per round over the same rounds (2..R);
+* ``round_ratio_paired``: the secure run's own non-summation time as the baseline (what the round
+  would cost with the plaintext sum), insensitive to any load difference between the runs;
+* ``bytes_per_value``: ciphertext bytes banks sent / values they encrypted, over every round;
+* ``bytes_per_value_common_params``: round 1's real contribution vectors of every bank encrypted
+  (not decrypted) under the common N = 8192, [60, 40, 40, 60], scale 2^40 context;
+* global test accuracy at the best validation round of each run and their difference.
+
+Targets (2 CPU cores): ``round_ratio <= 2.0``, ``bytes_per_value <= 36``, ``|Δ accuracy| <= 0.005``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import tenseal as ts
+import torch
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.secure_summation import SecureSummation
+from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation
+from fedgl_secure.fedgl.config import ExperimentConfig, build_config
+from fedgl_secure.fedgl.simulation import RunResult, run_experiment
+from fedgl_secure.log import configure_logging
+from fedgl_secure.privacy.policy import HEParameters, Policy, load_policy
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE_POLICY = REPO / "policies" / "baseline.toml"
+COMMON_PARAMETERS = HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40)
+TARGETS = {"round_ratio": 2.0, "bytes_per_value": 36.0, "abs_accuracy_difference": 0.005}
+PLAIN, SECURE = "plain", "secure"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="cora")
+    parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of each run (no early stopping), at least 2")
+    parser.add_argument("--data-root", type=Path, default=None, help="directory holding <dataset>/raw/ ($FEDGL_DATA)")
+    parser.add_argument("--method", default="fedgl", choices=["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl"])
+    parser.add_argument("--policy", type=Path, default=BASELINE_POLICY, help="policy of the secure run")
+    parser.add_argument("--device", default="cpu", help="device of both runs ('cpu', 'cuda', 'auto')")
+    parser.add_argument("--profile", type=Path, default=None, help="also cProfile one secure run; write stats here")
+    return parser.parse_args(argv)
+
+
+class Baton:
+    """Lets one of several threads work at a time, in a fixed rotation; a finished thread drops out."""
+
+    def __init__(self, order: tuple[str, ...]) -> None:
+        self.order = list(order)
+        self.turn = 0
+        self.condition = threading.Condition()
+
+    def _holder(self) -> str | None:
+        return self.order[self.turn % len(self.order)] if self.order else None
+
+    def wait(self, name: str) -> None:
+        with self.condition:
+            self.condition.wait_for(lambda: self._holder() == name)
+
+    def hand_over(self, name: str) -> None:
+        """``name`` is done for now: the next one in the rotation works, ``name`` waits for its turn."""
+        with self.condition:
+            self.turn = (self.order.index(name) + 1) % len(self.order)
+            self.condition.notify_all()
+            self.condition.wait_for(lambda: self._holder() == name)
+
+    def leave(self, name: str) -> None:
+        with self.condition:
+            if name in self.order:
+                position = self.order.index(name)
+                self.order.remove(name)
+                if self.order:
+                    self.turn = position % len(self.order)
+            self.condition.notify_all()
+
+
+class LockstepSummation:
+    """Wraps a summation: busy seconds per round (see the module docstring), seconds inside the
+    summation per round, and round 1's contributions if asked; hands the baton over after each sum."""
+
+    def __init__(self, inner: Summation, name: str, baton: Baton, keep_first_round: bool = False) -> None:
+        self.inner, self.name, self.baton = inner, name, baton
+        self.round_seconds: list[float] = []
+        self.summation_seconds: list[float] = []
+        self.keep_first_round = keep_first_round
+        self.first_round: dict[int, dict[str, torch.Tensor]] | None = None
+        self.resumed = time.perf_counter()
+
+    def start(self) -> None:
+        self.baton.wait(self.name)
+        self.resumed = time.perf_counter()
+
+    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]):
+        if self.keep_first_round and self.first_round is None:
+            self.first_round = {
+                k: {kind: t.detach().clone() for kind, t in c.items()} for k, c in contributions.items()
+            }
+        started = time.perf_counter()
+        sums = self.inner(round_number, contributions)
+        finished = time.perf_counter()
+        self.summation_seconds.append(finished - started)
+        self.round_seconds.append(finished - self.resumed)
+        self.baton.hand_over(self.name)
+        self.resumed = time.perf_counter()
+        return sums
+
+
+def experiment_config(args: argparse.Namespace, rounds: int) -> ExperimentConfig:
+    return build_config(
+        {
+            "dataset": args.dataset,
+            "method": args.method,
+            "seed": args.seed,
+            "device": args.device,
+            "data_root": str(args.data_root) if args.data_root else None,
+            "federation": {"max_rounds": rounds, "patience": max(rounds, 1)},
+        }
+    )
+
+
+def new_secure_summation(policy: Policy, num_clients: int) -> tuple[SecureSummation, float]:
+    """A fresh key authority and enrolled banks (setup, never counted as round time)."""
+    started = time.perf_counter()
+    summation = SecureSummation(policy)
+    summation.enrol(range(num_clients))
+    return summation, time.perf_counter() - started
+
+
+def run_in_lockstep(runs: dict[str, Callable[[], RunResult]], wrappers: dict[str, LockstepSummation]) -> dict:
+    """Run every ``runs[name]`` in its own thread, one at a time in turn; re-raise the first failure."""
+    results: dict[str, RunResult] = {}
+    errors: dict[str, BaseException] = {}
+
+    def work(name: str) -> None:
+        try:
+            wrappers[name].start()
+            results[name] = runs[name]()
+        except BaseException as error:  # re-raised in the caller's thread below
+            errors[name] = error
+        finally:
+            wrappers[name].baton.leave(name)
+
+    threads = [threading.Thread(target=work, args=(name,), name=f"bench-{name}") for name in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        name, error = next(iter(errors.items()))
+        raise RuntimeError(f"the {name} run failed: {error}") from error
+    return results
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def encrypted_size(params: HEParameters, contributions: Mapping[int, Mapping[str, torch.Tensor]]) -> dict:
+    """Bytes per value of real contribution vectors encrypted (only) under a public context of ``params``."""
+    context = ckks.create_secret_context(params)
+    public = ckks.load_public_context(ckks.public_context_bytes(context))
+    total_bytes = total_values = 0
+    by_kind: dict[str, int] = {}
+    for contribution in contributions.values():
+        for kind, tensor in contribution.items():
+            values = tensor.detach().to(torch.float64).cpu().numpy().reshape(-1)
+            size = sum(len(chunk) for chunk in ckks.encrypt_vector(public, values))
+            total_bytes += size
+            total_values += values.size
+            by_kind[kind] = by_kind.get(kind, 0) + size
+    return {
+        "bytes_per_value": total_bytes / total_values,
+        "bytes_per_full_chunk_slot": ckks.bytes_per_value(public),
+        "bytes_by_kind_one_round": by_kind,
+        "values_one_round": total_values,
+    }
+
+
+class ProfiledSummation:
+    """Runs a summation under cProfile, and only the summation (profiling training distorts torch's times)."""
+
+    def __init__(self, inner: Summation, profiler: cProfile.Profile) -> None:
+        self.inner, self.profiler = inner, profiler
+
+    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]):
+        self.profiler.enable()
+        try:
+            return self.inner(round_number, contributions)
+        finally:
+            self.profiler.disable()
+
+
+def profile_secure_run(config: ExperimentConfig, dataset, policy: Policy, path: Path) -> dict:
+    """cProfile the secure summation of one run (setup excluded)."""
+    summation, _ = new_secure_summation(policy, len(config.federation.proportions))
+    profiler = cProfile.Profile()
+    try:
+        run_experiment(config, dataset, progress=False, summation=ProfiledSummation(summation, profiler))
+    finally:
+        summation.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(str(path))
+    stats = pstats.Stats(profiler, stream=io.StringIO()).stats  # type: ignore[attr-defined]
+    rows = []
+    for (filename, line, name), (_, calls, own, cumulative, _) in stats.items():
+        where = f"{Path(filename).name}:{line}" if line else "~"
+        rows.append(
+            {"function": f"{where}({name})", "calls": calls, "own": round(own, 3), "cumulative": round(cumulative, 3)}
+        )
+
+    def cumulative_of(pattern: str) -> float:
+        """Summed cumulative seconds of the functions whose "file:line(name)" contains each "*"-separated part."""
+        parts = pattern.split("*")
+        return round(sum(row["cumulative"] for row in rows if all(part in row["function"] for part in parts)), 3)
+
+    rounds = config.federation.max_rounds
+    rows.sort(key=lambda row: row["own"], reverse=True)
+    parts = {
+        "secure summation (all)": "secure_summation.py:*(__call__)",
+        "make_upload (bank: checks, encrypt, sign)": "(make_upload)",
+        "  check_magnitude": "(check_magnitude)",
+        "  encrypt_vector (encode + encrypt + serialise)": "(encrypt_vector)",
+        "    TenSEAL ckks_vector (encode + encrypt)": "(ckks_vector)",
+        "    serialize": "abstract_tensor.py*(serialize)",
+        "  sign_receipt (Ed25519)": "(sign_receipt)",
+        "ciphertext_digest (sha256; bank and aggregator)": "(ciphertext_digest)",
+        "check_upload (aggregator: Ed25519 + sha256)": "(check_upload)",
+        "add_serialized (aggregator: load + add + serialise)": "(add_serialized)",
+        "decrypt_sum (key authority: rules, decrypt, ledger, audit)": "(decrypt_sum)",
+        "  decrypt_vector": "(decrypt_vector)",
+        "  audit log records": "key_authority.py:*(_record)",
+        "open_round (key authority)": "(open_round)",
+    }
+    return {
+        "file": str(path),
+        "rounds": rounds,
+        "seconds_per_round": {label: round(cumulative_of(fragment) / rounds, 4) for label, fragment in parts.items()},
+        "top_own_time": rows[:15],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    configure_logging("warning")
+    if args.rounds < 2:
+        raise SystemExit("--rounds must be at least 2 (round 1 carries the federation's construction)")
+    policy = load_policy(args.policy)
+    config = experiment_config(args, args.rounds)
+    dataset = load_dataset(args.dataset, config.data_root, seed=args.seed)
+    num_clients = len(config.federation.proportions)
+    load_before = os.getloadavg()
+
+    # warm-up of both paths (lazy imports, allocator and thread-pool start-up, TenSEAL's first calls)
+    warmup = experiment_config(args, 1)
+    run_experiment(warmup, dataset, progress=False)
+    warm_summation, _ = new_secure_summation(policy, num_clients)
+    try:
+        run_experiment(warmup, dataset, progress=False, summation=warm_summation)
+    finally:
+        warm_summation.close()
+
+    secure_summation, setup_seconds = new_secure_summation(policy, num_clients)
+    baton = Baton((PLAIN, SECURE))
+    wrappers = {
+        PLAIN: LockstepSummation(PlaintextSummation(), PLAIN, baton),
+        SECURE: LockstepSummation(secure_summation, SECURE, baton, keep_first_round=True),
+    }
+    started = time.perf_counter()
+    try:
+        results = run_in_lockstep(
+            {name: lambda name=name: run_experiment(config, dataset, False, wrappers[name]) for name in wrappers},
+            wrappers,
+        )
+    finally:
+        secure_summation.close()
+    lockstep_seconds = time.perf_counter() - started
+
+    plain, secure = wrappers[PLAIN], wrappers[SECURE]
+    plain_result, secure_result = results[PLAIN], results[SECURE]
+    plain_round, secure_round = mean(plain.round_seconds[1:]), mean(secure.round_seconds[1:])
+    plain_sum, secure_sum = mean(plain.summation_seconds[1:]), mean(secure.summation_seconds[1:])
+    per_round_ratios = sorted(s / p for s, p in zip(secure.round_seconds[1:], plain.round_seconds[1:], strict=True))
+    rounds_run = secure_result.rounds_run
+    wire = secure_summation.wire
+    common = encrypted_size(COMMON_PARAMETERS, secure.first_round)
+    default_same_vectors = encrypted_size(policy.he, secure.first_round)
+    accuracy_difference = abs(secure_result.global_test_accuracy - plain_result.global_test_accuracy)
+    phases = {  # over every round, round 1 included
+        name: round(getattr(secure_summation.seconds, name) / rounds_run, 4)
+        for name in ("encrypt", "aggregate", "decrypt")
+    }
+
+    result = {
+        "dataset": args.dataset,
+        "method": args.method,
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "rounds_run": {PLAIN: plain_result.rounds_run, SECURE: rounds_run},
+        "rounds_timed": f"2..{rounds_run} (interleaved round by round)",
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": args.device,
+        "policy": str(args.policy),
+        "he": policy.he.model_dump(mode="json"),
+        "plain_round_seconds": round(plain_round, 4),
+        "secure_round_seconds": round(secure_round, 4),
+        "round_ratio": round(secure_round / plain_round, 4),
+        "round_ratio_median_of_rounds": round(per_round_ratios[len(per_round_ratios) // 2], 4),
+        "round_ratio_paired": round(secure_round / (secure_round - secure_sum + plain_sum), 4),
+        "plain_summation_seconds_per_round": round(plain_sum, 4),
+        "secure_summation_seconds_per_round": round(secure_sum, 4),
+        "secure_phase_seconds_per_round": phases,
+        "secure_setup_seconds": round(setup_seconds, 3),
+        "plain_round_seconds_each": [round(s, 3) for s in plain.round_seconds],
+        "secure_round_seconds_each": [round(s, 3) for s in secure.round_seconds],
+        "lockstep_wall_seconds": round(lockstep_seconds, 1),
+        "bytes_per_value": round(wire.bytes_per_value(), 3),
+        "wire_bytes_by_kind": dict(wire.bytes_by_kind),
+        "wire_values_by_kind": dict(wire.values_by_kind),
+        "bytes_per_value_common_params": round(common["bytes_per_value"], 3),
+        "bytes_per_value_default_params_same_vectors": round(default_same_vectors["bytes_per_value"], 3),
+        "bytes_per_full_chunk_slot": {
+            "default": round(default_same_vectors["bytes_per_full_chunk_slot"], 3),
+            "common": round(common["bytes_per_full_chunk_slot"], 3),
+        },
+        "common_params": COMMON_PARAMETERS.model_dump(mode="json"),
+        "plain_accuracy": plain_result.global_test_accuracy,
+        "secure_accuracy": secure_result.global_test_accuracy,
+        "abs_accuracy_difference": round(accuracy_difference, 6),
+        "plain_best_round": plain_result.best_round,
+        "secure_best_round": secure_result.best_round,
+        "max_abs_val_accuracy_difference": max(
+            abs(p.val_accuracy - s.val_accuracy)
+            for p, s in zip(plain_result.history, secure_result.history, strict=True)
+        ),
+        "targets": TARGETS,
+        "meets_targets": {
+            "round_ratio": secure_round / plain_round <= TARGETS["round_ratio"],
+            "bytes_per_value": wire.bytes_per_value() <= TARGETS["bytes_per_value"],
+            "abs_accuracy_difference": accuracy_difference <= TARGETS["abs_accuracy_difference"],
+        },
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "tenseal_version": ts.__version__,
+        "torch_version": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    if args.profile is not None:
+        result["profile"] = profile_secure_run(config, dataset, policy, args.profile)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,475 @@
+"""Differential-privacy mechanisms for FedGL uploads (DESIGN §6): clipping, secure noise, edge DP, sensitivities.
+
+Everything here is a small pure function on numpy ``float64`` arrays or scipy sparse matrices.
+The accounting of what these releases cost lives in :mod:`fedgl_secure.privacy.accounting`.
+
+Randomness. A DP guarantee is only as good as the secrecy of its noise, so every sampler draws its
+bytes from the operating system's CSPRNG (:func:`secrets.token_bytes`, i.e. ``os.urandom``) and
+never from numpy's PRNGs, whose state can be recovered from their output. All derived variates
+(uniforms, Gaussians, integers, binomials) are computed from those bytes, so a test can make them
+reproducible by injecting a byte source (the ``_random_bytes`` keyword of the samplers, or the
+``rng`` of :func:`randomized_response_edges`). Injected sources are for tests and simulations
+only: a release made with them carries no privacy at all.
+
+Graph coupling. A GCN row is not a function of one node: message passing mixes a node's data into
+the rows of its L-hop neighbourhood. The sensitivities below therefore count *how many rows one
+change can move* (:func:`affected_rows`) under a degree bound, and the guarantees hold only for
+graphs that satisfy that bound (see :func:`bound_degree` for what the projection does and does not
+give).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import ndtri
+from scipy.stats import binom
+
+RandomBytes = Callable[[int], bytes]
+"""A source of ``n`` random bytes. The default is :func:`secrets.token_bytes`."""
+
+Neighbouring = Literal["node", "features", "edge"]
+NEIGHBOURING: tuple[str, ...] = ("node", "features", "edge")
+
+# Clipping scales a row by C/‖row‖; recomputing the norm of the result in floating point can land
+# one or two ulps above C. Sensitivity proofs need ‖row‖ ≤ C, not ≈ C, so we aim slightly inside.
+_CLIP_MARGIN = 1.0 - 1e-9
+
+# Uniforms carry 52 random bits: (k + 1/2)·2^-52 for k < 2^52 is exact in float64 and lies strictly
+# inside (0, 1), so the inverse normal CDF is always finite and the distribution is symmetric.
+_UNIFORM_BITS = 52
+
+
+# --- clipping ---------------------------------------------------------------------------------
+
+
+def _check_bound(bound: float) -> float:
+    bound = float(bound)
+    if not (math.isfinite(bound) and bound > 0):
+        raise ValueError(f"clip bound must be a positive finite number, got {bound}")
+    return bound
+
+
+def _finite_float64(values: np.ndarray, what: str) -> np.ndarray:
+    array = np.array(values, dtype=np.float64, copy=True)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{what} holds NaN or infinite values; refusing to clip (the bound would not hold)")
+    return array
+
+
+def clip_rows(matrix: np.ndarray, bound: float) -> np.ndarray:
+    r"""Scale every row of ``matrix`` to L2 norm at most ``bound``: :math:`x_i \cdot \min(1, C/\lVert x_i\rVert_2)`.
+
+    Used per node for predictions P_k and embeddings H_k, so one node's row can move the release by at
+    most 2C (both the old and the new row lie in the C-ball). Rows already inside the ball are kept
+    bit for bit; the input is not modified.
+    """
+    bound = _check_bound(bound)
+    clipped = _finite_float64(matrix, "matrix")
+    if clipped.ndim != 2:
+        raise ValueError(f"clip_rows expects a 2-D matrix (nodes x values), got shape {clipped.shape}")
+    norms = np.linalg.norm(clipped, axis=1)
+    over = norms > bound
+    clipped[over] *= (bound * _CLIP_MARGIN / norms[over])[:, None]
+    return clipped
+
+
+def clip_vector(vector: np.ndarray, bound: float) -> np.ndarray:
+    r"""Scale a whole update (any shape, taken as one flat vector) to L2 norm at most ``bound``.
+
+    Used for a bank's weight update W_k − W̄: whatever changes in the bank's data, the clipped update
+    moves by at most 2C. The result has the input's shape; the input is not modified.
+    """
+    bound = _check_bound(bound)
+    clipped = _finite_float64(vector, "vector")
+    norm = float(np.linalg.norm(clipped.ravel()))
+    if norm > bound:
+        clipped *= bound * _CLIP_MARGIN / norm
+    return clipped
+
+
+# --- secure randomness ------------------------------------------------------------------------
+
+
+def _words(count: int, random_bytes: RandomBytes | None) -> np.ndarray:
+    """``count`` independent uniform 64-bit words from the byte source (the OS CSPRNG by default)."""
+    source = secrets.token_bytes if random_bytes is None else random_bytes
+    raw = source(8 * count)
+    if len(raw) != 8 * count:
+        raise ValueError(f"random byte source returned {len(raw)} bytes, expected {8 * count}")
+    return np.frombuffer(raw, dtype="<u8").copy()
+
+
+def secure_uniform(size: int, *, _random_bytes: RandomBytes | None = None) -> np.ndarray:
+    """``size`` i.i.d. uniforms on the open interval (0, 1), with 52 random bits each.
+
+    Values are ``(k + 1/2) · 2^-52`` for a uniform integer ``k < 2^52``: never 0 or 1, and symmetric
+    about 1/2. ``_random_bytes`` replaces the OS CSPRNG, for tests only.
+    """
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    k = _words(size, _random_bytes) >> np.uint64(64 - _UNIFORM_BITS)
+    return (k.astype(np.float64) + 0.5) * 2.0**-_UNIFORM_BITS
+
+
+def secure_integers(size: int, high: int, *, _random_bytes: RandomBytes | None = None) -> np.ndarray:
+    """``size`` i.i.d. integers, exactly uniform on ``[0, high)`` (rejection sampling on masked 64-bit words)."""
+    if not 1 <= high <= 2**63:
+        raise ValueError(f"high must be in [1, 2^63], got {high}")
+    mask = np.uint64((1 << int(high - 1).bit_length()) - 1)
+    out = np.empty(0, dtype=np.int64)
+    while out.size < size:
+        # Acceptance is > 1/2 per word, so asking for twice the shortfall almost always finishes in one pass.
+        candidates = _words(2 * (size - out.size) + 8, _random_bytes) & mask
+        out = np.concatenate([out, candidates[candidates < np.uint64(high)].astype(np.int64)])
+    return out[:size]
+
+
+def secure_gaussian(
+    shape: int | tuple[int, ...], std: float, *, _random_bytes: RandomBytes | None = None
+) -> np.ndarray:
+    r"""Gaussian noise :math:`\mathcal N(0, \sigma^2)` of the given shape from the OS CSPRNG.
+
+    Inverse-CDF sampling: ``σ · Φ^{-1}(u)`` with ``u`` from :func:`secure_uniform`. Because ``u`` has
+    52 bits, the tails are cut at ≈ ±8.2σ (probability mass ≈ 2·10^-16 lost), and the values are
+    floating-point numbers rather than an exact discrete Gaussian: both effects are far below the δ
+    of any policy, and we state them rather than hide them. ``_random_bytes`` is for tests only.
+    """
+    std = float(std)
+    if not (math.isfinite(std) and std > 0):
+        raise ValueError(
+            f"noise std must be a positive finite number, got {std}; to release without noise, do not call a sampler"
+        )
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    u = secure_uniform(math.prod(shape), _random_bytes=_random_bytes)
+    return (std * ndtri(u)).reshape(shape)
+
+
+# --- distributed noise ------------------------------------------------------------------------
+
+
+def noise_share_std(total_std: float, num_banks: int) -> float:
+    r"""Std of each bank's share so that the sum of ``num_banks`` independent shares has std ``total_std``.
+
+    :math:`\sigma_k = \sigma / \sqrt{K}`, since variances of independent Gaussians add. ``num_banks``
+    must be the *fewest* shares that can end up in a decrypted sum (the quorum, not the invited
+    count): with fewer contributors the sum would carry less noise than the policy requires.
+    """
+    if num_banks < 1:
+        raise ValueError(f"num_banks must be at least 1, got {num_banks}")
+    total_std = float(total_std)
+    if not (math.isfinite(total_std) and total_std > 0):
+        raise ValueError(f"total noise std must be a positive finite number, got {total_std}")
+    return total_std / math.sqrt(num_banks)
+
+
+def gaussian_share(
+    shape: int | tuple[int, ...], total_std: float, num_banks: int, *, _random_bytes: RandomBytes | None = None
+) -> np.ndarray:
+    """One bank's noise share: :func:`secure_gaussian` with std :func:`noise_share_std` (total_std, num_banks)."""
+    return secure_gaussian(shape, noise_share_std(total_std, num_banks), _random_bytes=_random_bytes)
+
+
+def residual_noise_std(total_std: float, num_banks: int, known_shares: int) -> float:
+    r"""Noise std left in the summed release for an observer who knows ``known_shares`` of the shares.
+
+    :math:`\sigma\sqrt{(K-t)/K}`. A bank receives the decrypted sum and knows its own share, so
+    against another bank the guarantee holds only for ``known_shares = 1`` (and for t colluding
+    banks, t); the aggregator and key authority know no share (``known_shares = 0``). Account
+    releases against banks with ``noise_multiplier = residual_noise_std(...) / sensitivity``.
+    """
+    if not 0 <= known_shares < num_banks:
+        raise ValueError(f"known_shares must be in [0, num_banks), got {known_shares} of {num_banks}")
+    return noise_share_std(total_std, num_banks) * math.sqrt(num_banks - known_shares)
+
+
+def gaussian_noise_std(noise_multiplier: float, sensitivity: float) -> float:
+    """Noise std of a Gaussian mechanism: noise multiplier × L2 sensitivity (Opacus' convention)."""
+    if not (noise_multiplier > 0 and sensitivity > 0):
+        raise ValueError(f"noise multiplier and sensitivity must be positive, got {noise_multiplier}, {sensitivity}")
+    return float(noise_multiplier) * float(sensitivity)
+
+
+# --- graph structure helpers ------------------------------------------------------------------
+
+
+def _upper_edges(adjacency: sp.spmatrix | sp.sparray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Check that ``adjacency`` is a square, symmetric, loop-free pattern; return (n, i, j) with i < j."""
+    matrix = sp.csr_matrix(adjacency)
+    n, m = matrix.shape
+    if n != m:
+        raise ValueError(f"adjacency must be square, got shape {matrix.shape}")
+    matrix.eliminate_zeros()
+    pattern = (matrix != 0).astype(np.int8)
+    if pattern.diagonal().any():
+        raise ValueError("adjacency has self loops; remove them first (the GCN adds its own)")
+    if (pattern != pattern.T).nnz:
+        raise ValueError("adjacency must be symmetric (an undirected graph)")
+    upper = sp.triu(pattern, k=1).tocoo()
+    return n, upper.row.astype(np.int64), upper.col.astype(np.int64)
+
+
+def _symmetric(n: int, i: np.ndarray, j: np.ndarray) -> sp.csr_matrix:
+    """Binary symmetric CSR adjacency from upper-triangle pairs (i < j)."""
+    rows = np.concatenate([i, j])
+    cols = np.concatenate([j, i])
+    return sp.csr_matrix((np.ones(rows.size, dtype=np.float64), (rows, cols)), shape=(n, n))
+
+
+def _pair_index(i: np.ndarray, j: np.ndarray, n: int) -> np.ndarray:
+    """Row-major index of the pair (i, j), i < j, among the n(n−1)/2 upper-triangle pairs."""
+    return i * n - i * (i + 1) // 2 + (j - i - 1)
+
+
+def _pair_from_index(t: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`_pair_index`; the float root is corrected in exact integer arithmetic."""
+    t = np.asarray(t, dtype=np.int64)
+    b = 2 * n - 1
+    i = np.floor((b - np.sqrt(np.maximum(float(b) * b - 8.0 * t, 0.0))) / 2).astype(np.int64)
+    i = np.clip(i, 0, n - 2)
+
+    def start(row: np.ndarray) -> np.ndarray:
+        return row * n - row * (row + 1) // 2
+
+    i = np.where(start(i) > t, i - 1, i)
+    i = np.where(start(i + 1) <= t, i + 1, i)
+    return i, t - start(i) + i + 1
+
+
+def bound_degree(adjacency: sp.spmatrix | sp.sparray, max_degree: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Drop edges so that every node has degree at most ``max_degree`` (greedy, random edge order).
+
+    Edges are visited in a random order and kept while both endpoints are below the bound (the
+    edge-addition projection of Day, Li & Lyu, SIGMOD 2016); edges whose endpoints both already
+    satisfy the bound are always kept. Returns a binary symmetric CSR matrix.
+
+    What this buys: the sensitivities in this module assume a maximum degree D. If a bank's graph
+    already has degree ≤ D, the projection is the identity and the guarantees hold as stated. If
+    not, the projection itself depends on the data (removing one node can change which other edges
+    survive), so the guarantee holds *with respect to the projected graph* — the "bounded-degree
+    neighbouring" relation — and not for arbitrary neighbours of the raw graph. ``rng`` only picks
+    the visiting order, not privacy noise, so a seeded generator is fine here.
+    """
+    if max_degree < 1:
+        raise ValueError(f"max_degree must be at least 1, got {max_degree}")
+    n, i, j = _upper_edges(adjacency)
+    degree = np.bincount(np.concatenate([i, j]), minlength=n)
+    safe = (degree[i] <= max_degree) & (degree[j] <= max_degree)
+    kept = np.bincount(np.concatenate([i[safe], j[safe]]), minlength=n)
+    contested = np.flatnonzero(~safe)
+    keep = safe.copy()
+    # Only edges touching an over-degree node need the sequential greedy pass.
+    for e in contested[rng.permutation(contested.size)]:
+        u, v = i[e], j[e]
+        if kept[u] < max_degree and kept[v] < max_degree:
+            keep[e] = True
+            kept[u] += 1
+            kept[v] += 1
+    return _symmetric(n, i[keep], j[keep])
+
+
+# --- edge-level DP: randomised response -------------------------------------------------------
+
+
+def flip_probability(epsilon: float) -> float:
+    r"""Randomised-response flip probability :math:`p = 1 / (1 + e^{\varepsilon})` for an ε-DP bit."""
+    epsilon = float(epsilon)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"edge-DP epsilon must be a positive finite number, got {epsilon}")
+    return math.exp(-epsilon) / (1.0 + math.exp(-epsilon))  # = 1/(1 + e^ε), without overflow for large ε
+
+
+def _distinct_integers(count: int, high: int, random_bytes: RandomBytes | None) -> np.ndarray:
+    """A uniformly random ``count``-subset of ``[0, high)``: the first ``count`` distinct values of i.i.d. draws."""
+    chosen = np.empty(0, dtype=np.int64)
+    while chosen.size < count:
+        draws = np.concatenate(
+            [chosen, secure_integers(2 * (count - chosen.size) + 8, high, _random_bytes=random_bytes)]
+        )
+        # Keep first occurrences in draw order: the first `count` distinct values of an i.i.d. uniform
+        # sequence form a uniform random subset, which sorting-then-truncating would not give.
+        _, first = np.unique(draws, return_index=True)
+        chosen = draws[np.sort(first)]
+    return chosen[:count]
+
+
+def randomized_response_edges(
+    adjacency: sp.spmatrix | sp.sparray,
+    epsilon: float,
+    rng: np.random.Generator | None = None,
+    *,
+    max_edges: int = 50_000_000,
+) -> sp.csr_matrix:
+    r"""Randomised response on every unordered node pair: ε-edge-DP for the whole adjacency, paid once.
+
+    Each of the n(n−1)/2 pairs is flipped independently with probability :math:`p = 1/(1+e^\varepsilon)`
+    (edge kept with probability 1−p, non-edge becomes an edge with probability p). Two graphs that
+    differ in one edge differ in one independent bit, whose output likelihood ratio is at most
+    :math:`(1-p)/p = e^\varepsilon`: the released graph is **ε-edge-DP** (pure, δ = 0), and everything
+    computed from it afterwards (training, P_k, H_k, W_k in every round) is post-processing with
+    respect to edges, so edge privacy costs ε once per bank — record it with
+    ``PrivacyLedger.record_pure("edges", epsilon)``. It protects *edges only*: node features and
+    labels, and node-level membership, are not covered (removing a node flips up to n−1 bits).
+
+    Non-edges are never materialised: the number that turn into edges is drawn as
+    Binomial(#non-edges, p) and that many distinct non-edge pairs are then chosen uniformly (which
+    has exactly the law of independent flips). Small ε makes the output dense (≈ p·n²/2 edges); the
+    function refuses, rather than exhausting memory, when the expected output exceeds ``max_edges``.
+
+    Randomness comes from the OS CSPRNG; pass ``rng`` (a numpy Generator, used only for its bytes)
+    in tests and reproducible simulations only — a release made with a seeded ``rng`` is not private.
+    Bernoulli and binomial draws use 52-bit uniforms, so probabilities are exact to ~2^-52.
+    Returns a binary, symmetric, loop-free CSR matrix.
+    """
+    p = flip_probability(epsilon)
+    random_bytes = None if rng is None else rng.bytes
+    n, i, j = _upper_edges(adjacency)
+    num_pairs = n * (n - 1) // 2
+    num_non_edges = num_pairs - i.size
+    expected = (1 - p) * i.size + p * num_non_edges
+    if expected > max_edges:
+        raise ValueError(
+            f"randomised response at epsilon={epsilon} on {n} nodes would release about {expected:.3g} edges "
+            f"(> max_edges={max_edges}); raise epsilon, or raise max_edges if the memory is there"
+        )
+    survive = secure_uniform(i.size, _random_bytes=random_bytes) >= p
+    u = secure_uniform(1, _random_bytes=random_bytes)[0]
+    num_added = int(binom.ppf(u, num_non_edges, p)) if num_non_edges else 0
+    # Choose the new edges by rank among non-edges, then map ranks to pair indices by skipping the
+    # (sorted) existing edges: rank r lands on pair r + #{existing pairs at or before it}.
+    existing = np.sort(_pair_index(i, j, n))
+    ranks = _distinct_integers(num_added, num_non_edges, random_bytes) if num_added else np.empty(0, np.int64)
+    added = ranks + np.searchsorted(existing - np.arange(existing.size), ranks, side="right")
+    add_i, add_j = _pair_from_index(added, n)
+    return _symmetric(n, np.concatenate([i[survive], add_i]), np.concatenate([j[survive], add_j]))
+
+
+# --- sensitivities under graph coupling -------------------------------------------------------
+
+
+def affected_rows(
+    max_degree: int, num_layers: int = 2, neighbouring: Neighbouring = "node", num_rows: int | None = None
+) -> int:
+    r"""Most rows of an L-layer GCN output that one neighbouring change can move, for max degree D.
+
+    GCN propagation :math:`\hat A = \tilde D^{-1/2}(A+I)\tilde D^{-1/2}` moves a value one hop per layer,
+    and because the normalisation uses degrees, changing a node's edges also changes the weights on
+    its neighbours' other edges — one extra hop. With :math:`s_L = \sum_{j=0}^{L}(D-1)^j`:
+
+    * ``"features"`` — one node's features change, the graph fixed: the rows within L hops,
+      :math:`K = 1 + D\,s_{L-1}` (two layers: :math:`1 + D^2`).
+    * ``"node"`` — one node added or removed with all its edges: L hops plus the normalisation hop,
+      :math:`K = 1 + D\,s_L` (two layers: :math:`1 + D + D(D-1) + D(D-1)^2`).
+    * ``"edge"`` — one edge (u, v) added or removed: the rows within L hops of u or v (the
+      normalisation hop is the first of them), :math:`K = 2\,s_L` (two layers: :math:`2(1 + (D-1) + (D-1)^2)`).
+
+    D must bound the degree of *every* graph the release propagates over in both neighbouring
+    datasets — for FedGL that is the local graph plus the pseudo-graph edges fused in by Eq. 9
+    (in- and out-degree), not the local graph alone. The result is capped at ``num_rows`` when given.
+    The counts are attained (the tests build the worst-case trees), so they cannot be lowered.
+    """
+    if max_degree < 0 or num_layers < 1:
+        raise ValueError(f"need max_degree >= 0 and num_layers >= 1, got {max_degree}, {num_layers}")
+    if neighbouring not in NEIGHBOURING:
+        raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}")
+    d = max_degree
+
+    def reach(hops: int) -> int:  # s_hops = Σ_{j=0}^{hops} (D−1)^j, with D = 0 treated as no neighbours
+        return sum(max(d - 1, 0) ** k for k in range(hops + 1)) if d else 0
+
+    if neighbouring == "features":
+        count = 1 + d * reach(num_layers - 1)
+    elif neighbouring == "node":
+        count = 1 + d * reach(num_layers)
+    else:
+        count = 2 * reach(num_layers) if d else 2
+    return count if num_rows is None else min(count, num_rows)
+
+
+def row_release_sensitivity(clip_bound: float, rows_changed: int) -> float:
+    r"""L2 sensitivity of a row-clipped matrix release when at most ``rows_changed`` rows move: :math:`2C\sqrt{K}`.
+
+    Every row lies in the C-ball before and after, so each moved row contributes at most 2C, and the
+    Frobenius norm of the difference is at most :math:`\sqrt{K}\,2C` (rows that appear or vanish
+    contribute only C; 2C covers them).
+    """
+    if rows_changed < 1:
+        raise ValueError(f"rows_changed must be at least 1, got {rows_changed}")
+    return 2.0 * _check_bound(clip_bound) * math.sqrt(rows_changed)
+
+
+def prediction_sensitivity(
+    clip_bound: float,
+    max_degree: int,
+    num_layers: int = 2,
+    neighbouring: Neighbouring = "node",
+    num_rows: int | None = None,
+) -> float:
+    r"""L2 sensitivity of a bank's row-clipped prediction matrix P_k (one release): :math:`2C\sqrt{K}`.
+
+    K is :func:`affected_rows` (max_degree, num_layers, neighbouring). **Assumption** (the guarantee
+    does not hold without it): the model weights used to compute P_k do not depend on the protected
+    data beyond what is already accounted — they are public (e.g. the received global W̄), or they
+    are the output of a DP mechanism recorded in the same ledger (DP-SGD, or the noised weights
+    channel); adaptive composition then covers weights + predictions. If P_k is computed with local
+    weights trained non-privately on the bank's data, one node can move *every* row and the only
+    honest bound is ``row_release_sensitivity(C, N_k)`` (pass ``max_degree = N_k`` or ``num_rows``).
+
+    Softmax rows already have L2 norm ≤ 1, so clipping P at C ≥ 1 changes nothing. Sensitivity is of
+    the unweighted matrix: if the upload is pre-weighted by w_k, the noise must be scaled by w_k too,
+    and w_k must itself be public (N_k changes when a node is added).
+    """
+    return row_release_sensitivity(clip_bound, affected_rows(max_degree, num_layers, neighbouring, num_rows))
+
+
+def embedding_sensitivity(
+    clip_bound: float,
+    max_degree: int,
+    num_layers: int = 2,
+    neighbouring: Neighbouring = "node",
+    num_rows: int | None = None,
+) -> float:
+    """L2 sensitivity of the row-clipped embedding matrix H_k; as :func:`prediction_sensitivity`.
+
+    ``num_layers = 2`` for the default H (output layer before softmax), 1 for the hidden-layer option.
+    Unlike softmax rows, embedding rows are unbounded, so the clip is what bounds them.
+    """
+    return row_release_sensitivity(clip_bound, affected_rows(max_degree, num_layers, neighbouring, num_rows))
+
+
+def weight_update_sensitivity(clip_bound: float) -> float:
+    """L2 sensitivity of a bank's clipped weight update ``clip_vector(W_k − W̄, C)``: 2C.
+
+    Both updates lie in the C-ball, so this holds for *any* change of the bank's data — one edge,
+    one node, or all of it — with no degree assumption. As for predictions, it is the sensitivity of
+    the unweighted update; pre-weighting by w_k scales it.
+    """
+    return 2.0 * _check_bound(clip_bound)
+
+
+def graph_dp_sgd_noise_multiplier(
+    noise_multiplier: float, max_degree: int, num_layers: int = 2, neighbouring: Neighbouring = "node"
+) -> float:
+    r"""Effective noise multiplier of DP-SGD on a GCN, to record with ``sample_rate = 1``.
+
+    Opacus calibrates noise std σC to add/remove of *one* example whose clipped gradient (norm ≤ C) is
+    the only term that moves. In a GCN, node v's data enters the losses of the K =
+    :func:`affected_rows` training nodes around it; for node add/remove its own gradient appears
+    (≤ C) and K−1 others move (≤ 2C each), so the summed gradient moves by at most (2K−1)C
+    (2KC for feature or edge neighbouring) and the effective multiplier is σ/(2K−1) (σ/2K).
+
+    No amplification by subsampling is claimed: the Poisson-subsampling theorem assumes a node
+    influences only its own example, which message passing breaks (Daigavane et al., 2021 derive a
+    specialised bound; it is not implemented). Recording with ``sample_rate = 1`` is valid but
+    pessimistic. Assumes per-example gradients are per-node-loss gradients ∇ℓ_i, each clipped to C.
+    """
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier must be positive, got {noise_multiplier}")
+    k = affected_rows(max_degree, num_layers, neighbouring)
+    factor = 2 * k - 1 if neighbouring == "node" else 2 * k
+    return float(noise_multiplier) / factor
