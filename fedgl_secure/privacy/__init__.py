@@ -1,1 +1,1 @@
-"""Privacy policies (and, later, mechanisms, accounting and audit)."""
+"""Privacy: policy files, DP mechanisms (clipping, secure Gaussian noise, randomised response), accounting with Opacus, empirical attacks."""
