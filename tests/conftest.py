@@ -16,7 +16,7 @@ def data_root() -> Path:
 
     Tests that need real data are skipped when it is absent (the package must not depend on it).
     """
-    root = Path(os.environ.get("FEDGL_DATA", REPO.parent / "shared" / "datasets"))
+    root = Path(os.environ.get("FEDGL_DATA", REPO.parent / "shared" / "datasets")).resolve()
     if not root.is_dir():
         pytest.skip(f"raw datasets not found at {root} (set FEDGL_DATA)")
     return root

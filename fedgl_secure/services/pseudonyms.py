@@ -35,7 +35,9 @@ def union_positions(pseudonym_sets: Sequence[Sequence[str]]) -> tuple[int, list[
     bank could count how many other banks' customers fall between two of its own pseudonyms.
     """
     union = np.unique(np.concatenate([np.asarray(s, dtype="<U64") for s in pseudonym_sets]))
-    order = np.random.default_rng(secrets.randbits(128)).permutation(union.size)  # position of sorted item i
+    order = list(range(union.size))  # order[i]: the position of the i-th sorted pseudonym
+    secrets.SystemRandom().shuffle(order)  # the OS CSPRNG: the permutation cannot be reconstructed
+    order = np.asarray(order, dtype=np.int64)
     return int(union.size), [
         order[np.searchsorted(union, np.asarray(s, dtype="<U64"))].astype(np.int64) for s in pseudonym_sets
     ]

@@ -67,6 +67,9 @@ def _with_client_certificate(app: ASGIApp, der: bytes) -> ASGIApp:
     return app_with_certificate
 
 
+GRACEFUL_SHUTDOWN_SECONDS = 3.0
+
+
 def make_server(
     app: ASGIApp, host: str, port: int, layout: PkiLayout, name: str, log_level: str = "warning"
 ) -> uvicorn.Server:
@@ -92,6 +95,9 @@ def make_server(
         access_log=False,
         proxy_headers=False,  # callers are identified by certificate, never by forwarded headers
         server_header=False,
+        # An idle peer that never answers TLS close_notify would hold shutdown for asyncio's 30 s
+        # SSL shutdown timeout; in-flight requests are short, so a few seconds is plenty.
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     return uvicorn.Server(config)
 
