@@ -18,8 +18,6 @@ POST     /v1/reports                             bank     evaluation counts of a
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Sequence
 
 import httpx
@@ -39,13 +37,12 @@ from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_public_keys
 from fedgl_secure.services.pseudonyms import PSEUDONYM_PATTERN
 from fedgl_secure.services.retry import retry_until_ready
+from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import (
     Caller,
     caller_identity,
     make_http_client,
-    make_server,
     require_roles,
-    serve_until_signalled,
 )
 
 RECEIPT_HEADER = "X-FedGL-Receipt"
@@ -252,22 +249,11 @@ def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         decryptor=key_authority,
         liveness_seconds=node.aggregator.liveness_seconds,
     )
-    stop = threading.Event()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        driver = threading.Thread(target=coordinator.run, args=(stop,), name="rounds", daemon=True)
-        driver.start()
-        log.info("aggregator.started", url=entry.url, fingerprint=fingerprint[:12])
-        yield
-        stop.set()
-        driver.join(timeout=30)
-        log.info("aggregator.stopped")
-
-    server = make_server(create_app(coordinator, lifespan=lifespan), entry.host, entry.port, layout, node.name)
+    log.info("aggregator.starting", url=entry.url, fingerprint=fingerprint[:12])
     try:
-        serve_until_signalled(server)
+        serve_with_worker(
+            lambda lifespan: create_app(coordinator, lifespan=lifespan), coordinator.run, entry, layout, log
+        )
     finally:
-        stop.set()
         store.close()
         ka_http.close()

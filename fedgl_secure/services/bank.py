@@ -14,7 +14,6 @@ and a consortium run reproduces the in-process simulation with the same seed.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
@@ -46,7 +45,8 @@ from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key
 from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import retry_until_ready
-from fedgl_secure.services.tls import Caller, caller_identity, make_http_client, make_server, serve_until_signalled
+from fedgl_secure.services.runtime import serve_with_worker
+from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
 
 
 @dataclass(frozen=True)
@@ -323,31 +323,15 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         pseudonym_key=load_pseudonym_key(layout, node.name),
         poll_seconds=node.bank.poll_seconds,
     )
-    stop = threading.Event()
-    server = None
-
-    def work() -> None:
-        try:
-            worker.run(stop)
-        except Exception:
-            log.exception("bank.crashed")
-        finally:
-            if server is not None:
-                server.should_exit = True  # the federation is over (or the worker failed): stop serving
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        thread = threading.Thread(target=work, name="bank-worker", daemon=True)
-        thread.start()
-        log.info("bank.started", url=entry.url)
-        yield
-        stop.set()
-        thread.join(timeout=30)
-
-    server = make_server(create_app(worker, lifespan=lifespan), entry.host, entry.port, layout, node.name)
     try:
-        serve_until_signalled(server)
+        serve_with_worker(
+            lambda lifespan: create_app(worker, lifespan=lifespan),
+            worker.run,
+            entry,
+            layout,
+            log,
+            stop_serving_when_done=True,  # the federation is over (or the worker failed)
+        )
     finally:
-        stop.set()
         ka_http.close()
         agg_http.close()
