@@ -73,8 +73,8 @@ VARIANTS: dict[str, list[str]] = {
     ],
     # third round: pseudo-label weight α and threshold λ (on top of the defaults chosen above)
     **{
-        f"alpha{a}-lambda{l}": [f"self_supervision.alpha={a}", f"self_supervision.threshold={l}"]
-        for a, l in ((0.5, 0.5), (1.0, 0.5), (0.2, 0.7), (0.5, 0.7), (1.0, 0.7))
+        f"alpha{a}-lambda{t}": [f"self_supervision.alpha={a}", f"self_supervision.threshold={t}"]
+        for a, t in ((0.5, 0.5), (1.0, 0.5), (0.2, 0.7), (0.5, 0.7), (1.0, 0.7))
     },
 }
 

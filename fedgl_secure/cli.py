@@ -12,6 +12,7 @@ import typer
 
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
+from fedgl_secure.privacy.commands import policy_app
 from fedgl_secure.services.commands import consortium_app, node_app
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ reproduce_app = typer.Typer(
 app.add_typer(reproduce_app, name="reproduce")
 app.add_typer(node_app, name="node")
 app.add_typer(consortium_app, name="consortium")
+app.add_typer(policy_app, name="policy")
 
 
 class DatasetName(str, Enum):

@@ -1,1 +1,1 @@
-"""Privacy: policy files, DP mechanisms (clipping, secure Gaussian noise, randomised response), accounting with Opacus, empirical attacks."""
+"""Privacy: policy files, DP mechanisms and accounting (Opacus), empirical attacks."""

@@ -1,16 +1,51 @@
-"""Privacy policy files (DESIGN §6, first part): HE parameters, quorum, upload kinds, timeouts.
+"""Privacy policy files (DESIGN §6): protection, HE parameters, quorum, upload kinds, timeouts, DP and budget.
 
 A policy is the consortium's contract: every party loads the same file and refuses to run
 below it. Validation happens here, at the edge, so an unsafe file fails before any key is
 generated, with a message that names the file and the field (``policies/x.toml: quorum: ...``).
+
+Schema (TOML keys; every table is optional and unknown keys are errors)::
+
+    protection = "he" | "none"     # "none": uploads in clear, for experiments only (the audit marks it red)
+    description, quorum, allowed_kinds, [he], [timeouts]
+    [dp.weights]     enabled, clip, noise_multiplier, noise = "distributed" | "central"
+    [dp.predictions] enabled, clip, noise_multiplier, noise
+    [dp.embeddings]  enabled, clip, noise_multiplier, noise
+    [dp.sgd]         enabled, max_grad_norm, noise_multiplier, local_epochs
+    [dp.edges]       mechanism = "none" | "randomized-response", epsilon
+    [dp.graph]       max_degree, neighbouring = "node" | "edge" | "features", num_layers
+    [budget]         epsilon, delta, accountant = "rdp" | "prv", rounds, on_exhausted = "stop-contributing"
+
+A file without ``[dp]`` and ``[budget]`` (``policies/baseline.toml``) means "HE only, no DP", as it
+did before these tables existed. What a valid policy guarantees, in (ε, δ) per bank, is computed by
+:func:`fedgl_secure.privacy.guarantees.effective_guarantees` (``fedgl-secure policy check FILE``).
+
+Cross-field rules, and why (each error names the field to change):
+
+* ``protection = "none"`` admits no ``[he]``, ``[dp]`` or ``[budget]``: a plaintext policy must not
+  look like it protects anything or claim a budget nobody enforces.
+* Any DP channel needs a ``[budget]``, and a ``[budget]`` needs a DP channel: noise without a
+  budget has nothing to refuse against, and a budget without noise is a claim (decided: an error,
+  not a warning — a policy is read by people who will trust what it says).
+* With a budget, every kind in ``allowed_kinds`` that carries data (weights, predictions,
+  embeddings) must have its DP channel enabled; one noiseless channel makes ε infinite.
+  ``node_weight`` (which global nodes a bank holds, times w_k) has no DP channel: the guarantee
+  treats node membership and w_k as public, and says so in its assumptions.
+* DP on predictions, embeddings or DP-SGD needs ``dp.graph.max_degree``: their sensitivity
+  depends on how many GCN rows one node moves (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
+* ``noise = "distributed"`` splits the noise over the *quorum* (the fewest banks a decrypted sum can
+  hold); ``quorum >= 2`` is already enforced for every policy, so a sum always carries at least two
+  shares.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from fedgl_secure.crypto.ckks_params import moduli_problems, scale_problems
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
@@ -87,16 +122,233 @@ class Timeouts(BaseModel):
         return self
 
 
+# --- differential privacy (DESIGN §6) ----------------------------------------------------------
+
+_FIELD_ERROR = "policy_field"
+DATA_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS)  # the kinds with a DP channel of their own
+EDGE_MECHANISMS = ("none", "randomized-response")
+ON_EXHAUSTED = ("stop-contributing",)
+MAX_DELTA = 1e-3
+
+
+def _field_error(field: str, detail: str) -> PydanticCustomError:
+    """A cross-field error for ``field`` (dotted, relative to the model that raises it); see policy_from_dict."""
+    return PydanticCustomError(_FIELD_ERROR, "{field}: {detail}", {"field": field, "detail": detail})
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GaussianChannel(_Section):
+    r"""DP on one upload kind: clip, then add :math:`\mathcal N(0, \sigma^2)`, σ = noise_multiplier × sensitivity.
+
+    ``clip`` is the L2 bound C: of the whole update W_k − W̄ for ``weights``
+    (:func:`~fedgl_secure.privacy.mechanisms.clip_vector`, sensitivity 2C), of every node row for
+    ``predictions`` and ``embeddings`` (:func:`~fedgl_secure.privacy.mechanisms.clip_rows`,
+    sensitivity 2C√K with K rows moved, see ``[dp.graph]``).
+
+    ``noise`` says who adds it:
+
+    * ``"distributed"`` — each bank adds its share N(0, σ²/q), q = quorum, to its own term before
+      encrypting (:func:`~fedgl_secure.privacy.mechanisms.gaussian_share` with ``num_banks = quorum``),
+      so only the decrypted sum, over at least q banks, carries the full σ. No party ever holds a
+      noiseless sum, not even the aggregator and key authority together. A bank that receives the
+      sum knows its own share, so against a fellow bank the noise left is σ√((q−1)/q)
+      (:func:`~fedgl_secure.privacy.mechanisms.residual_noise_std`); the guarantees account that.
+    * ``"central"`` — the key authority adds N(0, σ²) once to what it decrypts. Since the aggregator
+      masks every sum, the key authority decrypts s + r and returns s + r + n; the aggregator
+      removes r and obtains s + n. Adding n to s + r is the same as adding it to s: the key
+      authority never sees s (only its mask-hidden form), the aggregator never sees n, and every
+      bank and the aggregator face the full σ. It relies on the key authority and the aggregator
+      not colluding — together they know s exactly.
+    """
+
+    enabled: bool = True
+    clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    noise_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    noise: Literal["distributed", "central"] = "distributed"
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> GaussianChannel:
+        if self.enabled:
+            for name in ("clip", "noise_multiplier"):
+                if getattr(self, name) is None:
+                    raise _field_error(name, "required when the channel is enabled (set it, or enabled = false)")
+        return self
+
+
+class DPSGD(_Section):
+    """DP-SGD for local training through Opacus: per-node gradients clipped to ``max_grad_norm``, noise z·C.
+
+    The engine trains full-batch (one step per local epoch), so every step uses every node:
+    ``sample_rate = 1`` and no amplification by subsampling is claimed. On a GCN one node enters the
+    losses of K nodes around it, so the multiplier that holds is z / (2K − 1) (node neighbouring),
+    :func:`~fedgl_secure.privacy.mechanisms.graph_dp_sgd_noise_multiplier`; that is what is accounted.
+    ``local_epochs`` is the number of steps per round the budget assumes: a run must not train more
+    local epochs per round than this.
+    """
+
+    enabled: bool = True
+    max_grad_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    noise_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    local_epochs: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> DPSGD:
+        if self.enabled:
+            for name in ("max_grad_norm", "noise_multiplier", "local_epochs"):
+                if getattr(self, name) is None:
+                    raise _field_error(name, "required when DP-SGD is enabled (set it, or enabled = false)")
+        return self
+
+
+class EdgeDP(_Section):
+    """Edge-level DP on each bank's adjacency, applied once before round 1: ε-edge-DP, paid once.
+
+    ``"randomized-response"`` flips every node pair with probability 1/(1 + e^ε)
+    (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_edges`); everything computed from the
+    released graph afterwards is post-processing *for edges*. It protects edges only, not node
+    features, labels or membership.
+    """
+
+    mechanism: str = "none"
+    epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("mechanism")
+    @classmethod
+    def _known_mechanism(cls, value: str) -> str:
+        if value == "laplace":
+            raise ValueError(
+                "'laplace' on edges is not implemented; use 'randomized-response' (pure ε-edge-DP) or 'none'"
+            )
+        if value not in EDGE_MECHANISMS:
+            raise ValueError(f"unknown mechanism {value!r}; choose one of {list(EDGE_MECHANISMS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _epsilon_with_mechanism(self) -> EdgeDP:
+        if self.mechanism == "none" and self.epsilon is not None:
+            raise _field_error("epsilon", "set only with mechanism = 'randomized-response'; here nothing spends it")
+        if self.mechanism != "none" and self.epsilon is None:
+            raise _field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"
+
+
+class GraphBound(_Section):
+    """What the node-level sensitivities rely on (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
+
+    ``max_degree`` D must bound the degree of every graph a release propagates over — the bank's
+    graph plus the pseudo-graph edges fused in by Eq. 9 — in both neighbouring datasets; banks
+    enforce it with :func:`~fedgl_secure.privacy.mechanisms.bound_degree`, and the guarantee then
+    holds for the projected graph. ``neighbouring`` is the unit of privacy: one customer with all
+    its data and links (``"node"``), one link (``"edge"``), or one customer's features
+    (``"features"``). ``num_layers`` is the GCN's depth (the engine's GCN has 2; H from the hidden
+    layer moves fewer rows, so 2 covers it).
+    """
+
+    max_degree: int | None = Field(default=None, ge=1)
+    neighbouring: Literal["node", "edge", "features"] = "node"
+    num_layers: int = Field(default=2, ge=1)
+
+
+class DPSettings(_Section):
+    """``[dp]``: one optional table per channel; an absent table means no DP on that channel."""
+
+    weights: GaussianChannel | None = None
+    predictions: GaussianChannel | None = None
+    embeddings: GaussianChannel | None = None
+    sgd: DPSGD | None = None
+    edges: EdgeDP = EdgeDP()
+    graph: GraphBound = GraphBound()
+
+    def upload_channel(self, kind: str) -> GaussianChannel | None:
+        """The enabled DP channel of an upload kind, or None when that kind is released without noise."""
+        channel = getattr(self, kind) if kind in DATA_KINDS else None
+        return channel if channel is not None and channel.enabled else None
+
+    @property
+    def sgd_enabled(self) -> bool:
+        return self.sgd is not None and self.sgd.enabled
+
+    def enabled_channels(self) -> tuple[str, ...]:
+        """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges."""
+        names = [kind for kind in DATA_KINDS if self.upload_channel(kind) is not None]
+        if self.sgd_enabled:
+            names.append("sgd")
+        if self.edges.enabled:
+            names.append("edges")
+        return tuple(names)
+
+    @model_validator(mode="after")
+    def _degree_bound_when_needed(self) -> DPSettings:
+        needing = [name for name in self.enabled_channels() if name in (PREDICTIONS, EMBEDDINGS, "sgd")]
+        if needing and self.graph.max_degree is None:
+            raise _field_error(
+                "graph.max_degree",
+                f"required when DP is on for {needing}: their sensitivity grows with how many GCN rows one "
+                "node moves, which only a degree bound limits (see mechanisms.prediction_sensitivity)",
+            )
+        return self
+
+
+class Budget(_Section):
+    """``[budget]``: the (ε, δ) each bank may spend over a whole run, and what happens when it is spent.
+
+    ``rounds`` is the most rounds the budget is computed for (the guarantees report ε after that
+    many). Before every release a bank asks its ledger whether the release would take it above
+    ``epsilon`` (:meth:`~fedgl_secure.privacy.accounting.PrivacyLedger.would_exceed`); if so it stops
+    contributing for the rest of the run — fail closed, never silently continue.
+    """
+
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    accountant: Literal["rdp", "prv"] = "rdp"
+    rounds: int = Field(ge=1)
+    on_exhausted: str = "stop-contributing"
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_meaningful(cls, value: float) -> float:
+        if value > MAX_DELTA:
+            raise ValueError(
+                f"{value} is too large to mean anything (δ is the chance the guarantee fails outright; "
+                f"it should be well below 1 / number of customers); use at most {MAX_DELTA}"
+            )
+        return value
+
+    @field_validator("on_exhausted")
+    @classmethod
+    def _fail_closed(cls, value: str) -> str:
+        if value not in ON_EXHAUSTED:
+            raise ValueError(
+                f"{value!r} is not allowed: a bank whose budget is spent must stop contributing (fail closed), "
+                "never continue or only warn; set on_exhausted = 'stop-contributing'"
+            )
+        return value
+
+
 class Policy(BaseModel):
-    """One posture of the consortium (e.g. ``policies/baseline.toml``)."""
+    """One posture of the consortium (e.g. ``policies/baseline.toml``); the cross-field rules are in the module doc."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     description: str = ""
+    protection: Literal["he", "none"] = "he"
     he: HEParameters = HEParameters()
     quorum: int = 2
     allowed_kinds: tuple[str, ...] = KNOWN_KINDS
     timeouts: Timeouts = Timeouts()
+    dp: DPSettings = DPSettings()
+    budget: Budget | None = None
+
+    @property
+    def has_dp(self) -> bool:
+        return bool(self.dp.enabled_channels())
 
     @field_validator("quorum")
     @classmethod
@@ -123,6 +375,40 @@ class Policy(BaseModel):
             raise ValueError(f"kinds listed twice in {list(value)}")
         return value
 
+    @model_validator(mode="after")
+    def _claims_match_protection(self) -> Policy:
+        if self.protection == "none":
+            for name in ("he", "dp", "budget"):
+                if name in self.model_fields_set:
+                    raise _field_error(
+                        name,
+                        "protection = 'none' sends uploads in clear; a policy without protection must not carry "
+                        f"[{name}] settings nobody applies — remove them, or set protection = 'he'",
+                    )
+            return self
+        enabled = self.dp.enabled_channels()
+        if enabled and self.budget is None:
+            raise _field_error(
+                "budget",
+                f"required when DP is on ({list(enabled)}): a bank needs a budget to stop at; "
+                "add [budget] with epsilon and rounds",
+            )
+        if self.budget is not None and not enabled:
+            raise _field_error(
+                "budget",
+                "no DP channel is enabled, so nothing would enforce this budget; enable a [dp.*] channel "
+                "or remove [budget]",
+            )
+        if self.budget is not None:
+            for kind in DATA_KINDS:
+                if kind in self.allowed_kinds and self.dp.upload_channel(kind) is None:
+                    raise _field_error(
+                        f"dp.{kind}",
+                        f"allowed_kinds lets {kind!r} leave a bank without noise, which makes ε infinite and "
+                        f"the budget meaningless; enable [dp.{kind}] or remove {kind!r} from allowed_kinds",
+                    )
+        return self
+
 
 def _field_path(location: tuple) -> str:
     return ".".join(str(part) for part in location) or "(top level)"
@@ -133,7 +419,13 @@ def policy_from_dict(values: dict, source: str = "policy") -> Policy:
     try:
         return Policy.model_validate(values)
     except ValidationError as error:
-        lines = [f"{source}: {_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()]
+        lines = []
+        for e in error.errors():
+            location, message = e["loc"], e["msg"].removeprefix("Value error, ")
+            if e["type"] == _FIELD_ERROR:  # a cross-field rule naming a field below the model that raised it
+                location = (*location, e["ctx"]["field"])
+                message = e["ctx"]["detail"]
+            lines.append(f"{source}: {_field_path(location)}: {message}")
         raise PolicyError("\n".join(lines)) from None
 
 

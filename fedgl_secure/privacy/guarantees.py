@@ -1,0 +1,455 @@
+"""What a policy guarantees (DESIGN §6): per channel sensitivity, noise and ε; per bank (ε, δ) over a whole run.
+
+:func:`effective_guarantees` turns a validated :class:`~fedgl_secure.privacy.policy.Policy` into
+numbers a risk officer can check, with the assumptions they rest on. It only *reads* the
+library: sensitivities come from :mod:`fedgl_secure.privacy.mechanisms`, composition from
+:class:`~fedgl_secure.privacy.accounting.PrivacyLedger` (Opacus' RDP or PRV accountant). The
+releases a bank must record each round are :func:`round_releases` and, once before round 1,
+:func:`setup_releases`; the figures here are those releases composed over ``budget.rounds``, so a
+run that records the same releases spends exactly what this module predicts.
+
+Observers. Every figure is ε against the *weakest single observer* of a channel:
+
+* distributed noise — a fellow bank, who receives the decrypted sum and knows its own share, so
+  the noise it faces is σ√((q−1)/q) (q = quorum: the fewest shares a decrypted sum holds,
+  :func:`~fedgl_secure.privacy.mechanisms.residual_noise_std`). The aggregator and key authority,
+  even together, face the full σ;
+* central noise — every bank and the aggregator face the full σ; the key authority sees only the
+  masked sum. The aggregator and key authority together would see the sum without noise;
+* DP-SGD and edge DP are applied by the bank to its own data: everyone faces them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.accounting import (
+    DP_SGD,
+    EDGES,
+    EMBEDDINGS,
+    PREDICTIONS,
+    WEIGHTS,
+    GaussianRelease,
+    PrivacyLedger,
+    PureRelease,
+    Release,
+    total_epsilon,
+)
+from fedgl_secure.privacy.policy import DATA_KINDS, Policy
+
+Status = Literal["no-protection", "he-only", "dp"]
+
+# Opacus warns when the best Rényi order is its largest one: the (ε, δ) it returns is still a valid
+# upper bound, only looser than a wider range of orders would give. We report that instead of hiding it.
+_LARGEST_ALPHA_WARNING = "Optimal order is the largest alpha"
+
+_UNIT_OF_PRIVACY = {
+    "node": "one customer (node) with all its features, its label and all its links",
+    "edge": "one link (edge) between two customers",
+    "features": "the features of one customer (node), the graph fixed",
+}
+
+
+@dataclass(frozen=True)
+class ChannelGuarantee:
+    """One DP channel of one bank: what is released, with how much noise, and what it costs.
+
+    ``noise_std`` is σ in the decrypted sum (uploads), or per DP-SGD step; ``share_std`` is each
+    bank's share when noise is distributed. ``accounted_noise_multiplier`` is what the ledger
+    records: σ over the sensitivity, as faced by the weakest observer (module doc). ``epsilon_per_round``
+    and ``epsilon_total`` are this channel composed on its own, at the policy's δ; for edge DP
+    (paid once) both are its ε.
+    """
+
+    channel: str
+    mechanism: Literal["gaussian", "dp-sgd", "randomized-response"]
+    noise: Literal["distributed", "central", "local"]
+    clip: float | None
+    sensitivity: float | None
+    noise_multiplier: float | None
+    noise_std: float | None
+    share_std: float | None
+    accounted_noise_multiplier: float | None
+    steps_per_round: int
+    epsilon_per_round: float
+    epsilon_total: float
+
+
+@dataclass(frozen=True)
+class Guarantees:
+    """A policy's effective guarantees per bank (:func:`effective_guarantees`).
+
+    ``status`` is ``"no-protection"`` (uploads in clear), ``"he-only"`` (sums exact, no DP: ε is
+    unbounded) or ``"dp"``. ``epsilon`` is the total per bank over ``rounds`` rounds, composing
+    every channel; ``rounds_within_budget`` the most rounds a bank can contribute before it must
+    stop. ``released_without_dp`` lists allowed kinds that leave a bank with no DP channel.
+    """
+
+    status: Status
+    protection: str
+    quorum: int
+    allowed_kinds: tuple[str, ...]
+    released_without_dp: tuple[str, ...]
+    channels: tuple[ChannelGuarantee, ...] = ()
+    budget_epsilon: float | None = None
+    delta: float | None = None
+    accountant: str | None = None
+    rounds: int | None = None
+    epsilon: float | None = None
+    budget_met: bool | None = None
+    rounds_within_budget: int | None = None
+    on_exhausted: str | None = None
+    assumptions: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- per-channel quantities -------------------------------------------------------------------
+
+
+def _graph_args(policy: Policy) -> tuple[int, int, mechanisms.Neighbouring]:
+    graph = policy.dp.graph
+    if graph.max_degree is None:  # the policy validator makes this unreachable for enabled channels
+        raise ValueError("dp.graph.max_degree is not set")
+    return graph.max_degree, graph.num_layers, graph.neighbouring
+
+
+def upload_sensitivity(policy: Policy, kind: str) -> float:
+    """L2 sensitivity of one (unweighted) release of an upload kind under the policy's clip and degree bound."""
+    channel = policy.dp.upload_channel(kind)
+    if channel is None:
+        raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
+    if kind == WEIGHTS:
+        return mechanisms.weight_update_sensitivity(channel.clip)
+    max_degree, num_layers, neighbouring = _graph_args(policy)
+    sensitivity = mechanisms.prediction_sensitivity if kind == PREDICTIONS else mechanisms.embedding_sensitivity
+    return sensitivity(channel.clip, max_degree, num_layers, neighbouring)
+
+
+def accounted_noise_multiplier(policy: Policy, channel: str) -> float:
+    """The noise multiplier a bank records for ``channel`` (an upload kind or ``dp_sgd``), weakest observer.
+
+    Distributed uploads: z·√((q−1)/q), the noise a fellow bank faces (it knows its own share).
+    Central uploads: z. DP-SGD: z / (2K − 1) on a GCN (``graph_dp_sgd_noise_multiplier``), q = 1.
+    """
+    if channel == DP_SGD:
+        sgd = policy.dp.sgd
+        if not policy.dp.sgd_enabled:
+            raise ValueError("DP-SGD is not enabled in this policy")
+        return mechanisms.graph_dp_sgd_noise_multiplier(sgd.noise_multiplier, *_graph_args(policy))
+    settings = policy.dp.upload_channel(channel)
+    if settings is None:
+        raise ValueError(f"{channel!r} has no enabled DP channel in this policy")
+    if settings.noise == "central":
+        return float(settings.noise_multiplier)
+    sensitivity = upload_sensitivity(policy, channel)
+    sigma = mechanisms.gaussian_noise_std(settings.noise_multiplier, sensitivity)
+    return mechanisms.residual_noise_std(sigma, policy.quorum, known_shares=1) / sensitivity
+
+
+def round_releases(policy: Policy, round_number: int) -> list[GaussianRelease]:
+    """The Gaussian releases one bank records for one round in which it contributes (empty without DP).
+
+    One per enabled upload channel (q = 1, one step: a whole clipped matrix) and, with DP-SGD,
+    ``local_epochs`` full-batch steps (q = 1). A round's releases are recorded before any is made,
+    after :meth:`~fedgl_secure.privacy.accounting.PrivacyLedger.would_exceed` said they fit.
+    """
+    releases = [
+        GaussianRelease(
+            round=round_number,
+            channel=kind,
+            noise_multiplier=accounted_noise_multiplier(policy, kind),
+            sample_rate=1.0,
+        )
+        for kind in DATA_KINDS
+        if policy.dp.upload_channel(kind) is not None
+    ]
+    if policy.dp.sgd_enabled:
+        releases.append(
+            GaussianRelease(
+                round=round_number,
+                channel=DP_SGD,
+                noise_multiplier=accounted_noise_multiplier(policy, DP_SGD),
+                sample_rate=1.0,
+                steps=policy.dp.sgd.local_epochs,
+            )
+        )
+    return releases
+
+
+def setup_releases(policy: Policy) -> list[PureRelease]:
+    """Releases made once before round 1 (round 0): randomised response on the adjacency, if enabled."""
+    edges = policy.dp.edges
+    return [PureRelease(round=0, channel=EDGES, epsilon=edges.epsilon)] if edges.enabled else []
+
+
+def planned_ledger(policy: Policy, rounds: int, bank: str = "bank") -> PrivacyLedger:
+    """A bank's ledger after contributing to ``rounds`` rounds under ``policy`` (what the guarantees compose)."""
+    ledger = PrivacyLedger(bank)
+    for release in setup_releases(policy):
+        ledger.record_pure(release.channel, release.epsilon, round=release.round)
+    for round_number in range(1, rounds + 1):
+        for release in round_releases(policy, round_number):
+            ledger.record(round_number, release.channel, release.noise_multiplier, release.sample_rate, release.steps)
+    return ledger
+
+
+def _releases_for(policy: Policy, rounds: int) -> list[Release]:
+    return [*setup_releases(policy), *(r for n in range(1, rounds + 1) for r in round_releases(policy, n))]
+
+
+def _rounds_within_budget(policy: Policy) -> int:
+    """Most rounds (≤ budget.rounds) whose releases, with the set-up ones, stay within budget.epsilon."""
+    budget = policy.budget
+
+    def fits(rounds: int) -> bool:
+        return total_epsilon(_releases_for(policy, rounds), budget.delta, budget.accountant) <= budget.epsilon
+
+    if not fits(0):
+        return 0
+    low, high = 0, budget.rounds  # fits(low) holds
+    if fits(high):
+        return high
+    while high - low > 1:  # ε grows with every round: bisect
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+# --- assumptions ------------------------------------------------------------------------------
+
+
+def _assumptions(policy: Policy) -> list[str]:
+    dp, budget = policy.dp, policy.budget
+    graph = dp.graph
+    q = policy.quorum
+    lines = [
+        f"Unit of privacy: {_UNIT_OF_PRIVACY[graph.neighbouring]}. ε is per bank over {budget.rounds} rounds at "
+        f"δ = {budget.delta:g}, Gaussian releases composed with Opacus' {budget.accountant.upper()} accountant, "
+        "edge DP added by basic composition.",
+        f"Before every release a bank checks its ledger; once the next release would exceed ε = "
+        f"{budget.epsilon:g} it stops contributing for the rest of the run (on_exhausted = "
+        f"{budget.on_exhausted!r}: fail closed, never continue silently).",
+    ]
+    if any(name in dp.enabled_channels() for name in (PREDICTIONS, EMBEDDINGS, "sgd")):
+        k = mechanisms.affected_rows(*_graph_args(policy))
+        lines.append(
+            f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
+            "neighbouring datasets — the bank's graph and the pseudo-graph edges fused in by Eq. 9 (banks project "
+            "with mechanisms.bound_degree; above the bound the guarantee holds for the projected graph only). "
+            f"One change then moves at most K = {k} rows of the {graph.num_layers}-layer GCN."
+        )
+    if dp.upload_channel(PREDICTIONS) or dp.upload_channel(EMBEDDINGS):
+        lines.append(
+            "Public model for P and H: predictions and embeddings are computed with the global model W̄ received "
+            "that round (public), not with weights trained on the bank's data without DP; otherwise one node can "
+            "move every row and the sensitivity above is false."
+        )
+    if dp.upload_channel(WEIGHTS):
+        lines.append(
+            "Weights: a bank releases W̄ + clip(W_k − W̄, C) plus noise; the 2C sensitivity holds for any change of "
+            "its data, with no degree assumption."
+        )
+    if any(dp.upload_channel(kind) for kind in DATA_KINDS):
+        lines.append(
+            "Pre-weighting: uploads are multiplied by w_k (= N_k). The figures are for the unweighted release; "
+            "noise must be scaled by the largest weight in the round, w_max (public), i.e. each share has std "
+            "w_max·σ/√q (scaling each bank's share by its own w_k would leave a bank heavier than the others "
+            "protected by its own share alone, z/√q). w_k, Σ_k w_k (the last entry of weights) and node_weight "
+            "(which global nodes a bank holds) carry no noise: a bank's size and node membership are public."
+        )
+    distributed = [kind for kind in DATA_KINDS if (c := dp.upload_channel(kind)) and c.noise == "distributed"]
+    central = [kind for kind in DATA_KINDS if (c := dp.upload_channel(kind)) and c.noise == "central"]
+    if distributed:
+        lines.append(
+            f"Distributed noise on {distributed}: each bank adds N(0, σ²/{q}) to its term before encrypting "
+            f"(q = quorum = {q}, the fewest banks in a decrypted sum), so the sum carries σ. Accounted against a "
+            f"fellow bank, which knows its own share: z·√({q - 1}/{q}). The aggregator and key authority, even "
+            "colluding, face the full σ. Banks do not collude (t colluding banks leave σ√((q−t)/q))."
+        )
+    if central:
+        lines.append(
+            f"Central noise on {central}: the key authority adds N(0, σ²) to the masked sum s + r it decrypts, "
+            "which is the same as adding it to s; it never sees s in clear and the aggregator never sees the "
+            "noise. Holds only while the key authority and the aggregator do not collude."
+        )
+    if dp.sgd_enabled:
+        lines.append(
+            f"DP-SGD: full-batch, at most {dp.sgd.local_epochs} steps (local epochs) per round, per-node gradients "
+            "clipped to max_grad_norm; sample_rate = 1, no amplification by subsampling claimed (message passing "
+            "breaks its premise); the multiplier accounted is z/(2K−1) (mechanisms.graph_dp_sgd_noise_multiplier)."
+        )
+    if dp.edges.enabled:
+        lines.append(
+            f"Edge DP: randomised response on each bank's adjacency once before round 1 (ε = {dp.edges.epsilon:g}); "
+            "it protects links only — not node features, labels or membership; training on the released graph is "
+            "post-processing for links."
+        )
+    lines.append(
+        "Noise comes from the OS CSPRNG (mechanisms.secure_gaussian): floating-point Gaussians with tails cut at "
+        "≈ 8σ, a loss far below δ."
+    )
+    if policy.protection == "he":
+        lines.append(
+            "Honest-but-curious parties running the protocol as written; HE keeps each bank's upload from the "
+            "aggregator, DP bounds what the released sums reveal."
+        )
+    return lines
+
+
+# --- the summary ------------------------------------------------------------------------------
+
+
+def _upload_guarantee(policy: Policy, kind: str) -> ChannelGuarantee:
+    settings = policy.dp.upload_channel(kind)
+    sensitivity = upload_sensitivity(policy, kind)
+    sigma = mechanisms.gaussian_noise_std(settings.noise_multiplier, sensitivity)
+    share = mechanisms.noise_share_std(sigma, policy.quorum) if settings.noise == "distributed" else None
+    return ChannelGuarantee(
+        channel=kind,
+        mechanism="gaussian",
+        noise=settings.noise,
+        clip=settings.clip,
+        sensitivity=sensitivity,
+        noise_multiplier=settings.noise_multiplier,
+        noise_std=sigma,
+        share_std=share,
+        accounted_noise_multiplier=accounted_noise_multiplier(policy, kind),
+        steps_per_round=1,
+        epsilon_per_round=math.nan,  # filled in by effective_guarantees
+        epsilon_total=math.nan,
+    )
+
+
+def _sgd_guarantee(policy: Policy) -> ChannelGuarantee:
+    sgd = policy.dp.sgd
+    accounted = accounted_noise_multiplier(policy, DP_SGD)
+    return ChannelGuarantee(
+        channel=DP_SGD,
+        mechanism="dp-sgd",
+        noise="local",
+        clip=sgd.max_grad_norm,
+        sensitivity=sgd.noise_multiplier * sgd.max_grad_norm / accounted,  # (2K−1)·C: what one node moves
+        noise_multiplier=sgd.noise_multiplier,
+        noise_std=sgd.noise_multiplier * sgd.max_grad_norm,
+        share_std=None,
+        accounted_noise_multiplier=accounted,
+        steps_per_round=sgd.local_epochs,
+        epsilon_per_round=math.nan,
+        epsilon_total=math.nan,
+    )
+
+
+def _edge_guarantee(policy: Policy) -> ChannelGuarantee:
+    epsilon = float(policy.dp.edges.epsilon)
+    return ChannelGuarantee(
+        channel=EDGES,
+        mechanism="randomized-response",
+        noise="local",
+        clip=None,
+        sensitivity=None,
+        noise_multiplier=None,
+        noise_std=None,
+        share_std=None,
+        accounted_noise_multiplier=None,
+        steps_per_round=0,
+        epsilon_per_round=epsilon,
+        epsilon_total=epsilon,
+    )
+
+
+def effective_guarantees(policy: Policy) -> Guarantees:
+    """What ``policy`` guarantees each bank: per channel noise and ε, total (ε, δ) over the run, assumptions.
+
+    Pure: the same policy gives the same figures. Imports Opacus (and torch) on first use when the
+    policy has DP.
+    """
+    common = {
+        "protection": policy.protection,
+        "quorum": policy.quorum,
+        "allowed_kinds": policy.allowed_kinds,
+    }
+    if policy.protection == "none":
+        return Guarantees(
+            status="no-protection",
+            released_without_dp=policy.allowed_kinds,
+            assumptions=(
+                "No protection: every upload leaves its bank in clear and nothing bounds what it reveals. "
+                "For experiments on public data only; the audit marks this policy red.",
+            ),
+            **common,
+        )
+    if not policy.has_dp:
+        return Guarantees(
+            status="he-only",
+            released_without_dp=policy.allowed_kinds,
+            assumptions=(
+                "No differential privacy: HE keeps each bank's upload from the aggregator, but every decrypted sum "
+                "(W̄, fused predictions and embeddings, the pseudo graph built from them) is exact, so ε is "
+                "unbounded for what the sums reveal about a bank's customers.",
+                "Honest-but-curious parties; the key authority and the aggregator do not collude (together they "
+                "can decrypt every upload).",
+            ),
+            **common,
+        )
+
+    budget = policy.budget
+    channels = [_upload_guarantee(policy, kind) for kind in DATA_KINDS if policy.dp.upload_channel(kind)]
+    if policy.dp.sgd_enabled:
+        channels.append(_sgd_guarantee(policy))
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ledger = planned_ledger(policy, budget.rounds)
+        by_channel = ledger.epsilon_by_channel(budget.delta, budget.accountant)
+        total = ledger.epsilon(budget.delta, budget.accountant)
+        one_round = planned_ledger(policy, 1)
+        filled = [
+            dataclasses.replace(
+                channel,
+                epsilon_per_round=one_round.epsilon(budget.delta, budget.accountant, channel=channel.channel),
+                epsilon_total=by_channel[channel.channel],
+            )
+            for channel in channels
+        ]
+        within = _rounds_within_budget(policy)
+    loose = [w for w in caught if _LARGEST_ALPHA_WARNING in str(w.message)]
+    for other in caught:
+        if other not in loose:  # not ours to silence
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    if loose:
+        notes.append(
+            "RDP: the best Rényi order is the largest Opacus tries (63), so the ε reported is a valid upper bound "
+            "but not tight; the PRV accountant gives a lower (also valid) figure."
+        )
+    if policy.dp.edges.enabled:
+        filled.append(_edge_guarantee(policy))
+    released_without_dp = tuple(
+        kind for kind in policy.allowed_kinds if kind not in DATA_KINDS or policy.dp.upload_channel(kind) is None
+    )
+    return Guarantees(
+        status="dp",
+        released_without_dp=released_without_dp,
+        channels=tuple(filled),
+        budget_epsilon=budget.epsilon,
+        delta=budget.delta,
+        accountant=budget.accountant,
+        rounds=budget.rounds,
+        epsilon=total,
+        budget_met=total <= budget.epsilon,
+        rounds_within_budget=within,
+        on_exhausted=budget.on_exhausted,
+        assumptions=tuple(_assumptions(policy)),
+        notes=tuple(notes),
+        **common,
+    )
