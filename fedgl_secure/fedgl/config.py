@@ -98,9 +98,14 @@ class ExperimentConfig(_Section):
 
 
 def dataset_defaults(dataset: str) -> dict[str, dict[str, float]]:
-    """Paper defaults that differ per dataset (λ = 0.1 and α = 0.1 on Wiki)."""
+    """Settings that differ per dataset, chosen on that dataset's *validation* accuracy.
+
+    Wiki: α = 0.5, λ = 0.7, β = 0.1 — the best of the Wiki variants in docs/reproduction.md
+    (validation 0.723 over seeds 0-1, against 0.665 with the paper's α = λ = 0.1 and β = 0.3; the
+    paper's values stay reachable with ``--set``).
+    """
     if dataset == "wiki":
-        return {"self_supervision": {"threshold": 0.1, "alpha": 0.1}}
+        return {"self_supervision": {"alpha": 0.5, "threshold": 0.7, "beta": 0.1}}
     return {}
 
 
