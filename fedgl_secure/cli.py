@@ -12,6 +12,7 @@ import typer
 
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
+from fedgl_secure.privacy.audit_command import audit as audit_command
 from fedgl_secure.privacy.commands import policy_app
 from fedgl_secure.services.commands import consortium_app, node_app
 
@@ -29,6 +30,7 @@ app.add_typer(reproduce_app, name="reproduce")
 app.add_typer(node_app, name="node")
 app.add_typer(consortium_app, name="consortium")
 app.add_typer(policy_app, name="policy")
+app.command("audit")(audit_command)
 
 
 class DatasetName(str, Enum):
@@ -117,7 +119,15 @@ def simulate(
         bool, typer.Option(help="CKKS-encrypt every upload and decrypt only sums under the key authority's rules")
     ] = False,
     policy: Annotated[
-        Path | None, typer.Option(help="privacy policy for --secure (default: the repository's policies/baseline.toml)")
+        Path | None,
+        typer.Option(
+            help="privacy policy (default with --secure: the repository's policies/baseline.toml); without --secure "
+            "only a protection = 'none' policy is accepted"
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="write the run directory for `fedgl-secure audit` here (run.json, ledgers, receipts ...)"),
     ] = None,
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
@@ -140,11 +150,30 @@ def simulate(
         config = build_config(values)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
-        if policy is not None and not secure:
-            raise ConfigError("--policy applies to --secure runs only; add --secure")
-        summation = _secure_summation(resolve_policy_path(policy)) if secure else None
+        policy_path = resolve_policy_path(policy) if secure or policy is not None else None
+        loaded_policy = _checked_policy(policy_path, secure)
+        summation = _secure_summation(loaded_policy) if secure else None
         try:
-            result = run_experiment(config, progress=progress, summation=summation)
+            privacy = _federation_privacy(loaded_policy)
+            final: list = [None]  # only the last broadcast is kept (for model.npz)
+            result = run_experiment(
+                config,
+                progress=progress,
+                summation=summation,
+                observer=lambda broadcast: final.__setitem__(0, broadcast),
+                privacy=privacy,
+            )
+            if run_dir is not None:
+                from fedgl_secure.privacy.run_record import write_run_dir
+
+                write_run_dir(
+                    run_dir,
+                    result,
+                    final_broadcast=final[0],
+                    policy_path=policy_path,
+                    privacy=privacy,
+                    summation=summation,
+                )
         finally:
             if summation is not None:
                 summation.close()
@@ -161,9 +190,13 @@ def simulate(
         "local_test_accuracy": [round(a, 4) for a in result.local_test_accuracy],
         "wall_seconds": round(result.wall_seconds, 2),
     }
+    if result.stopped_reason is not None:
+        summary["stopped_reason"] = result.stopped_reason
+    if run_dir is not None:
+        summary["run_dir"] = str(run_dir)
     if summation is not None:
         summary["secure"] = {
-            "policy": str(resolve_policy_path(policy)),
+            "policy": str(policy_path),
             "fingerprint": summation.fingerprint,
             "wire_bytes": dict(summation.wire.bytes_by_kind),
             "bytes_per_value": round(summation.wire.bytes_per_value(), 2),
@@ -173,12 +206,46 @@ def simulate(
         output.write_text(json.dumps(result.to_dict(), indent=1))
 
 
-def _secure_summation(policy_path: Path):
-    """The CKKS summation for ``simulate --secure`` under the policy file at ``policy_path``."""
-    from fedgl_secure.crypto.secure_summation import SecureSummation
+def _checked_policy(policy_path: Path | None, secure: bool):
+    """The policy of a ``simulate`` run, refused when it does not match ``--secure``."""
+    if policy_path is None:
+        return None
+    from fedgl_secure.errors import PolicyError
     from fedgl_secure.privacy.policy import load_policy
 
-    return SecureSummation(load_policy(policy_path))
+    try:
+        loaded = load_policy(policy_path)
+    except PolicyError as error:
+        if secure:
+            raise
+        raise PolicyError(f"{error}\n(--policy without --secure accepts only a protection = 'none' policy)") from None
+    if secure and loaded.protection == "none":
+        raise ConfigError(
+            f"--policy {policy_path}: protection = 'none' sends uploads in clear, which --secure would contradict; "
+            "drop --secure for a plaintext experiment, or use a policy with protection = 'he'"
+        )
+    if not secure and loaded.protection != "none":
+        raise ConfigError(
+            f"--policy {policy_path}: protection = {loaded.protection!r} needs --secure (encrypted uploads); add "
+            "--secure, or use a protection = 'none' policy for a plaintext experiment"
+        )
+    return loaded
+
+
+def _federation_privacy(policy):
+    """The banks' DP step for a run under ``policy`` (None without a policy)."""
+    if policy is None:
+        return None
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
+
+    return FederationPrivacy(policy)
+
+
+def _secure_summation(policy):
+    """The CKKS summation for ``simulate --secure`` under ``policy``."""
+    from fedgl_secure.crypto.secure_summation import SecureSummation
+
+    return SecureSummation(policy)
 
 
 @reproduce_app.command("table2")

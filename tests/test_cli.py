@@ -79,6 +79,34 @@ def test_bad_flags_exit_nonzero_and_name_the_problem(args, fragment):
     assert fragment in result.output
 
 
+POLICIES = Path(__file__).resolve().parents[1] / "policies"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--secure", "--policy", str(POLICIES / "research-plaintext.toml")], "protection = 'none'"),
+        (["--policy", str(POLICIES / "strict-dp.toml")], "needs --secure"),
+        (["--secure", "--policy", str(POLICIES / "strict-dp.toml"), "--method", "fedgl"], "max_degree"),
+    ],
+)
+def test_simulate_refuses_a_policy_it_cannot_honour(args, fragment, tmp_path):
+    result = _invoke("simulate", "--rounds", "1", "--no-progress", "--device", "cpu", *args)
+    assert result.exit_code == 2
+    assert fragment in result.output
+
+
+def test_simulate_plaintext_policy_writes_a_run_directory(tmp_path):
+    from fedgl_secure.privacy.run_record import load_run_dir
+
+    args = ["--policy", str(POLICIES / "research-plaintext.toml"), "--run-dir", str(tmp_path / "run")]
+    result = _invoke("simulate", "--rounds", "1", "--no-progress", "--device", "cpu", *args)
+    assert result.exit_code == 0, result.output
+    loaded = load_run_dir(tmp_path / "run")
+    assert not loaded.secure and loaded.policy_text is not None and len(loaded.ledgers) == 6
+    assert all(not ledger.releases for ledger in loaded.ledgers.values())  # no DP: nothing recorded, nothing spent
+
+
 def test_missing_data_root_names_the_flag_and_variable(monkeypatch):
     monkeypatch.delenv("FEDGL_DATA", raising=False)
     result = _invoke("simulate", "--dataset", "cora")

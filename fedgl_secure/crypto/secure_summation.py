@@ -18,7 +18,7 @@ import secrets
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
+from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, make_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
@@ -82,6 +83,12 @@ class SecureSummation:
     directory, removed with this object, when not given). Bank keys are generated on a client's
     first contribution (or by :meth:`enrol`) and enrolled with the key authority, as provisioning
     would. ``seconds`` splits the time spent between the parties.
+
+    For the audit: ``accepted_receipts`` keeps every receipt of every sum the key authority
+    decrypted, and :meth:`bank_public_keys` the banks' receipt-signing keys. ``central_noise``, when
+    set, is called as ``central_noise(kind, shape)`` after each sum is unmasked and its result (or
+    None) is added — the key authority's central DP noise (:mod:`fedgl_secure.privacy.dp_round`);
+    adding it to the masked sum s + r, as the key authority would, gives the same s + n.
     """
 
     def __init__(
@@ -103,6 +110,8 @@ class SecureSummation:
         self._banks: dict[int, _Bank] = {}
         self.wire = WireStats()
         self.seconds = PhaseTimes()
+        self.accepted_receipts: list[Receipt] = []
+        self.central_noise: Callable[[str, tuple[int, ...]], np.ndarray | None] | None = None
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
     def close(self) -> None:
@@ -121,6 +130,13 @@ class SecureSummation:
         """Generate and register the signing keys of these clients now (provisioning, not a round's work)."""
         for client_id in client_ids:
             self._bank(client_id)
+
+    def bank_public_keys(self) -> dict[str, str]:
+        """Each enrolled bank's name → its Ed25519 receipt-signing public key (32 raw bytes, hex)."""
+        return {
+            bank.name: public_key_bytes(bank.signing_key.public_key()).hex()
+            for bank in sorted(self._banks.values(), key=lambda b: b.name)
+        }
 
     def _check_kinds(self, contributions: Mapping[int, Mapping[str, torch.Tensor]]) -> dict[str, torch.Size]:
         """The common kinds and shapes of the round; refuses kinds the policy keeps inside banks."""
@@ -172,6 +188,11 @@ class SecureSummation:
                 uploads[0].length,
             )
             values = unmask(masked_values, mask)  # the key authority saw s + r only
+            self.accepted_receipts.extend(upload.receipt for upload in uploads)
+            if self.central_noise is not None:
+                noise = self.central_noise(kind, values.shape)
+                if noise is not None:
+                    values = values + noise
             self.seconds.encrypt += encrypted - started
             self.seconds.aggregate += aggregated - encrypted
             self.seconds.decrypt += time.perf_counter() - aggregated

@@ -6,9 +6,11 @@ parameter, so a secure backend can replace the plaintext sum without touching an
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,16 +19,22 @@ from tqdm.auto import tqdm
 from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.sampling import make_clients, select_participants
-from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, evaluate_model, ratio
+from fedgl_secure.fedgl.fusion import scatter_to_global
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
-from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.methods import EMBEDDINGS, PREDICTIONS, Broadcast, build_method
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
 from fedgl_secure.log import get_logger
+from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
-from fedgl_secure.seeding import torch_stream
+from fedgl_secure.seeding import numpy_stream, torch_stream
+
+if TYPE_CHECKING:
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,6 +96,7 @@ class RunResult:
     num_global_nodes: int
     history: list[RoundRecord] = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    stopped_reason: str | None = None  # set when a run ends early for privacy (too few banks within budget)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,11 +131,15 @@ def run_experiment(
     progress: bool = True,
     summation: Summation | None = None,
     observer: Callable[[Broadcast], None] | None = None,
+    privacy: FederationPrivacy | None = None,
 ) -> RunResult:
     """Run one simulated experiment (any of the six methods) and return its record.
 
     ``observer`` sees every federated round's broadcast (W̄, pseudo labels, pseudo graph) — how
-    a consortium run is compared with the simulation, weight for weight.
+    a consortium run is compared with the simulation, weight for weight. ``privacy`` (federated
+    methods only) passes every bank's contribution through its DP step
+    (:mod:`fedgl_secure.privacy.dp_round`); banks whose budget is spent drop out, and the run stops
+    with ``stopped_reason`` once fewer than the policy's quorum remain.
     """
     started = time.perf_counter()
     device = resolve_device(config.device)
@@ -138,12 +151,16 @@ def run_experiment(
     federation = Federation.build(dataset, config, device)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
+    if privacy is not None and config.method in ("centralized", "local"):
+        raise ConfigError(
+            f"method {config.method!r} is a baseline that releases nothing; a privacy policy does not apply"
+        )
     if config.method == "centralized":
         result = _run_centralized(config, federation, progress)
     elif config.method == "local":
         result = _run_local(config, federation, progress)
     else:
-        result = _run_federated(config, federation, progress, summation or PlaintextSummation(), observer)
+        result = _run_federated(config, federation, progress, summation or PlaintextSummation(), observer, privacy)
     result.wall_seconds = time.perf_counter() - started
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
@@ -182,12 +199,15 @@ def _run_federated(
     progress: bool,
     summation: Summation,
     observer: Callable[[Broadcast], None] | None = None,
+    privacy: FederationPrivacy | None = None,
 ) -> RunResult:
     method = build_method(config)
     merged = federation.merged
-    trainers = [
-        LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(federation.client_graphs)
-    ]
+    client_graphs = federation.client_graphs
+    if privacy is not None:
+        client_graphs = _private_client_graphs(config, federation, privacy)
+        summation = privacy.with_central_noise(summation)
+    trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
     evaluator = GCN(merged.features.shape[1], config.training.hidden, merged.num_classes).to(merged.device)
     broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
@@ -197,6 +217,18 @@ def _run_federated(
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
         contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
+        if privacy is not None:
+            contributions = _protect(privacy, method, trainers, broadcast, round_number, contributions)
+            if len(contributions) < privacy.policy.quorum:
+                result.stopped_reason = (
+                    f"round {round_number}: only {len(contributions)} of {len(participants)} banks could contribute "
+                    f"within their privacy budget, fewer than the quorum {privacy.policy.quorum}"
+                )
+                get_logger(dataset=config.dataset, method=config.method).warning(
+                    "run.stopped", reason=result.stopped_reason
+                )
+                break
+            participants = sorted(contributions)
         broadcast = method.server_update(summation(round_number, contributions), round_number)
         if observer is not None:
             observer(broadcast)
@@ -227,6 +259,62 @@ def _run_federated(
         if stopper.should_stop(round_number):
             break
     return result
+
+
+def _private_client_graphs(
+    config: ExperimentConfig, federation: Federation, privacy: FederationPrivacy
+) -> list[GraphTensors]:
+    """Each bank's graph after its one-off DP preparation (edge DP, degree bound); checks the method first."""
+    from fedgl_secure.crypto.secure_summation import bank_name
+    from fedgl_secure.privacy.dp_round import check_method
+
+    check_method(privacy.policy, config.method, config.effective_alpha_beta()[1])
+    graphs = federation.client_graphs
+    adjacencies = privacy.setup(
+        [bank_name(k) for k in range(len(graphs))],
+        [client_weight(graph.num_nodes) for graph in graphs],
+        [client.adjacency() for client in federation.clients],
+        [numpy_stream(config.seed, "privacy", "degree", k) for k in range(len(graphs))],
+    )
+    if not privacy.active:
+        return graphs
+    return [
+        dataclasses.replace(graph, base_adjacency=gcn_normalize(adjacency))
+        for graph, adjacency in zip(graphs, adjacencies, strict=True)
+    ]
+
+
+def _protect(
+    privacy: FederationPrivacy,
+    method,
+    trainers: list[LocalTrainer],
+    broadcast: Broadcast,
+    round_number: int,
+    contributions: dict[int, dict[str, torch.Tensor]],
+) -> dict[int, dict[str, torch.Tensor]]:
+    """Every contribution through its bank's DP step; banks that refuse (budget spent) are left out."""
+    from fedgl_secure.privacy.dp_round import public_model_outputs
+
+    protected = {}
+    for k, contribution in contributions.items():
+        trainer = trainers[k]
+        weight = client_weight(trainer.num_nodes)
+        if privacy.active and (PREDICTIONS in contribution or EMBEDDINGS in contribution):
+            # P_k and H_k with the public W̄ (their sensitivity assumes it); β = 0 was checked at set-up
+            output = public_model_outputs(trainer, broadcast.weights, trainer.graph.adjacency(None, 0.0, False))
+            positions = torch.as_tensor(trainer.graph.positions)
+            m = trainer.graph.num_global_nodes
+            contribution = dict(contribution)
+            if PREDICTIONS in contribution:
+                probabilities = torch.softmax(output.logits, 1).cpu()
+                contribution[PREDICTIONS] = scatter_to_global(weight * probabilities, positions, m)
+            if EMBEDDINGS in contribution:
+                embedding = output.logits if method.ssl.embedding == "output" else output.hidden
+                contribution[EMBEDDINGS] = scatter_to_global(weight * embedding.cpu(), positions, m)
+        released = privacy.protect(k, round_number, contribution, broadcast.weights, weight)
+        if released is not None:
+            protected[k] = released
+    return protected
 
 
 def _run_centralized(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:

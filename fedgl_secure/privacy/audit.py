@@ -1,0 +1,892 @@
+"""The privacy audit of a finished run (DESIGN §6): checks a run directory against its policy.
+
+:func:`audit_run` reads a run directory and returns an :class:`AuditReport`: sections of checks,
+each ``green`` (conforms), ``amber`` (conforms, but a risk officer should know: no DP, a budget
+almost spent, an attack not run) or ``red`` (a violation or evidence that does not verify). Rendering
+(Markdown, HTML, JSON, plots) is :mod:`fedgl_secure.privacy.report`; the command is
+:mod:`fedgl_secure.privacy.audit_command`.
+
+Sections, in report order:
+
+1. ``policy`` — protection, HE security level, quorum, the policy's effective guarantees, and
+   whether the key authority's keys were made for the policy's HE parameters.
+2. ``privacy`` — ε spent per bank and channel (:class:`~fedgl_secure.privacy.accounting.PrivacyLedger`),
+   against the budget: red above it, amber within :data:`BUDGET_WARNING_FRACTION` of it.
+3. ``decryptions`` — the key authority's decryption ledger: each (round, kind) at most once, at
+   least the quorum of distinct registered senders, only allowed kinds, every decryption backed by
+   an ``allowed`` audit record and by a signed receipt of each sender.
+4. ``audit-log`` — the hash chain of ``audit.jsonl`` up to the recorded head; a broken link is
+   named by its line number and what is wrong with it.
+5. ``receipts`` — every upload receipt verifies under its bank's key, and ``banks.json`` holds the
+   keys the key authority registered.
+6. ``leakage`` — the leakage ledger (what crosses which boundary), from docs/threat-model.md §3.
+7. ``attacks`` — membership inference on the final global model and link inference from the
+   pseudo graph (:mod:`fedgl_secure.privacy.attacks`); amber "not run" when the data is missing.
+
+Run directory layout (written by the simulation and the consortium)::
+
+    run.json  policy.toml  model.npz  privacy/<bank>.ledger.json
+    key-authority/{ledger.sqlite3, audit.jsonl, audit_head}  receipts.jsonl  banks.json   # HE runs
+
+The directory is only read: the SQLite ledger is copied to a temporary directory before it is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedgl_secure.errors import ConfigError, FedGLError
+
+Status = Literal["green", "amber", "red"]
+GREEN: Status = "green"
+AMBER: Status = "amber"
+RED: Status = "red"
+_RANK = {GREEN: 0, AMBER: 1, RED: 2}
+
+# ε spent at or above this fraction of the budget is amber ("almost spent").
+BUDGET_WARNING_FRACTION = 0.9
+# Attack AUCs: at or below GREEN is "no better than guessing" within sampling error; above RED is
+# a clear leak. Link inference is never red: real edges are homophilous, so a pseudo graph built
+# from (even DP-noised) similarity ranks some edges above chance without any private edge leaking.
+MEMBERSHIP_AUC_GREEN = 0.55
+MEMBERSHIP_AUC_RED = 0.65
+LINK_AUC_GREEN = 0.55
+
+RUN_FILE = "run.json"
+POLICY_FILE = "policy.toml"
+MODEL_FILE = "model.npz"
+PRIVACY_DIR = "privacy"
+LEDGER_SUFFIX = ".ledger.json"
+KEY_AUTHORITY_DIR = "key-authority"
+KA_LEDGER = "ledger.sqlite3"
+KA_AUDIT = "audit.jsonl"
+KA_AUDIT_HEAD = "audit_head"
+RECEIPTS_FILE = "receipts.jsonl"
+BANKS_FILE = "banks.json"
+
+
+class RunDirError(ConfigError):
+    """The run directory is missing, or lacks a file the audit needs; the message names the file."""
+
+
+# --- the report model --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: ``name`` (short, stable), ``status`` and a sentence a risk officer can act on."""
+
+    name: str
+    status: Status
+    detail: str
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A line plot: ``series`` maps a label to ``[(x, y), ...]``; ``limit`` draws a dashed horizontal line."""
+
+    title: str
+    x_label: str
+    y_label: str
+    series: dict[str, list[tuple[float, float]]]
+    limit: float | None = None
+    limit_label: str = ""
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    checks: list[Check] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, name: str, status: Status, detail: str) -> Check:
+        check = Check(name, status, detail)
+        self.checks.append(check)
+        return check
+
+    @property
+    def status(self) -> Status:
+        return worst(c.status for c in self.checks)
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """The most severe status (green for none)."""
+    return max(statuses, key=_RANK.__getitem__, default=GREEN)
+
+
+@dataclass
+class AuditReport:
+    """Everything the audit found; ``status`` is the worst check's."""
+
+    run_dir: str
+    policy_source: str
+    run: dict[str, Any]
+    sections: list[Section]
+    generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def status(self) -> Status:
+        return worst(s.status for s in self.sections)
+
+    def checks(self) -> list[tuple[str, Check]]:
+        """Every check with its section key, in report order."""
+        return [(s.key, c) for s in self.sections for c in s.checks]
+
+    def with_status(self, status: Status) -> list[str]:
+        """``"section/check: detail"`` for every check of ``status``."""
+        return [f"{key}/{c.name}: {c.detail}" for key, c in self.checks() if c.status == status]
+
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when nothing is red (amber too with ``strict``), else 1."""
+        return 1 if _RANK[self.status] >= _RANK[AMBER if strict else RED] else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        document = asdict(self)
+        document["status"] = self.status
+        for section, data in zip(self.sections, document["sections"], strict=True):
+            data["status"] = section.status
+        return _json_safe(document)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and ±inf become None or strings so the JSON is strict (risk tools choke on NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value
+
+
+# --- reading the run directory (through run_record.load_run_dir) ----------------------------------
+
+
+@dataclass
+class RunFiles:
+    """What the audit reads from a run directory (see the module doc for the layout)."""
+
+    root: Path
+    run: dict[str, Any]  # the RunResult dict (dataset, method, config, ...)
+    policy: Any  # fedgl_secure.privacy.policy.Policy
+    policy_source: str
+    model: dict[str, np.ndarray]
+    ledgers: dict[str, Any]  # bank -> PrivacyLedger
+    banks: list[str]  # the banks of the run (run.json)
+    secure: bool  # run.json: the run encrypted its uploads (CKKS, key authority)
+    key_authority: Path | None = None  # the key-authority directory of a secure run
+    audit_head: str | None = None
+    receipts: Path | None = None
+    bank_keys: dict[str, str] | None = None  # bank -> Ed25519 public key (hex)
+
+
+def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> RunFiles:
+    """Read a run directory with :func:`~fedgl_secure.privacy.run_record.load_run_dir`.
+
+    Raises :class:`RunDirError` naming the first missing or corrupt file. ``policy_path`` audits
+    against another policy than the run's own ``policy.toml`` copy; a run that recorded no policy
+    (a plaintext simulation) is audited as ``protection = "none"``.
+    """
+    from fedgl_secure.privacy.policy import Policy, load_policy
+    from fedgl_secure.privacy.run_record import RunDirectoryError, load_run_dir
+
+    try:
+        loaded = load_run_dir(run_dir)
+    except RunDirectoryError as error:
+        raise RunDirError(str(error)) from None
+    root = Path(run_dir)
+    if policy_path is not None:
+        policy, source = load_policy(policy_path), str(policy_path)
+    elif loaded.policy_text is not None:
+        policy, source = load_policy(root / POLICY_FILE), str(root / POLICY_FILE)
+    else:
+        policy = Policy(protection="none", description="no policy recorded: audited as no protection")
+        source = "(none recorded)"
+    result = loaded.run.get("result")
+    return RunFiles(
+        root=root,
+        run=result if isinstance(result, dict) else {},
+        policy=policy,
+        policy_source=source,
+        model=loaded.model,
+        ledgers=dict(loaded.ledgers),
+        banks=list(loaded.run.get("banks", [])),
+        secure=loaded.secure,
+        key_authority=loaded.key_authority_dir,
+        audit_head=loaded.audit_head,
+        receipts=root / RECEIPTS_FILE if loaded.secure else None,
+        bank_keys=dict(loaded.bank_keys) if loaded.secure else None,
+    )
+
+
+# --- 1. policy conformance -----------------------------------------------------------------------
+
+
+def check_policy(files: RunFiles) -> tuple[Section, Any]:
+    """Protection, HE security, quorum and the effective guarantees; returns the guarantees too."""
+    from fedgl_secure.crypto.he_security import max_total_bits, security_check
+    from fedgl_secure.privacy.guarantees import effective_guarantees
+
+    policy = files.policy
+    section = Section("policy", "Policy conformance")
+    if policy.description:
+        section.notes.append(f"Policy: {policy.description}")
+    if policy.protection == "none":
+        section.add(
+            "protection",
+            RED,
+            'protection = "none" (research-plaintext): every upload left its bank in clear, no encryption, '
+            "no DP; only acceptable for experiments on public data",
+        )
+    else:
+        if files.secure:
+            section.add("protection", GREEN, "protection = 'he': uploads CKKS-encrypted, only sums decrypted")
+        else:
+            section.add(
+                "protection",
+                RED,
+                "the policy requires HE (protection = 'he') but run.json says the run was not secure: "
+                "uploads were summed in clear",
+            )
+        he = policy.he
+        bits = sum(he.coeff_mod_bit_sizes)
+        try:
+            security_check(he.poly_modulus_degree, he.coeff_mod_bit_sizes)
+            section.add(
+                "he-security",
+                GREEN,
+                f"CKKS N={he.poly_modulus_degree}, modulus {bits} bits ≤ {max_total_bits(he.poly_modulus_degree)} "
+                "(≥ 128-bit, HomomorphicEncryption.org standard)",
+            )
+        except ValueError as error:
+            section.add("he-security", RED, f"below 128-bit security: {error}")
+        if files.key_authority is not None:
+            section.checks.append(_key_parameters_check(files, he))
+    quorum = policy.quorum
+    section.add(
+        "quorum",
+        GREEN if quorum >= 2 else RED,
+        f"quorum = {quorum}: every decrypted sum must hold at least {max(2, quorum)} banks"
+        if quorum >= 2
+        else f"quorum = {quorum} < 2: a 'sum' over one bank is that bank's upload in clear",
+    )
+    section.add("allowed-kinds", GREEN, f"kinds that may leave a bank: {', '.join(policy.allowed_kinds)}")
+
+    guarantees = None
+    try:
+        guarantees = effective_guarantees(policy)
+    except (FedGLError, ValueError) as error:
+        section.add("guarantees", RED, f"cannot compute the policy's guarantees: {error}")
+        return section, None
+    if guarantees.status == "no-protection":
+        pass  # already red above
+    elif guarantees.status == "he-only":
+        section.add(
+            "guarantees",
+            AMBER,
+            "HE only, no differential privacy: decrypted sums (W̄, fused predictions, pseudo graph) are exact, "
+            "so ε is unbounded for what they reveal about customers",
+        )
+    elif guarantees.budget_met:
+        section.add(
+            "guarantees",
+            GREEN,
+            f"planned ε = {guarantees.epsilon:.3g} at δ = {guarantees.delta:g} over {guarantees.rounds} rounds "
+            f"≤ budget {guarantees.budget_epsilon:g} ({guarantees.accountant.upper()})",
+        )
+    else:
+        section.add(
+            "guarantees",
+            AMBER,
+            f"the budget ε = {guarantees.budget_epsilon:g} covers {guarantees.rounds_within_budget} of the policy's "
+            f"{guarantees.rounds} rounds: banks stop contributing early (fail closed)",
+        )
+    if guarantees.channels:
+        section.tables.append(
+            Table(
+                "Planned per-channel guarantees (each channel alone)",
+                ("channel", "noise", "clip", "sensitivity", "z", "σ", "z accounted", "ε/round", "ε total"),
+                tuple(
+                    (
+                        c.channel,
+                        c.noise,
+                        c.clip,
+                        c.sensitivity,
+                        c.noise_multiplier,
+                        c.noise_std,
+                        c.accounted_noise_multiplier,
+                        c.epsilon_per_round,
+                        c.epsilon_total,
+                    )
+                    for c in guarantees.channels
+                ),
+            )
+        )
+    section.notes.extend(f"Assumption: {a}" for a in guarantees.assumptions)
+    section.notes.extend(guarantees.notes)
+    return section, guarantees
+
+
+def _key_parameters_check(files: RunFiles, he) -> Check:
+    """The key authority records the HE parameters its key pair was made for; they must be the policy's."""
+    from fedgl_secure.crypto.key_authority import HE_PARAMETERS
+
+    try:
+        with _open_ledger_copy(files.key_authority / KA_LEDGER) as connection:
+            row = connection.execute("SELECT value FROM meta WHERE key = ?", (HE_PARAMETERS,)).fetchone()
+    except sqlite3.Error as error:
+        return Check("key-parameters", RED, f"{KA_LEDGER}: unreadable ({error})")
+    if row is None:
+        return Check("key-parameters", AMBER, "the key authority recorded no HE parameters")
+    if json.loads(row[0]) != he.model_dump(mode="json"):
+        return Check("key-parameters", RED, f"the key pair was made for HE parameters {row[0]}, not the policy's {he}")
+    return Check("key-parameters", GREEN, "the key authority's key pair was made for the policy's HE parameters")
+
+
+# --- 2. ε spent ----------------------------------------------------------------------------------
+
+
+def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Section:
+    """ε spent per bank and channel against the budget, with a plot over rounds per bank."""
+    policy = files.policy
+    section = Section("privacy", "Privacy spent (ε per bank and channel)")
+    budget = policy.budget
+    delta = budget.delta if budget is not None else 1e-5
+    accountant = budget.accountant if budget is not None else "rdp"
+    ledgers = files.ledgers
+    if not policy.has_dp:
+        spent = {bank: ledger.epsilon(delta, accountant) for bank, ledger in ledgers.items() if ledger.releases}
+        section.add(
+            "budget",
+            AMBER,
+            "the policy has no DP and no budget: nothing bounds what decrypted sums reveal (ε unbounded)"
+            + (f"; ledgers nevertheless record ε {spent}" if spent else ""),
+        )
+        return section
+    missing = sorted(set(expected_banks) - set(ledgers))
+    for bank in missing:
+        section.add(
+            f"ledger:{bank}", RED, f"no privacy ledger for bank {bank!r} (expected {PRIVACY_DIR}/{bank}{LEDGER_SUFFIX})"
+        )
+    if not ledgers:
+        section.add("ledgers", RED, f"the policy has DP but the run recorded no ledger under {PRIVACY_DIR}/")
+        return section
+    rows = []
+    for bank, ledger in sorted(ledgers.items()):
+        total = ledger.epsilon(delta, accountant)
+        by_channel = ledger.epsilon_by_channel(delta, accountant)
+        fraction = total / budget.epsilon
+        where = f"bank {bank}: ε = {total:.4g} of budget {budget.epsilon:g} at δ = {delta:g} ({accountant.upper()})"
+        if not total <= budget.epsilon:  # NaN fails closed
+            section.add(f"budget:{bank}", RED, f"{where}: BUDGET EXCEEDED")
+        elif fraction >= BUDGET_WARNING_FRACTION:
+            section.add(f"budget:{bank}", AMBER, f"{where}: within {1 - BUDGET_WARNING_FRACTION:.0%} of the budget")
+        else:
+            section.add(f"budget:{bank}", GREEN, f"{where} ({fraction:.0%} spent)")
+        used = [c for c in ledger.channels if any(r.channel == c for r in ledger.releases)]
+        rows.append((bank, total, budget.epsilon, *(by_channel[c] for c in policy_channels(ledgers))))
+        history = ledger.history(delta, accountant)
+        series = {"total": [(p.round, p.epsilon) for p in history]}
+        for channel in used:
+            series[channel] = [(p.round, p.by_channel[channel]) for p in history]
+        section.plots.append(
+            Plot(f"ε spent by {bank} over rounds", "round", f"ε at δ = {delta:g}", series, budget.epsilon, "budget")
+        )
+    section.tables.insert(
+        0, Table("ε spent per bank", ("bank", "ε total", "budget", *policy_channels(ledgers)), tuple(rows))
+    )
+    section.notes.append(
+        "Per-channel ε is each channel composed on its own; composed together they are sub-additive, "
+        "so the channels do not add up to the total."
+    )
+    return section
+
+
+def policy_channels(ledgers: dict) -> tuple[str, ...]:
+    """Channels with at least one release in any ledger, in canonical order."""
+    from fedgl_secure.privacy.accounting import CHANNELS
+
+    seen = {r.channel for ledger in ledgers.values() for r in ledger.releases}
+    return tuple(c for c in CHANNELS if c in seen) + tuple(sorted(seen - set(CHANNELS)))
+
+
+# --- 3. the decryption ledger ----------------------------------------------------------------------
+
+
+class _LedgerCopy:
+    """Context manager: a read-only connection to a private copy of a SQLite file (and its WAL)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._tmp = tempfile.TemporaryDirectory(prefix="fedgl-audit-")
+        target = Path(self._tmp.name) / self.path.name
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                shutil.copyfile(source, target.with_name(target.name + suffix))
+        self._connection = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+        return self._connection
+
+    def __exit__(self, *exc) -> None:
+        self._connection.close()
+        self._tmp.cleanup()
+
+
+def _open_ledger_copy(path: Path) -> _LedgerCopy:
+    return _LedgerCopy(path)
+
+
+@dataclass(frozen=True)
+class Decryption:
+    federation: str
+    round: int
+    kind: str
+    nonce: str
+    senders: tuple[str, ...]
+    decrypted_at: str
+
+
+def read_decryptions(path: Path) -> tuple[list[Decryption], dict[str, bytes], dict[str, str]]:
+    """Decryptions (in insertion order), registered bank keys and meta of a key authority's ledger."""
+    with _open_ledger_copy(path) as connection:
+        decryptions = [
+            Decryption(f, int(r), k, n, tuple(json.loads(s)), t)
+            for f, r, k, n, s, t in connection.execute(
+                "SELECT federation, round, kind, nonce, senders, decrypted_at FROM decryptions ORDER BY rowid"
+            )
+        ]
+        banks = {name: bytes(key) for name, key in connection.execute("SELECT name, public_key FROM banks")}
+        meta = dict(connection.execute("SELECT key, value FROM meta"))
+    return decryptions, banks, meta
+
+
+def check_decryptions(
+    files: RunFiles, audit_records: list[dict] | None, receipts: list[Any]
+) -> tuple[Section, list[Decryption]]:
+    """Every decryption once per (round, kind), ≥ quorum distinct registered senders, backed by audit and receipts.
+
+    ``audit_records`` is None when the audit chain is broken: the cross-check is then not made (amber),
+    the chain check itself being red.
+    """
+    section = Section("decryptions", "Key authority decryption ledger")
+    path = files.key_authority / KA_LEDGER
+    try:
+        decryptions, registered, _ = read_decryptions(path)
+    except (sqlite3.Error, ValueError) as error:
+        section.add("ledger", RED, f"{path}: unreadable decryption ledger ({error})")
+        return section, []
+    quorum = max(2, files.policy.quorum)
+    section.tables.append(
+        Table(
+            "Decryptions",
+            ("round", "kind", "senders", "decrypted at"),
+            tuple((d.round, d.kind, ", ".join(d.senders), d.decrypted_at) for d in decryptions),
+        )
+    )
+    if not decryptions:
+        section.add("decryptions", AMBER, "the key authority decrypted nothing (did the run train?)")
+        return section, decryptions
+    section.add("decryptions", GREEN, f"{len(decryptions)} decryptions recorded")
+
+    repeated = [key for key, n in Counter((d.federation, d.round, d.kind) for d in decryptions).items() if n > 1]
+    section.add(
+        "once-per-round-kind",
+        RED if repeated else GREEN,
+        "decrypted more than once: " + ", ".join(f"round {r} {k!r} ({f})" for f, r, k in repeated)
+        if repeated
+        else "no (round, kind) was decrypted twice (no differencing)",
+    )
+    short = [d for d in decryptions if len(set(d.senders)) < quorum or len(set(d.senders)) != len(d.senders)]
+    section.add(
+        "quorum",
+        RED if short else GREEN,
+        "below the quorum of distinct senders: "
+        + "; ".join(f"round {d.round} {d.kind!r}: {list(d.senders)}" for d in short)
+        if short
+        else f"every decryption had ≥ {quorum} distinct senders",
+    )
+    kinds = [d for d in decryptions if d.kind not in files.policy.allowed_kinds]
+    section.add(
+        "kinds",
+        RED if kinds else GREEN,
+        "kinds the policy does not allow were decrypted: " + ", ".join(sorted({d.kind for d in kinds}))
+        if kinds
+        else "only kinds the policy allows were decrypted",
+    )
+    unknown = sorted({s for d in decryptions for s in d.senders} - set(registered))
+    section.add(
+        "senders-registered",
+        RED if unknown else GREEN,
+        f"senders not registered with the key authority: {unknown}" if unknown else "every sender is a registered bank",
+    )
+    # Every decryption must appear in the audit log as allowed, with the same senders, and vice versa.
+    if audit_records is None:
+        section.add("matches-audit-log", AMBER, "not checked: the audit log's chain is broken (see audit-log)")
+    else:
+        audited = Counter(
+            (r.get("federation"), r.get("round"), r.get("kind"), tuple(r.get("senders", ())))
+            for r in audit_records
+            if r.get("event") == "decrypt" and r.get("decision") == "allowed"
+        )
+        recorded = Counter((d.federation, d.round, d.kind, tuple(d.senders)) for d in decryptions)
+        problems = [
+            f"round {r} {k!r} decrypted but not in the audit log as allowed" for _, r, k, _ in recorded - audited
+        ]
+        problems += [
+            f"round {r} {k!r} in the audit log as allowed but not in the ledger" for _, r, k, _ in audited - recorded
+        ]
+        section.add(
+            "matches-audit-log",
+            RED if problems else GREEN,
+            "; ".join(problems) if problems else "ledger and audit log agree on every decryption and its senders",
+        )
+    # Each sender of each decryption must have signed a receipt bound to that round, nonce and kind.
+    signed = {(r.federation, r.round, r.nonce, r.kind, r.sender) for r in receipts}
+    missing = [
+        f"round {d.round} {d.kind!r} from {s!r}"
+        for d in decryptions
+        for s in d.senders
+        if (d.federation, d.round, d.nonce, d.kind, s) not in signed
+    ]
+    section.add(
+        "receipts-for-decryptions",
+        RED if missing else GREEN,
+        f"{len(missing)} contributions without a receipt: " + "; ".join(missing[:10])
+        if missing
+        else "every contribution to every decrypted sum has a receipt",
+    )
+    return section, decryptions
+
+
+# --- 4. the audit-log hash chain -------------------------------------------------------------------
+
+
+def check_audit_chain(files: RunFiles) -> tuple[Section, list[dict] | None]:
+    """Verify audit.jsonl's chain up to the recorded head; its records for cross-checks (None when broken)."""
+    from fedgl_secure.crypto.audit import verify_audit_chain
+    from fedgl_secure.crypto.key_authority import AUDIT_HEAD
+
+    section = Section("audit-log", "Audit log hash chain")
+    ka = files.key_authority
+    log_path = ka / KA_AUDIT
+    head = files.audit_head or (ka / KA_AUDIT_HEAD).read_text(encoding="utf-8").strip()
+    try:
+        _, _, meta = read_decryptions(ka / KA_LEDGER)
+        recorded_head = meta.get(AUDIT_HEAD)
+    except sqlite3.Error:
+        recorded_head = None
+    if recorded_head is not None and recorded_head != head:
+        section.add(
+            "head",
+            RED,
+            f"{KA_AUDIT_HEAD} ({head[:12]}…) differs from the head in the key authority's ledger "
+            f"({recorded_head[:12]}…): one of them was replaced",
+        )
+    report = verify_audit_chain(log_path, head or None)
+    if not report.ok:
+        section.add(
+            "chain",
+            RED,
+            f"BROKEN LINK in {KA_AUDIT} at line {report.broken_line}: "
+            f"{report.problem.removeprefix(f'line {report.broken_line}: ')}",
+        )
+        return section, None
+    section.add("chain", GREEN, f"{report.lines} records, chain intact up to the recorded head {head[:12]}…")
+    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    decisions = Counter((r.get("event", "?"), r.get("decision", "?")) for r in records)
+    section.tables.append(
+        Table(
+            "Audit log decisions",
+            ("event", "decision", "count"),
+            tuple((event, decision, n) for (event, decision), n in sorted(decisions.items())),
+        )
+    )
+    refused = [r for r in records if r.get("decision") == "refused"]
+    if refused:
+        section.tables.append(
+            Table(
+                "Refusals (the key authority enforcing its rules)",
+                ("line", "event", "round", "kind", "reason", "detail"),
+                tuple(
+                    (r.get("seq"), r.get("event"), r.get("round"), r.get("kind"), r.get("reason"), r.get("detail"))
+                    for r in refused
+                ),
+            )
+        )
+    return section, records
+
+
+# --- 5. receipts -------------------------------------------------------------------------------------
+
+
+def check_receipts(files: RunFiles) -> tuple[Section, list[Any]]:
+    """Every receipt parses and verifies under ``banks.json``; banks.json matches the key authority's registry."""
+    from fedgl_secure.crypto.receipts import load_public_key, parse_receipt, verify_receipt
+    from fedgl_secure.errors import ReceiptError
+
+    section = Section("receipts", "Upload receipt signatures")
+    keys: dict[str, Any] = {}
+    for bank, hex_key in (files.bank_keys or {}).items():
+        try:
+            keys[bank] = load_public_key(bytes.fromhex(hex_key))
+        except (ValueError, ReceiptError) as error:
+            section.add(f"key:{bank}", RED, f"{BANKS_FILE}: bank {bank!r}: not an Ed25519 public key ({error})")
+    try:
+        _, registered, _ = read_decryptions(files.key_authority / KA_LEDGER)
+    except sqlite3.Error:
+        registered = None
+    if registered is not None:
+        differing = sorted(
+            bank
+            for bank in set(registered) | set(files.bank_keys or {})
+            if registered.get(bank, b"").hex() != (files.bank_keys or {}).get(bank)
+        )
+        section.add(
+            "keys-match-key-authority",
+            RED if differing else GREEN,
+            f"{BANKS_FILE} and the key authority's registry disagree for {differing} (a substituted key would "
+            "make forged receipts verify)"
+            if differing
+            else f"{BANKS_FILE} holds exactly the {len(registered)} keys the key authority registered",
+        )
+    valid: list[Any] = []
+    bad: list[str] = []
+    lines = files.receipts.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            receipt = parse_receipt(line)
+        except ReceiptError as error:
+            bad.append(f"{RECEIPTS_FILE} line {number}: {error}")
+            continue
+        key = keys.get(receipt.sender)
+        if key is None:
+            bad.append(f"{RECEIPTS_FILE} line {number}: sender {receipt.sender!r} has no key in {BANKS_FILE}")
+            continue
+        try:
+            verify_receipt(key, receipt)
+        except ReceiptError as error:
+            bad.append(f"{RECEIPTS_FILE} line {number}: FORGED — {error}")
+            continue
+        valid.append(receipt)
+    if bad:
+        section.add(
+            "signatures", RED, f"{len(bad)} of {len(valid) + len(bad)} receipts do not verify: " + "; ".join(bad)
+        )
+    elif not valid:
+        section.add("signatures", AMBER, f"{RECEIPTS_FILE} holds no receipts")
+    else:
+        section.add("signatures", GREEN, f"all {len(valid)} receipts carry valid Ed25519 signatures of their senders")
+    by_bank = Counter((r.sender, r.kind) for r in valid)
+    section.tables.append(
+        Table(
+            "Valid receipts per bank and kind",
+            ("bank", "kind", "receipts"),
+            tuple((bank, kind, n) for (bank, kind), n in sorted(by_bank.items())),
+        )
+    )
+    return section, valid
+
+
+# --- 6. the leakage ledger -----------------------------------------------------------------------------
+
+LEAKAGE_DOC = "docs/threat-model.md §3"
+# Condensed from docs/threat-model.md §3 (the authoritative, longer table; keep the two in step).
+LEAKAGE_LEDGER: tuple[tuple[str, str, str, str], ...] = (
+    ("Node certificates (name, role, federation)", "node → peers (TLS)", "peers", "who talks to whom (R10)"),
+    ("Banks' signing public keys", "public/ → aggregator, key authority", "both", "none"),
+    ("Public CKKS context and fingerprint", "key authority → every node", "every node", "anyone can encrypt (R6)"),
+    ("Sealed CKKS secret key", "key authority's disk", "nobody without the operator secret", "operator secret (R8)"),
+    (
+        "Pseudonym set of bank k (HMAC per node)",
+        "bank → aggregator",
+        "aggregator",
+        "N_k and which banks hold each pseudonymised customer (R4)",
+    ),
+    ("M and bank k's own union positions", "aggregator → bank k", "bank k", "M − N_k (R4)"),
+    (
+        "Round view and history, evaluation counts",
+        "aggregator ↔ banks",
+        "all nodes",
+        "liveness, per-bank accuracy (R6)",
+    ),
+    ("Receipts (metadata + signature)", "bank → aggregator → key authority", "both", "who contributed what, when"),
+    (
+        "Ciphertext sizes and timing",
+        "bank → aggregator (network)",
+        "aggregator, network",
+        "shapes, N_k via timing (R10)",
+    ),
+    ("Uploads: N_k·W_k, N_k·P_k, N_k·H_k, node_weight", "bank → aggregator", "nobody (CKKS)", "none while encrypted"),
+    ("Masked sums s + r", "aggregator → key authority → aggregator", "key authority sees masked only", "R7"),
+    ("Σ N_k W_k and Σ N_k", "aggregator (unmasked)", "aggregator", "two contributors: the other's update (R2)"),
+    ("Σ N_k P_k and Σ N_k H_k per row", "aggregator (unmasked)", "aggregator", "single-holder rows in clear (R1)"),
+    ("W̄ (global model)", "aggregator → every bank", "aggregator, all banks", "model attacks unless DP (R9)"),
+    ("Ȳ pseudo labels (all M)", "aggregator → every bank", "aggregator, all banks", "single-holder labels (R4)"),
+    ("Ā pseudo graph (M × s)", "aggregator → every bank", "aggregator, all banks", "link inference (R4)"),
+    ("Aggregator state (sums, pseudonyms, models)", "aggregator.sqlite3", "aggregator operators", "R1, R4, R11"),
+    ("Key authority ledger and audit log", "key authority state", "its operators", "decisions, no values"),
+)
+
+
+def leakage_section(files: RunFiles) -> Section:
+    section = Section("leakage", "Leakage ledger (what crosses which boundary)")
+    section.tables.append(
+        Table("Leakage ledger", ("value", "from → to", "seen in clear by", "residual risk"), LEAKAGE_LEDGER)
+    )
+    section.notes.append(f"Condensed from {LEAKAGE_DOC}, which gives each row's justification and mitigation.")
+    if files.policy.protection == "none":
+        section.add("uploads", RED, "under this policy every upload crosses bank → aggregator in clear")
+    elif not files.policy.has_dp:
+        section.add("decrypted-sums", AMBER, "no DP: the fused results (W̄, Ȳ, Ā) that reach every bank are exact")
+    else:
+        section.add("documented", GREEN, f"every boundary crossing is documented in {LEAKAGE_DOC}")
+    return section
+
+
+# --- 7. empirical attacks ------------------------------------------------------------------------------
+
+
+def attack_section(files: RunFiles, data_root: str | Path | None = None, seed: int = 0) -> Section:
+    """Membership inference on W̄ and link inference on Ā; amber "not run" when the graph cannot be rebuilt."""
+    section = Section("attacks", "Empirical attacks")
+    try:
+        merged = _merged_graph(files, data_root)
+    except (FedGLError, OSError, ValueError, KeyError) as error:
+        section.add("not-run", AMBER, f"attacks not run: the merged graph could not be rebuilt ({error})")
+        return section
+    import torch
+
+    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+    from fedgl_secure.privacy.attacks import link_inference_auc, membership_inference_auc, true_edge_index
+
+    dp = "with DP" if files.policy.has_dp else "without DP"
+    rows = []
+    try:
+        weights = torch.as_tensor(files.model["weights"], dtype=torch.float32).reshape(-1)
+        hidden = (files.run.get("config") or {}).get("training", {}).get("hidden")
+        membership = membership_inference_auc(weights, merged, seed=seed, hidden=hidden)
+    except (ValueError, RuntimeError) as error:
+        section.add("membership", AMBER, f"membership inference not run: {error}")
+    else:
+        auc, se = membership.auc, membership.auc_stderr
+        status = GREEN if auc <= MEMBERSHIP_AUC_GREEN else AMBER if auc <= MEMBERSHIP_AUC_RED else RED
+        section.add(
+            "membership",
+            status,
+            f"membership inference on the final global model ({dp}): AUC {auc:.3f} ± {se:.3f} "
+            f"(best of {', '.join(membership.variants)}: {membership.attack}; {membership.members} members vs "
+            f"{membership.nonmembers} non-members; green ≤ {MEMBERSHIP_AUC_GREEN}, red > {MEMBERSHIP_AUC_RED})",
+        )
+        rows.append(("membership", membership.attack, auc, se, membership.members, json.dumps(membership.variants)))
+    if "pseudo_graph_neighbors" in files.model and "pseudo_graph_weights" in files.model:
+        try:
+            pseudo = PseudoGraph(
+                torch.as_tensor(files.model["pseudo_graph_neighbors"], dtype=torch.int64),
+                torch.as_tensor(files.model["pseudo_graph_weights"], dtype=torch.float32),
+            )
+            link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
+        except (ValueError, RuntimeError) as error:
+            section.add("link", AMBER, f"link inference not run: {error}")
+        else:
+            status = GREEN if link.auc <= LINK_AUC_GREEN else AMBER
+            section.add(
+                "link",
+                status,
+                f"link inference from the pseudo graph ({dp}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
+                f"({link.positives} true edges vs {link.negatives} non-edges; green ≤ {LINK_AUC_GREEN}; "
+                "homophily alone lifts it above 0.5)",
+            )
+            rows.append(("link", link.attack, link.auc, link.auc_stderr, link.positives, json.dumps(link.variants)))
+    else:
+        section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
+    if rows:
+        section.tables.append(
+            Table("Attack AUCs", ("attack", "best variant", "AUC", "± s.e.", "positives", "variants"), tuple(rows))
+        )
+    section.notes.append(
+        "AUC 0.5 = guessing, 1.0 = perfect inference; the best variant is reported (favours the attacker)."
+    )
+    return section
+
+
+def _merged_graph(files: RunFiles, data_root: str | Path | None):
+    """The federation's merged client graph, rebuilt from run.json's config (on the CPU)."""
+    config_values = files.run.get("config")
+    if not config_values:
+        raise ValueError(f"{RUN_FILE} has no 'config' to rebuild the federation from")
+    from fedgl_secure.data.registry import load_dataset
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+
+    values = dict(config_values)
+    values["device"] = "cpu"
+    if data_root is not None:
+        values["data_root"] = str(data_root)
+    config = build_config(values)
+    dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
+    return Federation.build(dataset, config, resolve_device("cpu")).merged
+
+
+# --- the whole audit -----------------------------------------------------------------------------
+
+
+def audit_run(
+    run_dir: str | Path,
+    policy_path: str | Path | None = None,
+    *,
+    data_root: str | Path | None = None,
+    attacks: bool = True,
+    seed: int = 0,
+) -> AuditReport:
+    """Audit a run directory against its policy (or ``policy_path``); raises :class:`RunDirError` for a bad RUN_DIR."""
+    files = read_run_dir(run_dir, policy_path)
+    policy_section, _ = check_policy(files)
+    sections = [policy_section]
+    senders: set[str] = set(files.banks) | set(files.bank_keys or {})
+    later: list[Section] = []
+    if files.secure:
+        audit_log, records = check_audit_chain(files)
+        receipts, valid = check_receipts(files)
+        decryptions, rows = check_decryptions(files, records, valid)
+        senders |= {s for d in rows for s in d.senders}
+        later = [decryptions, audit_log, receipts]
+    sections.append(check_privacy(files, senders))
+    sections.extend(later)
+    sections.append(leakage_section(files))
+    if attacks:
+        sections.append(attack_section(files, data_root, seed))
+    else:
+        skipped = Section("attacks", "Empirical attacks")
+        skipped.add("not-run", AMBER, "attacks skipped (--no-attacks)")
+        sections.append(skipped)
+    keys = ("dataset", "method", "seed", "rounds_run", "best_round", "global_test_accuracy")
+    run = {key: files.run.get(key) for key in keys}
+    return AuditReport(str(files.root), files.policy_source, run, sections)

@@ -1,0 +1,332 @@
+"""A bank's differential-privacy step between its contribution and the summation (DESIGN §6).
+
+Each bank holds a :class:`BankPrivacy`: the policy, its own
+:class:`~fedgl_secure.privacy.accounting.PrivacyLedger` and the quorum. Every round, before its
+contribution reaches the (CKKS) summation, :meth:`BankPrivacy.protect` asks the ledger whether the
+round's releases (:func:`~fedgl_secure.privacy.guarantees.round_releases`) still fit the budget; if
+not, the bank stops contributing for the rest of the run (``None``, logged: fail closed). Otherwise
+it records exactly those releases — so a run spends what :mod:`~fedgl_secure.privacy.guarantees`
+predicts — and returns the clipped, noised contribution. :class:`FederationPrivacy` holds the banks
+of one simulated federation, prepares their graphs once (edge DP, degree bound) and provides the
+central-noise hook of the summation.
+
+Decisions, and why:
+
+* **Normalised pre-weighting.** Under a DP policy every kind of a bank's upload (weights with its
+  last entry w_k, predictions, embeddings, node_weight) is divided by the public normaliser
+  ``w_max = max_k w_k`` over the federation's banks (w_k = N_k is public by the policy), so a bank
+  pre-weights with ``ŵ_k = w_k / w_max ∈ (0, 1]``. Eq. 10 and Eqs. 12/14 are ratios of such sums, so
+  W̄, P̄ and H̄ are unchanged; values stay inside the CKKS sum bound (with w_k = N_k, noise of std
+  w_max·σ would not). On this scale bank k's release moves by at most ŵ_k·Δ ≤ Δ (Δ = the unweighted
+  sensitivity of :func:`~fedgl_secure.privacy.guarantees.upload_sensitivity`), and each bank adds a
+  share of std **σ/√q** (σ = noise_multiplier × Δ, q = quorum) — in the original scale that is
+  ``w_max·σ/√q``, the scaling the guarantees assume. Any sum of ≥ q shares carries ≥ σ, so the
+  multiplier a fellow bank faces is at least z·√((q−1)/q), what
+  :func:`~fedgl_secure.privacy.guarantees.accounted_noise_multiplier` records. Scaling shares by a
+  bank's own w_k instead would leave the heaviest bank under-protected.
+* **Weights.** The release is ``ŵ_k·(W̄ + clip_vector(W_k − W̄, C))`` plus the share, and the last
+  entry ŵ_k without noise (a bank's size is public).
+* **Predictions and embeddings.** Every node row of the *unweighted* P_k / H_k is clipped to C
+  (:func:`~fedgl_secure.privacy.mechanisms.clip_rows`), re-weighted by ŵ_k, and the share is added
+  to **all M rows**, not only the bank's own: a row held by one bank would otherwise carry a single
+  share (σ/√q < σ), breaking the distributed-noise argument, while noise on rows a bank does not
+  hold reveals nothing (membership is public through node_weight anyway). P_k and H_k must be
+  computed with the *public* global model W̄ (:func:`public_model_outputs`), the assumption of
+  their sensitivity.
+* **Central noise.** No bank-side noise; the summation calls :meth:`FederationPrivacy.central_noise`
+  after unmasking and adds N(0, σ²) (normalised scale) to the decrypted sum of that kind (never to
+  the Σ ŵ_k entry). In the in-process simulation this stands for the key authority adding it to
+  the masked sum s + r, which is the same sum.
+* **Graphs.** Randomised response (edge DP) is applied once to a bank's adjacency before training
+  and recorded as a pure release at round 0; with DP on predictions or embeddings the result is
+  then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
+  FedGL's pseudo graph (β > 0) would add edges the bound does not cover, so it is refused under
+  such a policy rather than silently breaking the guarantee.
+* **DP-SGD** is not implemented: a policy enabling it is refused (never faked).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.errors import ConfigError, PolicyError
+from fedgl_secure.log import get_logger
+from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.accounting import EMBEDDINGS, PREDICTIONS, WEIGHTS, PrivacyLedger
+from fedgl_secure.privacy.guarantees import round_releases, setup_releases, upload_sensitivity
+from fedgl_secure.privacy.policy import DATA_KINDS, Policy
+
+RandomBytes = Callable[[int], bytes]
+
+
+def check_supported(policy: Policy) -> None:
+    """Refuse what this runtime cannot enforce honestly (a typed error naming the field)."""
+    if policy.dp.sgd_enabled:
+        raise ConfigError(
+            "dp.sgd is not implemented yet: local training cannot run DP-SGD, so the policy's DP-SGD releases "
+            "would be claimed but not made; set [dp.sgd] enabled = false"
+        )
+
+
+def needs_degree_bound(policy: Policy) -> bool:
+    """Whether a release's sensitivity rests on ``dp.graph.max_degree`` (predictions or embeddings DP on)."""
+    return any(policy.dp.upload_channel(kind) is not None for kind in (PREDICTIONS, EMBEDDINGS))
+
+
+def check_method(policy: Policy, method: str, beta: float) -> None:
+    """Refuse a method whose graphs this policy's guarantee does not cover (the pseudo graph of Eq. 9)."""
+    if needs_degree_bound(policy) and beta > 0:
+        raise ConfigError(
+            f"method {method!r} fuses the pseudo graph into each bank's GCN (Eq. 9, beta = {beta:g}), but the policy's "
+            f"DP on predictions/embeddings assumes every graph the GCN runs on has degree <= "
+            f"{policy.dp.graph.max_degree} (dp.graph.max_degree); the pseudo graph is not degree-bounded yet. "
+            "Use --method fedgl-no-gpg or --set self_supervision.beta=0"
+        )
+
+
+def noise_std(policy: Policy, kind: str) -> float:
+    """σ = noise_multiplier × sensitivity of ``kind``, on the normalised (ŵ_k ≤ 1) scale."""
+    channel = policy.dp.upload_channel(kind)
+    return mechanisms.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
+
+
+class BankPrivacy:
+    """One bank's DP step: its ledger, the policy, the quorum and the public normaliser ``w_max``.
+
+    ``random_bytes`` replaces the OS CSPRNG for the noise (tests only: noise from a known source
+    protects nothing).
+    """
+
+    def __init__(
+        self,
+        bank: str,
+        policy: Policy,
+        normaliser: float,
+        *,
+        random_bytes: RandomBytes | None = None,
+        ledger: PrivacyLedger | None = None,
+    ) -> None:
+        check_supported(policy)
+        if not (math.isfinite(normaliser) and normaliser > 0):
+            raise ValueError(f"normaliser (w_max) must be positive and finite, got {normaliser}")
+        self.bank = bank
+        self.policy = policy
+        self.quorum = policy.quorum
+        self.normaliser = float(normaliser)
+        self.ledger = ledger if ledger is not None else PrivacyLedger(bank)
+        self.stopped_round: int | None = None  # the first round it refused to contribute to
+        self._random_bytes = random_bytes
+        self.log = get_logger(role="bank-privacy", bank=bank)
+
+    @property
+    def active(self) -> bool:
+        """Whether the policy asks for any DP (otherwise :meth:`protect` passes contributions through)."""
+        return self.policy.has_dp
+
+    # --- set-up --------------------------------------------------------------------------------
+
+    def prepare_adjacency(self, adjacency: sp.spmatrix, degree_rng: np.random.Generator) -> sp.csr_matrix:
+        """The bank's graph as it will train on it: edge DP once (recorded at round 0), then the degree bound.
+
+        ``degree_rng`` only orders :func:`~fedgl_secure.privacy.mechanisms.bound_degree`'s greedy pass
+        (not privacy noise). Randomised response draws from the OS CSPRNG (or the injected test source).
+        """
+        graph = sp.csr_matrix(adjacency, dtype=np.float64)
+        for release in setup_releases(self.policy):
+            rng = None if self._random_bytes is None else _BytesGenerator(self._random_bytes)
+            graph = mechanisms.randomized_response_edges(graph, release.epsilon, rng)
+            self.ledger.record_pure(release.channel, release.epsilon, round=release.round)
+        if needs_degree_bound(self.policy):
+            graph = mechanisms.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
+        return graph
+
+    # --- a round -------------------------------------------------------------------------------
+
+    def protect(
+        self,
+        round_number: int,
+        contribution: Mapping[str, torch.Tensor],
+        reference_weights: torch.Tensor,
+        client_weight: float,
+    ) -> dict[str, torch.Tensor] | None:
+        """The bank's upload for this round after its DP step, or None once its budget is spent.
+
+        ``contribution`` is the method's pre-weighted terms (``cat(w_k·W_k, [w_k])``, ``w_k·P_k`` …),
+        ``reference_weights`` the W̄ the bank started from, ``client_weight`` w_k. See the module
+        doc for the clipping, the noise scale and the normalisation by ``w_max``.
+        """
+        if not self.active:
+            return dict(contribution)
+        if self.stopped_round is not None:
+            return None
+        kinds_without_dp = [k for k in contribution if k in DATA_KINDS and self.policy.dp.upload_channel(k) is None]
+        if kinds_without_dp:
+            raise PolicyError(f"{self.bank}: {kinds_without_dp} would leave the bank without a DP channel; refusing")
+        budget = self.policy.budget
+        releases = round_releases(self.policy, round_number)
+        if self.ledger.would_exceed(budget.epsilon, budget.delta, releases, budget.accountant):
+            self.stopped_round = round_number
+            self.log.warning(
+                "privacy.budget_exhausted",
+                round=round_number,
+                spent=self.ledger.epsilon(budget.delta, budget.accountant),
+                budget=budget.epsilon,
+                action=budget.on_exhausted,
+            )
+            return None
+        for release in releases:  # recorded before anything is released
+            self.ledger.record(
+                release.round, release.channel, release.noise_multiplier, release.sample_rate, release.steps
+            )
+        scale = float(client_weight) / self.normaliser
+        protected: dict[str, torch.Tensor] = {}
+        for kind, tensor in contribution.items():
+            values = tensor.detach().to(torch.float64).cpu().numpy()
+            if kind == WEIGHTS:
+                released = self._weights(values, reference_weights, float(client_weight), scale)
+            elif kind in DATA_KINDS:
+                released = self._rows(kind, values, float(client_weight), scale)
+            else:  # node_weight: public, only normalised
+                released = values / self.normaliser
+            protected[kind] = torch.from_numpy(released).to(tensor.dtype)
+        return protected
+
+    def _share(self, kind: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        channel = self.policy.dp.upload_channel(kind)
+        if channel.noise != "distributed":
+            return None  # central: added once to the decrypted sum (FederationPrivacy.central_noise)
+        return mechanisms.gaussian_share(
+            shape, noise_std(self.policy, kind), self.quorum, _random_bytes=self._random_bytes
+        )
+
+    def _weights(self, values: np.ndarray, reference: torch.Tensor, weight: float, scale: float) -> np.ndarray:
+        channel = self.policy.dp.weights
+        reference = reference.detach().to(torch.float64).cpu().numpy().reshape(-1)
+        local = values[:-1] / weight
+        if local.shape != reference.shape:
+            raise ValueError(f"{self.bank}: weights of {local.size} values, W̄ of {reference.size}")
+        update = mechanisms.clip_vector(local - reference, channel.clip)
+        released = scale * (reference + update)
+        share = self._share(WEIGHTS, released.shape)
+        if share is not None:
+            released = released + share
+        return np.concatenate([released, [scale]])
+
+    def _rows(self, kind: str, values: np.ndarray, weight: float, scale: float) -> np.ndarray:
+        channel = self.policy.dp.upload_channel(kind)
+        rows = mechanisms.clip_rows(values / weight, channel.clip)  # rows the bank does not hold stay 0
+        released = scale * rows
+        share = self._share(kind, released.shape)  # on all M rows (module doc)
+        if share is not None:
+            released = released + share
+        return released
+
+
+class _BytesGenerator:
+    """Adapter: ``randomized_response_edges`` takes a Generator only for its ``bytes``."""
+
+    def __init__(self, random_bytes: RandomBytes) -> None:
+        self.bytes = random_bytes
+
+
+class FederationPrivacy:
+    """The DP step of every bank in one simulated federation, and the summation's central-noise hook.
+
+    :meth:`setup` must run once, before round 1, with the banks' names, weights and adjacencies.
+    """
+
+    def __init__(self, policy: Policy, *, random_bytes: RandomBytes | None = None) -> None:
+        check_supported(policy)
+        self.policy = policy
+        self.banks: dict[int, BankPrivacy] = {}
+        self.normaliser: float | None = None
+        self._random_bytes = random_bytes
+
+    @property
+    def active(self) -> bool:
+        return self.policy.has_dp
+
+    def setup(
+        self,
+        names: Sequence[str],
+        client_weights: Sequence[float],
+        adjacencies: Sequence[sp.spmatrix],
+        degree_rngs: Sequence[np.random.Generator],
+    ) -> list[sp.csr_matrix]:
+        """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order)."""
+        self.normaliser = float(max(client_weights))
+        prepared = []
+        for client_id, (name, adjacency, rng) in enumerate(zip(names, adjacencies, degree_rngs, strict=True)):
+            bank = BankPrivacy(name, self.policy, self.normaliser, random_bytes=self._random_bytes)
+            self.banks[client_id] = bank
+            prepared.append(bank.prepare_adjacency(adjacency, rng) if self.active else sp.csr_matrix(adjacency))
+        return prepared
+
+    def protect(
+        self,
+        client_id: int,
+        round_number: int,
+        contribution: Mapping[str, torch.Tensor],
+        reference_weights: torch.Tensor,
+        client_weight: float,
+    ) -> dict[str, torch.Tensor] | None:
+        return self.banks[client_id].protect(round_number, contribution, reference_weights, client_weight)
+
+    def central_noise(self, kind: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """N(0, σ²) for the decrypted sum of ``kind`` when its channel is central, else None.
+
+        For ``weights`` the last entry (Σ ŵ_k, public) gets no noise.
+        """
+        channel = self.policy.dp.upload_channel(kind) if self.active else None
+        if channel is None or channel.noise != "central":
+            return None
+        noise = mechanisms.secure_gaussian(tuple(shape), noise_std(self.policy, kind), _random_bytes=self._random_bytes)
+        if kind == WEIGHTS:
+            noise.reshape(-1)[-1] = 0.0
+        return noise
+
+    def with_central_noise(self, summation: Callable) -> Callable:
+        """The summation with the central-noise hook: set on a summation that has one, else wrapped."""
+        if not any(c.noise == "central" for k in DATA_KINDS if (c := self.policy.dp.upload_channel(k))):
+            return summation
+        if hasattr(summation, "central_noise"):
+            summation.central_noise = self.central_noise
+            return summation
+        return _CentrallyNoised(summation, self.central_noise)
+
+    def ledgers(self) -> dict[str, PrivacyLedger]:
+        return {bank.bank: bank.ledger for bank in self.banks.values()}
+
+
+class _CentrallyNoised:
+    """A summation followed by central noise on the kinds whose channel asks for it."""
+
+    def __init__(self, inner: Callable, noise: Callable[[str, tuple[int, ...]], np.ndarray | None]) -> None:
+        self.inner, self.noise = inner, noise
+
+    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]) -> dict:
+        sums = self.inner(round_number, contributions)
+        for kind, tensor in sums.items():
+            noise = self.noise(kind, tuple(tensor.shape))
+            if noise is not None:
+                sums[kind] = (tensor.to(torch.float64) + torch.from_numpy(noise)).to(tensor.dtype)
+        return sums
+
+
+def public_model_outputs(trainer, public_weights: torch.Tensor, adjacency) -> object:
+    """The trainer's GCN output with the public global model W̄, its trained weights restored afterwards.
+
+    P_k and H_k under DP must not depend on weights trained without DP on the bank's data (their
+    sensitivity counts the rows one node moves through message passing, with public weights).
+    """
+    trained = trainer.model.flat_parameters().detach().clone()
+    trainer.model.load_flat_parameters(public_weights)
+    try:
+        return trainer.infer(adjacency)
+    finally:
+        trainer.model.load_flat_parameters(trained)

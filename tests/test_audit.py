@@ -1,0 +1,355 @@
+"""``fedgl-secure audit``: a run directory built from the real pieces (key authority, receipts, ledgers).
+
+One module-scoped run directory is made with a real :class:`KeyAuthority` (small CKKS parameters),
+real signed uploads and real decryptions, real privacy ledgers, and a model whose attacks score
+exactly 0.5 (all-zero weights: every node gets the same scores). Each test copies it and breaks one
+thing the audit must catch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typer.testing import CliRunner
+
+from fedgl_secure.cli import app
+from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthority
+from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
+from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.privacy.audit import audit_run
+from fedgl_secure.privacy.guarantees import round_releases
+from fedgl_secure.privacy.policy import load_policy
+
+REPO = Path(__file__).resolve().parents[1]
+BANKS = ("bank-a", "bank-b")
+FEDERATION = "fed-audit"
+KINDS = ("weights", "predictions")
+LENGTH = 20
+ROUNDS = 2
+SMALL_HE = """[he]
+poly_modulus_degree = 4096
+coeff_mod_bit_sizes = [54, 54]
+global_scale_bits = 36
+"""
+
+
+def _policy_text(name: str) -> str:
+    """A shipped policy with the small test CKKS parameters in place of its [he] table."""
+    text = (REPO / "policies" / name).read_text(encoding="utf-8")
+    return re.sub(r"\[he\]\n(?:[^\[\n].*\n)*", SMALL_HE, text, count=1)
+
+
+def _run_record(rounds: int, *, secure: bool = True, banks=BANKS) -> dict:
+    """run.json as fedgl_secure.privacy.run_record writes it, around a synthetic-data RunResult."""
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.privacy.run_record import RUN_FORMAT
+
+    config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"}).model_dump(mode="json")
+    result = {
+        "dataset": "synthetic",
+        "method": "fedgl",
+        "seed": 0,
+        "rounds_run": rounds,
+        "best_round": rounds,
+        "global_test_accuracy": 0.5,
+        "history": [],
+        "config": config,
+    }
+    return {
+        "format": RUN_FORMAT,
+        "secure": secure,
+        "policy": "policy.toml",
+        "banks": list(banks),
+        "stopped_banks": {},
+        "result": result,
+    }
+
+
+def _zero_model(path: Path) -> None:
+    """W̄ = 0 (hidden 16, 100 features, 4 classes) and an all-zero pseudo graph: attack AUCs are exactly 0.5."""
+    from fedgl_secure.data.registry import load_dataset
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+
+    config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"})
+    nodes = Federation.build(load_dataset("synthetic", None, 0), config, resolve_device("cpu")).merged.num_nodes
+    neighbors = np.stack([(np.arange(nodes) + 1) % nodes, (np.arange(nodes) + 2) % nodes], axis=1)
+    np.savez(
+        path,
+        weights=np.zeros(16 * (100 + 1 + 4) + 4, dtype=np.float32),
+        pseudo_labels=np.full(nodes, -1, dtype=np.int64),
+        pseudo_graph_neighbors=neighbors.astype(np.int64),
+        pseudo_graph_weights=np.zeros(neighbors.shape, dtype=np.float32),
+    )
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    """A strict-DP secure run directory: 2 banks, 2 rounds, weights and predictions decrypted each round."""
+    root = tmp_path_factory.mktemp("audit") / "run"
+    root.mkdir()
+    (root / "policy.toml").write_text(_policy_text("strict-dp.toml"), encoding="utf-8")
+    policy = load_policy(root / "policy.toml")
+    (root / "run.json").write_text(json.dumps(_run_record(ROUNDS)), encoding="utf-8")
+    _zero_model(root / "model.npz")
+
+    keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
+    authority = KeyAuthority(root / "key-authority", policy, "correct horse battery staple", federation=FEDERATION)
+    receipts = []
+    try:
+        public = ckks.load_public_context(authority.public_context)
+        for bank, key in keys.items():
+            authority.register_bank(bank, key.public_key())
+        for round_number in range(1, ROUNDS + 1):
+            nonce = secrets.token_hex(16)
+            ticket = RoundTicket(FEDERATION, round_number, nonce, len(BANKS), authority.fingerprint)
+            authority.open_round(FEDERATION, round_number, nonce, BANKS)
+            for kind in KINDS:
+                uploads = [
+                    make_upload(public, policy.he, ticket, bank, keys[bank], kind, np.full(LENGTH, 0.5))
+                    for bank in BANKS
+                ]
+                receipts += [u.receipt for u in uploads]
+                summed = ckks.add_serialized(public, [u.chunks for u in uploads])
+                authority.decrypt_sum(
+                    AGGREGATOR,
+                    FEDERATION,
+                    round_number,
+                    kind,
+                    summed,
+                    [u.receipt for u in uploads],
+                    authority.fingerprint,
+                    LENGTH,
+                )
+        head = authority.ledger.get_meta(AUDIT_HEAD)
+    finally:
+        authority.close()
+    (root / "key-authority" / "audit_head").write_text(head + "\n", encoding="utf-8")
+    (root / "receipts.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in receipts), encoding="utf-8")
+    (root / "banks.json").write_text(
+        json.dumps({bank: public_key_bytes(key.public_key()).hex() for bank, key in keys.items()}), encoding="utf-8"
+    )
+    (root / "privacy").mkdir()
+    for bank in BANKS:
+        ledger = PrivacyLedger(bank)
+        for round_number in range(1, ROUNDS + 1):
+            for release in round_releases(policy, round_number):
+                ledger.record(round_number, release.channel, release.noise_multiplier, release.sample_rate)
+        ledger.save(root / "privacy" / f"{bank}.ledger.json")
+    return root
+
+
+@pytest.fixture
+def run_dir(base_run, tmp_path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(base_run, target)
+    return target
+
+
+def _audit(*args: str):
+    return CliRunner().invoke(app, ["audit", *map(str, args)])
+
+
+def _statuses(run_dir: Path, **kwargs) -> dict[str, str]:
+    report = audit_run(run_dir, **kwargs)
+    return {f"{key}/{check.name}": check.status for key, check in report.checks()}
+
+
+def test_clean_strict_dp_run_is_all_green_in_every_format(run_dir, tmp_path):
+    started = time.perf_counter()
+    statuses = _statuses(run_dir)
+    assert set(statuses.values()) == {"green"}, {k: v for k, v in statuses.items() if v != "green"}
+    for key in ("decryptions/once-per-round-kind", "audit-log/chain", "receipts/signatures", "attacks/membership"):
+        assert key in statuses
+
+    result = _audit(run_dir, "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["status"] == "green"
+    assert [s["key"] for s in document["sections"]] == [
+        "policy",
+        "privacy",
+        "decryptions",
+        "audit-log",
+        "receipts",
+        "leakage",
+        "attacks",
+    ]
+    decryptions = next(s for s in document["sections"] if s["key"] == "decryptions")
+    assert len(decryptions["tables"][0]["rows"]) == ROUNDS * len(KINDS)
+    attacks = next(s for s in document["sections"] if s["key"] == "attacks")
+    assert attacks["tables"][0]["rows"][0][2] == pytest.approx(0.5)
+
+    html_out = tmp_path / "report.html"
+    result = _audit(run_dir, "--format", "html", "--output", html_out, "--no-attacks")
+    assert result.exit_code == 0, result.output  # amber (attacks skipped) is a warning, not a failure
+    assert "AMBER" in result.stderr and "attacks skipped" in result.stderr
+    page = html_out.read_text(encoding="utf-8")
+    for title in ("Policy conformance", "Privacy spent", "decryption ledger", "hash chain", "receipt", "Leakage"):
+        assert title in page
+    assert page.count("<svg") == len(BANKS)  # one ε plot per bank, inline
+
+    md_out = tmp_path / "md" / "report.md"
+    result = _audit(run_dir, "--output", md_out, "--no-attacks")
+    assert result.exit_code == 0, result.output
+    text = md_out.read_text(encoding="utf-8")
+    assert "## 1. Policy conformance" in text and "## 6. Leakage ledger" in text
+    svgs = sorted(md_out.parent.glob("*.svg"))
+    assert len(svgs) == len(BANKS) and f"]({svgs[0].name})" in text
+    assert _audit(run_dir, "--no-attacks", "--strict").exit_code == 1  # --strict fails on amber
+    assert time.perf_counter() - started < 20
+
+
+def test_edited_audit_log_fails_naming_the_broken_line(run_dir):
+    log = run_dir / "key-authority" / "audit.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+    number = next(i for i, line in enumerate(lines, start=1) if '"event":"decrypt"' in line)
+    lines[number - 1] = lines[number - 1].replace('"values":20', '"values":21')
+    log.write_text("".join(lines), encoding="utf-8")
+
+    result = _audit(run_dir, "--no-attacks", "--format", "json")
+    assert result.exit_code == 1
+    assert f"audit.jsonl at line {number}" in result.stderr
+    assert "content does not match its hash" in result.stderr
+    assert "audit-log/chain" in result.stderr.splitlines()[-1]  # the failing check is named
+    document = json.loads(result.stdout)
+    chain = next(s for s in document["sections"] if s["key"] == "audit-log")
+    assert chain["status"] == "red"
+
+
+def test_truncated_audit_log_is_caught_by_the_recorded_head(run_dir):
+    log = run_dir / "key-authority" / "audit.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+    log.write_text("".join(lines[:-1]), encoding="utf-8")
+    statuses = _statuses(run_dir, attacks=False)
+    assert statuses["audit-log/chain"] == "red"
+
+
+def test_forged_receipt_is_red_and_named(run_dir):
+    path = run_dir / "receipts.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    original = json.loads(lines[2])
+    forged = sign_receipt(Ed25519PrivateKey.generate(), Receipt.model_validate(original).fields())  # another key
+    lines[2] = forged.model_dump_json()
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    report = audit_run(run_dir, attacks=False)
+    check = next(c for key, c in report.checks() if key == "receipts" and c.name == "signatures")
+    assert check.status == "red"
+    assert "receipts.jsonl line 3" in check.detail and repr(original["sender"]) in check.detail
+    result = _audit(run_dir, "--no-attacks")
+    assert result.exit_code == 1 and "receipts.jsonl line 3: FORGED" in result.stderr
+
+
+def test_substituted_bank_key_is_red(run_dir):
+    banks = json.loads((run_dir / "banks.json").read_text(encoding="utf-8"))
+    banks["bank-a"] = public_key_bytes(Ed25519PrivateKey.generate().public_key()).hex()
+    (run_dir / "banks.json").write_text(json.dumps(banks), encoding="utf-8")
+    statuses = _statuses(run_dir, attacks=False)
+    assert statuses["receipts/keys-match-key-authority"] == "red"
+    assert statuses["receipts/signatures"] == "red"
+
+
+def test_ledger_over_budget_is_red_and_near_budget_amber(run_dir):
+    policy = load_policy(run_dir / "policy.toml")
+    ledger = PrivacyLedger.load(run_dir / "privacy" / "bank-a.ledger.json")
+    ledger.record(ROUNDS + 1, "weights", noise_multiplier=0.5, sample_rate=1.0, steps=50)
+    ledger.save(run_dir / "privacy" / "bank-a.ledger.json")
+    assert ledger.epsilon(policy.budget.delta) > policy.budget.epsilon
+    result = _audit(run_dir, "--no-attacks")
+    assert result.exit_code == 1
+    assert "privacy/budget:bank-a" in result.stderr and "BUDGET EXCEEDED" in result.stderr
+
+    near = PrivacyLedger("bank-b")
+    near.record_pure("edges", 0.95 * policy.budget.epsilon)
+    near.save(run_dir / "privacy" / "bank-b.ledger.json")
+    assert _statuses(run_dir, attacks=False)["privacy/budget:bank-b"] == "amber"
+
+
+def test_missing_ledger_of_a_sender_is_red(run_dir):
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run["banks"] = ["bank-a"]  # bank-b dropped from the record, but it signed receipts and was decrypted
+    (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    (run_dir / "privacy" / "bank-b.ledger.json").unlink()
+    assert _statuses(run_dir, attacks=False)["privacy/ledger:bank-b"] == "red"
+
+
+def test_he_policy_on_a_run_that_was_not_secure_is_red(run_dir):
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run["secure"] = False
+    (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    assert _statuses(run_dir, attacks=False)["policy/protection"] == "red"
+
+
+def test_research_plaintext_policy_is_red(tmp_path):
+    run_dir = tmp_path / "plain"
+    run_dir.mkdir()
+    shutil.copy(REPO / "policies" / "research-plaintext.toml", run_dir / "policy.toml")
+    record = _run_record(1, secure=False, banks=())
+    record["result"].pop("config")
+    (run_dir / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    np.savez(run_dir / "model.npz", weights=np.zeros(8, dtype=np.float32))
+    result = _audit(run_dir, "--format", "json")
+    assert result.exit_code == 1
+    assert "policy/protection" in result.stderr
+    document = json.loads(result.stdout)
+    attacks = next(s for s in document["sections"] if s["key"] == "attacks")
+    assert attacks["checks"][0]["status"] == "amber" and "not run" in attacks["checks"][0]["detail"]
+
+
+def test_baseline_he_only_run_passes_with_warnings(run_dir):
+    (run_dir / "policy.toml").write_text(_policy_text("baseline.toml"), encoding="utf-8")
+    # the key pair was made for the same small [he]; the strict ledgers remain but there is no budget
+    statuses = _statuses(run_dir, attacks=False)
+    assert statuses["policy/guarantees"] == "amber" and statuses["privacy/budget"] == "amber"
+    assert "red" not in statuses.values()
+    assert _audit(run_dir, "--no-attacks").exit_code == 0
+
+
+def test_missing_files_exit_2_naming_them(run_dir, tmp_path):
+    (run_dir / "model.npz").unlink()
+    result = _audit(run_dir)
+    assert result.exit_code == 2 and "model.npz" in result.stderr and "missing" in result.stderr
+    result = _audit(tmp_path / "nowhere")
+    assert result.exit_code == 2 and "not a directory" in result.stderr
+
+
+def test_missing_key_authority_evidence_exits_2(run_dir):
+    (run_dir / "key-authority" / "audit.jsonl").unlink()
+    result = _audit(run_dir, "--no-attacks")
+    assert result.exit_code == 2 and "audit.jsonl" in result.stderr
+
+
+def test_attacks_without_data_are_amber_not_run(run_dir, tmp_path, monkeypatch):
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run["result"]["config"]["dataset"] = "cora"
+    (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    monkeypatch.delenv("FEDGL_DATA", raising=False)
+    report = audit_run(run_dir, data_root=tmp_path / "no-data")
+    check = next(c for key, c in report.checks() if key == "attacks")
+    assert check.status == "amber" and "not run" in check.detail
+
+
+def test_svg_plot_is_valid_xml_with_budget_line_and_axes_covering_it():
+    import xml.etree.ElementTree as ET
+
+    from fedgl_secure.privacy.audit import Plot
+    from fedgl_secure.privacy.report import _ticks, svg_line_plot
+
+    plot = Plot(
+        "ε <bank & co>", "round", "ε", {"total": [(1, 0.5), (2, 0.9), (3, 1.2)], "weights": [(1, 0.3)]}, 8.0, "budget"
+    )
+    svg = svg_line_plot(plot)
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg") and "stroke-dasharray" in svg and "budget 8" in svg
+    assert _ticks(0, 8.4)[-1] >= 8.4 and _ticks(1, 3, integer=True) == [1, 1.5, 2, 2.5, 3][::2]
