@@ -1,0 +1,273 @@
+"""Privacy–utility curve of FedGL under node-level DP (issue 4, DESIGN §6): accuracy and MIA AUC per ε.
+
+For every total ε target per bank (δ from strict-dp.toml, 1e-5, composed over ``--rounds`` rounds
+with the policy's accountant), the script derives a policy with **strict-dp.toml's structure** —
+same clip bounds, degree bound, quorum, distributed noise and the same three DP channels (weights,
+predictions, embeddings) — and finds by bisection the noise multiplier z (one z for every channel,
+as in strict-dp.toml) for which :func:`~fedgl_secure.privacy.guarantees.effective_guarantees`
+gives ε ≤ target over ``--rounds`` rounds. ε = inf means no DP: the baseline HE-only policy
+(``policies/baseline.toml``), whose sums are exact.
+
+It then runs FedGL on the dataset with the plaintext summation plus the DP step
+(:class:`~fedgl_secure.privacy.dp_round.FederationPrivacy`), for seeds 0..n−1, and records the
+global test accuracy (at the best validation round, as every other benchmark) and the
+membership-inference AUC on the *final* global model W̄ (:func:`~fedgl_secure.privacy.attacks.
+membership_inference_auc` on the merged client graph), with its Hanley–McNeil standard error.
+The secure path (CKKS + masks) gives the same sums up to ≈1e-8 and records the same releases, so
+accuracy and accounting are those of a secure run; only the wall time differs.
+
+Method: ``fedgl-no-gpg`` by default — the only FedGL variant DP allows today. The pseudo graph
+(Eq. 9, β > 0) adds edges the degree bound does not cover, so
+:func:`~fedgl_secure.privacy.dp_round.check_method` refuses ``fedgl`` under a policy with DP on
+predictions or embeddings. The non-DP reference also runs full ``fedgl`` (``--reference-method``)
+so the table can be compared with the issue's target "within 3 points of non-DP FedGL".
+
+    FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora \
+        --output docs/results/privacy_utility_cora.json --seeds 3 --rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.fedgl.config import build_config
+from fedgl_secure.fedgl.simulation import Federation, resolve_device, run_experiment
+from fedgl_secure.privacy.attacks import membership_inference_auc
+from fedgl_secure.privacy.dp_round import FederationPrivacy
+from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.privacy.policy import DATA_KINDS, load_policy, policy_from_dict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - 3.10 only
+    import tomli as tomllib
+
+POLICIES = Path(__file__).resolve().parents[1] / "policies"
+STRICT = POLICIES / "strict-dp.toml"
+BASELINE = POLICIES / "baseline.toml"
+
+
+def parse_epsilons(text: str) -> list[float]:
+    values = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        value = math.inf if part in ("inf", "infinity", "∞") else float(part)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"ε must be positive, got {part}")
+        values.append(value)
+    return values
+
+
+def dp_policy(template: dict, noise_multiplier: float, epsilon: float, rounds: int):
+    """strict-dp.toml with every enabled Gaussian channel at ``noise_multiplier`` and the budget (ε, rounds)."""
+    values = json.loads(json.dumps(template))  # deep copy
+    for kind in DATA_KINDS:
+        channel = values.get("dp", {}).get(kind)
+        if channel is not None and channel.get("enabled", True):
+            channel["noise_multiplier"] = float(noise_multiplier)
+    values["budget"]["epsilon"] = float(epsilon)
+    values["budget"]["rounds"] = int(rounds)
+    values["description"] = f"strict-dp structure, z = {noise_multiplier:.6g}, ε ≤ {epsilon:g} over {rounds} rounds"
+    return policy_from_dict(values, source=f"{STRICT.name} (z = {noise_multiplier:.6g})")
+
+
+def calibrate(template: dict, epsilon: float, rounds: int, rel_tol: float = 1e-4) -> tuple[float, object]:
+    """Smallest z (to ``rel_tol``) whose effective guarantee over ``rounds`` rounds is ε ≤ ``epsilon``.
+
+    ε decreases monotonically in z, so bisect on log z. Returns z and its Guarantees (ε accounted).
+    """
+
+    def accounted(z: float) -> float:
+        return effective_guarantees(dp_policy(template, z, epsilon, rounds)).epsilon
+
+    low, high = 0.1, 1.0
+    while accounted(high) > epsilon:  # grow until it fits
+        low, high = high, high * 2
+        if high > 1e6:
+            raise RuntimeError(f"no noise multiplier below 1e6 reaches ε = {epsilon}")
+    while accounted(low) <= epsilon:  # shrink until it does not
+        high, low = low, low / 2
+    while high / low - 1 > rel_tol:
+        middle = math.sqrt(low * high)
+        if accounted(middle) <= epsilon:
+            high = middle
+        else:
+            low = middle
+    guarantees = effective_guarantees(dp_policy(template, high, epsilon, rounds))
+    assert guarantees.epsilon <= epsilon and guarantees.budget_met and guarantees.rounds_within_budget == rounds
+    return high, guarantees
+
+
+def run_one(config_values: dict, policy, dataset) -> dict:
+    """One run: accuracy at the best validation round, MIA on the final broadcast W̄."""
+    config = build_config(config_values)
+    broadcasts = []
+    privacy = FederationPrivacy(policy) if policy is not None else None
+    result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
+    federation = Federation.build(dataset, config, resolve_device(config.device))
+    final = broadcasts[-1]
+    mia = membership_inference_auc(final.weights, federation.merged, seed=config.seed)
+    spent = None
+    if privacy is not None and privacy.active:
+        budget = policy.budget
+        spent = max(ledger.epsilon(budget.delta, budget.accountant) for ledger in privacy.ledgers().values())
+    return {
+        "seed": config.seed,
+        "accuracy": result.global_test_accuracy,
+        "best_round": result.best_round,
+        "rounds_run": result.rounds_run,
+        "stopped_reason": result.stopped_reason,
+        "mia_auc": mia.auc,
+        "mia_auc_stderr": mia.auc_stderr,
+        "mia_attack": mia.attack,
+        "mia_members": mia.members,
+        "epsilon_spent_max_bank": spent,
+        "wall_seconds": round(result.wall_seconds, 2),
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    def mean(key):
+        return statistics.fmean(r[key] for r in runs)
+
+    def std(key):
+        return statistics.stdev(r[key] for r in runs) if len(runs) > 1 else 0.0
+
+    n = len(runs)
+    # standard error of the seed-mean AUC: within-seed Hanley–McNeil errors, averaged (seeds share a test set)
+    stderr = math.sqrt(sum(r["mia_auc_stderr"] ** 2 for r in runs)) / n
+    return {
+        "accuracy_mean": mean("accuracy"),
+        "accuracy_std": std("accuracy"),
+        "mia_auc_mean": mean("mia_auc"),
+        "mia_auc_std": std("mia_auc"),
+        "mia_auc_stderr": statistics.fmean(r["mia_auc_stderr"] for r in runs),
+        "mia_auc_mean_stderr": stderr,
+        "seeds": [r["seed"] for r in runs],
+        "runs": runs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="cora")
+    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..n-1")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds per run; ε is composed over this many")
+    parser.add_argument("--epsilons", type=parse_epsilons, default=parse_epsilons("1,2,4,8,inf"))
+    parser.add_argument("--method", default="fedgl-no-gpg")
+    parser.add_argument(
+        "--reference-method",
+        default="fedgl",
+        help="non-DP reference method (plain FedGL with the pseudo graph); 'none' to skip",
+    )
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+
+    template = tomllib.loads(STRICT.read_text(encoding="utf-8"))
+    delta = float(template["budget"]["delta"])
+    datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
+
+    def config_values(method: str, seed: int) -> dict:
+        return {
+            "dataset": args.dataset,
+            "method": method,
+            "seed": seed,
+            "data_root": args.data_root,
+            "device": args.device,
+            "federation": {"max_rounds": args.rounds, "patience": args.rounds},
+        }
+
+    started = time.perf_counter()
+    rows = []
+    for epsilon in args.epsilons:
+        if math.isinf(epsilon):
+            policy, z, accounted, guarantees = load_policy(BASELINE), None, math.inf, None
+        else:
+            t0 = time.perf_counter()
+            z, guarantees = calibrate(template, epsilon, args.rounds)
+            policy, accounted = dp_policy(template, z, epsilon, args.rounds), guarantees.epsilon
+            print(
+                f"ε = {epsilon:g}: z = {z:.4f} (ε accounted {accounted:.4f}, {time.perf_counter() - t0:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        runs = []
+        for seed in range(args.seeds):
+            run = run_one(config_values(args.method, seed), policy, datasets[seed])
+            runs.append(run)
+            print(
+                f"  ε = {epsilon:g} seed {seed}: acc {run['accuracy']:.4f} MIA {run['mia_auc']:.4f} "
+                f"({run['wall_seconds']:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        row = {
+            "epsilon_target": "inf" if math.isinf(epsilon) else epsilon,
+            "policy": "baseline.toml (HE only, no DP)" if z is None else "strict-dp.toml structure",
+            "noise_multiplier": z,
+            "epsilon_accounted": "inf" if math.isinf(accounted) else accounted,
+        }
+        if guarantees is not None:
+            row["channels"] = {
+                c.channel: {
+                    "sensitivity": c.sensitivity,
+                    "noise_std_in_sum": c.noise_std,
+                    "accounted_noise_multiplier": c.accounted_noise_multiplier,
+                    "epsilon_total": c.epsilon_total,
+                }
+                for c in guarantees.channels
+            }
+        row.update(summarise(runs))
+        rows.append(row)
+
+    reference = None
+    if args.reference_method != "none":
+        runs = []
+        for seed in range(args.seeds):
+            run = run_one(config_values(args.reference_method, seed), None, datasets[seed])
+            runs.append(run)
+            print(
+                f"  reference {args.reference_method} seed {seed}: acc {run['accuracy']:.4f} "
+                f"MIA {run['mia_auc']:.4f} ({run['wall_seconds']:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        reference = {"method": args.reference_method, "privacy": "none (plain sums)", **summarise(runs)}
+
+    output = {
+        "dataset": args.dataset,
+        "method": args.method,
+        "rounds": args.rounds,
+        "patience": args.rounds,
+        "delta": delta,
+        "accountant": template["budget"]["accountant"],
+        "policy_template": "policies/strict-dp.toml (clip, max_degree, quorum, distributed noise, channels)",
+        "summation": "plaintext + DP step (same sums and accounting as the secure path)",
+        "accuracy": "global test accuracy at the best validation round",
+        "mia": "membership_inference_auc on the final global model W̄, merged client graph; "
+        "max over loss/entropy/modified-entropy",
+        "torch_threads": torch.get_num_threads(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "command": "python benchmarks/privacy_utility.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "results": rows,
+        "non_dp_reference": reference,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({"output": str(args.output), "wall_seconds": output["wall_seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
