@@ -213,3 +213,11 @@ def test_a_server_that_cannot_bind_is_reported(layout):
         with pytest.raises(ConfigError, match="stopped while starting"):
             with run_server_in_thread(server):
                 pass
+
+
+def test_a_request_head_large_enough_for_a_thousand_receipts_is_accepted(layout, servers):
+    """h11 would refuse a head over 16 KiB; a decryption request carries ≈ 590 bytes per receipt."""
+    url = servers["key-authority"]
+    with make_http_client(layout, "aggregator", url, timeout=10) as client:
+        response = client.post("/v1/decrypt", headers={"X-FedGL-Decrypt": "a" * (1000 * 600)})
+    assert response.status_code == 200

@@ -68,6 +68,7 @@ def _with_client_certificate(app: ASGIApp, der: bytes) -> ASGIApp:
 
 
 GRACEFUL_SHUTDOWN_SECONDS = 3.0
+MAX_REQUEST_HEAD_BYTES = 1024 * 1024
 
 
 def make_server(
@@ -98,6 +99,9 @@ def make_server(
         # An idle peer that never answers TLS close_notify would hold shutdown for asyncio's 30 s
         # SSL shutdown timeout; in-flight requests are short, so a few seconds is plenty.
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # h11's default 16 KiB request head would cap a decryption request's receipts header at
+        # ≈ 26 banks; 1 MiB holds the key authority's MAX_RECEIPTS (1024 × ≈ 590 bytes)
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
     )
     return uvicorn.Server(config)
 
