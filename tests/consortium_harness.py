@@ -130,11 +130,16 @@ def write_consortium(
     liveness_seconds: float = 5.0,
     seed: int = 0,
     patience: int | None = None,
+    method: str = "fedgl",
+    policy_extra: str = "",
 ) -> LocalConsortium:
-    """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned."""
+    """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned.
+
+    ``policy_extra`` is appended to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget.
+    """
     experiment = {
         "dataset": "synthetic",
-        "method": "fedgl",
+        "method": method,
         "seed": seed,
         "device": "cpu",
         "federation": {
@@ -151,5 +156,6 @@ def write_consortium(
         upload_seconds=upload_seconds,
         liveness_seconds=liveness_seconds,
         federation="test-federation",
+        policy_extra=policy_extra,
     )
     return LocalConsortium(root, max_rounds)

@@ -218,7 +218,7 @@ def _run_federated(
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
         contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
         if privacy is not None:
-            contributions = _protect(privacy, method, trainers, broadcast, round_number, contributions)
+            contributions = protect_contributions(privacy, method, trainers, broadcast, round_number, contributions)
             if len(contributions) < privacy.policy.quorum:
                 result.stopped_reason = (
                     f"round {round_number}: only {len(contributions)} of {len(participants)} banks could contribute "
@@ -284,7 +284,7 @@ def _private_client_graphs(
     ]
 
 
-def _protect(
+def protect_contributions(
     privacy: FederationPrivacy,
     method,
     trainers: list[LocalTrainer],

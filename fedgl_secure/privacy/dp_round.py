@@ -89,6 +89,32 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
         )
 
 
+def check_runnable(policy: Policy, method: str, beta: float) -> None:
+    """Everything the simulation refuses under ``policy`` before round 1: DP-SGD, and β > 0 with DP on P/H."""
+    check_supported(policy)
+    check_method(policy, method, beta)
+
+
+def check_consortium(policy: Policy, method: str, beta: float) -> None:
+    """What a consortium (aggregator and banks) refuses at start: the simulation's rules, plus what only it lacks.
+
+    A consortium always encrypts (``protection = "none"`` is refused), and central noise needs the key
+    authority to add noise to what it decrypts, which the services do not do yet.
+    """
+    if policy.protection == "none":
+        raise ConfigError(
+            "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
+            "with protection = 'he', or run a plaintext experiment with `simulate`"
+        )
+    central = [kind for kind in DATA_KINDS if (c := policy.dp.upload_channel(kind)) and c.noise == "central"]
+    if central:
+        raise ConfigError(
+            f"dp.{central[0]}.noise = 'central': central noise is supported in the simulation only (the key "
+            "authority service does not add noise to what it decrypts yet); use noise = 'distributed'"
+        )
+    check_runnable(policy, method, beta)
+
+
 def noise_std(policy: Policy, kind: str) -> float:
     """σ = noise_multiplier × sensitivity of ``kind``, on the normalised (ŵ_k ≤ 1) scale."""
     channel = policy.dp.upload_channel(kind)
@@ -260,12 +286,35 @@ class FederationPrivacy:
     ) -> list[sp.csr_matrix]:
         """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order)."""
         self.normaliser = float(max(client_weights))
-        prepared = []
-        for client_id, (name, adjacency, rng) in enumerate(zip(names, adjacencies, degree_rngs, strict=True)):
-            bank = BankPrivacy(name, self.policy, self.normaliser, random_bytes=self._random_bytes)
-            self.banks[client_id] = bank
-            prepared.append(bank.prepare_adjacency(adjacency, rng) if self.active else sp.csr_matrix(adjacency))
-        return prepared
+        return [
+            self.setup_bank(client_id, name, self.normaliser, adjacency, rng)
+            for client_id, (name, adjacency, rng) in enumerate(zip(names, adjacencies, degree_rngs, strict=True))
+        ]
+
+    def setup_bank(
+        self,
+        client_id: int,
+        name: str,
+        normaliser: float,
+        adjacency: sp.spmatrix,
+        degree_rng: np.random.Generator,
+        *,
+        ledger: PrivacyLedger | None = None,
+        prepared: sp.spmatrix | None = None,
+    ) -> sp.csr_matrix:
+        """One bank's part of :meth:`setup` (what a bank service runs for itself): its :class:`BankPrivacy`
+        and its prepared adjacency.
+
+        ``ledger`` continues a bank's earlier spending (a restarted bank). ``prepared`` is a graph this
+        bank already prepared and paid for in ``ledger``: it is used as is, so a restart neither re-draws
+        randomised response nor charges it twice.
+        """
+        self.normaliser = float(normaliser) if self.normaliser is None else max(self.normaliser, float(normaliser))
+        bank = BankPrivacy(name, self.policy, normaliser, random_bytes=self._random_bytes, ledger=ledger)
+        self.banks[client_id] = bank
+        if prepared is not None:
+            return sp.csr_matrix(prepared, dtype=np.float64)
+        return bank.prepare_adjacency(adjacency, degree_rng) if self.active else sp.csr_matrix(adjacency)
 
     def protect(
         self,

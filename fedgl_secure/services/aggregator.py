@@ -50,6 +50,7 @@ from fedgl_secure.fedgl.methods import Broadcast, build_method
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
 from fedgl_secure.fedgl.simulation import initial_parameters
 from fedgl_secure.log import get_logger
+from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment
 from fedgl_secure.services.pseudonyms import union_positions
@@ -158,8 +159,12 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     """Refuse, before any key is used, a set-up whose every round would fail.
 
     The method must upload only kinds the policy lets leave a bank (the key authority would
-    refuse to decrypt the others), and a round's share of banks must reach the quorum.
+    refuse to decrypt the others), and a round's share of banks must reach the quorum. The
+    policy's DP must be one the banks can enforce: what the simulation refuses (DP-SGD, the pseudo
+    graph under DP on predictions/embeddings), plain-text protection and central noise are refused
+    by :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs.
     """
+    check_consortium(policy, config.method, config.effective_alpha_beta()[1])
     kinds = build_method(config).upload_kinds
     refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
     if refused:

@@ -10,15 +10,33 @@ A round that is reopened (aborted below quorum, or the aggregator restarted) is 
 the same starting state — model, optimiser moments and dropout stream are restored from a
 snapshot — so a reopened round gives the same contribution as the first attempt would have,
 and a consortium run reproduces the in-process simulation with the same seed.
+
+Under a policy with DP the bank applies it exactly as the simulation does
+(:mod:`fedgl_secure.privacy.dp_round`), before encryption: its graph is prepared once (edge DP,
+degree bound), each contribution goes through its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy`
+step (P/H with the public W̄, clipping, its noise share, the ``w_max`` normalisation), and its
+:class:`~fedgl_secure.privacy.accounting.PrivacyLedger` is saved to ``<state_dir>/privacy-ledger.json``
+after every recorded round, before anything is uploaded, and loaded at start — a restart never
+refills the budget. ``w_max`` is public: it is the largest bank's size in the consortium's
+experiment (the slices every party derives from the shared config, as in the simulation). Once a
+round would exceed the budget the bank stops contributing for good: it logs
+``privacy.budget_exhausted``, uploads nothing and keeps polling, so the aggregator simply times it
+out of each round it is picked for (a silent bank needs no protocol message). The noised release of
+a round is kept for a reopened attempt of the same round (one decryption per round number at the key
+authority), so reopening neither charges the budget again nor re-draws the noise.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import scipy.sparse as sp
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import Depends, FastAPI
@@ -29,14 +47,20 @@ from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.fedgl.aggregation import client_weight
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import Broadcast, build_method
-from fedgl_secure.fedgl.simulation import resolve_device
+from fedgl_secure.fedgl.simulation import protect_contributions, resolve_device
 from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
+from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
+from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.policy import Policy, load_policy
+from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import ProtocolConflict, decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
@@ -47,6 +71,9 @@ from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
+
+LEDGER_FILE = "privacy-ledger.json"
+PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,20 @@ def _restore(trainer: LocalTrainer, state: _TrainerState) -> None:
     trainer.generator.set_state(state.generator)
 
 
+def consortium_slices(
+    config: ExperimentConfig, consortium: ConsortiumConfig, data_root: str | None
+) -> list[GraphDataset]:
+    """Every bank's graph, in the consortium's bank order (slice k of the experiment's dataset for bank k)."""
+    banks = [bank.name for bank in consortium.banks]
+    if len(config.federation.proportions) != len(banks):
+        raise ConfigError(
+            f"{consortium.source}: experiment.federation.proportions has {len(config.federation.proportions)} "
+            f"entries for {len(banks)} banks; give one per bank"
+        )
+    dataset = load_dataset(config.dataset, data_root, seed=config.seed)
+    return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
+
+
 def bank_slice(
     config: ExperimentConfig, consortium: ConsortiumConfig, name: str, data_root: str | None
 ) -> GraphDataset:
@@ -78,15 +119,13 @@ def bank_slice(
     (In the loopback demo every bank derives its slice from the shared dataset; a real bank
     would load its own customer graph here.)
     """
-    banks = [bank.name for bank in consortium.banks]
-    if len(config.federation.proportions) != len(banks):
-        raise ConfigError(
-            f"{consortium.source}: experiment.federation.proportions has {len(config.federation.proportions)} "
-            f"entries for {len(banks)} banks; give one per bank"
-        )
-    dataset = load_dataset(config.dataset, data_root, seed=config.seed)
-    clients = make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
-    return clients[banks.index(name)]
+    clients = consortium_slices(config, consortium, data_root)
+    return clients[[bank.name for bank in consortium.banks].index(name)]
+
+
+def privacy_normaliser(slices: list[GraphDataset]) -> float:
+    """The public ``w_max = max_k w_k`` of the DP step, as the simulation computes it over its banks."""
+    return float(max(client_weight(graph.num_nodes) for graph in slices))
 
 
 class BankWorker:
@@ -106,7 +145,13 @@ class BankWorker:
         signing_key: Ed25519PrivateKey,
         pseudonym_key: bytes,
         poll_seconds: float = 0.2,
+        privacy_normaliser: float | None = None,
+        state_dir: Path | None = None,
+        random_bytes: RandomBytes | None = None,
     ) -> None:
+        """``privacy_normaliser`` (the public w_max) and ``state_dir`` (where the ledger lives) are
+        required when the policy has DP; ``random_bytes`` replaces the CSPRNG for the noise (tests only).
+        """
         self.name = name
         self.federation = federation
         self.client_index = client_index
@@ -123,6 +168,79 @@ class BankWorker:
         self.log = get_logger(node=name, role="bank")
         self.rounds_done: list[int] = []
         self.finished = threading.Event()
+        self.privacy: FederationPrivacy | None = None
+        self.ledger_path: Path | None = None
+        if policy.has_dp:
+            check_consortium(policy, config.method, config.effective_alpha_beta()[1])
+            if privacy_normaliser is None or state_dir is None:
+                raise ConfigError(f"{name}: a DP policy needs the public normaliser w_max and a state directory")
+            self.privacy = FederationPrivacy(policy, random_bytes=random_bytes)
+            self.privacy_normaliser = float(privacy_normaliser)
+            self.state_dir = Path(state_dir)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.ledger_path = self.state_dir / LEDGER_FILE
+
+    @property
+    def bank_privacy(self):
+        """This bank's :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` (None without DP or before start)."""
+        return None if self.privacy is None else self.privacy.banks.get(self.client_index)
+
+    def _private_graph(self, graph: GraphTensors) -> GraphTensors:
+        """The graph the bank trains on: as it is, or under DP prepared once as the simulation does
+        (:meth:`FederationPrivacy.setup_bank`), with the ledger of earlier runs of this bank."""
+        if self.privacy is None:
+            return graph
+        ledger = PrivacyLedger.load(self.ledger_path) if self.ledger_path.exists() else None
+        if ledger is not None and ledger.bank != self.name:
+            raise ConfigError(f"{self.ledger_path}: the ledger of {ledger.bank!r}, not of {self.name!r}")
+        graph_path = self.state_dir / PREPARED_GRAPH_FILE
+        prepared = None
+        if setup_releases(self.policy) and ledger is not None and graph_path.exists():
+            prepared = sp.load_npz(graph_path)  # already drawn and paid for: never re-drawn on restart
+        adjacency = self.privacy.setup_bank(
+            self.client_index,
+            self.name,
+            self.privacy_normaliser,
+            self.graph_data.adjacency(),
+            numpy_stream(self.config.seed, "privacy", "degree", self.client_index),
+            ledger=ledger,
+            prepared=prepared,
+        )
+        if setup_releases(self.policy) and prepared is None:
+            sp.save_npz(graph_path, adjacency)
+        self._save_ledger()
+        spent = self.bank_privacy.ledger.epsilon(self.policy.budget.delta, self.policy.budget.accountant)
+        self.log.info(
+            "privacy.ready", epsilon_spent=spent, budget=self.policy.budget.epsilon, resumed=ledger is not None
+        )
+        return dataclasses.replace(graph, base_adjacency=gcn_normalize(adjacency))
+
+    def _save_ledger(self) -> None:
+        """Write the ledger atomically (a torn file would fail the next start, closed but needlessly)."""
+        temporary = self.ledger_path.with_suffix(".json.tmp")
+        temporary.write_text(self.bank_privacy.ledger.to_json() + "\n", encoding="utf-8")
+        os.replace(temporary, self.ledger_path)
+
+    def _release(
+        self, session: _Session, view: RoundResponse, broadcast: Broadcast, contribution: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor] | None:
+        """The contribution after the bank's DP step (unchanged without DP), or None once its budget is spent.
+
+        A round's release is made once: a reopened attempt of the same round reuses it.
+        """
+        if self.privacy is None:
+            return contribution
+        key = (view.round, view.base_version)
+        if key not in session.released:
+            k = self.client_index
+            released = protect_contributions(
+                self.privacy, self.method, {k: session.trainer}, broadcast, view.round, {k: contribution}
+            )
+            if k not in released:
+                return None
+            self._save_ledger()  # recorded, and on disk, before anything leaves the bank
+            session.released = {key: released[k]}
+        return session.released[key]
 
     def run(self, stop: threading.Event) -> None:
         """Enrol, then take part in every round this bank is invited to, until the federation finishes."""
@@ -134,7 +252,7 @@ class BankWorker:
         graph = GraphTensors.from_graph(
             self.graph_data, positions, size, device, self.config.training.normalize_features
         )
-        trainer = LocalTrainer(self.client_index, graph, self.config.training, self.config.seed)
+        trainer = LocalTrainer(self.client_index, self._private_graph(graph), self.config.training, self.config.seed)
         evaluator = GCN(graph.features.shape[1], self.config.training.hidden, graph.num_classes).to(device)
         num_parameters = int(trainer.model.flat_parameters().numel())
         self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)
@@ -207,6 +325,9 @@ class BankWorker:
             )
             session.done.add((view.round, view.nonce))
             return
+        if self.bank_privacy is not None and self.bank_privacy.stopped_round is not None:
+            session.done.add((view.round, view.nonce))  # budget spent: stay silent, the round times us out
+            return
         started = time.perf_counter()
         try:
             broadcast = self._download(session, view.base_version)
@@ -228,6 +349,16 @@ class BankWorker:
             # bytes, which the aggregator accepts as a repeat instead of a conflicting second upload
             key = (view.round, view.nonce)
             if key not in session.uploads:
+                contribution = self._release(session, view, broadcast, contribution)
+                if contribution is None:
+                    log.warning(
+                        "privacy.budget_exhausted",
+                        stopped_round=self.bank_privacy.stopped_round,
+                        action="stop-contributing",
+                        detail="this bank uploads nothing more; the aggregator times it out of every round",
+                    )
+                    session.done.add((view.round, view.nonce))
+                    return
                 session.uploads = {
                     key: [
                         make_upload(
@@ -279,6 +410,7 @@ class _Session:
     reported: set[int] = field(default_factory=set)
     snapshots: dict[int, _TrainerState] = field(default_factory=dict)
     uploads: dict[tuple[int, str], list[Upload]] = field(default_factory=dict)
+    released: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
@@ -306,7 +438,8 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     policy = load_policy(consortium.policy)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    graph = bank_slice(config, consortium, node.name, node.bank.data_root)
+    slices = consortium_slices(config, consortium, node.bank.data_root)
+    graph = slices[[bank.name for bank in consortium.banks].index(node.name)]
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
     public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
@@ -322,6 +455,8 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         signing_key=load_signing_key(layout, node.name),
         pseudonym_key=load_pseudonym_key(layout, node.name),
         poll_seconds=node.bank.poll_seconds,
+        privacy_normaliser=privacy_normaliser(slices) if policy.has_dp else None,
+        state_dir=node.state_dir or consortium.state_dir(node.name),
     )
     try:
         serve_with_worker(

@@ -39,18 +39,26 @@ def write_loopback_consortium(
     liveness_seconds: float = 5.0,
     data_root: str | None = None,
     federation: str = "loopback",
+    policy_extra: str = "",
 ) -> Path:
     """Write and provision a consortium under ``root``; returns the path of ``consortium.toml``.
 
     ``experiment`` is the ``[experiment]`` table (dataset, method, seed, federation options...);
     the default is three synthetic banks. ``he`` defaults to the baseline policy's parameters.
+    ``policy_extra`` is TOML appended to the policy (top-level keys such as ``allowed_kinds`` first,
+    then tables such as ``[dp.weights]`` and ``[budget]``).
     """
     root.mkdir(parents=True, exist_ok=True)
     he = he or HEParameters()
+    top, _, tables = policy_extra.partition("\n[")
+    tables = f"\n[{tables}" if tables else ""
+    if top.lstrip().startswith("["):
+        top, tables = "", policy_extra
     (root / "policy.toml").write_text(
-        f'description = "loopback consortium"\nquorum = 2\n\n[he]\npoly_modulus_degree = {he.poly_modulus_degree}\n'
+        f'description = "loopback consortium"\nquorum = 2\n{top}\n\n[he]\n'
+        f"poly_modulus_degree = {he.poly_modulus_degree}\n"
         f"coeff_mod_bit_sizes = {list(he.coeff_mod_bit_sizes)}\nglobal_scale_bits = {he.global_scale_bits}\n\n"
-        f"[timeouts]\nround_seconds = {max(upload_seconds, 60.0)}\nupload_seconds = {upload_seconds}\n"
+        f"[timeouts]\nround_seconds = {max(upload_seconds, 60.0)}\nupload_seconds = {upload_seconds}\n{tables}"
     )
     roles = {KEY_AUTHORITY: KEY_AUTHORITY, AGGREGATOR: AGGREGATOR, **{bank: "bank" for bank in banks}}
     ports = free_ports(len(roles))

@@ -1,0 +1,278 @@
+"""The bank service's DP step in-process: the same release as the simulation, a persisted ledger, fail closed.
+
+A :class:`BankWorker` runs against a scripted aggregator (no network); ``make_upload`` is replaced by
+a recorder so the test sees the plaintext values the bank would encrypt.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.data.global_index import GlobalIndex
+from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.data.sampling import make_clients
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.fedgl.aggregation import PlaintextSummation
+from fedgl_secure.fedgl.config import build_config
+from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.simulation import initial_parameters, run_experiment
+from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
+from fedgl_secure.privacy.guarantees import planned_ledger
+from fedgl_secure.privacy.mechanisms import clip_vector
+from fedgl_secure.privacy.policy import policy_from_dict
+from fedgl_secure.services import bank as bank_module
+from fedgl_secure.services.aggregator import check_consortium_can_run, encode_broadcast
+from fedgl_secure.services.aggregator_service import RoundResponse
+from fedgl_secure.services.bank import LEDGER_FILE, BankWorker, privacy_normaliser
+
+BANKS = ("bank-a", "bank-b", "bank-c")
+PROPORTIONS = [0.5, 0.6, 0.7]
+
+
+def seeded_bytes(seed: int):
+    """A deterministic byte source (tests only: noise from a known source protects nothing)."""
+    return np.random.default_rng(seed).bytes
+
+
+def experiment(method: str = "fedgl-no-gpg"):
+    return build_config(
+        {
+            "dataset": "synthetic",
+            "method": method,
+            "device": "cpu",
+            "federation": {"proportions": PROPORTIONS, "max_rounds": 1, "patience": 5},
+        }
+    )
+
+
+def dp_policy(he, *, epsilon: float = 1000.0, noise: str = "distributed", **dp):
+    channel = {"clip": 1.0, "noise_multiplier": 1.0, "noise": noise}
+    return policy_from_dict(
+        {
+            "protection": "he",
+            "quorum": 2,
+            "he": he.model_dump(),
+            "allowed_kinds": ["weights", "predictions", "node_weight"],
+            "dp": {"weights": channel, "predictions": channel, "graph": {"max_degree": 3}, **dp},
+            "budget": {"epsilon": epsilon, "delta": 1e-5, "rounds": 10},
+        }
+    )
+
+
+def two_round_budget(policy_of) -> float:
+    """A budget between the ε of 2 and of 3 rounds, so exactly 2 rounds fit."""
+    probe = policy_of(1000.0)
+    two, three = (planned_ledger(probe, n).epsilon(1e-5) for n in (2, 3))
+    return (two + three) / 2
+
+
+class ScriptedAggregator:
+    """Serves round views from a script, then ``finished``; the model of every version is W̄ of round 0."""
+
+    def __init__(self, config, index: GlobalIndex, node_ids, views):
+        self.index_size, self.positions = index.size, index.positions(node_ids)
+        self.views = list(views)
+        self.model_bytes = None
+        self.uploads = []
+
+    def enrol(self, features, classes, pseudonyms):
+        self.model_bytes = encode_broadcast(Broadcast(0, initial_parameters(CONFIG, features, classes)))
+
+    def index(self):
+        return self.index_size, self.positions
+
+    def current_round(self):
+        return self.views.pop(0) if self.views else RoundResponse(phase="finished", federation="fed")
+
+    def model(self, version):
+        return self.model_bytes
+
+    def report(self, version, counts):
+        pass
+
+    def upload(self, round_number, kind, chunks, receipt):
+        self.uploads.append((round_number, kind))
+
+
+CONFIG = experiment()
+
+
+@pytest.fixture(scope="module")
+def world(small_context):
+    dataset = load_dataset("synthetic", None, seed=CONFIG.seed)
+    clients = make_clients(dataset, PROPORTIONS, CONFIG.seed, CONFIG.federation.overlap)
+    index = GlobalIndex.from_id_sets([c.node_ids for c in clients])
+    public = ckks.public_context_bytes(small_context)
+    num_parameters = int(initial_parameters(CONFIG, clients[0].features.shape[1], clients[0].num_classes).numel())
+    shapes = build_method(CONFIG).upload_shapes(num_parameters, index.size, clients[0].num_classes)
+    return SimpleNamespace(dataset=dataset, clients=clients, index=index, public=public, shapes=shapes)
+
+
+def view(world, round_number: int, nonce: str) -> RoundResponse:
+    return RoundResponse(
+        phase="open",
+        federation="fed",
+        round=round_number,
+        nonce=nonce,
+        base_version=round_number - 1,
+        participants=list(BANKS),
+        shapes={k: list(v) for k, v in world.shapes.items()},
+        context_fingerprint=ckks.fingerprint(world.public),
+    )
+
+
+def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=None, config=CONFIG):
+    """One bank-a process over the scripted ``rounds`` ((round, nonce) pairs); returns what it would encrypt."""
+    encrypted = []
+
+    def record(context, params, ticket, sender, key, kind, values):
+        encrypted.append((ticket.round, ticket.nonce, kind, np.array(values, dtype=np.float64)))
+        return SimpleNamespace(kind=kind, chunks=[], receipt=None, wire_bytes=0)
+
+    monkeypatch.setattr(bank_module, "make_upload", record)
+    aggregator = ScriptedAggregator(
+        config, world.index, world.clients[0].node_ids, [view(world, r, n) for r, n in rounds]
+    )
+    worker = BankWorker(
+        name="bank-a",
+        federation="fed",
+        client_index=0,
+        config=config,
+        graph=world.clients[0],
+        aggregator=aggregator,
+        public_context=world.public,
+        policy=policy,
+        signing_key=Ed25519PrivateKey.generate(),
+        pseudonym_key=b"k" * 32,
+        poll_seconds=0.01,
+        privacy_normaliser=privacy_normaliser(world.clients),
+        state_dir=state_dir,
+        random_bytes=random_bytes,
+    )
+    worker.run(stop=SimpleNamespace(is_set=lambda: False, wait=lambda seconds: None))
+    return worker, encrypted
+
+
+def test_the_bank_releases_exactly_what_the_simulation_releases(world, small_he, tmp_path, monkeypatch):
+    policy = dp_policy(small_he)
+    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch, random_bytes=seeded_bytes(7))
+    released = {kind: values for _, _, kind, values in encrypted}
+
+    seen = {}
+
+    def summation(round_number, contributions):
+        seen.setdefault(round_number, contributions)
+        return PlaintextSummation()(round_number, contributions)
+
+    # bank 0 draws its noise first in the simulation's round 1, so the same byte source gives the same noise
+    run_experiment(
+        CONFIG, world.dataset, False, summation, privacy=FederationPrivacy(policy, random_bytes=seeded_bytes(7))
+    )
+    simulated = seen[1][0]
+    assert set(released) == set(simulated)
+    for kind, tensor in simulated.items():
+        np.testing.assert_array_equal(released[kind].reshape(-1), tensor.detach().double().numpy().reshape(-1))
+
+
+def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(world, small_he, tmp_path, monkeypatch):
+    policy = dp_policy(small_he)
+    plain = {}
+    original = bank_module.BankWorker._release
+
+    def spy(self, session, view, broadcast, contribution):
+        plain.update(contribution=dict(contribution), reference=broadcast.weights.double().numpy())
+        return original(self, session, view, broadcast, contribution)
+
+    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
+    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch)
+    released = {kind: values for _, _, kind, values in encrypted}["weights"]
+    weights = plain["contribution"]["weights"].double().numpy()
+    w_k, w_max = weights[-1], privacy_normaliser(world.clients)
+    scale = w_k / w_max
+    expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
+    assert released[-1] == pytest.approx(scale)  # the public ŵ_k, no noise
+    noise = released[:-1] - expected
+    share = noise_std(policy, "weights") / np.sqrt(policy.quorum)
+    # n ≈ thousands of values: the sample std is within 4·std/√(2n) (< 10 %) of the share's std
+    tolerance = 4 / np.sqrt(2 * noise.size)
+    assert abs(noise.std() / share - 1) < tolerance
+    assert abs(noise.mean()) < 4 * share / np.sqrt(noise.size)
+
+
+def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, small_he, tmp_path, monkeypatch):
+    budget = two_round_budget(lambda eps: dp_policy(small_he, epsilon=eps))
+    policy = dp_policy(small_he, epsilon=budget)
+    ledger_path = tmp_path / LEDGER_FILE
+
+    # round 1, then round 1 reopened (fresh nonce): the same release, charged once
+    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1"), (1, "n2")], monkeypatch)
+    first = {(nonce, kind): values for _, nonce, kind, values in encrypted}
+    for kind in world.shapes:
+        np.testing.assert_array_equal(first[("n1", kind)], first[("n2", kind)])
+    after_one = PrivacyLedger.load(ledger_path)
+    assert {r.round for r in after_one.releases} == {1}
+    assert after_one.epsilon(1e-5) == pytest.approx(planned_ledger(policy, 1).epsilon(1e-5))
+
+    # a restarted bank keeps its spent ε: round 2 fits, round 3 does not
+    worker, encrypted = run_worker(world, policy, tmp_path, [(2, "n3"), (3, "n4"), (4, "n5")], monkeypatch)
+    assert sorted({r for r, *_ in encrypted}) == [2]
+    assert worker.rounds_done == [2]
+    assert worker.bank_privacy.stopped_round == 3
+    spent = PrivacyLedger.load(ledger_path).epsilon(1e-5)
+    assert spent == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5)) and spent <= budget
+
+    # restarted again: still nothing more to release, and the ledger is unchanged
+    after_two = json.loads(ledger_path.read_text())
+    worker, encrypted = run_worker(world, policy, tmp_path, [(5, "n6")], monkeypatch)
+    assert encrypted == [] and worker.bank_privacy.stopped_round == 5
+    assert json.loads(ledger_path.read_text()) == after_two
+
+
+def test_without_dp_the_bank_uploads_its_contribution_unchanged(world, small_policy, tmp_path, monkeypatch):
+    contributions = []
+    original = bank_module.BankWorker._release
+
+    def spy(self, session, view, broadcast, contribution):
+        contributions.append({k: v.detach().double().numpy().reshape(-1) for k, v in contribution.items()})
+        return original(self, session, view, broadcast, contribution)
+
+    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
+    worker, encrypted = run_worker(world, small_policy, tmp_path, [(1, "n1")], monkeypatch)
+    assert worker.privacy is None and not (tmp_path / LEDGER_FILE).exists()
+    for _, _, kind, values in encrypted:
+        np.testing.assert_array_equal(values.reshape(-1), contributions[0][kind])
+
+
+@pytest.mark.parametrize(
+    ("method", "dp", "match"),
+    [
+        ("fedgl", {}, "pseudo graph"),
+        (
+            "fedgl-no-gpg",
+            {"sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 1}},
+            "dp.sgd is not implemented",
+        ),
+    ],
+)
+def test_the_consortium_refuses_at_start_what_the_simulation_refuses(small_he, method, dp, match):
+    policy = dp_policy(small_he, **dp)
+    config = experiment(method)
+    with pytest.raises(ConfigError, match=match):
+        check_consortium_can_run(config, policy, 3)
+    with pytest.raises(ConfigError, match=match):  # the same message from the simulation's check
+        run_experiment(config, progress=False, privacy=FederationPrivacy(policy))
+
+
+def test_the_consortium_refuses_central_noise_and_plaintext(small_he):
+    with pytest.raises(ConfigError, match="central noise is supported in the simulation only"):
+        check_consortium_can_run(CONFIG, dp_policy(small_he, noise="central"), 3)
+    plaintext = policy_from_dict({"protection": "none", "quorum": 2})
+    with pytest.raises(ConfigError, match="protection = 'none'"):
+        check_consortium_can_run(CONFIG, plaintext, 3)
