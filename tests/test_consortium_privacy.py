@@ -8,9 +8,12 @@ import pytest
 from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
 
 from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.privacy.audit import audit_run
 from fedgl_secure.privacy.guarantees import planned_ledger
 from fedgl_secure.privacy.policy import policy_from_dict
+from fedgl_secure.privacy.run_record import load_run_dir
 from fedgl_secure.services.bank import LEDGER_FILE
+from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +74,16 @@ def test_banks_stop_at_their_budget_and_the_run_stalls_below_quorum(tmp_path):
         assert len([row for row in consortium.status()["rounds"] if row["status"] == "applied"]) == 2
     finally:
         consortium.stop_all()
+
+    # the stopped consortium's run directory: what `consortium up --run-dir` writes, and the audit reads
+    run_dir = collect_consortium_run(consortium.consortium_path, tmp_path / "run")
+    loaded = load_run_dir(run_dir)
+    assert loaded.secure and sorted(loaded.ledgers) == list(BANKS) and sorted(loaded.bank_keys) == list(BANKS)
+    assert loaded.run["result"]["rounds_run"] == 2
+    assert {(r.round, r.sender) for r in loaded.receipts} >= {(n, b) for n in (1, 2) for b in BANKS}
+    report = audit_run(run_dir, attacks=False)
+    assert report.with_status("red") == []
+    statuses = {f"{key}/{check.name}": check.status for key, check in report.checks()}
+    for name in ("audit-log/chain", "receipts/signatures", "receipts/keys-match-key-authority"):
+        assert statuses[name] == "green", name
+    assert statuses["decryptions/receipts-for-decryptions"] == "green"

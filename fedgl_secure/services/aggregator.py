@@ -371,6 +371,7 @@ class Coordinator:
         with self._changed:
             if self._open is not current:
                 raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
+            self.store.save_receipt(receipt)  # durable before the upload can count towards a decryption
             current.uploads.setdefault(bank, {})[kind] = upload
             self._seen[bank] = time.monotonic()
             self._changed.notify_all()

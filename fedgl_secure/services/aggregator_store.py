@@ -1,5 +1,6 @@
 """The aggregator's durable state (SQLite): enrolments, the union index, models, rounds, sums, reports.
 
+Every accepted upload's receipt is kept too, for the run directory an audit reads.
 A restarted aggregator resumes from here: every applied round's broadcast is stored with the
 round that produced it (in the same transaction), and every decrypted sum is stored the moment
 the key authority returns it — the key authority decrypts each (round, kind) only once, so a
@@ -36,6 +37,9 @@ CREATE TABLE IF NOT EXISTS sums (
 CREATE TABLE IF NOT EXISTS reports (
     version INTEGER NOT NULL, bank TEXT NOT NULL, val_correct INTEGER NOT NULL, val_total INTEGER NOT NULL,
     test_correct INTEGER NOT NULL, test_total INTEGER NOT NULL, PRIMARY KEY (version, bank));
+CREATE TABLE IF NOT EXISTS receipts (
+    round INTEGER NOT NULL, nonce TEXT NOT NULL, bank TEXT NOT NULL, kind TEXT NOT NULL, receipt TEXT NOT NULL,
+    accepted_at REAL NOT NULL, PRIMARY KEY (round, nonce, bank, kind));
 """
 
 
@@ -269,6 +273,31 @@ class AggregatorStore:
             "FROM reports GROUP BY version ORDER BY version"
         )
         return {row[0]: tuple(int(v) for v in row[1:]) for row in rows}
+
+    # --- accepted receipts (for the run directory's receipts.jsonl) ---------------------------
+
+    def save_receipt(self, receipt) -> None:
+        """Keep an accepted upload's receipt (a :class:`~fedgl_secure.crypto.receipts.Receipt`); repeats are ignored."""
+        self._write(
+            [
+                (
+                    "INSERT OR IGNORE INTO receipts (round, nonce, bank, kind, receipt, accepted_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        receipt.round,
+                        receipt.nonce,
+                        receipt.sender,
+                        receipt.kind,
+                        receipt.model_dump_json(),
+                        time.time(),
+                    ),
+                )
+            ]
+        )
+
+    def receipts(self) -> list[str]:
+        """Every accepted receipt (JSON), in the order they were accepted."""
+        return [row[0] for row in self._read("SELECT receipt FROM receipts ORDER BY rowid")]
 
 
 def _round_row(row: tuple) -> RoundRow:

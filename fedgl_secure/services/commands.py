@@ -37,12 +37,15 @@ def consortium_up_command(
     consortium: Annotated[Path, typer.Argument(help="services/consortium.toml (node configs sit next to it)")],
     progress: Annotated[bool, typer.Option(help="show a progress bar over rounds")] = True,
     timeout: Annotated[float | None, typer.Option(help="give up after this many seconds")] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="write the finished run's directory here, for `fedgl-secure audit`")
+    ] = None,
 ) -> None:
     """Start every node as its own process, show round progress, stop them all at the end or on Ctrl-C."""
     from fedgl_secure.services.orchestrate import consortium_up
 
     try:
-        summary = consortium_up(consortium, progress=progress, echo=typer.echo, timeout=timeout)
+        summary = consortium_up(consortium, progress=progress, echo=typer.echo, timeout=timeout, run_dir=run_dir)
     except FedGLError as error:
         _fail(error)
     typer.echo(json.dumps(summary))

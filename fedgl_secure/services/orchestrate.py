@@ -132,8 +132,13 @@ def consortium_up(
     progress: bool = True,
     echo: Callable[[str], None] = print,
     timeout: float | None = None,
+    run_dir: str | Path | None = None,
 ) -> dict:
-    """Run the whole consortium until the federation finishes (or Ctrl-C); returns a summary."""
+    """Run the whole consortium until the federation finishes (or Ctrl-C); returns a summary.
+
+    With ``run_dir``, a finished federation's run directory (for ``fedgl-secure audit``) is written
+    there once every node has stopped.
+    """
     consortium_path = Path(consortium_path)
     consortium = load_consortium(consortium_path)
     consortium_dir = consortium_path.resolve().parent
@@ -192,4 +197,9 @@ def consortium_up(
         bar.close()
         stop_processes(list(reversed(processes)))
     summary["exit_codes"] = {node.name: node.process.returncode for node in processes}
+    if run_dir is not None and summary.get("finished"):
+        from fedgl_secure.services.run_export import collect_consortium_run
+
+        summary["run_dir"] = str(collect_consortium_run(consortium, run_dir))
+        echo(f"run directory written to {summary['run_dir']}")
     return summary

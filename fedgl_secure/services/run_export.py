@@ -1,0 +1,186 @@
+"""A consortium run's run directory (DESIGN §6): what ``fedgl-secure audit`` reads, from the nodes' state.
+
+:func:`collect_consortium_run` reads, after every node process has stopped (files closed): the
+aggregator's SQLite (final model as stored, accepted receipts, rounds and pooled reports), each
+bank's ``privacy-ledger.json`` (DP policies), the key authority's ledger, audit log and audit head,
+the policy file and the banks' public signing keys, and writes them with
+:func:`fedgl_secure.privacy.run_record.write_run_dir` — the same layout a simulation leaves.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.fedgl.evaluation import ratio
+from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
+
+
+@dataclass
+class _Result:
+    """A RunResult-like record (``to_dict`` is all :func:`write_run_dir` asks of it)."""
+
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+@dataclass
+class _Ledgers:
+    """The banks' ledgers as ``write_run_dir`` reads a FederationPrivacy (``ledgers()`` and ``banks``)."""
+
+    by_bank: dict[str, Any]
+    banks: dict[str, Any] = field(default_factory=dict)  # stopped rounds are not recorded by a consortium
+
+    def ledgers(self) -> dict[str, Any]:
+        return dict(self.by_bank)
+
+
+@dataclass
+class _Summation:
+    """The secure-run facts ``write_run_dir`` reads from a SecureSummation, here from the nodes' files."""
+
+    federation: str
+    fingerprint: str | None
+    state_dir: Path
+    authority: Any
+    accepted_receipts: list
+    public_keys: dict[str, str]
+
+    def bank_public_keys(self) -> dict[str, str]:
+        return dict(self.public_keys)
+
+
+def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
+    """A node's state directory: its node config's ``state_dir``, else ``<state_root>/<name>``."""
+    if consortium.source is not None:
+        config_path = Path(consortium.source).resolve().parent / f"{name}.toml"
+        if config_path.is_file():
+            node, _ = load_node_config(config_path)
+            if node.state_dir is not None:
+                return node.state_dir
+    return consortium.state_dir(name)
+
+
+def _audit_head(ledger_path: Path) -> str:
+    from fedgl_secure.crypto.key_authority import AUDIT_HEAD
+
+    connection = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = connection.execute("SELECT value FROM meta WHERE key = ?", (AUDIT_HEAD,)).fetchall()
+    finally:
+        connection.close()
+    if not rows:
+        raise ConfigError(f"{ledger_path}: the key authority recorded no audit head")
+    return rows[0][0]
+
+
+def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
+    """The run record from the aggregator's rounds and the banks' pooled evaluation reports."""
+    config = consortium.experiment_config()
+    reports = store.pooled_reports()
+    rows = store.rounds()
+    round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
+    history = []
+    for row in rows:
+        pooled = reports.get(row.base_version + 1) if row.status == "applied" else None
+        history.append(
+            {
+                "round": row.round,
+                "base_version": row.base_version,
+                "status": row.status,
+                "attempts": row.attempts,
+                "participants": list(row.participants),
+                "contributors": list(row.contributors),
+                "seconds": (row.closed_at - row.opened_at) if row.closed_at else None,
+                "detail": row.detail,
+                "val_accuracy": ratio(pooled[1], pooled[2]) if pooled else None,
+                "test_accuracy": ratio(pooled[3], pooled[4]) if pooled else None,
+            }
+        )
+    best = max(
+        ((v, r) for v, r in reports.items() if v in round_of_version),
+        key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]),
+        default=None,
+    )
+    index = store.index()
+    finished = store.get_meta("finished") == "1"
+    return {
+        "dataset": config.dataset,
+        "method": config.method,
+        "seed": config.seed,
+        "rounds_run": len(round_of_version),
+        "best_round": round_of_version[best[0]] if best else 0,
+        "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else float("nan"),
+        "global_test_accuracy": ratio(best[1][3], best[1][4]) if best else float("nan"),
+        "local_test_accuracy": [],
+        "wall_seconds": sum(h["seconds"] or 0.0 for h in history),
+        "num_clients": len(consortium.banks),
+        "num_global_nodes": index[0] if index else 0,
+        "history": history,
+        "config": config.model_dump(mode="json"),
+        "stopped_reason": None if finished else "the federation did not finish (stopped or stalled)",
+    }
+
+
+def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: str | Path) -> Path:
+    """Write the run directory of a consortium whose node processes have all stopped; returns its path."""
+    from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
+    from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
+    from fedgl_secure.privacy.accounting import PrivacyLedger
+    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.privacy.run_record import MODEL_FILE, write_run_dir
+    from fedgl_secure.services.aggregator_store import AggregatorStore
+    from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
+    from fedgl_secure.services.pki import load_signing_public_keys
+
+    if not isinstance(consortium, ConsortiumConfig):
+        consortium = load_consortium(consortium)
+    out_dir = Path(out_dir)
+    aggregator_db = node_state_dir(consortium, consortium.aggregator.name) / "aggregator.sqlite3"
+    if not aggregator_db.is_file():
+        raise ConfigError(f"{aggregator_db}: no aggregator state; did the consortium run?")
+    store = AggregatorStore(aggregator_db)
+    try:
+        version = store.latest_version()
+        model = store.model(version) if version is not None else None
+        receipts = [parse_receipt(text) for text in store.receipts()]
+        result = _result(consortium, store)
+    finally:
+        store.close()
+    if model is None:
+        raise ConfigError(f"{aggregator_db}: no model stored; the federation never started")
+
+    policy = load_policy(consortium.policy)
+    privacy = None
+    if policy.has_dp:
+        ledgers = {}
+        for bank in consortium.banks:
+            path = node_state_dir(consortium, bank.name) / BANK_LEDGER_FILE
+            if not path.is_file():
+                raise ConfigError(f"{path}: bank {bank.name!r} has no privacy ledger (DP policy)")
+            ledgers[bank.name] = PrivacyLedger.load(path)
+        privacy = _Ledgers(ledgers)
+
+    ka_state = node_state_dir(consortium, consortium.key_authority.name)
+    bank_names = [bank.name for bank in consortium.banks]
+    public_keys = {
+        bank: public_key_bytes(key).hex()
+        for bank, key in sorted(load_signing_public_keys(PkiLayout(consortium.pki_dir), bank_names).items())
+    }
+    summation = _Summation(
+        federation=consortium.federation,
+        fingerprint=receipts[0].context_fingerprint if receipts else None,
+        state_dir=ka_state,
+        authority=SimpleNamespace(audit=SimpleNamespace(head=_audit_head(ka_state / KA_LEDGER_FILE))),
+        accepted_receipts=receipts,
+        public_keys=public_keys,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MODEL_FILE).write_bytes(model)  # the final broadcast, byte for byte as the banks received it
+    return write_run_dir(out_dir, _Result(result), policy_path=consortium.policy, privacy=privacy, summation=summation)
