@@ -52,7 +52,7 @@ from fedgl_secure.fedgl.simulation import initial_parameters
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
-from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment
+from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, round_history
 from fedgl_secure.services.pseudonyms import union_positions
 
 
@@ -390,22 +390,7 @@ class Coordinator:
 
     def status(self) -> dict:
         reports = self.store.pooled_reports()
-        history = []
-        for row in self.store.rounds():
-            pooled = reports.get(row.base_version + 1) if row.status == "applied" else None
-            history.append(
-                {
-                    "round": row.round,
-                    "base_version": row.base_version,
-                    "status": row.status,
-                    "attempts": row.attempts,
-                    "participants": list(row.participants),
-                    "contributors": list(row.contributors),
-                    "seconds": (row.closed_at - row.opened_at) if row.closed_at else None,
-                    "detail": row.detail,
-                    "val_accuracy": ratio(pooled[1], pooled[2]) if pooled else None,
-                }
-            )
+        history = round_history(self.store)
         best = max(reports.items(), key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
         return {
             "federation": self.federation,

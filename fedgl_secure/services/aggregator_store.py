@@ -314,3 +314,26 @@ def _round_row(row: tuple) -> RoundRow:
         tuple(json.loads(contributors)) if contributors else (),
         detail,
     )
+
+
+def round_history(store: AggregatorStore) -> list[dict]:
+    """Every round as a row for status pages and run records, with the pooled accuracy of its result."""
+    reports = store.pooled_reports()
+    history = []
+    for row in store.rounds():
+        pooled = reports.get(row.base_version + 1) if row.status == "applied" else None
+        history.append(
+            {
+                "round": row.round,
+                "base_version": row.base_version,
+                "status": row.status,
+                "attempts": row.attempts,
+                "participants": list(row.participants),
+                "contributors": list(row.contributors),
+                "seconds": (row.closed_at - row.opened_at) if row.closed_at else None,
+                "detail": row.detail,
+                "val_accuracy": pooled[1] / pooled[2] if pooled and pooled[2] else None,
+                "test_accuracy": pooled[3] / pooled[4] if pooled and pooled[4] else None,
+            }
+        )
+    return history

@@ -17,6 +17,7 @@ from typing import Any
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.evaluation import ratio
+from fedgl_secure.services.aggregator_store import round_history
 from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
 
 
@@ -86,23 +87,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
     reports = store.pooled_reports()
     rows = store.rounds()
     round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
-    history = []
-    for row in rows:
-        pooled = reports.get(row.base_version + 1) if row.status == "applied" else None
-        history.append(
-            {
-                "round": row.round,
-                "base_version": row.base_version,
-                "status": row.status,
-                "attempts": row.attempts,
-                "participants": list(row.participants),
-                "contributors": list(row.contributors),
-                "seconds": (row.closed_at - row.opened_at) if row.closed_at else None,
-                "detail": row.detail,
-                "val_accuracy": ratio(pooled[1], pooled[2]) if pooled else None,
-                "test_accuracy": ratio(pooled[3], pooled[4]) if pooled else None,
-            }
-        )
+    history = round_history(store)
     best = max(
         ((v, r) for v, r in reports.items() if v in round_of_version),
         key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]),
