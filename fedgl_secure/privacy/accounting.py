@@ -183,9 +183,12 @@ class PrivacyLedger:
 
     # recording
 
+    def _check_channel(self, channel: str) -> None:
+        if channel not in self.channels:
+            raise ValueError(f"unknown channel {channel!r}; this ledger accepts {self.channels}")
+
     def _append(self, release: Release) -> Release:
-        if release.channel not in self.channels:
-            raise ValueError(f"unknown channel {release.channel!r}; this ledger accepts {self.channels}")
+        self._check_channel(release.channel)
         if self._releases and release.round < self._releases[-1].round:
             raise ValueError(
                 f"round {release.round} is before the last recorded round {self._releases[-1].round}; "
@@ -216,8 +219,8 @@ class PrivacyLedger:
 
     def epsilon(self, delta: float, accountant: AccountantName = "rdp", *, channel: str | None = None) -> float:
         """ε spent at ``delta``: over every channel (default), or over one ``channel`` alone."""
-        if channel is not None and channel not in self.channels:
-            raise ValueError(f"unknown channel {channel!r}; this ledger accepts {self.channels}")
+        if channel is not None:
+            self._check_channel(channel)
         releases = [r for r in self._releases if channel is None or r.channel == channel]
         return total_epsilon(releases, delta, accountant)
 
@@ -260,8 +263,7 @@ class PrivacyLedger:
         if not (budget_epsilon >= 0):
             raise ValueError(f"budget_epsilon must be non-negative, got {budget_epsilon}")
         for release in next_releases:
-            if release.channel not in self.channels:
-                raise ValueError(f"unknown channel {release.channel!r}; this ledger accepts {self.channels}")
+            self._check_channel(release.channel)
         spent = total_epsilon([*self._releases, *next_releases], delta, accountant)
         return not spent <= budget_epsilon
 

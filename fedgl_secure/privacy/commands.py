@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fedgl_secure.errors import FedGLError
+
+if TYPE_CHECKING:
+    from fedgl_secure.privacy.guarantees import Guarantees
+    from fedgl_secure.privacy.policy import Policy
 
 policy_app = typer.Typer(help="Validate privacy policies.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -29,7 +33,7 @@ def _number(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
-def render_text(path: Path, policy, guarantees) -> str:
+def render_text(path: Path, policy: Policy, guarantees: Guarantees) -> str:
     """The guarantees as plain text for a risk officer: status, HE, channels, budget, assumptions."""
     lines = [f"policy: {path}"]
     if policy.description:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,7 +41,7 @@ from fedgl_secure.privacy.accounting import (
     Release,
     total_epsilon,
 )
-from fedgl_secure.privacy.policy import DATA_KINDS, Policy
+from fedgl_secure.privacy.policy import DATA_KINDS, DEGREE_BOUND_CHANNELS, Policy
 
 Status = Literal["no-protection", "he-only", "dp"]
 
@@ -201,22 +202,23 @@ def planned_ledger(policy: Policy, rounds: int, bank: str = "bank") -> PrivacyLe
     return ledger
 
 
-def _releases_for(policy: Policy, rounds: int) -> list[Release]:
-    return [*setup_releases(policy), *(r for n in range(1, rounds + 1) for r in round_releases(policy, n))]
+def _rounds_within_budget(policy: Policy, releases: Sequence[Release], total: float) -> int:
+    """Most rounds (≤ budget.rounds) whose releases, with the set-up ones, stay within budget.epsilon.
 
-
-def _rounds_within_budget(policy: Policy) -> int:
-    """Most rounds (≤ budget.rounds) whose releases, with the set-up ones, stay within budget.epsilon."""
+    ``releases`` are those of the full ``budget.rounds`` (the planned ledger's), ``total`` their ε; a
+    prefix of rounds is sliced from them rather than rebuilt at every bisection step.
+    """
     budget = policy.budget
+    if total <= budget.epsilon:
+        return budget.rounds
 
     def fits(rounds: int) -> bool:
-        return total_epsilon(_releases_for(policy, rounds), budget.delta, budget.accountant) <= budget.epsilon
+        upto = [r for r in releases if r.round <= rounds]
+        return total_epsilon(upto, budget.delta, budget.accountant) <= budget.epsilon
 
-    if not fits(0):
+    low, high = 0, budget.rounds  # fits(high) is false
+    if not fits(low):
         return 0
-    low, high = 0, budget.rounds  # fits(low) holds
-    if fits(high):
-        return high
     while high - low > 1:  # ε grows with every round: bisect
         middle = (low + high) // 2
         if fits(middle):
@@ -241,7 +243,7 @@ def _assumptions(policy: Policy) -> list[str]:
         f"{budget.epsilon:g} it stops contributing for the rest of the run (on_exhausted = "
         f"{budget.on_exhausted!r}: fail closed, never continue silently).",
     ]
-    if any(name in dp.enabled_channels() for name in (PREDICTIONS, EMBEDDINGS, "sgd")):
+    if any(name in DEGREE_BOUND_CHANNELS for name in dp.enabled_channels()):
         k = mechanisms.affected_rows(*_graph_args(policy))
         lines.append(
             f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
@@ -422,7 +424,7 @@ def effective_guarantees(policy: Policy) -> Guarantees:
             )
             for channel in channels
         ]
-        within = _rounds_within_budget(policy)
+        within = _rounds_within_budget(policy, ledger.releases, total)
     loose = [w for w in caught if _LARGEST_ALPHA_WARNING in str(w.message)]
     for other in caught:
         if other not in loose:  # not ours to silence

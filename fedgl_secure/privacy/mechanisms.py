@@ -439,7 +439,7 @@ def embedding_sensitivity(
     ``num_layers = 2`` for the default H (output layer before softmax), 1 for the hidden-layer option.
     Unlike softmax rows, embedding rows are unbounded, so the clip is what bounds them.
     """
-    return row_release_sensitivity(clip_bound, affected_rows(max_degree, num_layers, neighbouring, num_rows))
+    return prediction_sensitivity(clip_bound, max_degree, num_layers, neighbouring, num_rows)
 
 
 def weight_update_sensitivity(clip_bound: float) -> float:

@@ -126,6 +126,7 @@ class Timeouts(BaseModel):
 
 _FIELD_ERROR = "policy_field"
 DATA_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS)  # the kinds with a DP channel of their own
+DEGREE_BOUND_CHANNELS = (PREDICTIONS, EMBEDDINGS, "sgd")  # channels whose sensitivity needs dp.graph.max_degree
 EDGE_MECHANISMS = ("none", "randomized-response")
 ON_EXHAUSTED = ("stop-contributing",)
 MAX_DELTA = 1e-3
@@ -286,7 +287,7 @@ class DPSettings(_Section):
 
     @model_validator(mode="after")
     def _degree_bound_when_needed(self) -> DPSettings:
-        needing = [name for name in self.enabled_channels() if name in (PREDICTIONS, EMBEDDINGS, "sgd")]
+        needing = [name for name in self.enabled_channels() if name in DEGREE_BOUND_CHANNELS]
         if needing and self.graph.max_degree is None:
             raise _field_error(
                 "graph.max_degree",
