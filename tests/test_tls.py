@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from fedgl_secure.errors import ConfigError, CryptoError
 from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
+from fedgl_secure.services.loopback import free_ports
 from fedgl_secure.services.pki import provision
 from fedgl_secure.services.tls import (
     Caller,
@@ -65,12 +66,6 @@ def provisioned_layout(directory: Path, federation: str) -> PkiLayout:
     return PkiLayout(consortium.pki_dir)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory) -> PkiLayout:
     return provisioned_layout(tmp_path_factory.mktemp("tls") / "consortium", "tls-test")
@@ -82,7 +77,7 @@ def servers(layout):
     urls = {}
     with ExitStack() as stack:
         for name in ("key-authority", "bank-b"):
-            port = free_port()
+            port = free_ports(1)[0]
             stack.enter_context(run_server_in_thread(make_server(create_app(), "127.0.0.1", port, layout, name)))
             urls[name] = f"https://127.0.0.1:{port}"
         yield urls
@@ -200,7 +195,7 @@ def test_services_tests_can_act_as_any_node_by_overriding_caller_identity():
 
 def test_missing_tls_files_name_the_file_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"ca\.crt: missing .*fedgl-secure provision"):
-        make_server(create_app(), "127.0.0.1", free_port(), PkiLayout(tmp_path), "bank-a")
+        make_server(create_app(), "127.0.0.1", free_ports(1)[0], PkiLayout(tmp_path), "bank-a")
     with pytest.raises(ConfigError, match=r"ca\.crt: missing .*fedgl-secure provision"):
         make_http_client(PkiLayout(tmp_path), "bank-a", "https://127.0.0.1:1")
 

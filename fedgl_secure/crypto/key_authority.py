@@ -32,7 +32,7 @@ import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.audit import AuditLog
+from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
@@ -138,6 +138,11 @@ class KeyAuthority:
 
     def close(self) -> None:
         self.ledger.close()
+
+    def verify_audit(self) -> ChainReport:
+        """Check the hash-chained audit log against the head the ledger recorded (no append runs meanwhile)."""
+        with self._lock:
+            return verify_audit_chain(self.audit.path, self.ledger.get_meta(AUDIT_HEAD))
 
     def _record(self, event: dict) -> None:
         record = self.audit.append(event)

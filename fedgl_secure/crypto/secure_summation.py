@@ -66,9 +66,6 @@ class PhaseTimes:
     aggregate: float = 0.0
     decrypt: float = 0.0
 
-    def total(self) -> float:
-        return self.encrypt + self.aggregate + self.decrypt
-
 
 @dataclass(frozen=True)
 class _Bank:

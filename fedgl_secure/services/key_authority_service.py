@@ -25,10 +25,8 @@ oversized bodies 413. :class:`KeyAuthorityClient` is the aggregator's side of th
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-import threading
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -40,8 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.audit import verify_audit_chain
-from fedgl_secure.crypto.key_authority import AUDIT_HEAD, KeyAuthority
+from fedgl_secure.crypto.key_authority import KeyAuthority
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError
 from fedgl_secure.log import configure_logging, get_logger
@@ -139,8 +136,7 @@ def create_app(
     log = get_logger(node=name, role=NodeRole.KEY_AUTHORITY.value)
     slots = authority.policy.he.poly_modulus_degree // 2
     chunk_limit = max_chunk_bytes(authority.policy.he)
-    # One request at a time touches the authority: its ledger, audit file and secret context.
-    lock = threading.Lock()
+    # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
     wire.install_error_handlers(app, log=log, max_body_bytes=max_body_bytes)
 
@@ -157,8 +153,7 @@ def create_app(
 
     @app.post("/v1/rounds/open", response_model=OpenRoundResponse)
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
-        with lock:
-            authority.open_round(request.federation, request.round, request.nonce, request.participants)
+        authority.open_round(request.federation, request.round, request.nonce, request.participants)
         log.info("round.opened", caller=caller.name, federation=request.federation, round=request.round)
         return OpenRoundResponse(opened=True, federation=request.federation, round=request.round)
 
@@ -173,18 +168,17 @@ def create_app(
         bound = log.bind(caller=caller.name, federation=meta.federation, round=meta.round, kind=meta.kind)
         if caller.role is not NodeRole.AGGREGATOR:
             # Refused by the library, without reading the body, so the attempt lands in the audit log.
-            await run_in_threadpool(_decrypt, authority, lock, caller, meta, [])
+            await run_in_threadpool(_decrypt, authority, caller, meta, [])
             raise HTTPException(status_code=403, detail=f"role {caller.role.value!r} may not request decryption")
-        body = await wire.read_body(request, max_body_bytes)
+        body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         chunks = wire.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
         bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
-        values = await run_in_threadpool(_decrypt, authority, lock, caller, meta, chunks)
+        values = await run_in_threadpool(_decrypt, authority, caller, meta, chunks)
         return Response(wire.encode_float64(values), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
     def audit_verify(caller: AnyNode) -> AuditReport:
-        with lock:
-            report = verify_audit_chain(authority.audit.path, authority.ledger.get_meta(AUDIT_HEAD))
+        report = authority.verify_audit()
         log.info("audit.verified", caller=caller.name, ok=report.ok, records=report.lines)
         return AuditReport(
             ok=report.ok, records=report.lines, head=report.head, broken_line=report.broken_line, problem=report.problem
@@ -193,20 +187,17 @@ def create_app(
     return app
 
 
-def _decrypt(
-    authority: KeyAuthority, lock: threading.Lock, caller: tls.Caller, meta: DecryptRequest, chunks: list[bytes]
-) -> np.ndarray:
-    with lock:
-        return authority.decrypt_sum(
-            caller.role.value,
-            meta.federation,
-            meta.round,
-            meta.kind,
-            chunks,
-            meta.receipts,
-            meta.context_fingerprint,
-            meta.length,
-        )
+def _decrypt(authority: KeyAuthority, caller: tls.Caller, meta: DecryptRequest, chunks: list[bytes]) -> np.ndarray:
+    return authority.decrypt_sum(
+        caller.role.value,
+        meta.federation,
+        meta.round,
+        meta.kind,
+        chunks,
+        meta.receipts,
+        meta.context_fingerprint,
+        meta.length,
+    )
 
 
 class KeyAuthorityClient:
@@ -236,7 +227,7 @@ class KeyAuthorityClient:
         """The public context bytes and their fingerprint, checked to be the SHA-256 of the bytes."""
         response = self._call("GET", "/v1/context")
         data, announced = response.content, response.headers.get(FINGERPRINT_HEADER, "")
-        actual = hashlib.sha256(data).hexdigest()
+        actual = ckks.fingerprint(data)
         if announced != actual:
             raise ContextError(
                 f"the key authority's context is {len(data)} bytes with SHA-256 {actual[:12]}…, but "

@@ -292,17 +292,6 @@ def _issue_ca(consortium: ConsortiumConfig, now: datetime) -> tuple[x509.Certifi
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, consortium.federation),
         ]
     )
-    usage = x509.KeyUsage(
-        digital_signature=False,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=True,
-        encipher_only=False,
-        decipher_only=False,
-    )
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -312,11 +301,26 @@ def _issue_ca(consortium: ConsortiumConfig, now: datetime) -> tuple[x509.Certifi
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + timedelta(days=consortium.ca.validity_days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(usage, critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return cert, key
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs only; a leaf signs TLS handshakes (ECDHE) only."""
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _issue_node_certificate(
@@ -332,17 +336,6 @@ def _issue_node_certificate(
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, consortium.federation),
         ]
     )
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
     ca_key_id = issuer.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     # A leaf must not outlive its CA: peers would reject the chain once the CA expires anyway.
     not_after = min(now + timedelta(days=consortium.ca.validity_days), issuer.cert.not_valid_after_utc)
@@ -355,7 +348,7 @@ def _issue_node_certificate(
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(usage, critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
         )

@@ -277,9 +277,11 @@ def decode_header(value: str | None, model_type: type[ModelT], header_name: str)
         raise WireError(f"header {header_name}: {validation_problems(error)}") from None
 
 
-def validation_problems(error: ValidationError) -> str:
+def validation_problems(error: ValidationError | RequestValidationError, whole: str = "(whole value)") -> str:
     """One line naming every field pydantic rejected (``round: Input should be ...; ...``)."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(whole value)'}: {e['msg']}" for e in error.errors())
+    return "; ".join(
+        f"{'.'.join(map(str, e.get('loc', ()))) or whole}: {e.get('msg', 'invalid')}" for e in error.errors()
+    )
 
 
 # --- body limits ---------------------------------------------------------------------------------
@@ -446,9 +448,7 @@ def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | 
 
     async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        detail = "; ".join(
-            f"{'.'.join(map(str, e.get('loc', ()))) or '(request)'}: {e.get('msg', 'invalid')}" for e in error.errors()
-        )
+        detail = validation_problems(error, whole="(request)")
         log.info("request.rejected", path=request.url.path, status=422, error="invalid-request", detail=detail)
         return error_response(422, "invalid-request", detail)
 
