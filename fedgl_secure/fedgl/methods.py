@@ -23,6 +23,7 @@ from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
 from fedgl_secure.fedgl.graph_tensors import GraphTensors
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph
 from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.sparse import SparseOperator
 
 # Upload kinds. Every kind is a sum of pre-weighted client terms.
@@ -155,16 +156,24 @@ class FedGL(FedAvg):
         contribution = {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
         if len(kinds) == 1:
             return contribution
-        output = trainer.infer(adjacency)
+        contribution.update(self.node_terms(trainer, trainer.infer(adjacency), weight))
         positions = torch.as_tensor(trainer.graph.positions)
         m = trainer.graph.num_global_nodes
-        if PREDICTIONS in kinds:
-            contribution[PREDICTIONS] = scatter_to_global(weight * torch.softmax(output.logits, 1).cpu(), positions, m)
-        if EMBEDDINGS in kinds:
-            embedding = output.logits if self.ssl.embedding == "output" else output.hidden
-            contribution[EMBEDDINGS] = scatter_to_global(weight * embedding.cpu(), positions, m)
         contribution[NODE_WEIGHT] = scatter_to_global(torch.full((trainer.num_nodes,), weight), positions, m)
         return contribution
+
+    def node_terms(self, trainer: LocalTrainer, output: GCNOutput, weight: float) -> dict[str, torch.Tensor]:
+        """``w_k · P_k`` and ``w_k · H_k`` (those of ``upload_kinds``) in the global index, from the GCN ``output``."""
+        kinds = self.upload_kinds
+        positions = torch.as_tensor(trainer.graph.positions)
+        m = trainer.graph.num_global_nodes
+        terms = {}
+        if PREDICTIONS in kinds:
+            terms[PREDICTIONS] = scatter_to_global(weight * torch.softmax(output.logits, 1).cpu(), positions, m)
+        if EMBEDDINGS in kinds:
+            embedding = output.logits if self.ssl.embedding == "output" else output.hidden
+            terms[EMBEDDINGS] = scatter_to_global(weight * embedding.cpu(), positions, m)
+        return terms
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
         weighted_parameters, total_weight = split_weights_sum(sums[WEIGHTS])

@@ -24,7 +24,6 @@ from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, evaluate_model, ratio
-from fedgl_secure.fedgl.fusion import scatter_to_global
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import EMBEDDINGS, PREDICTIONS, Broadcast, build_method
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
@@ -299,18 +298,11 @@ def protect_contributions(
     for k, contribution in contributions.items():
         trainer = trainers[k]
         weight = client_weight(trainer.num_nodes)
-        if privacy.active and (PREDICTIONS in contribution or EMBEDDINGS in contribution):
+        stopped = privacy.banks[k].stopped_round is not None  # it will refuse: no outputs to recompute
+        if privacy.active and not stopped and (PREDICTIONS in contribution or EMBEDDINGS in contribution):
             # P_k and H_k with the public W̄ (their sensitivity assumes it); β = 0 was checked at set-up
             output = public_model_outputs(trainer, broadcast.weights, trainer.graph.adjacency(None, 0.0, False))
-            positions = torch.as_tensor(trainer.graph.positions)
-            m = trainer.graph.num_global_nodes
-            contribution = dict(contribution)
-            if PREDICTIONS in contribution:
-                probabilities = torch.softmax(output.logits, 1).cpu()
-                contribution[PREDICTIONS] = scatter_to_global(weight * probabilities, positions, m)
-            if EMBEDDINGS in contribution:
-                embedding = output.logits if method.ssl.embedding == "output" else output.hidden
-                contribution[EMBEDDINGS] = scatter_to_global(weight * embedding.cpu(), positions, m)
+            contribution = {**contribution, **method.node_terms(trainer, output, weight)}
         released = privacy.protect(k, round_number, contribution, broadcast.weights, weight)
         if released is not None:
             protected[k] = released

@@ -410,13 +410,13 @@ def link_inference_auc(
         raise ValueError(f"pseudo graph has {pseudo_graph.num_nodes} rows, num_nodes is {num_nodes}")
     if embeddings is not None and embeddings.shape[0] != num_nodes:
         raise ValueError(f"embeddings have {embeddings.shape[0]} rows, num_nodes is {num_nodes}")
-    positives = _undirected_pairs(true_edge_index, num_nodes)
-    if positives.size == 0:
+    edges = positives = _undirected_pairs(true_edge_index, num_nodes)
+    if edges.size == 0:
         raise ValueError("link inference needs at least one true edge")
     rng = numpy_stream(seed, "privacy", "link")
-    if max_pairs is not None and positives.size > max_pairs:
-        positives = np.sort(rng.choice(positives, size=max_pairs, replace=False))
-    negatives = sample_non_edges(_undirected_pairs(true_edge_index, num_nodes), num_nodes, positives.size, rng)
+    if max_pairs is not None and edges.size > max_pairs:
+        positives = np.sort(rng.choice(edges, size=max_pairs, replace=False))
+    negatives = sample_non_edges(edges, num_nodes, positives.size, rng)
     keys = np.concatenate([positives, negatives])
     rows, cols = keys // num_nodes, keys % num_nodes
     split = positives.size

@@ -396,6 +396,7 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
         section.add("ledgers", RED, f"the policy has DP but the run recorded no ledger under {PRIVACY_DIR}/")
         return section
     rows = []
+    channels = policy_channels(ledgers)
     for bank, ledger in sorted(ledgers.items()):
         total = ledger.epsilon(delta, accountant)
         by_channel = ledger.epsilon_by_channel(delta, accountant)
@@ -408,7 +409,7 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
         else:
             section.add(f"budget:{bank}", GREEN, f"{where} ({fraction:.0%} spent)")
         used = [c for c in ledger.channels if any(r.channel == c for r in ledger.releases)]
-        rows.append((bank, total, budget.epsilon, *(by_channel[c] for c in policy_channels(ledgers))))
+        rows.append((bank, total, budget.epsilon, *(by_channel[c] for c in channels)))
         history = ledger.history(delta, accountant)
         series = {"total": [(p.round, p.epsilon) for p in history]}
         for channel in used:
@@ -416,9 +417,7 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
         section.plots.append(
             Plot(f"ε spent by {bank} over rounds", "round", f"ε at δ = {delta:g}", series, budget.epsilon, "budget")
         )
-    section.tables.insert(
-        0, Table("ε spent per bank", ("bank", "ε total", "budget", *policy_channels(ledgers)), tuple(rows))
-    )
+    section.tables.insert(0, Table("ε spent per bank", ("bank", "ε total", "budget", *channels), tuple(rows)))
     section.notes.append(
         "Per-channel ε is each channel composed on its own; composed together they are sub-additive, "
         "so the channels do not add up to the total."

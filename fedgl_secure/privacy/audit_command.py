@@ -15,8 +15,6 @@ import typer
 
 from fedgl_secure.errors import FedGLError
 
-audit_app = typer.Typer(help="Audit finished runs against their privacy policy.", rich_markup_mode=None)
-
 
 class ReportFormat(str, Enum):
     md = "md"
@@ -24,7 +22,6 @@ class ReportFormat(str, Enum):
     json = "json"
 
 
-@audit_app.command("audit")
 def audit(
     run_dir: Annotated[Path, typer.Argument(help="the run directory (run.json, policy.toml, model.npz, ...)")],
     policy: Annotated[
