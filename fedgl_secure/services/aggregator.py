@@ -43,7 +43,7 @@ from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
-from fedgl_secure.errors import CiphertextError, ConfigError, DecryptionRefused, FedGLError
+from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, ratio
 from fedgl_secure.fedgl.methods import Broadcast, build_method
@@ -140,13 +140,7 @@ def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind
     if len(chunks) != expected:
         raise CiphertextError(f"{kind}: {len(chunks)} ciphertext chunks, expected {expected} for {length} values")
     for index, data in enumerate(chunks):
-        try:
-            vector = ts.ckks_vector_from(context, bytes(data))
-        except (ValueError, RuntimeError, TypeError) as error:
-            raise CiphertextError(
-                f"{kind}, chunk {index}: not a CKKS ciphertext of this context ({len(data)} bytes; malformed, "
-                f"truncated, or made under other parameters): {error}"
-            ) from None
+        vector = ckks._load_chunk(context, data, f"{kind}, chunk {index}")
         want = max(0, min(slots, length - index * slots))
         if vector.size() != want:
             raise CiphertextError(f"{kind}, chunk {index}: holds {vector.size()} values, expected {want}")
@@ -172,16 +166,18 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
             f"the experiment's method {config.method!r} uploads {list(kinds)}, but the policy's allowed_kinds "
             f"{list(policy.allowed_kinds)} keep {refused} inside the banks; allow them or choose another method"
         )
-    per_round = (
-        num_banks
-        if config.federation.participation >= 1
-        else max(1, int(round(config.federation.participation * num_banks)))
-    )
-    if per_round < max(2, policy.quorum):
+    # the count of participants is the same every round; only which banks changes
+    per_round = len(select_participants(num_banks, config.federation.participation, config.seed, 1))
+    if per_round < _quorum(policy):
         raise ConfigError(
             f"participation {config.federation.participation} of {num_banks} banks gives {per_round} per round, "
-            f"below the policy's quorum {max(2, policy.quorum)}: no round could ever be decrypted"
+            f"below the policy's quorum {_quorum(policy)}: no round could ever be decrypted"
         )
+
+
+def _quorum(policy: Policy) -> int:
+    """Banks a round's sum needs: the policy's quorum, and never fewer than two (one bank's sum is its data)."""
+    return max(2, policy.quorum)
 
 
 @dataclass
@@ -260,6 +256,7 @@ class Coordinator:
         self._started = time.monotonic()
         self._finished = store.get_meta("finished") == "1"
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
+        self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
 
     # --- request handlers (any thread) ----------------------------------------------------
 
@@ -390,7 +387,7 @@ class Coordinator:
 
     def status(self) -> dict:
         reports = self.store.pooled_reports()
-        history = round_history(self.store)
+        history = round_history(self.store, reports)
         best = max(reports.items(), key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
         return {
             "federation": self.federation,
@@ -460,10 +457,13 @@ class Coordinator:
         self.log.info("index.built", num_global_nodes=size, banks=len(self.banks))
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
-        size, _ = self._index
-        first = self.store.enrolment(self.banks[0])
-        num_parameters = int(initial_parameters(self.config, first.num_features, first.num_classes).numel())
-        return self.method.upload_shapes(num_parameters, size, first.num_classes)
+        """Every round's upload shapes (computed once: they depend only on the index and the dimensions)."""
+        if self._upload_shapes is None:
+            size, _ = self._index
+            first = self.store.enrolment(self.banks[0])
+            num_parameters = int(initial_parameters(self.config, first.num_features, first.num_classes).numel())
+            self._upload_shapes = self.method.upload_shapes(num_parameters, size, first.num_classes)
+        return self._upload_shapes
 
     def _resume(self) -> int:
         """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
@@ -490,9 +490,6 @@ class Coordinator:
         now = time.monotonic()
         names = tuple(self.banks[k] for k in chosen)
         return names, tuple(b for b in names if now - self._seen.get(b, -1e18) <= self.liveness_seconds)
-
-    def _quorum(self) -> int:
-        return max(2, self.policy.quorum)
 
     def _pinned_contributors(self, version: int) -> tuple[str, ...]:
         """Banks whose sums for a round from ``version`` were already decrypted, if that round never applied.
@@ -524,8 +521,8 @@ class Coordinator:
                         return pinned, len(pinned)
                 else:
                     waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
-                    if len(live) >= self._quorum() and (len(live) == len(chosen) or waited_long_enough):
-                        return live, self._quorum()
+                    if len(live) >= _quorum(self.policy) and (len(live) == len(chosen) or waited_long_enough):
+                        return live, _quorum(self.policy)
                 self._changed.wait(0.2)
         return None
 
@@ -582,7 +579,7 @@ class Coordinator:
             log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
         try:
             sums = self._decrypt_sums(current, complete)
-        except (DecryptionRefused, FedGLError) as error:
+        except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
             return "abandoned"

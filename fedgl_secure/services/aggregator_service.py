@@ -18,6 +18,7 @@ POST     /v1/reports                             bank     evaluation counts of a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import httpx
@@ -25,6 +26,7 @@ import numpy as np
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.log import configure_logging, get_logger
@@ -49,6 +51,7 @@ RECEIPT_HEADER = "X-FedGL-Receipt"
 MAX_PSEUDONYMS = 50_000_000
 MAX_CHUNKS = 65_536  # 268 M values at N = 8192
 MAX_CHUNK_BYTES = 8 * 1024 * 1024  # a fresh N = 32768 ciphertext is ≈ 1-4 MiB
+_PSEUDONYM = re.compile(PSEUDONYM_PATTERN)
 
 
 class _Schema(BaseModel):
@@ -61,10 +64,7 @@ class EnrolRequest(_Schema):
     pseudonyms: list[str] = Field(min_length=1, max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
-        import re
-
-        pattern = re.compile(PSEUDONYM_PATTERN)
-        bad = next((p for p in self.pseudonyms if not pattern.match(p)), None)
+        bad = next((p for p in self.pseudonyms if not _PSEUDONYM.match(p)), None)
         if bad is not None:
             raise ProtocolConflict("bad-enrolment", f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
         return self.pseudonyms
@@ -156,8 +156,6 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
                 "wrong-sender", f"the receipt names {receipt.sender!r}, the certificate {caller.name!r}"
             )
         # ciphertext parsing is CPU-bound: off the event loop
-        from starlette.concurrency import run_in_threadpool
-
         new = await run_in_threadpool(coordinator.accept_upload, caller.name, round_number, kind, chunks, receipt)
         return UploadResponse(accepted=True, duplicate=not new)
 

@@ -316,9 +316,15 @@ def _round_row(row: tuple) -> RoundRow:
     )
 
 
-def round_history(store: AggregatorStore) -> list[dict]:
-    """Every round as a row for status pages and run records, with the pooled accuracy of its result."""
-    reports = store.pooled_reports()
+def round_history(
+    store: AggregatorStore, reports: dict[int, tuple[int, int, int, int, int]] | None = None
+) -> list[dict]:
+    """Every round as a row for status pages and run records, with the pooled accuracy of its result.
+
+    ``reports`` is :meth:`AggregatorStore.pooled_reports` when the caller has already read it.
+    """
+    if reports is None:
+        reports = store.pooled_reports()
     history = []
     for row in store.rounds():
         pooled = reports.get(row.base_version + 1) if row.status == "applied" else None

@@ -101,12 +101,7 @@ def consortium_slices(
     config: ExperimentConfig, consortium: ConsortiumConfig, data_root: str | None
 ) -> list[GraphDataset]:
     """Every bank's graph, in the consortium's bank order (slice k of the experiment's dataset for bank k)."""
-    banks = [bank.name for bank in consortium.banks]
-    if len(config.federation.proportions) != len(banks):
-        raise ConfigError(
-            f"{consortium.source}: experiment.federation.proportions has {len(config.federation.proportions)} "
-            f"entries for {len(banks)} banks; give one per bank"
-        )
+    # one proportion per bank is checked when the consortium file is loaded (ConsortiumConfig)
     dataset = load_dataset(config.dataset, data_root, seed=config.seed)
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
@@ -260,7 +255,7 @@ class BankWorker:
         while not stop.is_set():
             try:
                 view = self.aggregator.current_round()
-            except (ProtocolConflict, FedGLError, OSError) as error:
+            except (FedGLError, OSError) as error:  # ProtocolConflict included
                 self.log.warning("round.poll_failed", error=str(error)[:300])
                 stop.wait(self.poll_seconds * 5)
                 continue
@@ -439,16 +434,16 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
     slices = consortium_slices(config, consortium, node.bank.data_root)
-    graph = slices[[bank.name for bank in consortium.banks].index(node.name)]
+    client_index = [bank.name for bank in consortium.banks].index(node.name)
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
     public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
     worker = BankWorker(
         name=node.name,
         federation=consortium.federation,
-        client_index=[bank.name for bank in consortium.banks].index(node.name),
+        client_index=client_index,
         config=config,
-        graph=graph,
+        graph=slices[client_index],
         aggregator=AggregatorClient(agg_http),
         public_context=public_context,
         policy=policy,

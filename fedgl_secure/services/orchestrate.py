@@ -35,7 +35,6 @@ class NodeFailed(FedGLError):
 class NodeProcess:
     name: str
     role: NodeRole
-    config: Path
     log_path: Path
     process: subprocess.Popen
 
@@ -160,7 +159,7 @@ def consortium_up(
     try:
         for node in order:
             process = start_node_process(configs[node.name], logs / f"{node.name}.log")
-            processes.append(NodeProcess(node.name, node.role, configs[node.name], logs / f"{node.name}.log", process))
+            processes.append(NodeProcess(node.name, node.role, logs / f"{node.name}.log", process))
         echo(f"started {len(processes)} nodes; logs in {logs}")
         applied = 0
         while True:

@@ -87,7 +87,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
     reports = store.pooled_reports()
     rows = store.rounds()
     round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
-    history = round_history(store)
+    history = round_history(store, reports)
     best = max(
         ((v, r) for v, r in reports.items() if v in round_of_version),
         key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]),
