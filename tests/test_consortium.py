@@ -79,7 +79,7 @@ def test_roles_are_authorised_on_every_service(finished_consortium):
         assert opened.status_code == 403, opened.text
         assert "bank" in opened.json()["detail"]
         decrypt = http.post("/v1/decrypt", content=b"FGC1")
-        assert decrypt.status_code in (400, 403)
+        assert decrypt.status_code == 403 and decrypt.json()["error"] == "not-aggregator"
         assert http.get("/v1/context").status_code == 200  # the public context is for every member
     with consortium.client("key-authority", "aggregator") as http:
         assert http.get("/v1/round").status_code == 403

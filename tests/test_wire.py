@@ -224,13 +224,13 @@ def test_bad_headers_name_header_and_fields(value, message):
 # --- HTTP error conventions ----------------------------------------------------------------------
 
 
-def _app(limit: int = 100) -> FastAPI:
+def _app() -> FastAPI:
     app = FastAPI()
     wire.install_error_handlers(app, max_body_bytes=1000)
 
     @app.post("/body")
     async def body(request: Request) -> dict:
-        return {"size": len(await wire.read_body(request, limit))}
+        return {"size": len(await request.body())}
 
     @app.post("/json")
     def json_body(meta: _Meta) -> dict:
@@ -293,21 +293,21 @@ def test_errors_come_back_as_exceptions(client):
 
 
 def test_body_limits(client):
-    response = client.post("/body", content=b"x" * 101)
+    response = client.post("/body", content=b"x" * 1001)
     assert response.status_code == 413
     assert response.json() == {
         "error": "body-too-large",
-        "detail": "request body declares 101 bytes (Content-Length); the limit is 100 bytes",
+        "detail": "request body declares 1001 bytes (Content-Length); the limit is 1000 bytes",
     }
 
     def stream():  # no Content-Length: the streamed size is what counts
-        yield b"x" * 60
-        yield b"x" * 60
+        yield b"x" * 600
+        yield b"x" * 600
 
     response = client.post("/body", content=stream())
     assert response.status_code == 413
-    assert response.json()["detail"] == "request body exceeds the limit of 100 bytes (120 bytes read so far)"
-    # the app-wide cap applies before JSON parsing, to endpoints that never call read_body
+    assert response.json()["detail"] == "request body exceeds the limit of 1000 bytes (1200 bytes read so far)"
+    # the cap applies before JSON parsing too
     response = client.post("/json", content=b" " * 1001, headers={"Content-Type": "application/json"})
     assert response.status_code == 413
     assert response.json()["detail"] == "request body declares 1001 bytes (Content-Length); the limit is 1000 bytes"
@@ -322,7 +322,7 @@ def test_body_limits(client):
     response = client.post("/body", content=b"x", headers={"Content-Length": "-5"})
     assert response.status_code == 400
     assert "Content-Length '-5' is not a non-negative integer" in response.json()["detail"]
-    assert client.post("/body", content=b"x" * 100).json() == {"size": 100}
+    assert client.post("/body", content=b"x" * 1000).json() == {"size": 1000}
 
 
 def test_validation_errors_keep_the_error_shape(client):

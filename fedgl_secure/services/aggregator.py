@@ -24,7 +24,6 @@ after its last applied round; a round is applied once or not at all.
 
 from __future__ import annotations
 
-import io
 import secrets
 import threading
 import time
@@ -52,6 +51,7 @@ from fedgl_secure.fedgl.simulation import initial_parameters
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, round_history
 from fedgl_secure.services.pseudonyms import union_positions
 
@@ -95,21 +95,22 @@ def encode_broadcast(broadcast: Broadcast) -> bytes:
     if broadcast.pseudo_graph is not None:
         arrays["pseudo_graph_neighbors"] = broadcast.pseudo_graph.neighbors.cpu().numpy().astype(np.int64)
         arrays["pseudo_graph_weights"] = broadcast.pseudo_graph.weights.cpu().numpy().astype(np.float32)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
+    return wire.encode_arrays(arrays)
 
 
 def decode_broadcast(version: int, data: bytes, num_parameters: int, num_global_nodes: int) -> Broadcast:
-    """A broadcast from its bytes, checked against the shapes this bank expects."""
+    """A broadcast from its bytes, checked against the shapes this bank expects.
+
+    ``wire.decode_arrays`` refuses pickles, non-finite values and archives that expand past the
+    size limit; the shapes are checked here.
+    """
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, EOFError) as error:
-        raise CiphertextError(f"model version {version}: not a valid array bundle ({error})") from None
+        arrays = wire.decode_arrays(data)
+    except wire.WireError as error:
+        raise CiphertextError(f"model version {version}: {error}") from None
     weights = arrays.get("weights")
-    if weights is None or weights.shape != (num_parameters,) or not np.all(np.isfinite(weights)):
-        raise CiphertextError(f"model version {version}: weights missing, non-finite or not {num_parameters} values")
+    if weights is None or weights.shape != (num_parameters,):
+        raise CiphertextError(f"model version {version}: weights missing or not {num_parameters} values")
     labels = arrays.get("pseudo_labels")
     if labels is not None and labels.shape != (num_global_nodes,):
         raise CiphertextError(f"model version {version}: pseudo labels are not {num_global_nodes} values")

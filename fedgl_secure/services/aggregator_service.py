@@ -149,7 +149,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         round_number: int, kind: str, request: Request, caller: Caller = Depends(bank_only)
     ) -> UploadResponse:
         receipt = wire.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
-        body = await wire.read_body(request, max_body_bytes)
+        body = await request.body()  # capped by the app's BodyLimitMiddleware (413)
         chunks = wire.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=MAX_CHUNK_BYTES)
         if receipt.sender != caller.name:
             raise ProtocolConflict(

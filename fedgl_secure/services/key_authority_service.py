@@ -38,9 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.key_authority import KeyAuthority
+from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.errors import ConfigError, ContextError
+from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import HEParameters, load_policy
 from fedgl_secure.services import pki, tls, wire
@@ -164,7 +164,14 @@ def create_app(
         openapi_extra=_DECRYPT_OPENAPI,
     )
     async def decrypt(request: Request, caller: AnyCaller) -> Response:
-        meta = wire.decode_header(request.headers.get(DECRYPT_HEADER), DecryptRequest, DECRYPT_HEADER)
+        try:
+            meta = wire.decode_header(request.headers.get(DECRYPT_HEADER), DecryptRequest, DECRYPT_HEADER)
+        except wire.WireError:
+            if caller.role is not NodeRole.AGGREGATOR:  # the role decides first: never a 400 for a bank
+                raise DecryptionRefused(
+                    Refusal.NOT_AGGREGATOR.value, f"role {caller.role.value!r} may not request decryption"
+                ) from None
+            raise
         bound = log.bind(caller=caller.name, federation=meta.federation, round=meta.round, kind=meta.kind)
         if caller.role is not NodeRole.AGGREGATOR:
             # Refused by the library, without reading the body, so the attempt lands in the audit log.

@@ -308,20 +308,6 @@ def _declared_length(headers: Mapping[str, str]) -> int | None:
     return length
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 if ``Content-Length`` or the streamed bytes exceed ``limit``."""
-    declared = _declared_length(request.headers)
-    if declared is not None and declared > limit:
-        raise _too_large(declared, limit, declared=True)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise _too_large(size, limit, declared=False)
-        parts.append(part)
-    return b"".join(parts)
-
-
 class BodyLimitMiddleware:
     """Caps every request body at ``max_bytes`` (JSON bodies included, before they are parsed).
 
