@@ -167,12 +167,13 @@ def _statuses(run_dir: Path, **kwargs) -> dict[str, str]:
 
 def test_clean_strict_dp_run_is_all_green_in_every_format(run_dir, tmp_path):
     started = time.perf_counter()
-    statuses = _statuses(run_dir)
+    statuses = _statuses(run_dir, reference=False)
+    assert statuses.pop("attacks/membership-reference") == "info"  # skipped: information, never a pass
     assert set(statuses.values()) == {"green"}, {k: v for k, v in statuses.items() if v != "green"}
     for key in ("decryptions/once-per-round-kind", "audit-log/chain", "receipts/signatures", "attacks/membership"):
         assert key in statuses
 
-    result = _audit(run_dir, "--format", "json")
+    result = _audit(run_dir, "--format", "json", "--no-reference")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["status"] == "green"
@@ -353,3 +354,181 @@ def test_svg_plot_is_valid_xml_with_budget_line_and_axes_covering_it():
     root = ET.fromstring(svg)
     assert root.tag.endswith("svg") and "stroke-dasharray" in svg and "budget 8" in svg
     assert _ticks(0, 8.4)[-1] >= 8.4 and _ticks(1, 3, integer=True) == [1, 1.5, 2, 2.5, 3][::2]
+
+
+# --- the without-DP reference of membership inference ----------------------------------------------------
+
+PARAMETERS = 16 * (100 + 1 + 4) + 4  # the synthetic dataset's GCN (hidden 16, 100 features, 4 classes)
+
+
+def _reference_dir(root: Path, weights: np.ndarray, **config: object) -> Path:
+    """A plaintext run directory without a policy (hence no DP), of the fixture's experiment unless ``config``."""
+    root.mkdir()
+    record = _run_record(ROUNDS, secure=False, banks=())
+    record["policy"] = None
+    record["result"]["config"].update(config)
+    record["result"].update(config)
+    (root / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    np.savez(root / "model.npz", weights=weights.astype(np.float32))
+    return root
+
+
+def _merged_synthetic():
+    from fedgl_secure.data.registry import load_dataset
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+
+    config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"})
+    return Federation.build(load_dataset("synthetic", None, 0), config, resolve_device("cpu")).merged
+
+
+def _membership_figures(document: dict) -> dict:
+    attacks = next(s for s in document["sections"] if s["key"] == "attacks")
+    return attacks["data"]["membership"]
+
+
+def _check(report, name: str):
+    return next(c for key, c in report.checks() if key == "attacks" and c.name == name)
+
+
+def _no_retraining(monkeypatch) -> None:
+    """Make any retraining fail the test: the paths under test must not train anything."""
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the reference was retrained")
+
+    monkeypatch.setattr("fedgl_secure.privacy.reference.retrain_reference", refuse)
+
+
+def test_reference_of_another_experiment_or_with_dp_exits_2_naming_the_problem(run_dir, tmp_path):
+    weights = np.zeros(PARAMETERS)
+    other = _reference_dir(tmp_path / "cora-ref", weights, dataset="cora")
+    result = _audit(run_dir, "--reference", other)
+    assert result.exit_code == 2, result.output
+    assert "is not the audited run's experiment" in result.stderr
+    assert "dataset: run 'synthetic', reference 'cora'" in result.stderr
+
+    proportions = _reference_dir(tmp_path / "split-ref", weights)
+    record = json.loads((proportions / "run.json").read_text(encoding="utf-8"))
+    record["result"]["config"]["federation"]["proportions"] = [0.5, 0.5]
+    (proportions / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    result = _audit(run_dir, "--reference", proportions, "--no-attacks")
+    assert result.exit_code == 2 and "federation.proportions: run [0.3" in result.stderr
+
+    result = _audit(run_dir, "--reference", run_dir)  # the DP run itself is no reference
+    assert result.exit_code == 2 and "the run has DP" in result.stderr
+    result = _audit(run_dir, "--reference", tmp_path / "nowhere")
+    assert result.exit_code == 2 and "not a directory" in result.stderr
+    result = _audit(run_dir, "--reference", other, "--no-reference")
+    assert result.exit_code == 2 and "contradict" in result.stderr
+
+
+def test_dp_run_with_a_reference_reports_both_aucs_and_their_difference(run_dir, tmp_path, monkeypatch):
+    import torch
+
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    _no_retraining(monkeypatch)
+    weights = np.random.default_rng(7).normal(0.0, 0.5, PARAMETERS)
+    reference = _reference_dir(tmp_path / "ref", weights)
+    result = _audit(run_dir, "--reference", reference, "--format", "json")
+    assert result.exit_code == 0, result.output
+    figures = _membership_figures(json.loads(result.stdout))
+
+    direct = membership_inference_auc(torch.as_tensor(weights, dtype=torch.float32), _merged_synthetic(), seed=0)
+    assert figures["dp"] is True
+    assert figures["run"]["auc"] == pytest.approx(0.5)  # the fixture's all-zero model
+    assert figures["reference"]["status"] == "computed"
+    assert figures["reference"]["auc"] == pytest.approx(direct.auc, abs=1e-12)
+    assert figures["reference"]["auc_stderr"] == pytest.approx(direct.auc_stderr, abs=1e-12)
+    assert abs(direct.auc - 0.5) > 1e-3  # so the reference's model, not the run's, was attacked
+    assert figures["difference"] == pytest.approx(0.5 - direct.auc)
+    assert figures["difference_stderr"] > max(figures["run"]["auc_stderr"], direct.auc_stderr)
+    assert str(reference) in figures["reference"]["source"]
+
+    report = audit_run(run_dir, reference_dir=reference)
+    check = _check(report, "membership-reference")
+    assert check.status == "info" and f"{direct.auc:.3f}" in check.detail
+    from fedgl_secure.privacy.report import render_html, render_markdown
+
+    for text in (render_markdown(report), render_html(report)):
+        assert "Membership inference with and without DP" in text
+        assert "difference (run − reference)" in text and f"{direct.auc:.4g}" in text
+
+
+def test_a_high_reference_auc_is_information_not_a_failure(run_dir, tmp_path, monkeypatch):
+    from fedgl_secure.privacy.attacks import MembershipResult
+
+    leaky = MembershipResult(auc=0.97, members=50, nonmembers=50, attack="loss", auc_stderr=0.01)
+    monkeypatch.setattr("fedgl_secure.privacy.audit._reference_membership", lambda *_args: leaky)
+    report = audit_run(run_dir, reference_dir=_reference_dir(tmp_path / "ref", np.zeros(PARAMETERS)))
+    assert _check(report, "membership-reference").status == "info"
+    assert _check(report, "membership").status == "green"
+    assert report.status == "green" and report.exit_code(strict=True) == 0
+
+
+def test_dp_run_retrains_its_reference_without_dp_for_the_rounds_it_ran(run_dir, monkeypatch):
+    from fedgl_secure.data.registry import load_dataset
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    events: list[tuple[str, dict]] = []
+
+    class Recorder:
+        def info(self, event: str, **values) -> None:
+            events.append((event, values))
+
+    monkeypatch.setattr("fedgl_secure.privacy.reference.get_logger", lambda **_context: Recorder())
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run["result"]["rounds_run"] = 1  # the config says max_rounds = 300: the reference trains as long as the run did
+    run["result"]["config"]["training"]["local_epochs"] = 1  # a small experiment keeps the test fast
+    (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    report = audit_run(run_dir)  # no --reference: retrained from run.json
+    assert [values["rounds"] for event, values in events if event == "audit.reference.retraining"] == [1]
+    figures = report.sections[-1].data["membership"]
+    assert figures["reference"]["status"] == "computed"
+    assert figures["reference"]["source"].startswith("retrained in-process (1 rounds")
+
+    config = build_config(
+        {
+            "dataset": "synthetic",
+            "seed": 0,
+            "device": "cpu",
+            "training": {"local_epochs": 1},
+            "federation": {"max_rounds": 1},
+        }
+    )
+    final = []
+    run_experiment(config, load_dataset("synthetic", None, 0), progress=False, observer=final.append)
+    direct = membership_inference_auc(final[-1].weights, _merged_synthetic(), seed=0)
+    assert figures["reference"]["auc"] == pytest.approx(direct.auc, abs=1e-9)
+    assert figures["difference"] == pytest.approx(0.5 - direct.auc, abs=1e-9)
+
+
+def test_no_reference_skips_it_as_information(run_dir, monkeypatch):
+    _no_retraining(monkeypatch)
+    result = _audit(run_dir, "--no-reference", "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    attacks = next(s for s in document["sections"] if s["key"] == "attacks")
+    check = next(c for c in attacks["checks"] if c["name"] == "membership-reference")
+    assert check["status"] == "info" and "skipped (--no-reference)" in check["detail"]
+    assert attacks["data"]["membership"]["reference"]["status"] == "skipped"
+    assert "difference" not in attacks["data"]["membership"]
+    assert not any(t["title"] == "Membership inference with and without DP" for t in attacks["tables"])
+
+
+def test_run_without_dp_needs_no_reference(run_dir, monkeypatch):
+    _no_retraining(monkeypatch)
+    (run_dir / "policy.toml").write_text(_policy_text("baseline.toml"), encoding="utf-8")
+    check = _check(audit_run(run_dir), "membership-reference")
+    assert check.status == "info" and check.detail == "run has no DP; its AUC is the without-DP figure"
+
+
+def test_reference_of_a_run_that_completed_no_round_is_not_computed(run_dir):
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run["result"]["rounds_run"] = 0  # e.g. a consortium export whose federation never applied a round
+    (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    check = _check(audit_run(run_dir), "membership-reference")
+    assert check.status == "info" and "records no completed round" in check.detail

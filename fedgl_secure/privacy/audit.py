@@ -2,7 +2,8 @@
 
 :func:`audit_run` reads a run directory and returns an :class:`AuditReport`: sections of checks,
 each ``green`` (conforms), ``amber`` (conforms, but a risk officer should know: no DP, a budget
-almost spent, an attack not run) or ``red`` (a violation or evidence that does not verify). Rendering
+almost spent, an attack not run), ``red`` (a violation or evidence that does not verify) or ``info``
+(context that is no verdict, such as the attack's power on a model trained without DP). Rendering
 (Markdown, HTML, JSON, plots) is :mod:`fedgl_secure.privacy.report`; the command is
 :mod:`fedgl_secure.privacy.audit_command`.
 
@@ -22,6 +23,8 @@ Sections, in report order:
 6. ``leakage`` — the leakage ledger (what crosses which boundary), from docs/threat-model.md §3.
 7. ``attacks`` — membership inference on the final global model and link inference from the
    pseudo graph (:mod:`fedgl_secure.privacy.attacks`); amber "not run" when the data is missing.
+   For a DP run, the membership AUC of a non-DP reference of the same experiment is reported
+   beside it (:mod:`fedgl_secure.privacy.reference`), as ``info``.
 
 Run directory layout (written by the simulation and the consortium)::
 
@@ -43,17 +46,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from fedgl_secure.errors import ConfigError, FedGLError
 
-Status = Literal["green", "amber", "red"]
+if TYPE_CHECKING:
+    from fedgl_secure.data.graph import GraphDataset
+    from fedgl_secure.fedgl.config import ExperimentConfig
+    from fedgl_secure.fedgl.graph_tensors import GraphTensors
+    from fedgl_secure.privacy.attacks import LinkResult, MembershipResult
+    from fedgl_secure.privacy.reference import ReferenceModel, ReferencePlan
+
+Status = Literal["info", "green", "amber", "red"]
+INFO: Status = "info"  # context, not a verdict: never raises a section's or the report's status
 GREEN: Status = "green"
 AMBER: Status = "amber"
 RED: Status = "red"
-_RANK = {GREEN: 0, AMBER: 1, RED: 2}
+_RANK = {INFO: -1, GREEN: 0, AMBER: 1, RED: 2}
 
 # ε spent at or above this fraction of the budget is amber ("almost spent").
 BUDGET_WARNING_FRACTION = 0.9
@@ -120,6 +131,8 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # machine-readable figures for the JSON report (the tables carry the same for Markdown and HTML)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def add(self, name: str, status: Status, detail: str) -> Check:
         check = Check(name, status, detail)
@@ -132,7 +145,7 @@ class Section:
 
 
 def worst(statuses: Iterable[Status]) -> Status:
-    """The most severe status (green for none)."""
+    """The most severe status (green for none; info only when every status is info)."""
     return max(statuses, key=_RANK.__getitem__, default=GREEN)
 
 
@@ -773,62 +786,46 @@ def leakage_section(files: RunFiles) -> Section:
 # --- 7. empirical attacks ------------------------------------------------------------------------------
 
 
-def attack_section(files: RunFiles, data_root: str | Path | None = None, seed: int = 0) -> Section:
-    """Membership inference on W̄ and link inference on Ā; amber "not run" when the graph cannot be rebuilt."""
+def attack_section(
+    files: RunFiles,
+    data_root: str | Path | None = None,
+    seed: int = 0,
+    reference: ReferencePlan | None = None,
+) -> Section:
+    """Membership inference on W̄ (beside a non-DP reference for a DP run) and link inference on Ā.
+
+    Amber "not run" when the graph cannot be rebuilt. ``reference`` (default: retrain) says where
+    the without-DP model comes from (:mod:`fedgl_secure.privacy.reference`).
+    """
+    from fedgl_secure.privacy.reference import ReferencePlan
+
     section = Section("attacks", "Empirical attacks")
     try:
-        merged = _merged_graph(files, data_root)
+        config, dataset = _experiment(files, data_root)
+        merged = _merged(config, dataset)
     except (FedGLError, OSError, ValueError, KeyError) as error:
         section.add("not-run", AMBER, f"attacks not run: the merged graph could not be rebuilt ({error})")
         return section
-    import torch
-
-    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
-    from fedgl_secure.privacy.attacks import link_inference_auc, membership_inference_auc, true_edge_index
-
-    dp = "with DP" if files.policy.has_dp else "without DP"
-    rows = []
-    try:
-        weights = torch.as_tensor(files.model["weights"], dtype=torch.float32).reshape(-1)
-        hidden = (files.run.get("config") or {}).get("training", {}).get("hidden")
-        membership = membership_inference_auc(weights, merged, seed=seed, hidden=hidden)
-    except (ValueError, RuntimeError) as error:
-        section.add("membership", AMBER, f"membership inference not run: {error}")
-    else:
-        auc, se = membership.auc, membership.auc_stderr
-        status = GREEN if auc <= MEMBERSHIP_AUC_GREEN else AMBER if auc <= MEMBERSHIP_AUC_RED else RED
-        section.add(
-            "membership",
-            status,
-            f"membership inference on the final global model ({dp}): AUC {auc:.3f} ± {se:.3f} "
-            f"(best of {', '.join(membership.variants)}: {membership.attack}; {membership.members} members vs "
-            f"{membership.nonmembers} non-members; green ≤ {MEMBERSHIP_AUC_GREEN}, red > {MEMBERSHIP_AUC_RED})",
+    rows: list[tuple[Any, ...]] = []
+    membership = _membership(section, files, merged, seed)
+    if membership is not None:
+        rows.append(
+            (
+                "membership",
+                membership.attack,
+                membership.auc,
+                membership.auc_stderr,
+                membership.members,
+                json.dumps(membership.variants),
+            )
         )
-        rows.append(("membership", membership.attack, auc, se, membership.members, json.dumps(membership.variants)))
-    if "pseudo_graph_neighbors" in files.model and "pseudo_graph_weights" in files.model:
-        try:
-            pseudo = PseudoGraph(
-                torch.as_tensor(files.model["pseudo_graph_neighbors"], dtype=torch.int64),
-                torch.as_tensor(files.model["pseudo_graph_weights"], dtype=torch.float32),
-            )
-            link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
-        except (ValueError, RuntimeError) as error:
-            section.add("link", AMBER, f"link inference not run: {error}")
-        else:
-            status = GREEN if link.auc <= LINK_AUC_GREEN else AMBER
-            section.add(
-                "link",
-                status,
-                f"link inference from the pseudo graph ({dp}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
-                f"({link.positives} true edges vs {link.negatives} non-edges; green ≤ {LINK_AUC_GREEN}; "
-                "homophily alone lifts it above 0.5)",
-            )
-            rows.append(("link", link.attack, link.auc, link.auc_stderr, link.positives, json.dumps(link.variants)))
-    else:
-        section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
+    _membership_reference(section, files, membership, (config, dataset, merged), seed, reference or ReferencePlan())
+    link = _link(section, files, merged, seed)
+    if link is not None:
+        rows.append(("link", link.attack, link.auc, link.auc_stderr, link.positives, json.dumps(link.variants)))
     if rows:
-        section.tables.append(
-            Table("Attack AUCs", ("attack", "best variant", "AUC", "± s.e.", "positives", "variants"), tuple(rows))
+        section.tables.insert(
+            0, Table("Attack AUCs", ("attack", "best variant", "AUC", "± s.e.", "positives", "variants"), tuple(rows))
         )
     section.notes.append(
         "AUC 0.5 = guessing, 1.0 = perfect inference; the best variant is reported (favours the attacker)."
@@ -836,21 +833,225 @@ def attack_section(files: RunFiles, data_root: str | Path | None = None, seed: i
     return section
 
 
-def _merged_graph(files: RunFiles, data_root: str | Path | None):
-    """The federation's merged client graph, rebuilt from run.json's config (on the CPU)."""
+def _dp_phrase(files: RunFiles) -> str:
+    return "with DP" if files.policy.has_dp else "without DP"
+
+
+def _membership(section: Section, files: RunFiles, merged: GraphTensors, seed: int) -> MembershipResult | None:
+    """The run's own membership inference check (its thresholds); the result, or None when it could not run."""
+    import torch
+
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    try:
+        weights = torch.as_tensor(files.model["weights"], dtype=torch.float32).reshape(-1)
+        hidden = (files.run.get("config") or {}).get("training", {}).get("hidden")
+        membership = membership_inference_auc(weights, merged, seed=seed, hidden=hidden)
+    except (ValueError, RuntimeError) as error:
+        section.add("membership", AMBER, f"membership inference not run: {error}")
+        return None
+    auc, se = membership.auc, membership.auc_stderr
+    status = GREEN if auc <= MEMBERSHIP_AUC_GREEN else AMBER if auc <= MEMBERSHIP_AUC_RED else RED
+    section.add(
+        "membership",
+        status,
+        f"membership inference on the final global model ({_dp_phrase(files)}): AUC {auc:.3f} ± {se:.3f} "
+        f"(best of {', '.join(membership.variants)}: {membership.attack}; {membership.members} members vs "
+        f"{membership.nonmembers} non-members; green ≤ {MEMBERSHIP_AUC_GREEN}, red > {MEMBERSHIP_AUC_RED})",
+    )
+    section.data["membership"] = {"dp": files.policy.has_dp, "run": _auc_figures(membership)}
+    return membership
+
+
+def _auc_figures(result: MembershipResult) -> dict[str, Any]:
+    """The JSON figures of a :class:`~fedgl_secure.privacy.attacks.MembershipResult`."""
+    return {
+        "auc": result.auc,
+        "auc_stderr": result.auc_stderr,
+        "attack": result.attack,
+        "members": result.members,
+        "variants": dict(result.variants),
+    }
+
+
+def _membership_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult | None,
+    experiment: tuple[ExperimentConfig, GraphDataset, GraphTensors],
+    seed: int,
+    plan: ReferencePlan,
+) -> None:
+    """The without-DP side of membership inference, always ``info``.
+
+    It describes the attack (how well it does when nothing protects the model), not the run: a high
+    reference AUC is expected and must not colour the report; the run's own check carries the verdict.
+    ``experiment`` is ``(config, dataset, merged graph)`` as the audit rebuilt them.
+    """
+    if membership is None:
+        _reference_note(section, "not-run", "no reference: the run's own membership inference did not run")
+    elif not files.policy.has_dp:
+        _reference_note(section, "not-needed", "run has no DP; its AUC is the without-DP figure")
+    elif plan.skipped:
+        _reference_note(
+            section,
+            "skipped",
+            "reference skipped (--no-reference): the membership AUC without DP was not measured, so this report "
+            "does not show what DP changed",
+        )
+    else:
+        _computed_reference(section, files, membership, experiment, seed, plan)
+
+
+def _reference_note(section: Section, status: str, detail: str) -> None:
+    """An info line (and its JSON status) for a reference that was not computed, or not needed."""
+    section.add("membership-reference", INFO, detail)
+    section.data.setdefault("membership", {})["reference"] = {"status": status, "detail": detail}
+
+
+def _computed_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult,
+    experiment: tuple[ExperimentConfig, GraphDataset, GraphTensors],
+    seed: int,
+    plan: ReferencePlan,
+) -> None:
+    """The reference from ``--reference`` or retrained, attacked; a failure is an info line, not an error,
+    since the run's own verdict stands without it."""
+    from fedgl_secure.privacy.reference import completed_rounds, retrain_reference
+
+    config, dataset, merged = experiment
+    try:
+        model = plan.model or retrain_reference(config, dataset, completed_rounds(files.run), progress=plan.progress)
+        reference = _reference_membership(model, merged, seed)
+    except (FedGLError, OSError, ValueError, RuntimeError) as error:
+        _reference_note(section, "failed", f"reference not computed: {error}")
+        return
+    _report_reference(section, files, membership, model, reference)
+
+
+def _reference_membership(model: ReferenceModel, merged: GraphTensors, seed: int) -> MembershipResult:
+    """The same attack, same seed (so the same member and non-member nodes) on the reference's weights."""
+    import torch
+
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    weights = torch.as_tensor(model.weights, dtype=torch.float32).reshape(-1)
+    return membership_inference_auc(weights, merged, seed=seed, hidden=model.hidden)
+
+
+def _report_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult,
+    model: ReferenceModel,
+    reference: MembershipResult,
+) -> None:
+    """The info check, the with/without-DP table and the JSON figures of a computed reference.
+
+    The difference's standard error treats the two AUCs as independent; as both score the same
+    nodes they are positively correlated, so it overstates the uncertainty (conservative).
+    """
+    difference = membership.auc - reference.auc
+    difference_se = math.hypot(membership.auc_stderr, reference.auc_stderr)
+    rounds = files.run.get("rounds_run")
+    lag = f"; it trained {model.rounds} rounds, the run {rounds}" if model.rounds != rounds else ""
+    section.add(
+        "membership-reference",
+        INFO,
+        f"reference without DP, {model.source}{lag}: AUC {reference.auc:.3f} ± {reference.auc_stderr:.3f}; "
+        f"this run with DP: {membership.auc:.3f} ± {membership.auc_stderr:.3f}; difference (run − reference) "
+        f"{difference:+.3f} ± {difference_se:.3f}. Information, not a verdict: the attack's power on the model "
+        "without DP",
+    )
+    section.tables.append(
+        Table(
+            "Membership inference with and without DP",
+            ("model", "DP", "source", "AUC", "± s.e.", "best variant", "members"),
+            (
+                (
+                    "audited run",
+                    "yes",
+                    str(files.root),
+                    membership.auc,
+                    membership.auc_stderr,
+                    membership.attack,
+                    membership.members,
+                ),
+                (
+                    "reference",
+                    "no",
+                    model.source,
+                    reference.auc,
+                    reference.auc_stderr,
+                    reference.attack,
+                    reference.members,
+                ),
+                ("difference (run − reference)", "", "", difference, difference_se, "", ""),
+            ),
+        )
+    )
+    figures = section.data.setdefault("membership", {})
+    figures["reference"] = {
+        "status": "computed",
+        "source": model.source,
+        "rounds": model.rounds,
+        **_auc_figures(reference),
+    }
+    figures["difference"] = difference
+    figures["difference_stderr"] = difference_se
+
+
+def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) -> LinkResult | None:
+    """Link inference from the broadcast pseudo graph; the result, or None when there is none or it failed."""
+    import torch
+
+    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+    from fedgl_secure.privacy.attacks import link_inference_auc, true_edge_index
+
+    if "pseudo_graph_neighbors" not in files.model or "pseudo_graph_weights" not in files.model:
+        section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
+        return None
+    try:
+        pseudo = PseudoGraph(
+            torch.as_tensor(files.model["pseudo_graph_neighbors"], dtype=torch.int64),
+            torch.as_tensor(files.model["pseudo_graph_weights"], dtype=torch.float32),
+        )
+        link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
+    except (ValueError, RuntimeError) as error:
+        section.add("link", AMBER, f"link inference not run: {error}")
+        return None
+    section.add(
+        "link",
+        GREEN if link.auc <= LINK_AUC_GREEN else AMBER,
+        f"link inference from the pseudo graph ({_dp_phrase(files)}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
+        f"({link.positives} true edges vs {link.negatives} non-edges; green ≤ {LINK_AUC_GREEN}; "
+        "homophily alone lifts it above 0.5)",
+    )
+    return link
+
+
+def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[ExperimentConfig, GraphDataset]:
+    """The run's experiment configuration from run.json (on the CPU; ``data_root`` if given) and its dataset."""
     config_values = files.run.get("config")
     if not config_values:
         raise ValueError(f"{RUN_FILE} has no 'config' to rebuild the federation from")
     from fedgl_secure.data.registry import load_dataset
     from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import Federation, resolve_device
 
     values = dict(config_values)
     values["device"] = "cpu"
     if data_root is not None:
         values["data_root"] = str(data_root)
     config = build_config(values)
-    dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
+    return config, load_dataset(config.dataset, config.data_root, seed=config.seed)
+
+
+def _merged(config: ExperimentConfig, dataset: GraphDataset) -> GraphTensors:
+    """The federation's merged client graph (on the CPU): what the simulation evaluates W̄ on."""
+    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+
     return Federation.build(dataset, config, resolve_device("cpu")).merged
 
 
@@ -864,9 +1065,20 @@ def audit_run(
     data_root: str | Path | None = None,
     attacks: bool = True,
     seed: int = 0,
+    reference_dir: str | Path | None = None,
+    reference: bool = True,
+    progress: bool = False,
 ) -> AuditReport:
-    """Audit a run directory against its policy (or ``policy_path``); raises :class:`RunDirError` for a bad RUN_DIR."""
+    """Audit a run directory against its policy (or ``policy_path``); raises :class:`RunDirError` for a bad RUN_DIR.
+
+    For a DP run the membership attack also runs on a non-DP reference of the same experiment:
+    ``reference_dir`` (checked to be one, else :class:`~fedgl_secure.privacy.reference.ReferenceRunError`),
+    else retrained in-process (``progress``: a bar over its rounds); ``reference=False`` skips it.
+    """
+    if reference_dir is not None and not reference:
+        raise ConfigError("--reference and --no-reference contradict each other: give one of them")
     files = read_run_dir(run_dir, policy_path)
+    plan = _reference_plan(files, reference_dir, reference, progress)
     policy_section, _ = check_policy(files)
     sections = [policy_section]
     senders: set[str] = set(files.banks) | set(files.bank_keys or {})
@@ -881,7 +1093,7 @@ def audit_run(
     sections.extend(later)
     sections.append(leakage_section(files))
     if attacks:
-        sections.append(attack_section(files, data_root, seed))
+        sections.append(attack_section(files, data_root, seed, plan))
     else:
         skipped = Section("attacks", "Empirical attacks")
         skipped.add("not-run", AMBER, "attacks skipped (--no-attacks)")
@@ -889,3 +1101,13 @@ def audit_run(
     keys = ("dataset", "method", "seed", "rounds_run", "best_round", "global_test_accuracy")
     run = {key: files.run.get(key) for key in keys}
     return AuditReport(str(files.root), files.policy_source, run, sections)
+
+
+def _reference_plan(files: RunFiles, reference_dir: str | Path | None, retrain: bool, progress: bool) -> ReferencePlan:
+    """Where the without-DP model comes from; a ``reference_dir`` is read and checked now, before any work,
+    so that a wrong one fails the command (exit 2) instead of becoming a line in the report."""
+    from fedgl_secure.privacy.reference import ReferencePlan, load_reference
+
+    if reference_dir is not None:
+        return ReferencePlan(model=load_reference(reference_dir, files.run))
+    return ReferencePlan(retrain=retrain, progress=progress)

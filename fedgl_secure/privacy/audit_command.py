@@ -2,11 +2,13 @@
 
 Exit codes: 0 — no check is red (amber checks are printed to stderr as warnings; ``--strict`` makes
 them fail too); 1 — at least one check is red (each is named on stderr); 2 — RUN_DIR is not a run
-directory or lacks a file the audit needs (the message names it), or a bad flag or policy.
+directory or lacks a file the audit needs (the message names it), or a bad flag or policy — a
+``--reference`` run with DP or of another experiment included (the mismatched fields are named).
 """
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -37,17 +39,38 @@ def audit(
     attacks: Annotated[bool, typer.Option(help="run the membership and link inference attacks")] = True,
     strict: Annotated[bool, typer.Option(help="fail (exit 1) on amber checks too")] = False,
     seed: Annotated[int, typer.Option(min=0, help="seed of the attacks' sampling")] = 0,
+    reference: Annotated[
+        Path | None,
+        typer.Option(
+            "--reference",
+            help="DP runs: a run directory of the same experiment without DP, whose membership AUC is reported "
+            "beside the run's (default: retrain one in-process from run.json)",
+        ),
+    ] = None,
+    no_reference: Annotated[
+        bool, typer.Option("--no-reference", help="DP runs: skip the without-DP reference (no retraining)")
+    ] = False,
 ) -> None:
     """Check a finished run against its privacy policy and write a report a risk officer can read.
 
     Exit 0: nothing red (amber warnings on stderr). Exit 1: red checks, named on stderr.
-    Exit 2: RUN_DIR is missing a file (named) or a flag is invalid.
+    Exit 2: RUN_DIR is missing a file (named) or a flag is invalid (a --reference that has DP or is
+    another experiment included).
     """
     from fedgl_secure.privacy.audit import audit_run
     from fedgl_secure.privacy.report import render_html, render_json, render_markdown, summary_text, write_plots
 
     try:
-        report = audit_run(run_dir, policy, data_root=data_root, attacks=attacks, seed=seed)
+        report = audit_run(
+            run_dir,
+            policy,
+            data_root=data_root,
+            attacks=attacks,
+            seed=seed,
+            reference_dir=reference,
+            reference=not no_reference,
+            progress=sys.stderr.isatty(),
+        )
     except FedGLError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None

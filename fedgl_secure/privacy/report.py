@@ -17,9 +17,9 @@ from typing import Any
 
 from fedgl_secure.privacy.audit import AuditReport, Plot
 
-_BADGE = {"green": "GREEN", "amber": "AMBER", "red": "RED"}
-_EMOJI = {"green": "🟢", "amber": "🟠", "red": "🔴"}
-_COLOURS = {"green": "#1b7f3b", "amber": "#b26a00", "red": "#b00020"}
+_BADGE = {"info": "INFO", "green": "GREEN", "amber": "AMBER", "red": "RED"}
+_EMOJI = {"info": "⚪", "green": "🟢", "amber": "🟠", "red": "🔴"}
+_COLOURS = {"info": "#5f6b7a", "green": "#1b7f3b", "amber": "#b26a00", "red": "#b00020"}
 _PALETTE = ("#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -216,7 +216,8 @@ _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.25em .5em;
 text-align:left;vertical-align:top}th{background:#f3f3f3}.badge{color:#fff;border-radius:3px;padding:0 .4em;
-font-weight:bold;font-size:.85em}.green{background:#1b7f3b}.amber{background:#b26a00}.red{background:#b00020}
+font-weight:bold;font-size:.85em}.info{background:#5f6b7a}.green{background:#1b7f3b}.amber{background:#b26a00}
+.red{background:#b00020}
 .verdict{font-size:1.4em;padding:.4em .8em;border-radius:4px;color:#fff;display:inline-block}
 .notes{color:#555;font-size:.9em}figure{margin:.8em 0}
 """
