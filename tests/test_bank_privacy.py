@@ -206,6 +206,29 @@ def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(
     assert abs(noise.mean()) < 4 * share / np.sqrt(noise.size)
 
 
+def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(world, small_he, tmp_path, monkeypatch):
+    policy = dp_policy(small_he, noise="central")
+    plain = {}
+    original = bank_module.BankWorker._release
+
+    def spy(self, session, view, broadcast, contribution):
+        plain.update(contribution=dict(contribution), reference=broadcast.weights.double().numpy())
+        return original(self, session, view, broadcast, contribution)
+
+    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
+    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch)
+    released = {kind: values for _, _, kind, values in encrypted}["weights"]
+    weights = plain["contribution"]["weights"].double().numpy()
+    w_k = weights[-1]
+    scale = w_k / privacy_normaliser(world.clients)
+    expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
+    # clipped and scaled (float32, as every release), with no share: a share here would be of std σ/√q = 1.4
+    np.testing.assert_allclose(released[:-1], expected, rtol=0, atol=1e-6)
+    ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
+    assert {(r.round, r.channel) for r in ledger.releases} == {(1, "weights"), (1, "predictions")}
+    assert ledger.epsilon(1e-5) == pytest.approx(planned_ledger(policy, 1).epsilon(1e-5))
+
+
 def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, small_he, tmp_path, monkeypatch):
     budget = two_round_budget(lambda eps: dp_policy(small_he, epsilon=eps))
     policy = dp_policy(small_he, epsilon=budget)
@@ -270,9 +293,8 @@ def test_the_consortium_refuses_at_start_what_the_simulation_refuses(small_he, m
         run_experiment(config, progress=False, privacy=FederationPrivacy(policy))
 
 
-def test_the_consortium_refuses_central_noise_and_plaintext(small_he):
-    with pytest.raises(ConfigError, match="central noise is supported in the simulation only"):
-        check_consortium_can_run(CONFIG, dp_policy(small_he, noise="central"), 3)
+def test_the_consortium_runs_central_noise_and_refuses_plaintext(small_he):
+    check_consortium_can_run(CONFIG, dp_policy(small_he, noise="central"), 3)  # the key authority adds it
     plaintext = policy_from_dict({"protection": "none", "quorum": 2})
     with pytest.raises(ConfigError, match="protection = 'none'"):
         check_consortium_can_run(CONFIG, plaintext, 3)

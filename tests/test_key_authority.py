@@ -13,11 +13,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority, Refusal
+from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
 from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
-from fedgl_secure.privacy.policy import HEParameters
+from fedgl_secure.privacy.dp_round import noise_std
+from fedgl_secure.privacy.policy import HEParameters, policy_from_dict
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
@@ -287,3 +289,75 @@ def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_p
         assert refusal.value.reason == "foreign-federation"
     finally:
         authority.close()
+
+
+def central_noise_policy(he):
+    """Central noise on weights and predictions; node_weight is public (no channel)."""
+    channel = {"clip": 1.0, "noise_multiplier": 1.0, "noise": "central"}
+    return policy_from_dict(
+        {
+            "he": he.model_dump(),
+            "allowed_kinds": ["weights", "predictions", "node_weight"],
+            "dp": {"weights": channel, "predictions": channel, "graph": {"max_degree": 3}},
+            "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
+        }
+    )
+
+
+def test_central_noise_is_added_to_what_the_key_authority_decrypts_and_audited(tmp_path, small_he):
+    """The aggregator's view (s + r from the key authority, minus r) is s + N(0, σ²), Σŵ_k exact; audited."""
+    policy = central_noise_policy(small_he)
+    c = Consortium(tmp_path / "ka", policy)
+    n = 4000  # two chunks at N = 4096
+    c.values = {name: np.linspace(-1.0, 1.0, n) * (i + 1) for i, name in enumerate(BANKS)}
+    exact = sum(c.values.values())
+    ticket = c.open(1)
+    observed = {}
+    for kind in ("weights", "predictions", "node_weight"):
+        uploads = c.uploads(ticket, kind)
+        summed = ckks.add_serialized(c.public, [u.chunks for u in uploads])
+        masked, mask = mask_sum(
+            c.public, summed, n, mask_bound(small_he.coeff_mod_bit_sizes, small_he.global_scale_bits)
+        )
+        masked_values = c.authority.decrypt_sum(
+            AGGREGATOR, FEDERATION, 1, kind, masked, [u.receipt for u in uploads], c.authority.fingerprint, n
+        )
+        observed[kind] = unmask(masked_values, mask) - exact
+    c.authority.close()
+
+    # CKKS error at scale 2^36 under a mask of R = 2^15 stays far below 1e-3; the noise is σ ≥ 2
+    weights, predictions, node_weight = observed["weights"], observed["predictions"], observed["node_weight"]
+    assert abs(weights[-1]) < 1e-3  # Σ ŵ_k: public, never noised
+    assert np.max(np.abs(node_weight)) < 1e-3  # no DP channel: exact
+    for kind, noise in (("weights", weights[:-1]), ("predictions", predictions)):
+        sigma = noise_std(policy, kind)
+        # n ≈ 4000 i.i.d. N(0, σ²): the sample std is within 6/√(2n) ≈ 6.7 % of σ and the mean within 6σ/√n
+        # except with probability < 1e-8 each; bank shares on top (σ²/q per bank) would push the std past 1.2σ
+        assert abs(noise.std() / sigma - 1) < 6 / np.sqrt(2 * noise.size), kind
+        assert abs(noise.mean()) < 6 * sigma / np.sqrt(noise.size), kind
+    assert abs(np.corrcoef(weights[:-1], predictions[:-1])[0, 1]) < 6 / np.sqrt(n)  # fresh noise per kind
+
+    records = [json.loads(line) for line in (c.state_dir / "audit.jsonl").read_text().splitlines()]
+    allowed = {r["kind"]: r for r in records if r["event"] == "decrypt" and r["decision"] == "allowed"}
+    assert allowed["weights"]["central_noise_std"] == noise_std(policy, "weights") == 2.0
+    assert allowed["weights"]["central_noise_values"] == n - 1
+    assert allowed["predictions"]["central_noise_std"] == pytest.approx(noise_std(policy, "predictions"))
+    assert allowed["predictions"]["central_noise_values"] == n
+    assert "central_noise_std" not in allowed["node_weight"]
+    assert verify_audit_chain(c.state_dir / "audit.jsonl").ok
+
+
+def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, small_he):
+    channel = {"clip": 1.0, "noise_multiplier": 1.0, "noise": "distributed"}
+    policy = policy_from_dict(
+        {
+            "he": small_he.model_dump(),
+            "allowed_kinds": ["weights", "node_weight"],
+            "dp": {"weights": channel},
+            "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
+        }
+    )
+    c = Consortium(tmp_path / "ka", policy)
+    assert c.authority.central_noise_std == {}
+    np.testing.assert_allclose(c.decrypt(c.open(1)), np.full(LENGTH, 6.0), atol=1e-5)
+    c.authority.close()

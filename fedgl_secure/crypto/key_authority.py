@@ -12,6 +12,15 @@ It decrypts a summed ciphertext only if
 6. this (federation, round, kind) was never decrypted before — the SQLite ledger survives
    restarts, which blocks differencing attacks across re-submissions.
 
+**Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the
+authority adds Gaussian noise N(0, σ²) from the OS CSPRNG
+(:func:`~fedgl_secure.privacy.mechanisms.secure_gaussian`), σ =
+:func:`~fedgl_secure.privacy.dp_round.noise_std` (normalised scale), to the masked sum s + r it
+decrypted, before returning it — the same as noising s, which it never sees; the aggregator then
+removes its mask r and holds s + noise, never s. The last entry of ``weights`` (Σ ŵ_k, public) gets
+none. The allowed decision's audit record names it (``central_noise_std``, ``central_noise_values``).
+Banks add no share for a central channel and account for it as such (:mod:`fedgl_secure.privacy.dp_round`).
+
 Every decision, allowed or refused, is appended to the hash-chained audit log. The secret key is
 only ever on disk sealed under the operator secret. The HTTP service is a thin shell over this.
 
@@ -38,7 +47,9 @@ from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
 from fedgl_secure.errors import ContextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.accounting import WEIGHTS
+from fedgl_secure.privacy.policy import DATA_KINDS, Policy
 
 AGGREGATOR = "aggregator"
 SEALED_FILE = "secret_context.sealed"
@@ -78,6 +89,18 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+def _central_noise_stds(policy: Policy) -> dict[str, float]:
+    """σ of every kind whose DP channel asks the key authority for central noise (empty without such a channel)."""
+    central = [
+        kind for kind in DATA_KINDS if (c := policy.dp.upload_channel(kind)) is not None and c.noise == "central"
+    ]
+    if not central:
+        return {}
+    from fedgl_secure.privacy.dp_round import noise_std  # torch and Opacus: loaded only for a policy that needs σ
+
+    return {kind: noise_std(policy, kind) for kind in central}
+
+
 class KeyAuthority:
     """In-process key authority over a state directory (sealed key, public context, ledger, audit log).
 
@@ -103,6 +126,7 @@ class KeyAuthority:
             self.ledger.close()
             raise
         self.fingerprint = ckks.fingerprint(self.public_context)
+        self.central_noise_std = _central_noise_stds(policy)
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
 
@@ -225,15 +249,36 @@ class KeyAuthority:
                     values = ckks.decrypt_vector(self._secret_context, summed_chunks, length)
                 except CryptoError as error:
                     raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
+                noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
                 if not self.ledger.record_decryption(federation, round_number, kind, open_round.nonce, senders):
                     raise DecryptionRefused(Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number}")
             except DecryptionRefused as refusal:
                 self._record({**event, "decision": "refused", "reason": refusal.reason, "detail": refusal.detail})
                 log.warning("decrypt.refused", reason=refusal.reason, detail=refusal.detail)
                 raise
-            self._record({**event, "decision": "allowed", "senders": list(senders), "values": length})
-        log.info("decrypt.allowed", senders=len(senders), values=length)
+            allowed = {**event, "decision": "allowed", "senders": list(senders), "values": length}
+            if noise is not None:
+                values = values + noise
+                noised = length - 1 if kind == WEIGHTS else length
+                allowed |= {"central_noise_std": self.central_noise_std[kind], "central_noise_values": noised}
+            self._record(allowed)
+        log.info(
+            "decrypt.allowed",
+            senders=len(senders),
+            values=length,
+            central_noise_std=self.central_noise_std.get(kind),
+        )
         return values
+
+    def _central_noise(self, kind: str, length: int) -> np.ndarray | None:
+        """N(0, σ²) for every value of a kind whose DP channel is central (the weights' last entry: 0), else None."""
+        std = self.central_noise_std.get(kind)
+        if std is None or length == 0:
+            return None
+        noise = mechanisms.secure_gaussian(length, std)
+        if kind == WEIGHTS:  # Σ ŵ_k, the normaliser of Eq. 10: public by the policy, released exactly
+            noise[-1] = 0.0
+        return noise
 
     def _check_request(
         self, caller_role: str, federation: str, round_number: int, kind: str, fingerprint: str

@@ -98,19 +98,13 @@ def check_runnable(policy: Policy, method: str, beta: float) -> None:
 def check_consortium(policy: Policy, method: str, beta: float) -> None:
     """What a consortium (aggregator and banks) refuses at start: the simulation's rules, plus what only it lacks.
 
-    A consortium always encrypts (``protection = "none"`` is refused), and central noise needs the key
-    authority to add noise to what it decrypts, which the services do not do yet.
+    A consortium always encrypts (``protection = "none"`` is refused). Central noise is run: the key
+    authority adds it to what it decrypts (:meth:`~fedgl_secure.crypto.key_authority.KeyAuthority.decrypt_sum`).
     """
     if policy.protection == "none":
         raise ConfigError(
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
-        )
-    central = [kind for kind in DATA_KINDS if (c := policy.dp.upload_channel(kind)) and c.noise == "central"]
-    if central:
-        raise ConfigError(
-            f"dp.{central[0]}.noise = 'central': central noise is supported in the simulation only (the key "
-            "authority service does not add noise to what it decrypts yet); use noise = 'distributed'"
         )
     check_runnable(policy, method, beta)
 

@@ -155,9 +155,10 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
 
     The method must upload only kinds the policy lets leave a bank (the key authority would
     refuse to decrypt the others), and a round's share of banks must reach the quorum. The
-    policy's DP must be one the banks can enforce: what the simulation refuses (DP-SGD, the pseudo
-    graph under DP on predictions/embeddings), plain-text protection and central noise are refused
-    by :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs.
+    policy's DP must be one the consortium can enforce: what the simulation refuses (e.g. the pseudo
+    graph under DP on predictions/embeddings) and plain-text protection are refused by
+    :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs (central
+    noise is run: the key authority adds it).
     """
     check_consortium(policy, config.method, config.effective_alpha_beta()[1])
     kinds = build_method(config).upload_kinds

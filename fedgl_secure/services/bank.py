@@ -23,7 +23,9 @@ round would exceed the budget the bank stops contributing for good: it logs
 ``privacy.budget_exhausted``, uploads nothing and keeps polling, so the aggregator simply times it
 out of each round it is picked for (a silent bank needs no protocol message). The noised release of
 a round is kept for a reopened attempt of the same round (one decryption per round number at the key
-authority), so reopening neither charges the budget again nor re-draws the noise.
+authority), so reopening neither charges the budget again nor re-draws the noise. A channel with
+``noise = "central"`` gets no share from the bank (the key authority adds its noise to the decrypted
+sum) but is recorded in the ledger like any other release.
 """
 
 from __future__ import annotations
