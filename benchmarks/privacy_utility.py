@@ -1,12 +1,14 @@
 """Privacy–utility curve of FedGL under node-level DP (issue 4, DESIGN §6): accuracy and MIA AUC per ε.
 
-For every total ε target per bank (δ from strict-dp.toml, 1e-5, composed over ``--rounds`` rounds
-with the policy's accountant), the script derives a policy with **strict-dp.toml's structure** —
-same clip bounds, degree bound, quorum, distributed noise and the same three DP channels (weights,
-predictions, embeddings) — and finds by bisection the noise multiplier z (one z for every channel,
-as in strict-dp.toml) for which :func:`~fedgl_secure.privacy.guarantees.effective_guarantees`
-gives ε ≤ target over ``--rounds`` rounds. ε = inf means no DP: the baseline HE-only policy
-(``policies/baseline.toml``), whose sums are exact.
+For every total ε target per bank (δ from the template, composed over ``--rounds`` rounds with the
+policy's accountant), the script derives a policy with **the template policy's structure**
+(``--policy``, default ``policies/strict-dp.toml``) — same clip bounds, degree bound, quorum, noise
+placement and DP channels — and finds by bisection one factor t that scales every channel's noise
+multiplier (Gaussian channels and DP-SGD alike, so their ratios stay the template's) until
+:func:`~fedgl_secure.privacy.guarantees.effective_guarantees` gives ε ≤ target over ``--rounds``
+rounds. ε = inf means no DP: the baseline HE-only policy (``policies/baseline.toml``), whose sums
+are exact. With a DP-SGD template (``policies/strict-dp-sgd.toml``) every run trains
+``dp.sgd.local_epochs`` local epochs, and so does the ε = inf row, so the rows differ only in noise.
 
 It then runs FedGL on the dataset with the plaintext summation plus the DP step
 (:class:`~fedgl_secure.privacy.dp_round.FederationPrivacy`), for seeds 0..n−1, and records the
@@ -24,6 +26,8 @@ so the table can be compared with the issue's target "within 3 points of non-DP 
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora \
         --output docs/results/privacy_utility_cora.json --seeds 3 --rounds 30
+    FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora \
+        --policy policies/strict-dp-sgd.toml --output docs/results/privacy_utility_cora_dpsgd.json
 """
 
 from __future__ import annotations
@@ -67,33 +71,41 @@ def parse_epsilons(text: str) -> list[float]:
     return values
 
 
-def dp_policy(template: dict, noise_multiplier: float, epsilon: float, rounds: int):
-    """strict-dp.toml with every enabled Gaussian channel at ``noise_multiplier`` and the budget (ε, rounds)."""
+def template_multipliers(template: dict) -> dict[str, float]:
+    """The noise multiplier of every enabled channel of the template (upload kinds and ``sgd``)."""
+    dp = template.get("dp", {})
+    return {
+        name: float(dp[name]["noise_multiplier"])
+        for name in (*DATA_KINDS, "sgd")
+        if name in dp and dp[name].get("enabled", True)
+    }
+
+
+def dp_policy(template: dict, scale: float, epsilon: float, rounds: int, source: str):
+    """The template with every enabled channel's noise multiplier times ``scale`` and the budget (ε, rounds)."""
     values = json.loads(json.dumps(template))  # deep copy
-    for kind in DATA_KINDS:
-        channel = values.get("dp", {}).get(kind)
-        if channel is not None and channel.get("enabled", True):
-            channel["noise_multiplier"] = float(noise_multiplier)
+    for name, multiplier in template_multipliers(template).items():
+        values["dp"][name]["noise_multiplier"] = multiplier * float(scale)
     values["budget"]["epsilon"] = float(epsilon)
     values["budget"]["rounds"] = int(rounds)
-    values["description"] = f"strict-dp structure, z = {noise_multiplier:.6g}, ε ≤ {epsilon:g} over {rounds} rounds"
-    return policy_from_dict(values, source=f"{STRICT.name} (z = {noise_multiplier:.6g})")
+    values["description"] = f"{source} structure, multipliers × {scale:.6g}, ε ≤ {epsilon:g} over {rounds} rounds"
+    return policy_from_dict(values, source=f"{source} (× {scale:.6g})")
 
 
-def calibrate(template: dict, epsilon: float, rounds: int, rel_tol: float = 1e-4) -> tuple[float, object]:
-    """Smallest z (to ``rel_tol``) whose effective guarantee over ``rounds`` rounds is ε ≤ ``epsilon``.
+def calibrate(template: dict, epsilon: float, rounds: int, source: str, rel_tol: float = 1e-4) -> tuple[float, object]:
+    """Smallest scale t (to ``rel_tol``) whose effective guarantee over ``rounds`` rounds is ε ≤ ``epsilon``.
 
-    ε decreases monotonically in z, so bisect on log z. Returns z and its Guarantees (ε accounted).
+    ε decreases monotonically in t, so bisect on log t. Returns t and its Guarantees (ε accounted).
     """
 
-    def accounted(z: float) -> float:
-        return effective_guarantees(dp_policy(template, z, epsilon, rounds)).epsilon
+    def accounted(scale: float) -> float:
+        return effective_guarantees(dp_policy(template, scale, epsilon, rounds, source)).epsilon
 
-    low, high = 0.1, 1.0
+    low, high = 0.01, 0.1
     while accounted(high) > epsilon:  # grow until it fits
         low, high = high, high * 2
         if high > 1e6:
-            raise RuntimeError(f"no noise multiplier below 1e6 reaches ε = {epsilon}")
+            raise RuntimeError(f"no scale below 1e6 reaches ε = {epsilon}")
     while accounted(low) <= epsilon:  # shrink until it does not
         high, low = low, low / 2
     while high / low - 1 > rel_tol:
@@ -102,7 +114,7 @@ def calibrate(template: dict, epsilon: float, rounds: int, rel_tol: float = 1e-4
             high = middle
         else:
             low = middle
-    guarantees = effective_guarantees(dp_policy(template, high, epsilon, rounds))
+    guarantees = effective_guarantees(dp_policy(template, high, epsilon, rounds, source))
     assert guarantees.epsilon <= epsilon and guarantees.budget_met and guarantees.rounds_within_budget == rounds
     return high, guarantees
 
@@ -170,12 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         default="fedgl",
         help="non-DP reference method (plain FedGL with the pseudo graph); 'none' to skip",
     )
+    parser.add_argument(
+        "--policy", type=Path, default=STRICT, help="template policy whose structure every DP row keeps"
+    )
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    template = tomllib.loads(STRICT.read_text(encoding="utf-8"))
+    template = tomllib.loads(args.policy.read_text(encoding="utf-8"))
+    load_policy(args.policy)  # validate the template itself, with errors naming its fields
+    source = args.policy.name
     delta = float(template["budget"]["delta"])
+    sgd = template.get("dp", {}).get("sgd", {})
+    local_epochs = int(sgd["local_epochs"]) if sgd.get("enabled", bool(sgd)) else None
     datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
 
     def config_values(method: str, seed: int) -> dict:
@@ -186,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_root": args.data_root,
             "device": args.device,
             "federation": {"max_rounds": args.rounds, "patience": args.rounds},
+            **({"training": {"local_epochs": local_epochs}} if local_epochs else {}),
         }
 
     started = time.perf_counter()
@@ -195,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             policy, z, accounted, guarantees = load_policy(BASELINE), None, math.inf, None
         else:
             t0 = time.perf_counter()
-            z, guarantees = calibrate(template, epsilon, args.rounds)
-            policy, accounted = dp_policy(template, z, epsilon, args.rounds), guarantees.epsilon
+            scale, guarantees = calibrate(template, epsilon, args.rounds, source)
+            policy, accounted = dp_policy(template, scale, epsilon, args.rounds, source), guarantees.epsilon
+            z = {name: m * scale for name, m in template_multipliers(template).items()}
             print(
-                f"ε = {epsilon:g}: z = {z:.4f} (ε accounted {accounted:.4f}, {time.perf_counter() - t0:.1f}s)",
+                f"ε = {epsilon:g}: multipliers {z} (ε accounted {accounted:.4f}, {time.perf_counter() - t0:.1f}s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -214,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         row = {
             "epsilon_target": "inf" if math.isinf(epsilon) else epsilon,
-            "policy": "baseline.toml (HE only, no DP)" if z is None else "strict-dp.toml structure",
-            "noise_multiplier": z,
+            "policy": "baseline.toml (HE only, no DP)" if z is None else f"{source} structure",
+            "noise_multipliers": z,
             "epsilon_accounted": "inf" if math.isinf(accounted) else accounted,
         }
         if guarantees is not None:
@@ -252,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "patience": args.rounds,
         "delta": delta,
         "accountant": template["budget"]["accountant"],
-        "policy_template": "policies/strict-dp.toml (clip, max_degree, quorum, distributed noise, channels)",
+        "policy_template": f"policies/{source} (clip, max_degree, quorum, noise placement, channels)",
+        "local_epochs": local_epochs,
         "summation": "plaintext + DP step (same sums and accounting as the secure path)",
         "accuracy": "global test accuracy at the best validation round",
         "mia": "membership_inference_auc on the final global model W̄, merged client graph; "

@@ -173,24 +173,21 @@ def test_without_dp_the_run_is_the_plain_run(dataset):
 # --- what cannot be honoured is refused ---------------------------------------------------------
 
 
-def test_dp_sgd_and_the_unbounded_pseudo_graph_are_refused(dataset):
-    sgd = policy_from_dict(
+def test_the_unbounded_pseudo_graph_is_refused_under_every_degree_bounded_channel(dataset):
+    sgd_only = policy_from_dict(
         {
             **HE_ONLY,
             "dp": {
-                "weights": {"clip": 1.0, "noise_multiplier": 2.0},
                 "sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 10},
                 "graph": {"max_degree": 5},
             },
             "budget": {"epsilon": 8.0, "rounds": 10},
         }
     )
-    with pytest.raises(ConfigError, match="dp.sgd is not implemented"):
-        FederationPrivacy(sgd)
     config = build_config({"method": "fedgl", "federation": {"max_rounds": 1}, "device": "cpu"})
-    strict = FederationPrivacy(load_policy(POLICIES / "strict-dp.toml"))
-    with pytest.raises(ConfigError, match="max_degree"):
-        run_experiment(config, dataset, progress=False, privacy=strict)
+    for policy in (load_policy(POLICIES / "strict-dp.toml"), sgd_only):
+        with pytest.raises(ConfigError, match="max_degree"):
+            run_experiment(config, dataset, progress=False, privacy=FederationPrivacy(policy))
 
 
 # --- the run directory --------------------------------------------------------------------------

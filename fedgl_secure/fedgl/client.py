@@ -17,6 +17,8 @@ class LocalTrainer:
 
     The optimiser state persists across rounds by default (each bank keeps its own Adam
     moments); the parameters are overwritten with W̄ at the start of every round.
+    ``private_training`` (set by a DP policy with ``[dp.sgd]``, see
+    :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`) replaces the full-batch steps with DP-SGD steps.
     """
 
     def __init__(self, client_id: int, graph: GraphTensors, config: TrainingConfig, seed: int) -> None:
@@ -26,6 +28,7 @@ class LocalTrainer:
         self.model = GCN(graph.features.shape[1], config.hidden, graph.num_classes, config.dropout).to(graph.device)
         self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
         self.optimizer = self._new_optimizer()
+        self.private_training = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(
@@ -58,6 +61,10 @@ class LocalTrainer:
             self.model.load_flat_parameters(start_parameters)
         if self.config.reset_optimizer_each_round:
             self.optimizer = self._new_optimizer()
+        if self.private_training is not None:
+            return self.private_training.train(
+                self, adjacency, pseudo_labels, alpha, proximal_mu, epochs or self.config.local_epochs
+            )
         anchor = [p.detach().clone() for p in self.model.parameters()] if proximal_mu > 0 else None
         self.model.train()
         loss = torch.zeros(())

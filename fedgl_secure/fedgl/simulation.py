@@ -207,6 +207,9 @@ def _run_federated(
         client_graphs = _private_client_graphs(config, federation, privacy)
         summation = privacy.with_central_noise(summation)
     trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
+    if privacy is not None:
+        for k, trainer in enumerate(trainers):
+            privacy.attach_training(k, trainer)
     evaluator = GCN(merged.features.shape[1], config.training.hidden, merged.num_classes).to(merged.device)
     broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)

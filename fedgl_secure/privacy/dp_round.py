@@ -42,7 +42,12 @@ Decisions, and why:
   then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
   FedGL's pseudo graph (β > 0) would add edges the bound does not cover, so it is refused under
   such a policy rather than silently breaking the guarantee.
-* **DP-SGD** is not implemented: a policy enabling it is refused (never faked).
+* **DP-SGD** (``[dp.sgd]``): :meth:`FederationPrivacy.attach_training` gives the bank's trainer a
+  :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`, so local training takes noisy, clipped per-node
+  gradient steps on the degree-bounded graph; the ledger records them with the round's releases.
+  A run that trains more local epochs than ``dp.sgd.local_epochs`` is refused. Weights trained
+  this way from the public W̄ are released without a weights channel of their own (post-processing),
+  or additionally clipped and noised when ``[dp.weights]`` is also enabled.
 """
 
 from __future__ import annotations
@@ -58,24 +63,28 @@ from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.accounting import EMBEDDINGS, PREDICTIONS, WEIGHTS, PrivacyLedger
+from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.guarantees import round_releases, setup_releases, upload_sensitivity
 from fedgl_secure.privacy.policy import DATA_KINDS, Policy
 
 RandomBytes = Callable[[int], bytes]
 
 
-def check_supported(policy: Policy) -> None:
-    """Refuse what this runtime cannot enforce honestly (a typed error naming the field)."""
-    if policy.dp.sgd_enabled:
+def check_local_epochs(policy: Policy, local_epochs: int) -> None:
+    """Refuse more local DP-SGD steps per round than ``dp.sgd.local_epochs``, the number the budget accounts for."""
+    if policy.dp.sgd_enabled and local_epochs > policy.dp.sgd.local_epochs:
         raise ConfigError(
-            "dp.sgd is not implemented yet: local training cannot run DP-SGD, so the policy's DP-SGD releases "
-            "would be claimed but not made; set [dp.sgd] enabled = false"
+            f"the experiment trains {local_epochs} local epochs per round, but dp.sgd.local_epochs = "
+            f"{policy.dp.sgd.local_epochs}: every DP-SGD step is a release, and the budget covers only that many; "
+            f"set training.local_epochs <= {policy.dp.sgd.local_epochs} or raise dp.sgd.local_epochs"
         )
 
 
 def needs_degree_bound(policy: Policy) -> bool:
-    """Whether a release's sensitivity rests on ``dp.graph.max_degree`` (predictions or embeddings DP on)."""
-    return any(policy.dp.upload_channel(kind) is not None for kind in (PREDICTIONS, EMBEDDINGS))
+    """Whether a release's sensitivity rests on ``dp.graph.max_degree`` (DP on predictions, embeddings or DP-SGD)."""
+    return policy.dp.sgd_enabled or any(
+        policy.dp.upload_channel(kind) is not None for kind in (PREDICTIONS, EMBEDDINGS)
+    )
 
 
 def check_method(policy: Policy, method: str, beta: float) -> None:
@@ -83,15 +92,14 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
     if needs_degree_bound(policy) and beta > 0:
         raise ConfigError(
             f"method {method!r} fuses the pseudo graph into each bank's GCN (Eq. 9, beta = {beta:g}), but the policy's "
-            f"DP on predictions/embeddings assumes every graph the GCN runs on has degree <= "
+            f"DP on predictions/embeddings/DP-SGD assumes every graph the GCN runs on has degree <= "
             f"{policy.dp.graph.max_degree} (dp.graph.max_degree); the pseudo graph is not degree-bounded yet. "
             "Use --method fedgl-no-gpg or --set self_supervision.beta=0"
         )
 
 
 def check_runnable(policy: Policy, method: str, beta: float) -> None:
-    """Everything the simulation refuses under ``policy`` before round 1: DP-SGD, and β > 0 with DP on P/H."""
-    check_supported(policy)
+    """Everything the simulation refuses under ``policy`` before round 1: β > 0 with a degree-bounded DP channel."""
     check_method(policy, method, beta)
 
 
@@ -131,7 +139,6 @@ class BankPrivacy:
         random_bytes: RandomBytes | None = None,
         ledger: PrivacyLedger | None = None,
     ) -> None:
-        check_supported(policy)
         if not (math.isfinite(normaliser) and normaliser > 0):
             raise ValueError(f"normaliser (w_max) must be positive and finite, got {normaliser}")
         self.bank = bank
@@ -184,7 +191,7 @@ class BankPrivacy:
             return dict(contribution)
         if self.stopped_round is not None:
             return None
-        kinds_without_dp = [k for k in contribution if k in DATA_KINDS and self.policy.dp.upload_channel(k) is None]
+        kinds_without_dp = [k for k in contribution if k in DATA_KINDS and not self.policy.dp.protects(k)]
         if kinds_without_dp:
             raise PolicyError(f"{self.bank}: {kinds_without_dp} would leave the bank without a DP channel; refusing")
         budget = self.policy.budget
@@ -225,11 +232,13 @@ class BankPrivacy:
         )
 
     def _weights(self, values: np.ndarray, reference: torch.Tensor, weight: float, scale: float) -> np.ndarray:
-        channel = self.policy.dp.weights
+        channel = self.policy.dp.upload_channel(WEIGHTS)
         reference = reference.detach().to(torch.float64).cpu().numpy().reshape(-1)
         local = values[:-1] / weight
         if local.shape != reference.shape:
             raise ValueError(f"{self.bank}: weights of {local.size} values, W̄ of {reference.size}")
+        if channel is None:  # DP-SGD trained them from the public W̄: post-processing, released as they are
+            return np.concatenate([scale * local, [scale]])
         update = mechanisms.clip_vector(local - reference, channel.clip)
         released = scale * (reference + update)
         share = self._share(WEIGHTS, released.shape)
@@ -261,7 +270,6 @@ class FederationPrivacy:
     """
 
     def __init__(self, policy: Policy, *, random_bytes: RandomBytes | None = None) -> None:
-        check_supported(policy)
         self.policy = policy
         self.banks: dict[int, BankPrivacy] = {}
         self.normaliser: float | None = None
@@ -309,6 +317,22 @@ class FederationPrivacy:
         if prepared is not None:
             return sp.csr_matrix(prepared, dtype=np.float64)
         return bank.prepare_adjacency(adjacency, degree_rng) if self.active else sp.csr_matrix(adjacency)
+
+    def attach_training(self, client_id: int, trainer) -> None:
+        """Give bank ``client_id``'s :class:`~fedgl_secure.fedgl.client.LocalTrainer` DP-SGD when the policy asks.
+
+        Refuses a trainer set to take more local steps per round than the budget accounts for.
+        """
+        sgd = self.policy.dp.sgd
+        if not self.policy.dp.sgd_enabled:
+            return
+        check_local_epochs(self.policy, trainer.config.local_epochs)
+        trainer.private_training = NodeDPSGD(
+            sgd.max_grad_norm,
+            sgd.noise_multiplier,
+            self.policy.dp.graph.max_degree,
+            random_bytes=self._random_bytes,
+        )
 
     def protect(
         self,

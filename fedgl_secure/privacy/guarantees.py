@@ -287,10 +287,18 @@ def _assumptions(policy: Policy) -> list[str]:
         )
     if dp.sgd_enabled:
         lines.append(
-            f"DP-SGD: full-batch, at most {dp.sgd.local_epochs} steps (local epochs) per round, per-node gradients "
+            f"DP-SGD: full-batch, at most {dp.sgd.local_epochs} steps (local epochs) per round. Each training (or "
+            "pseudo-labelled) node's example is its ego-net, and its gradient (Opacus per-example gradients) is "
             "clipped to max_grad_norm; sample_rate = 1, no amplification by subsampling claimed (message passing "
-            "breaks its premise); the multiplier accounted is z/(2K−1) (mechanisms.graph_dp_sgd_noise_multiplier)."
+            "breaks its premise); one node enters up to K examples, so the multiplier accounted is z/(2K−1) "
+            "(mechanisms.graph_dp_sgd_noise_multiplier). The number of training labels and of pseudo-labelled nodes "
+            "at a bank is treated as public (it normalises the gradient)."
         )
+        if not dp.upload_channel(WEIGHTS):
+            lines.append(
+                "Weights under DP-SGD: a bank's weights are computed from the public W̄ and the noisy gradients only, "
+                "so releasing them is post-processing and needs no noise of its own (no [dp.weights])."
+            )
     if dp.edges.enabled:
         lines.append(
             f"Edge DP: randomised response on each bank's adjacency once before round 1 (ε = {dp.edges.epsilon:g}); "
@@ -437,7 +445,7 @@ def effective_guarantees(policy: Policy) -> Guarantees:
     if policy.dp.edges.enabled:
         filled.append(_edge_guarantee(policy))
     released_without_dp = tuple(
-        kind for kind in policy.allowed_kinds if kind not in DATA_KINDS or policy.dp.upload_channel(kind) is None
+        kind for kind in policy.allowed_kinds if kind not in DATA_KINDS or not policy.dp.protects(kind)
     )
     return Guarantees(
         status="dp",

@@ -276,6 +276,14 @@ class DPSettings(_Section):
     def sgd_enabled(self) -> bool:
         return self.sgd is not None and self.sgd.enabled
 
+    def protects(self, kind: str) -> bool:
+        """Whether a data kind leaves a bank under DP: its own Gaussian channel, or for ``weights`` DP-SGD.
+
+        Weights trained by DP-SGD from the public W̄ are post-processing of the noisy gradients, so they
+        need no channel of their own.
+        """
+        return self.upload_channel(kind) is not None or (kind == "weights" and self.sgd_enabled)
+
     def enabled_channels(self) -> tuple[str, ...]:
         """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges."""
         names = [kind for kind in DATA_KINDS if self.upload_channel(kind) is not None]
@@ -402,11 +410,12 @@ class Policy(BaseModel):
             )
         if self.budget is not None:
             for kind in DATA_KINDS:
-                if kind in self.allowed_kinds and self.dp.upload_channel(kind) is None:
+                if kind in self.allowed_kinds and not self.dp.protects(kind):
+                    also = " (or [dp.sgd], which covers weights)" if kind == "weights" else ""
                     raise _field_error(
                         f"dp.{kind}",
                         f"allowed_kinds lets {kind!r} leave a bank without noise, which makes ε infinite and "
-                        f"the budget meaningless; enable [dp.{kind}] or remove {kind!r} from allowed_kinds",
+                        f"the budget meaningless; enable [dp.{kind}]{also} or remove {kind!r} from allowed_kinds",
                     )
         return self
 
