@@ -178,3 +178,90 @@ def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
     assert first[25:].tolist() == second[:25].tolist()  # a shared customer has one position
     orders = {tuple(union_positions(sets)[1][0].tolist()) for _ in range(5)}
     assert len(orders) > 1  # not the sorted order every time: positions reveal nothing but M
+
+
+def _coordinator(authority, keys, policy, store, max_rounds):
+    config = build_config(
+        {
+            "dataset": "synthetic",
+            "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": max_rounds, "patience": 50},
+        }
+    )
+    return Coordinator(
+        federation="fed-test",
+        config=config,
+        policy=policy,
+        banks=BANKS,
+        signing_keys={bank: key.public_key() for bank, key in keys.items()},
+        public_context=authority.public_context,
+        store=store,
+        decryptor=InProcessDecryptor(authority),
+    )
+
+
+def _upload_all(coordinator, policy, keys, view, banks):
+    ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+    for bank in banks:
+        for kind, shape in view.shapes.items():
+            made = make_upload(coordinator.context, policy.he, ticket, bank, keys[bank], kind, np.full(shape, 0.5))
+            coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
+
+
+def _wait_round(coordinator, number, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = coordinator.round_view("bank-c")
+        if view.phase == "open" and view.round == number:
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"round {number} did not open: {coordinator.status()}")
+
+
+def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quorum(setup, tmp_path):
+    _, authority, keys, policy = setup  # upload deadline 20 s: nothing below may wait for it
+    store = AggregatorStore(tmp_path / "withdrawals.sqlite3")
+    coordinator = _coordinator(authority, keys, policy, store, max_rounds=5)
+    for offset, bank in enumerate(BANKS):
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        first = _wait_round(coordinator, 1)
+        assert coordinator.withdraw("bank-a", "privacy-budget-exhausted", 1)
+        assert not coordinator.withdraw("bank-a", "privacy-budget-exhausted", 1)  # idempotent
+        with pytest.raises(ProtocolConflict, match="bad-withdrawal"):
+            coordinator.withdraw("bank-b", "bored", 1)
+        with pytest.raises(ProtocolConflict, match="unknown-bank"):
+            coordinator.withdraw("bank-x", "privacy-budget-exhausted", 1)
+        with pytest.raises(ProtocolConflict, match="withdrawn"):
+            _upload_all(coordinator, policy, keys, first, ["bank-a"])
+        started = time.monotonic()
+        _upload_all(coordinator, policy, keys, first, ["bank-b", "bank-c"])
+        second = _wait_round(coordinator, 2)  # round 1 applied without waiting for bank-a's deadline
+        assert time.monotonic() - started < 10
+        assert "bank-a" not in second.participants
+        assert coordinator.withdraw("bank-b", "privacy-budget-exhausted", 2)  # 1 bank left, quorum 2
+        driver.join(timeout=10)
+        assert not driver.is_alive()
+    finally:
+        stop.set()
+    status = coordinator.status()
+    reason = "privacy budget exhausted: 1 bank left, quorum 2 (withdrawn: bank-a at round 1, bank-b at round 2)"
+    assert status["phase"] == "finished" and status["stopped_reason"] == reason
+    assert [(r["round"], r["status"], r["attempts"]) for r in status["rounds"]] == [
+        (1, "applied", 1),
+        (2, "aborted", 1),
+    ]
+    assert status["rounds"][1]["detail"].endswith("withdrawn: bank-b")
+    assert status["rounds"][0]["contributors"] == ["bank-b", "bank-c"]
+    assert [(w["bank"], w["round"]) for w in status["withdrawn"]] == [("bank-a", 1), ("bank-b", 2)]
+    assert coordinator.round_view("bank-c").stopped_reason == reason
+
+    # a restarted aggregator (a new Coordinator on the same SQLite file) keeps all of it and opens nothing
+    restarted = _coordinator(authority, keys, policy, store, max_rounds=5)
+    restarted.run(threading.Event())  # returns at once: the federation is finished
+    assert restarted.status()["stopped_reason"] == reason and restarted.round_phase() == "finished"
+    assert len(restarted.status()["rounds"]) == 2
+    assert not restarted.withdraw("bank-b", "privacy-budget-exhausted", 2)
+    store.close()

@@ -81,6 +81,7 @@ class ScriptedAggregator:
         self.views = list(views)
         self.model_bytes = None
         self.uploads = []
+        self.withdrawals = []
 
     def enrol(self, features, classes, pseudonyms):
         self.model_bytes = encode_broadcast(Broadcast(0, initial_parameters(CONFIG, features, classes)))
@@ -99,6 +100,10 @@ class ScriptedAggregator:
 
     def upload(self, round_number, kind, chunks, receipt):
         self.uploads.append((round_number, kind))
+
+    def withdraw(self, round_number, reason):
+        self.withdrawals.append((round_number, reason))
+        return SimpleNamespace(withdrawn=True, duplicate=len(self.withdrawals) > 1)
 
 
 CONFIG = experiment()
@@ -248,6 +253,7 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
     assert sorted({r for r, *_ in encrypted}) == [2]
     assert worker.rounds_done == [2]
     assert worker.bank_privacy.stopped_round == 3
+    assert worker.withdrawn and worker.aggregator.withdrawals == [(3, "privacy-budget-exhausted")]  # told once
     spent = PrivacyLedger.load(ledger_path).epsilon(1e-5)
     assert spent == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5)) and spent <= budget
 
@@ -255,6 +261,7 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
     after_two = json.loads(ledger_path.read_text())
     worker, encrypted = run_worker(world, policy, tmp_path, [(5, "n6")], monkeypatch)
     assert encrypted == [] and worker.bank_privacy.stopped_round == 5
+    assert worker.aggregator.withdrawals == [(5, "privacy-budget-exhausted")]  # withdraws again (idempotent there)
     assert json.loads(ledger_path.read_text()) == after_two
 
 

@@ -1,41 +1,63 @@
-"""A real consortium under a DP policy: banks spend their budget, stop contributing, and the run stalls below quorum."""
+"""A real consortium under a DP policy, run by ``consortium up``: central noise from the key authority,
+banks that spend their budget and withdraw, and a run that stops with a reason instead of stalling.
+
+One run serves every check (each node process imports torch and TenSEAL, so runs are what costs time):
+weights carry **central** noise, predictions distributed noise; the budget affords exactly 2 rounds.
+"""
 
 from __future__ import annotations
 
-import time
+import json
 
+import numpy as np
 import pytest
-from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
+import torch
+from consortium_harness import BANKS, SMALL_HE, write_consortium
 
+from fedgl_secure.data.global_index import GlobalIndex
+from fedgl_secure.fedgl.aggregation import PlaintextSummation
+from fedgl_secure.fedgl.simulation import run_experiment
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.audit import audit_run
+from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger
-from fedgl_secure.privacy.policy import policy_from_dict
+from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 from fedgl_secure.privacy.run_record import load_run_dir
-from fedgl_secure.services.bank import LEDGER_FILE
+from fedgl_secure.services.aggregator_store import AggregatorStore
+from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
+from fedgl_secure.services.config import load_consortium
+from fedgl_secure.services.orchestrate import consortium_up
 from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow
 
-CHANNEL = 'clip = 1.0\nnoise_multiplier = 1.0\nnoise = "distributed"\n'
+KA_SECRET = "test-operator-secret-0123456789"  # what consortium_harness gives its processes
+UPLOAD_SECONDS = 60.0
+
+
+def channel(noise: str) -> dict:
+    return {"clip": 1.0, "noise_multiplier": 1.0, "noise": noise}
 
 
 def dp_policy_text(epsilon: float) -> str:
+    body = "".join(
+        f'\n[dp.{kind}]\nclip = 1.0\nnoise_multiplier = 1.0\nnoise = "{noise}"\n'
+        for kind, noise in (("weights", "central"), ("predictions", "distributed"))
+    )
     return (
         'allowed_kinds = ["weights", "predictions", "node_weight"]\n'
-        f"\n[dp.weights]\n{CHANNEL}\n[dp.predictions]\n{CHANNEL}\n[dp.graph]\nmax_degree = 3\n"
+        f"{body}\n[dp.graph]\nmax_degree = 3\n"
         f"\n[budget]\nepsilon = {epsilon!r}\ndelta = 1e-5\nrounds = 10\n"
     )
 
 
 def two_round_budget() -> float:
     """Between the ε of 2 and of 3 rounds of this policy: every bank can afford exactly 2 rounds."""
-    channel = {"clip": 1.0, "noise_multiplier": 1.0, "noise": "distributed"}
     probe = policy_from_dict(
         {
             "he": SMALL_HE.model_dump(),
             "allowed_kinds": ["weights", "predictions", "node_weight"],
-            "dp": {"weights": channel, "predictions": channel, "graph": {"max_degree": 3}},
+            "dp": {"weights": channel("central"), "predictions": channel("distributed"), "graph": {"max_degree": 3}},
             "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
         }
     )
@@ -43,43 +65,188 @@ def two_round_budget() -> float:
     return (two + three) / 2
 
 
-def test_banks_stop_at_their_budget_and_the_run_stalls_below_quorum(tmp_path):
+def decrypted_sums_in_simulation_order(consortium, rounds) -> dict[int, dict[str, np.ndarray]]:
+    """The aggregator's decrypted sums per round and kind, per-node rows moved from the consortium's secret
+    union order to the simulation's (sorted node ids), through each bank's stored positions."""
+    config = load_consortium(consortium.consortium_path).experiment_config()
+    slices = consortium_slices(config, load_consortium(consortium.consortium_path), None)
+    store = AggregatorStore(consortium.root / "state" / "aggregator" / "aggregator.sqlite3")
+    try:
+        size, positions = store.index()
+        sums = {r: {kind: values for kind, (_, values, _) in store.sums(r).items()} for r in rounds}
+    finally:
+        store.close()
+    simulation = GlobalIndex.from_id_sets([graph.node_ids for graph in slices])
+    consortium_row = np.empty(size, dtype=np.int64)  # simulation row i is consortium row consortium_row[i]
+    for bank, graph in zip(BANKS, slices, strict=True):
+        consortium_row[simulation.positions(graph.node_ids)] = positions[bank]
+    return {
+        r: {kind: v if kind == "weights" else v.reshape(size, -1)[consortium_row].reshape(-1) for kind, v in s.items()}
+        for r, s in sums.items()
+    }
+
+
+class ReplayedSums:
+    """The simulation's summation, fed the consortium's decrypted sums.
+
+    It records the simulation's own sums (no central noise: ``FederationPrivacy.with_central_noise`` puts
+    its hook on ``central_noise``, which is never called here) and returns the consortium's, so each
+    simulated round starts from the very model (W̄ and pseudo labels) the consortium's banks received.
+    The difference of the weights sums is then the key authority's noise alone.
+    """
+
+    central_noise = None
+
+    def __init__(self, decrypted: dict[int, dict[str, np.ndarray]]) -> None:
+        self.decrypted = decrypted
+        self.noiseless: dict[int, dict[str, np.ndarray]] = {}
+
+    def __call__(self, round_number, contributions):
+        sums = PlaintextSummation()(round_number, contributions)
+        self.noiseless[round_number] = {kind: s.double().numpy().reshape(-1) for kind, s in sums.items()}
+        if round_number not in self.decrypted:
+            return sums
+        return {
+            kind: torch.from_numpy(self.decrypted[round_number][kind].astype(np.float32)).reshape(s.shape)
+            for kind, s in sums.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """`consortium up` on a consortium whose banks can afford 2 of its 5 rounds."""
+    root = tmp_path_factory.mktemp("dp-consortium")
     budget = two_round_budget()
     consortium = write_consortium(
-        tmp_path,
+        root,
         max_rounds=5,
-        upload_seconds=4.0,
+        upload_seconds=UPLOAD_SECONDS,
         method="fedgl-no-gpg",
         policy_extra=dp_policy_text(budget),
     )
-    consortium.start(*NODES)
+    printed: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDGL_KA_SECRET", KA_SECRET)
+        summary = consortium_up(consortium.consortium_path, progress=False, echo=printed.append, timeout=240)
+    return consortium, budget, summary, printed
+
+
+def test_consortium_up_ends_normally_with_the_reason_when_banks_exhaust_their_budget(stopped_run):
+    consortium, budget, summary, printed = stopped_run
+    assert summary.get("finished") and not summary.get("interrupted")
+    assert summary["rounds_applied"] == 2
+    reason = summary["stopped_reason"]
+    assert reason.startswith("privacy budget exhausted: ") and "quorum 2" in reason, reason
+    assert printed[-1] == f"the federation stopped early: {reason}"
+    # every process ended cleanly: banks on their own once the federation finished, the others on SIGTERM
+    assert summary["exit_codes"] == {name: 0 for name in ("key-authority", "aggregator", *BANKS)}
+
+    state = consortium.root / "state"
+    logs = {name: (state / "logs" / f"{name}.log").read_text() for name in ("aggregator", *BANKS)}
+    assert "rounds.stopped" in logs["aggregator"] and "bank.withdrew" in logs["aggregator"]
+    store = AggregatorStore(state / "aggregator" / "aggregator.sqlite3")
     try:
+        rounds, withdrawals = store.rounds(), store.withdrawals()
+        assert store.finished() and store.stopped_reason() == reason
+    finally:
+        store.close()
+    # rounds 1-2 applied; round 3 aborted once, at once (not at the upload deadline), and never reopened
+    assert [(r.round, r.status, r.attempts) for r in rounds] == [
+        (1, "applied", 1),
+        (2, "applied", 1),
+        (3, "aborted", 1),
+    ]
+    assert all(sorted(r.contributors) == list(BANKS) for r in rounds[:2])
+    assert "withdrawn:" in rounds[2].detail and rounds[2].closed_at - rounds[2].opened_at < UPLOAD_SECONDS / 2
+    # at least the quorum's worth of banks withdrew (the stop needs two; the third may see it first)
+    assert len(withdrawals) >= 2
+    assert all(w.reason == "privacy-budget-exhausted" and w.round == 3 for w in withdrawals.values())
+    for bank in BANKS:
+        ledger = PrivacyLedger.load(state / bank / LEDGER_FILE)
+        assert {release.round for release in ledger.releases} == {1, 2}
+        assert ledger.epsilon(1e-5) <= budget
+        assert "privacy.budget_exhausted" in logs[bank]
 
-        def stalled(status) -> bool:
-            applied = [row for row in status["rounds"] if row["status"] == "applied"]
-            third = [row for row in status["rounds"] if row["round"] == 3]
-            return len(applied) == 2 and bool(third) and (third[0]["status"] == "aborted" or third[0]["attempts"] >= 2)
 
-        status = consortium.wait_for(stalled, "two applied rounds, then round 3 aborted", timeout=90)
-        assert status["phase"] != "finished"
-        applied = [row for row in status["rounds"] if row["status"] == "applied"]
-        assert [row["round"] for row in applied] == [1, 2]
-        assert all(sorted(row["contributors"]) == list(BANKS) for row in applied)
-        for bank in BANKS:
-            ledger = PrivacyLedger.load(tmp_path / "state" / bank / LEDGER_FILE)
-            assert {release.round for release in ledger.releases} == {1, 2}
-            assert ledger.epsilon(1e-5) <= budget
-            assert "privacy.budget_exhausted" in consortium.logs(bank)
-        time.sleep(1.0)
-        assert len([row for row in consortium.status()["rounds"] if row["status"] == "applied"]) == 2
+def test_the_key_authority_adds_central_noise_of_the_configured_scale_to_the_weights(stopped_run):
+    consortium, _budget, _summary, _printed = stopped_run
+    state = consortium.root / "state"
+    policy = load_policy(consortium.root / "policy.toml")
+    decrypted = decrypted_sums_in_simulation_order(consortium, (1, 2))
+    config = load_consortium(consortium.consortium_path).experiment_config()
+    replay = ReplayedSums(decrypted)  # the simulation's banks run out of budget at round 3 as well
+    run_experiment(config, progress=False, summation=replay, privacy=FederationPrivacy(policy))
+
+    sigma = noise_std(policy, "weights")
+    noise = []
+    for r in (1, 2):
+        difference = decrypted[r]["weights"] - replay.noiseless[r]["weights"]
+        # Σ ŵ_k (last entry) is public and exact: only CKKS error (< 1e-4, as in test_consortium) remains
+        assert abs(difference[-1]) < 1e-4, r
+        np.testing.assert_allclose(decrypted[r]["node_weight"], replay.noiseless[r]["node_weight"], atol=1e-4)
+        noise.append(difference[:-1])
+    noise = np.concatenate(noise)
+    # n i.i.d. N(0, σ²) values (n = 2 × the model's parameters, in the thousands): the sample std is within
+    # 6/√(2n) of σ and the mean within 6σ/√n, each except with probability < 1e-8. CKKS error (< 1e-4) is
+    # negligible against σ = 2; a bank share on top (σ²/q each) would make the std ≥ 1.5σ, no noise ≈ 0.
+    assert noise.size > 1000
+    assert abs(noise.std() / sigma - 1) < 6 / np.sqrt(2 * noise.size), (noise.std(), sigma)
+    assert abs(noise.mean()) < 6 * sigma / np.sqrt(noise.size)
+    # predictions (distributed): the consortium's 3 bank shares of σ²/q each, minus the simulation's own 3
+    # shares: std σ·√(6/q) — and nothing from the key authority, which would add σ² more
+    sigma_p, q = noise_std(policy, "predictions"), policy.quorum
+    both = np.concatenate([decrypted[r]["predictions"] - replay.noiseless[r]["predictions"] for r in (1, 2)])
+    assert abs(both.std() / (sigma_p * np.sqrt(6 / q)) - 1) < 6 / np.sqrt(2 * both.size)
+
+    # the key authority's audit log names the noise of every weights decryption, and only those
+    records = [json.loads(line) for line in (state / "key-authority" / "audit.jsonl").read_text().splitlines()]
+    allowed = [r for r in records if r["event"] == "decrypt" and r["decision"] == "allowed"]
+    noised = {(r["round"], r["kind"]): r.get("central_noise_std") for r in allowed}
+    assert noised[(1, "weights")] == noised[(2, "weights")] == sigma
+    assert noised[(1, "predictions")] is None and noised[(1, "node_weight")] is None
+    weights_length = decrypted[1]["weights"].size
+    assert {r["central_noise_values"] for r in allowed if r["kind"] == "weights"} == {weights_length - 1}
+    # every bank accounted for the central release with the full multiplier, as planned
+    for bank in BANKS:
+        spent = PrivacyLedger.load(state / bank / LEDGER_FILE).epsilon(1e-5)
+        assert spent == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5))
+
+
+def test_a_restarted_aggregator_keeps_the_stop_and_withdrawals_are_bank_only_and_idempotent(stopped_run):
+    consortium, _budget, summary, _printed = stopped_run
+    consortium.start("key-authority", "aggregator")
+    try:
+        consortium.wait_healthy("aggregator")
+        status = consortium.wait_for(lambda s: s["phase"] == "finished", "the restarted aggregator", timeout=30)
+        assert status["stopped_reason"] == summary["stopped_reason"]
+        assert [row["round"] for row in status["rounds"]] == [1, 2, 3]
+        withdrawn = {w["bank"] for w in status["withdrawn"]}
+        bank = sorted(withdrawn)[0]
+        body = {"reason": "privacy-budget-exhausted", "round": 3}
+        with consortium.client(bank, "aggregator") as http:
+            again = http.post("/v1/withdraw", json=body)
+            assert again.status_code == 200 and again.json() == {"withdrawn": True, "duplicate": True}
+            wrong = http.post("/v1/withdraw", json={**body, "reason": "bored"})
+            assert wrong.status_code == 422 and wrong.json()["error"] == "invalid-request"
+            round_view = http.get("/v1/round").json()
+            assert round_view["phase"] == "finished" and round_view["stopped_reason"] == summary["stopped_reason"]
+        with consortium.client("key-authority", "aggregator") as http:
+            refused = http.post("/v1/withdraw", json=body)
+            assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
+        assert {w["bank"] for w in consortium.status()["withdrawn"]} == withdrawn
     finally:
         consortium.stop_all()
 
-    # the stopped consortium's run directory: what `consortium up --run-dir` writes, and the audit reads
+
+def test_the_stopped_run_exports_its_reason_and_withdrawn_banks_and_passes_the_audit(stopped_run, tmp_path):
+    consortium, _budget, summary, _printed = stopped_run
     run_dir = collect_consortium_run(consortium.consortium_path, tmp_path / "run")
     loaded = load_run_dir(run_dir)
     assert loaded.secure and sorted(loaded.ledgers) == list(BANKS) and sorted(loaded.bank_keys) == list(BANKS)
     assert loaded.run["result"]["rounds_run"] == 2
+    assert loaded.run["result"]["stopped_reason"] == summary["stopped_reason"]
+    assert len(loaded.run["stopped_banks"]) >= 2 and set(loaded.run["stopped_banks"].values()) == {3}
+    assert [h["status"] for h in loaded.run["result"]["history"]] == ["applied", "applied", "aborted"]
     assert {(r.round, r.sender) for r in loaded.receipts} >= {(n, b) for n in (1, 2) for b in BANKS}
     report = audit_run(run_dir, attacks=False)
     assert report.with_status("red") == []

@@ -20,6 +20,12 @@ Round states: ``open`` → ``applied`` | ``aborted`` (reopened with a fresh nonc
 never decrypts a (round, kind) twice, so the retry takes the next round number) |
 ``interrupted`` (the aggregator stopped while it was open). A restarted aggregator resumes
 after its last applied round; a round is applied once or not at all.
+
+Fail closed, visibly: a bank whose privacy budget is spent *withdraws* (:meth:`Coordinator.withdraw`,
+recorded in SQLite). It is invited to no further round; an open round stops waiting for it (and is
+aborted at once when the banks left cannot reach the quorum); and once fewer than the quorum of a
+round's chosen banks are left, the federation finishes with a ``stopped_reason`` instead of
+reopening rounds that can never be decrypted — the simulation's rule (``RunResult.stopped_reason``).
 """
 
 from __future__ import annotations
@@ -52,8 +58,11 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, round_history
+from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, Withdrawal, round_history
 from fedgl_secure.services.pseudonyms import union_positions
+
+BUDGET_EXHAUSTED = "privacy-budget-exhausted"
+WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → what a stopped_reason says
 
 
 class ProtocolConflict(FedGLError):
@@ -210,6 +219,16 @@ class RoundView:
     context_fingerprint: str = ""
     seconds_left: float | None = None
     latest_version: int | None = None
+    stopped_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """Who takes part in the next round and how many must upload everything — or why the run stops."""
+
+    participants: tuple[str, ...] = ()
+    required: int = 0
+    stopped_reason: str | None = None
 
 
 class Coordinator:
@@ -256,7 +275,8 @@ class Coordinator:
         self._open: _OpenRound | None = None
         self._aggregating = False
         self._started = time.monotonic()
-        self._finished = store.get_meta("finished") == "1"
+        self._finished = store.finished()
+        self._withdrawn: dict[str, Withdrawal] = store.withdrawals()
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
 
@@ -272,6 +292,26 @@ class Coordinator:
         with self._changed:
             self._seen[bank] = time.monotonic()
             self._changed.notify_all()
+
+    def withdraw(self, bank: str, reason: str, round_number: int) -> bool:
+        """Record that ``bank`` takes no further part (``reason``: a :data:`WITHDRAWAL_REASONS` code; it
+        declined round ``round_number``). True when new, False when it repeats a recorded withdrawal.
+
+        Durable before it counts; the round loop stops inviting the bank, stops waiting for it in an
+        open round, and ends the run once too few banks are left (:meth:`_choose_participants`).
+        """
+        self._bank_index(bank)
+        if reason not in WITHDRAWAL_REASONS:
+            raise ProtocolConflict("bad-withdrawal", f"unknown reason {reason!r}; known: {sorted(WITHDRAWAL_REASONS)}")
+        with self._changed:
+            self._seen[bank] = time.monotonic()
+            if bank in self._withdrawn:
+                return False
+            self._withdrawn[bank] = self.store.withdraw(bank, reason, round_number)
+            left = [b for b in self.banks if b not in self._withdrawn]
+            self._changed.notify_all()
+        self.log.warning("bank.withdrew", bank=bank, reason=reason, round=round_number, banks_left=left)
+        return True
 
     def enrol(self, bank: str, num_features: int, num_classes: int, pseudonyms: Sequence[str]) -> None:
         """Record a bank's pseudonym set and data dimensions (idempotent for the same set)."""
@@ -320,7 +360,9 @@ class Coordinator:
         with self._changed:
             latest = self.store.latest_version()
             if self._finished:
-                return RoundView("finished", self.federation, latest_version=latest)
+                return RoundView(
+                    "finished", self.federation, latest_version=latest, stopped_reason=self.store.stopped_reason()
+                )
             if self._index is None:
                 return RoundView("enrolling", self.federation)
             current = self._open
@@ -352,6 +394,10 @@ class Coordinator:
                 raise ProtocolConflict("stale-round", f"round {round_number} was reopened with a fresh nonce; retrain")
             if bank not in current.participants:
                 raise ProtocolConflict("not-participant", f"{bank} is not a participant of round {round_number}")
+            if bank in self._withdrawn:
+                raise ProtocolConflict(
+                    "withdrawn", f"{bank} withdrew ({self._withdrawn[bank].reason}); it uploads no more"
+                )
             if kind not in current.shapes:
                 raise CiphertextError(f"round {round_number} expects kinds {sorted(current.shapes)}, not {kind!r}")
             length = int(np.prod(current.shapes[kind]))
@@ -400,6 +446,10 @@ class Coordinator:
             "best_version": best[0] if best else None,
             "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else None,
             "best_test_accuracy": ratio(best[1][3], best[1][4]) if best else None,
+            "withdrawn": [
+                {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
+            ],
+            "stopped_reason": self.store.stopped_reason(),
         }
 
     def round_phase(self) -> str:
@@ -413,7 +463,8 @@ class Coordinator:
     # --- the round loop (its own thread) --------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Drive rounds until ``max_rounds`` model versions exist, early stopping, or ``stop``."""
+        """Drive rounds until ``max_rounds`` model versions exist, early stopping, too few banks left
+        within their budget (``stopped_reason``), or ``stop``."""
         self._started = time.monotonic()
         try:
             if not self._wait_for_enrolment(stop):
@@ -421,8 +472,15 @@ class Coordinator:
             version = self._resume()
             round_number = self.store.last_round_number() + 1
             stopper = EarlyStopping(self.config.federation.patience)
+            stopped_reason = self.store.stopped_reason()  # a restarted aggregator of a stopped run says it again
             while not stop.is_set() and not self._finished and version < self.config.federation.max_rounds:
-                outcome = self._run_round(stop, round_number, version)
+                choice = self._choose_participants(stop, version)
+                if choice is None:
+                    break
+                if choice.stopped_reason is not None:
+                    stopped_reason = choice.stopped_reason
+                    break
+                outcome = self._run_round(stop, round_number, version, choice)
                 if outcome == "applied":
                     version += 1
                     if self._early_stop(stopper, version - 1):
@@ -430,7 +488,7 @@ class Coordinator:
                 if outcome in ("applied", "abandoned"):
                     round_number += 1
             if not stop.is_set():
-                self._finish(version)
+                self._finish(version, stopped_reason)
         except Exception:  # the service must say why it stopped driving rounds
             self.log.exception("rounds.crashed")
             raise
@@ -484,14 +542,48 @@ class Coordinator:
             self.log.warning("round.retired", round=last.round, status=status)
         return version
 
-    def _participants(self, training_round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(chosen for this round, of those the banks heard from within ``liveness_seconds``)."""
+    def _chosen(self, training_round: int) -> tuple[str, ...]:
+        """The banks :func:`select_participants` draws for ``training_round``, withdrawn ones included."""
         chosen = select_participants(
             len(self.banks), self.config.federation.participation, self.config.seed, training_round
         )
+        return tuple(self.banks[k] for k in chosen)
+
+    def _participants(self, training_round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(chosen for this round and not withdrawn, of those the banks heard from within ``liveness_seconds``)."""
+        names = tuple(b for b in self._chosen(training_round) if b not in self._withdrawn)
         now = time.monotonic()
-        names = tuple(self.banks[k] for k in chosen)
         return names, tuple(b for b in names if now - self._seen.get(b, -1e18) <= self.liveness_seconds)
+
+    def _exhausted(self, version: int, pinned: tuple[str, ...]) -> str | None:
+        """Why no round from ``version`` can ever be decrypted, now that banks withdrew; None while one can.
+
+        Fewer than the quorum of the banks chosen for the training round are left (with every bank
+        chosen: fewer than the quorum in the federation) — the simulation stops on the same rule — or
+        a pinned retry (:meth:`_pinned_contributors`) lost one of the banks it must have exactly.
+        """
+        if not self._withdrawn:
+            return None
+        withdrawn = sorted(self._withdrawn.values(), key=lambda w: (w.round, w.bank))
+        why = "; ".join(sorted({WITHDRAWAL_REASONS[w.reason] for w in withdrawn}))
+        listed = ", ".join(f"{w.bank} at round {w.round}" for w in withdrawn)
+        if gone := [bank for bank in pinned if bank in self._withdrawn]:
+            return (
+                f"{why}: {', '.join(gone)} withdrew, but the retry of an abandoned round from version {version} "
+                f"must have exactly its contributors {list(pinned)} (withdrawn: {listed})"
+            )
+        chosen = self._chosen(version + 1)
+        left = [bank for bank in chosen if bank not in self._withdrawn]
+        quorum = _quorum(self.policy)
+        if len(left) >= quorum:
+            return None
+        banks = f"{len(left)} bank{'' if len(left) == 1 else 's'}"
+        if len(chosen) == len(self.banks):
+            return f"{why}: {banks} left, quorum {quorum} (withdrawn: {listed})"
+        return (
+            f"{why}: {banks} left of the {len(chosen)} chosen for training round {version + 1}, quorum {quorum} "
+            f"(withdrawn: {listed})"
+        )
 
     def _pinned_contributors(self, version: int) -> tuple[str, ...]:
         """Banks whose sums for a round from ``version`` were already decrypted, if that round never applied.
@@ -507,24 +599,28 @@ class Coordinator:
                     return next(iter(sums.values()))[2]
         return ()
 
-    def _choose_participants(self, stop: threading.Event, version: int) -> tuple[tuple[str, ...], int] | None:
-        """(participants, how many must upload everything) for a round from ``version``; None if stopped.
+    def _choose_participants(self, stop: threading.Event, version: int) -> _Choice | None:
+        """Participants and how many must upload everything for a round from ``version``, or the reason
+        the run stops (:meth:`_exhausted`); None if ``stop`` was set.
 
-        Every chosen bank, or — once a silent bank has had ``liveness_seconds`` since this
-        aggregator (re)started to show up — at least the quorum of live ones; a pinned set
+        Every chosen bank that has not withdrawn, or — once a silent bank has had ``liveness_seconds``
+        since this aggregator (re)started to show up — at least the quorum of live ones; a pinned set
         (see :meth:`_pinned_contributors`) must be live in full.
         """
         pinned = self._pinned_contributors(version)
         with self._changed:
             while not stop.is_set():
+                reason = self._exhausted(version, pinned)
+                if reason is not None:
+                    return _Choice(stopped_reason=reason)
                 chosen, live = self._participants(version + 1)
                 if pinned:
                     if set(pinned) <= set(live):
-                        return pinned, len(pinned)
+                        return _Choice(pinned, len(pinned))
                 else:
                     waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
                     if len(live) >= _quorum(self.policy) and (len(live) == len(chosen) or waited_long_enough):
-                        return live, _quorum(self.policy)
+                        return _Choice(live, _quorum(self.policy))
                 self._changed.wait(0.2)
         return None
 
@@ -543,11 +639,8 @@ class Coordinator:
                 if stop.wait(1.0):
                     raise
 
-    def _run_round(self, stop: threading.Event, round_number: int, version: int) -> str:
-        chosen = self._choose_participants(stop, version)
-        if chosen is None:
-            return "stopped"
-        participants, required = chosen
+    def _run_round(self, stop: threading.Event, round_number: int, version: int, choice: _Choice) -> str:
+        participants, required = choice.participants, choice.required
         log = self.log.bind(round=round_number)
         try:
             nonce = self._open_at_key_authority(stop, round_number, participants)
@@ -563,22 +656,32 @@ class Coordinator:
             self._changed.notify_all()
         log.info("round.opened", participants=list(participants), base_version=version)
         with self._changed:
-            while len(current.complete_banks()) < len(participants) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 if stop.is_set():
                     self._open = None
                     return "stopped"
+                # banks that withdrew during the round are not waited for
+                complete = current.complete_banks()
+                expected = [b for b in participants if b in complete or b not in self._withdrawn]
+                if len(complete) == len(expected) or len(expected) < required:
+                    break
                 self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             complete = current.complete_banks()
+            withdrew = sorted(b for b in participants if b in self._withdrawn and b not in complete)
             self._open = None
             self._aggregating = len(complete) >= required
-        missing = sorted(set(participants) - set(complete))
+        missing = sorted(set(participants) - set(complete) - set(withdrew))
         if len(complete) < required:
             detail = f"{len(complete)} of {len(participants)} banks uploaded every kind in time; {required} needed"
+            if withdrew:
+                detail += f"; withdrawn: {', '.join(withdrew)}"
             self.store.close_round(round_number, "aborted", detail)
-            log.warning("round.aborted", complete=list(complete), missing=missing, detail=detail)
+            log.warning("round.aborted", complete=list(complete), missing=missing, withdrawn=withdrew, detail=detail)
             return "aborted"
         if missing:
             log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
+        if withdrew:
+            log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
         try:
             sums = self._decrypt_sums(current, complete)
         except FedGLError as error:  # DecryptionRefused included
@@ -645,9 +748,12 @@ class Coordinator:
             return True
         return False
 
-    def _finish(self, version: int) -> None:
-        self.store.set_meta("finished", "1")
+    def _finish(self, version: int, stopped_reason: str | None = None) -> None:
+        """The federation is over (persisted): ``max_rounds`` versions, early stopping, or ``stopped_reason``."""
+        self.store.finish(stopped_reason)
         with self._changed:
             self._finished = True
             self._changed.notify_all()
-        self.log.info("rounds.finished", latest_version=version)
+        if stopped_reason is not None:
+            self.log.warning("rounds.stopped", latest_version=version, reason=stopped_reason)
+        self.log.info("rounds.finished", latest_version=version, stopped_reason=stopped_reason)

@@ -13,6 +13,7 @@ GET      /v1/round                               bank     the open round (and a 
 GET      /v1/models/{version}                    bank     W̄, Ȳ, Ā of a model version (npz)
 PUT      /v1/rounds/{round}/uploads/{kind}       bank     one kind's ciphertext chunks + receipt
 POST     /v1/reports                             bank     evaluation counts of a model version
+POST     /v1/withdraw                            bank     the bank takes no further part (budget spent)
 =======  ======================================  =======  =====================================
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 import httpx
 import numpy as np
@@ -32,7 +34,7 @@ from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
+from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
@@ -86,11 +88,24 @@ class RoundResponse(_Schema):
     context_fingerprint: str = ""
     seconds_left: float | None = None
     latest_version: int | None = None
+    stopped_reason: str | None = None  # set when phase == "finished" and the run stopped early
 
 
 class UploadResponse(_Schema):
     accepted: bool
     duplicate: bool
+
+
+class WithdrawRequest(_Schema):
+    """A bank leaves the run for good; ``round`` is the round it declined (for the record)."""
+
+    reason: Literal["privacy-budget-exhausted"]
+    round: int = Field(ge=1)
+
+
+class WithdrawResponse(_Schema):
+    withdrawn: bool
+    duplicate: bool  # the bank had already withdrawn; nothing changed
 
 
 class ReportRequest(_Schema):
@@ -165,6 +180,11 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         coordinator.accept_report(caller.name, request.version, counts)
         return {"recorded": True}
 
+    @app.post("/v1/withdraw")
+    def withdraw(request: WithdrawRequest, caller: Caller = Depends(bank_only)) -> WithdrawResponse:
+        new = coordinator.withdraw(caller.name, request.reason, request.round)
+        return WithdrawResponse(withdrawn=True, duplicate=not new)
+
     return app
 
 
@@ -212,6 +232,12 @@ class AggregatorClient:
     def report(self, version: int, counts: tuple[int, int, int, int]) -> None:
         names = ("val_correct", "val_total", "test_correct", "test_total")
         self._check(self.http.post("/v1/reports", json={"version": version, **dict(zip(names, counts, strict=True))}))
+
+    def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
+        request = WithdrawRequest(reason=reason, round=round_number)
+        return WithdrawResponse.model_validate(
+            self._check(self.http.post("/v1/withdraw", json=request.model_dump())).json()
+        )
 
 
 def _json_or_empty(response: httpx.Response) -> dict:

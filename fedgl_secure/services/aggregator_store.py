@@ -1,6 +1,7 @@
 """The aggregator's durable state (SQLite): enrolments, the union index, models, rounds, sums, reports.
 
-Every accepted upload's receipt is kept too, for the run directory an audit reads.
+Every accepted upload's receipt is kept too, for the run directory an audit reads, and every bank's
+withdrawal (a bank whose privacy budget is spent), with the reason the run stopped, if it did.
 A restarted aggregator resumes from here: every applied round's broadcast is stored with the
 round that produced it (in the same transaction), and every decrypted sum is stored the moment
 the key authority returns it — the key authority decrypts each (round, kind) only once, so a
@@ -40,7 +41,11 @@ CREATE TABLE IF NOT EXISTS reports (
 CREATE TABLE IF NOT EXISTS receipts (
     round INTEGER NOT NULL, nonce TEXT NOT NULL, bank TEXT NOT NULL, kind TEXT NOT NULL, receipt TEXT NOT NULL,
     accepted_at REAL NOT NULL, PRIMARY KEY (round, nonce, bank, kind));
+CREATE TABLE IF NOT EXISTS withdrawals (
+    bank TEXT PRIMARY KEY, reason TEXT NOT NULL, round INTEGER NOT NULL, withdrawn_at REAL NOT NULL);
 """
+FINISHED = "finished"
+STOPPED_REASON = "stopped_reason"
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,16 @@ class RoundRow:
     closed_at: float | None
     contributors: tuple[str, ...]
     detail: str | None
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """A bank that takes no further part in the run: why, and the round it declined."""
+
+    bank: str
+    reason: str
+    round: int
+    withdrawn_at: float
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,39 @@ class AggregatorStore:
 
     def set_meta(self, key: str, value: str) -> None:
         self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
+
+    def finish(self, stopped_reason: str | None = None) -> None:
+        """Mark the federation finished, with the reason it stopped early (if it did), in one transaction."""
+        statements = [("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (FINISHED,))]
+        if stopped_reason is not None:
+            statements.append(
+                ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (STOPPED_REASON, stopped_reason))
+            )
+        self._write(statements)
+
+    def finished(self) -> bool:
+        return self.get_meta(FINISHED) == "1"
+
+    def stopped_reason(self) -> str | None:
+        return self.get_meta(STOPPED_REASON)
+
+    # --- withdrawals ----------------------------------------------------------------------------
+
+    def withdraw(self, bank: str, reason: str, round_number: int) -> Withdrawal:
+        """Record a bank's withdrawal (the first one stands: a repeat changes nothing); returns the record."""
+        self._write(
+            [
+                (
+                    "INSERT OR IGNORE INTO withdrawals (bank, reason, round, withdrawn_at) VALUES (?, ?, ?, ?)",
+                    (bank, reason, round_number, time.time()),
+                )
+            ]
+        )
+        return self.withdrawals()[bank]
+
+    def withdrawals(self) -> dict[str, Withdrawal]:
+        rows = self._read("SELECT bank, reason, round, withdrawn_at FROM withdrawals ORDER BY withdrawn_at, bank")
+        return {row[0]: Withdrawal(*row) for row in rows}
 
     # --- enrolment and the union index ------------------------------------------------------
 

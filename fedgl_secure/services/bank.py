@@ -20,12 +20,14 @@ after every recorded round, before anything is uploaded, and loaded at start —
 refills the budget. ``w_max`` is public: it is the largest bank's size in the consortium's
 experiment (the slices every party derives from the shared config, as in the simulation). Once a
 round would exceed the budget the bank stops contributing for good: it logs
-``privacy.budget_exhausted``, uploads nothing and keeps polling, so the aggregator simply times it
-out of each round it is picked for (a silent bank needs no protocol message). The noised release of
-a round is kept for a reopened attempt of the same round (one decryption per round number at the key
-authority), so reopening neither charges the budget again nor re-draws the noise. A channel with
-``noise = "central"`` gets no share from the bank (the key authority adds its noise to the decrypted
-sum) but is recorded in the ledger like any other release.
+``privacy.budget_exhausted``, uploads nothing, and **withdraws** (``POST /v1/withdraw``, reason
+``privacy-budget-exhausted``, retried at every poll until the aggregator has it), so the aggregator
+stops inviting it and ends the run with a ``stopped_reason`` once too few banks are left; the bank
+keeps polling until the federation has finished. A channel with ``noise = "central"`` gets no share
+from the bank (the key authority adds its noise to the decrypted sum) but is recorded in the ledger
+like any other release. The noised release of a round is kept for a reopened attempt of the same
+round (one decryption per round number at the key authority), so reopening neither charges the
+budget again nor re-draws the noise.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.policy import Policy, load_policy
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator import ProtocolConflict, decode_broadcast
+from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, ProtocolConflict, decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
@@ -165,6 +167,7 @@ class BankWorker:
         self.log = get_logger(node=name, role="bank")
         self.rounds_done: list[int] = []
         self.finished = threading.Event()
+        self.withdrawn = False  # the aggregator has recorded this bank's withdrawal
         self.privacy: FederationPrivacy | None = None
         self.ledger_path: Path | None = None
         if policy.has_dp:
@@ -265,15 +268,32 @@ class BankWorker:
                 self.log.info("round.poll_unreachable", error=str(error)[:200])
                 stop.wait(self.poll_seconds * 5)
                 continue
+            if self._withdrawal_pending():
+                self._withdraw()
             if view.phase == "finished":
                 self._report_final(session, view.latest_version)
                 self.finished.set()
-                self.log.info("bank.finished", rounds=len(self.rounds_done))
+                self.log.info("bank.finished", rounds=len(self.rounds_done), stopped_reason=view.stopped_reason)
                 return
             if view.phase == "open" and self.name in view.participants and (view.round, view.nonce) not in session.done:
                 self._take_part(session, view)
                 continue
             stop.wait(self.poll_seconds)
+
+    def _withdrawal_pending(self) -> bool:
+        """The budget is spent but the aggregator has not confirmed the withdrawal yet."""
+        return self.bank_privacy is not None and self.bank_privacy.stopped_round is not None and not self.withdrawn
+
+    def _withdraw(self) -> None:
+        """Tell the aggregator this bank takes no further part (budget spent); after a failure the next poll retries."""
+        stopped = self.bank_privacy.stopped_round
+        try:
+            answer = self.aggregator.withdraw(stopped, BUDGET_EXHAUSTED)
+        except Exception as error:  # ProtocolConflict, service and transport errors alike: try again at the next poll
+            self.log.warning("privacy.withdraw_failed", round=stopped, error=str(error)[:300])
+            return
+        self.withdrawn = True
+        self.log.warning("bank.withdrawn", round=stopped, reason=BUDGET_EXHAUSTED, duplicate=answer.duplicate)
 
     def _index_when_ready(self):
         try:
@@ -323,7 +343,7 @@ class BankWorker:
             session.done.add((view.round, view.nonce))
             return
         if self.bank_privacy is not None and self.bank_privacy.stopped_round is not None:
-            session.done.add((view.round, view.nonce))  # budget spent: stay silent, the round times us out
+            session.done.add((view.round, view.nonce))  # budget spent: withdrawn (or retrying it at each poll)
             return
         started = time.perf_counter()
         try:
@@ -352,9 +372,10 @@ class BankWorker:
                         "privacy.budget_exhausted",
                         stopped_round=self.bank_privacy.stopped_round,
                         action="stop-contributing",
-                        detail="this bank uploads nothing more; the aggregator times it out of every round",
+                        detail="this bank uploads nothing more and withdraws from the federation",
                     )
                     session.done.add((view.round, view.nonce))
+                    self._withdraw()
                     return
                 session.uploads = {
                     key: [

@@ -4,6 +4,8 @@ Nodes start in dependency order (key authority, aggregator, banks), each with
 ``fedgl-secure node start --config <consortium dir>/<node>.toml`` and its JSON log in
 ``<state_root>/logs/<node>.log``. Progress comes from the aggregator's structured log; Ctrl-C
 (or the end of the federation) stops every process: SIGTERM, then SIGKILL after a grace period.
+A federation that stopped early because banks withdrew (privacy budget spent) is a normal end: its
+``stopped_reason`` is printed and returned in the summary.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class AggregatorLog:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and str(record.get("event", "")).startswith(("round.", "rounds.", "index.")):
+            if isinstance(record, dict) and str(record.get("event", "")).startswith(
+                ("round.", "rounds.", "index.", "bank.withdrew")
+            ):
                 new.append(record)
         self.events.extend(new)
         return new
@@ -171,8 +175,12 @@ def consortium_up(
                     bar.set_postfix(round=event.get("round"), banks=len(event.get("contributors", [])))
                 elif name in ("round.aborted", "round.timed_out_banks", "round.abandoned"):
                     bar.write(f"round {event.get('round')}: {name.split('.')[1]} {event.get('missing', '')}")
+                elif name == "bank.withdrew":
+                    bar.write(f"{event.get('bank')} withdrew at round {event.get('round')}: {event.get('reason')}")
                 elif name == "rounds.finished":
                     summary["finished"] = True
+                    if event.get("stopped_reason"):
+                        summary["stopped_reason"] = event["stopped_reason"]
             dead = [node for node in processes if not node.alive() and node.role is not NodeRole.BANK]
             if dead:
                 raise NodeFailed(
@@ -196,6 +204,8 @@ def consortium_up(
         bar.close()
         stop_processes(list(reversed(processes)))
     summary["exit_codes"] = {node.name: node.process.returncode for node in processes}
+    if summary.get("stopped_reason"):
+        echo(f"the federation stopped early: {summary['stopped_reason']}")
     if run_dir is not None and summary.get("finished"):
         from fedgl_secure.services.run_export import collect_consortium_run
 

@@ -1,10 +1,11 @@
 """A consortium run's run directory (DESIGN §6): what ``fedgl-secure audit`` reads, from the nodes' state.
 
 :func:`collect_consortium_run` reads, after every node process has stopped (files closed): the
-aggregator's SQLite (final model as stored, accepted receipts, rounds and pooled reports), each
-bank's ``privacy-ledger.json`` (DP policies), the key authority's ledger, audit log and audit head,
-the policy file and the banks' public signing keys, and writes them with
-:func:`fedgl_secure.privacy.run_record.write_run_dir` — the same layout a simulation leaves.
+aggregator's SQLite (final model as stored, accepted receipts, rounds and pooled reports, banks'
+withdrawals and the run's ``stopped_reason``), each bank's ``privacy-ledger.json`` (DP policies),
+the key authority's ledger, audit log and audit head, the policy file and the banks' public signing
+keys, and writes them with :func:`fedgl_secure.privacy.run_record.write_run_dir` — the same layout
+a simulation leaves (a withdrawn bank is a ``stopped_banks`` entry, with the round it declined).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class _Ledgers:
     """The banks' ledgers as ``write_run_dir`` reads a FederationPrivacy (``ledgers()`` and ``banks``)."""
 
     by_bank: dict[str, Any]
-    banks: dict[str, Any] = field(default_factory=dict)  # stopped rounds are not recorded by a consortium
+    banks: dict[str, Any] = field(default_factory=dict)  # withdrawn banks: objects with .bank and .stopped_round
 
     def ledgers(self) -> dict[str, Any]:
         return dict(self.by_bank)
@@ -94,7 +95,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
         default=None,
     )
     index = store.index()
-    finished = store.get_meta("finished") == "1"
+    finished = store.finished()
     return {
         "dataset": config.dataset,
         "method": config.method,
@@ -109,7 +110,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
         "num_global_nodes": index[0] if index else 0,
         "history": history,
         "config": config.model_dump(mode="json"),
-        "stopped_reason": None if finished else "the federation did not finish (stopped or stalled)",
+        "stopped_reason": store.stopped_reason() if finished else "the federation did not finish (stopped or stalled)",
     }
 
 
@@ -136,6 +137,7 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
         model = store.model(version) if version is not None else None
         receipts = [parse_receipt(text) for text in store.receipts()]
         result = _result(consortium, store)
+        withdrawn = {bank: SimpleNamespace(bank=bank, stopped_round=w.round) for bank, w in store.withdrawals().items()}
     finally:
         store.close()
     if model is None:
@@ -150,7 +152,7 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
             if not path.is_file():
                 raise ConfigError(f"{path}: bank {bank.name!r} has no privacy ledger (DP policy)")
             ledgers[bank.name] = PrivacyLedger.load(path)
-        privacy = _Ledgers(ledgers)
+        privacy = _Ledgers(ledgers, withdrawn)
 
     ka_state = node_state_dir(consortium, consortium.key_authority.name)
     bank_names = [bank.name for bank in consortium.banks]
