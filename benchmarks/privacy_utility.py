@@ -20,7 +20,7 @@ accuracy and accounting are those of a secure run; only the wall time differs.
 
 Method: ``fedgl-no-gpg`` by default — the only FedGL variant DP allows today. The pseudo graph
 (Eq. 9, β > 0) adds edges the degree bound does not cover, so
-:func:`~fedgl_secure.privacy.dp_round.check_method` refuses ``fedgl`` under a policy with DP on
+:func:`~fedgl_secure.privacy.dp_round.check_runnable` refuses ``fedgl`` under a policy with DP on
 predictions or embeddings. The non-DP reference also runs full ``fedgl`` (``--reference-method``)
 so the table can be compared with the issue's target "within 3 points of non-DP FedGL".
 

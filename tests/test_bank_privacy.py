@@ -234,6 +234,40 @@ def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(worl
     assert ledger.epsilon(1e-5) == pytest.approx(planned_ledger(policy, 1).epsilon(1e-5))
 
 
+def test_a_bank_under_dp_sgd_trains_privately_and_uploads_weights_without_a_channel(
+    world, small_he, tmp_path, monkeypatch
+):
+    from fedgl_secure.privacy import dp_sgd
+
+    steps = []
+    original = dp_sgd.NodeDPSGD.train
+
+    def counting(self, trainer, *args):
+        steps.append(args[-1])
+        return original(self, trainer, *args)
+
+    monkeypatch.setattr(dp_sgd.NodeDPSGD, "train", counting)
+    sgd = {"max_grad_norm": 1.0, "noise_multiplier": 5.0, "local_epochs": 2}
+    policy = policy_from_dict(
+        {
+            **dp_policy(small_he).model_dump(exclude={"dp"}),
+            "dp": {
+                "sgd": sgd,
+                "predictions": {"clip": 1.0, "noise_multiplier": 1.0},
+                "graph": {"max_degree": 3},
+            },
+        }
+    )
+    config = build_config({**CONFIG.model_dump(), "training": {**CONFIG.training.model_dump(), "local_epochs": 2}})
+    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch, config=config)
+    assert steps == [2]  # the bank's one round trained by DP-SGD, 2 steps
+    released = {kind: values for _, _, kind, values in encrypted}
+    scale = released["weights"][-1]
+    assert 0 < scale <= 1  # ŵ_k: normalised by the public w_max, no noise on it
+    ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
+    assert {(r.round, r.channel, r.steps) for r in ledger.releases} == {(1, "dp_sgd", 2), (1, "predictions", 1)}
+
+
 def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, small_he, tmp_path, monkeypatch):
     budget = two_round_budget(lambda eps: dp_policy(small_he, epsilon=eps))
     policy = dp_policy(small_he, epsilon=budget)
@@ -287,7 +321,7 @@ def test_without_dp_the_bank_uploads_its_contribution_unchanged(world, small_pol
         (
             "fedgl-no-gpg",
             {"sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 1}},
-            "dp.sgd is not implemented",
+            r"trains 10 local epochs per round, but dp\.sgd\.local_epochs = 1",
         ),
     ],
 )

@@ -347,3 +347,25 @@ def test_cli_provision_errors_are_one_line_with_exit_code_2(tmp_path):
         and refused.output.startswith("error: ")
         and "tls.crt: exists but tls.key" in refused.output
     )
+
+
+@pytest.mark.parametrize("directory", ["services", "services/strict-dp"])
+def test_every_shipped_example_consortium_has_its_own_node_configs(directory):
+    from fedgl_secure.services.orchestrate import check_node_configs_belong
+
+    root = Path(__file__).resolve().parents[1] / directory
+    consortium = load_consortium(root / "consortium.toml")
+    names = [consortium.key_authority.name, consortium.aggregator.name, *(bank.name for bank in consortium.banks)]
+    check_node_configs_belong(root / "consortium.toml", {name: root / f"{name}.toml" for name in names})
+
+
+def test_consortium_up_refuses_node_configs_of_another_consortium(tmp_path):
+    from fedgl_secure.services.orchestrate import consortium_up
+
+    services = Path(__file__).resolve().parents[1] / "services"
+    for file in services.glob("*.toml"):
+        shutil.copy(file, tmp_path / file.name)
+    shutil.copy(services / "consortium.toml", tmp_path / "second.toml")  # its node configs name consortium.toml
+    with pytest.raises(ConfigError, match=r"belong to another consortium \(.*bank-a\.toml names .*consortium\.toml"):
+        consortium_up(tmp_path / "second.toml", progress=False)
+    assert not load_consortium(tmp_path / "second.toml").pki_dir.exists()  # refused before provisioning anything

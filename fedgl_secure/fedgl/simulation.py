@@ -268,9 +268,9 @@ def _private_client_graphs(
 ) -> list[GraphTensors]:
     """Each bank's graph after its one-off DP preparation (edge DP, degree bound); checks the method first."""
     from fedgl_secure.crypto.secure_summation import bank_name
-    from fedgl_secure.privacy.dp_round import check_method
+    from fedgl_secure.privacy.dp_round import check_runnable
 
-    check_method(privacy.policy, config.method, config.effective_alpha_beta()[1])
+    check_runnable(privacy.policy, config)
     graphs = federation.client_graphs
     adjacencies = privacy.setup(
         [bank_name(k) for k in range(len(graphs))],

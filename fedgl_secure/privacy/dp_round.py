@@ -98,12 +98,17 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
         )
 
 
-def check_runnable(policy: Policy, method: str, beta: float) -> None:
-    """Everything the simulation refuses under ``policy`` before round 1: β > 0 with a degree-bounded DP channel."""
-    check_method(policy, method, beta)
+def check_runnable(policy: Policy, config) -> None:
+    """Everything refused under ``policy`` before round 1 of ``config`` (an ``ExperimentConfig``).
+
+    β > 0 with a degree-bounded DP channel (the pseudo graph), and more local epochs per round than
+    DP-SGD's budget accounts for.
+    """
+    check_method(policy, config.method, config.effective_alpha_beta()[1])
+    check_local_epochs(policy, config.training.local_epochs)
 
 
-def check_consortium(policy: Policy, method: str, beta: float) -> None:
+def check_consortium(policy: Policy, config) -> None:
     """What a consortium (aggregator and banks) refuses at start: the simulation's rules, plus what only it lacks.
 
     A consortium always encrypts (``protection = "none"`` is refused). Central noise is run: the key
@@ -114,7 +119,7 @@ def check_consortium(policy: Policy, method: str, beta: float) -> None:
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
         )
-    check_runnable(policy, method, beta)
+    check_runnable(policy, config)
 
 
 def noise_std(policy: Policy, kind: str) -> float:
@@ -321,12 +326,11 @@ class FederationPrivacy:
     def attach_training(self, client_id: int, trainer) -> None:
         """Give bank ``client_id``'s :class:`~fedgl_secure.fedgl.client.LocalTrainer` DP-SGD when the policy asks.
 
-        Refuses a trainer set to take more local steps per round than the budget accounts for.
+        :func:`check_runnable` has already refused more local steps per round than the budget accounts for.
         """
         sgd = self.policy.dp.sgd
         if not self.policy.dp.sgd_enabled:
             return
-        check_local_epochs(self.policy, trainer.config.local_epochs)
         trainer.private_training = NodeDPSGD(
             sgd.max_grad_norm,
             sgd.noise_multiplier,

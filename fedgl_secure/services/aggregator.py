@@ -169,7 +169,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs (central
     noise is run: the key authority adds it).
     """
-    check_consortium(policy, config.method, config.effective_alpha_beta()[1])
+    check_consortium(policy, config)
     kinds = build_method(config).upload_kinds
     refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
     if refused:

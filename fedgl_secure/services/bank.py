@@ -171,7 +171,7 @@ class BankWorker:
         self.privacy: FederationPrivacy | None = None
         self.ledger_path: Path | None = None
         if policy.has_dp:
-            check_consortium(policy, config.method, config.effective_alpha_beta()[1])
+            check_consortium(policy, config)
             if privacy_normaliser is None or state_dir is None:
                 raise ConfigError(f"{name}: a DP policy needs the public normaliser w_max and a state directory")
             self.privacy = FederationPrivacy(policy, random_bytes=random_bytes)
@@ -253,6 +253,8 @@ class BankWorker:
             self.graph_data, positions, size, device, self.config.training.normalize_features
         )
         trainer = LocalTrainer(self.client_index, self._private_graph(graph), self.config.training, self.config.seed)
+        if self.privacy is not None:
+            self.privacy.attach_training(self.client_index, trainer)
         evaluator = GCN(graph.features.shape[1], self.config.training.hidden, graph.num_classes).to(device)
         num_parameters = int(trainer.model.flat_parameters().numel())
         self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)

@@ -130,6 +130,23 @@ class AggregatorLog:
         return new
 
 
+def check_node_configs_belong(consortium_path: Path, configs: dict[str, Path]) -> None:
+    """Refuse node configs that name another consortium file than the one being started.
+
+    ``consortium up`` finds each node's config next to the consortium file; a config copied from
+    another consortium would otherwise start that consortium's nodes (its policy, keys and state).
+    """
+    expected = consortium_path.resolve()
+    named = {path: load_node_config(path)[0].consortium for path in configs.values()}
+    strangers = {path: other for path, other in named.items() if other.resolve() != expected}
+    if strangers:
+        listed = ", ".join(f"{path} names {other}" for path, other in strangers.items())
+        raise ConfigError(
+            f"node configs next to {consortium_path} belong to another consortium ({listed}); "
+            "give every consortium its own directory with its own node configs"
+        )
+
+
 def consortium_up(
     consortium_path: str | Path,
     progress: bool = True,
@@ -150,6 +167,7 @@ def consortium_up(
     missing = [str(path) for path in configs.values() if not path.is_file()]
     if missing:
         raise ConfigError(f"node configs missing next to {consortium_path}: {missing}")
+    check_node_configs_belong(consortium_path, configs)
     ensure_demo_secrets(consortium, consortium_dir)
     logs = consortium.state_root / "logs"
     processes: list[NodeProcess] = []
