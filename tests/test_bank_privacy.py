@@ -317,7 +317,7 @@ def test_without_dp_the_bank_uploads_its_contribution_unchanged(world, small_pol
 @pytest.mark.parametrize(
     ("method", "dp", "match"),
     [
-        ("fedgl", {}, "pseudo graph"),
+        ("fedgl", {"sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 10}}, "pseudo graph"),
         (
             "fedgl-no-gpg",
             {"sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 1}},

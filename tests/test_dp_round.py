@@ -173,7 +173,30 @@ def test_without_dp_the_run_is_the_plain_run(dataset):
 # --- what cannot be honoured is refused ---------------------------------------------------------
 
 
-def test_the_unbounded_pseudo_graph_is_refused_under_every_degree_bounded_channel(dataset):
+def test_the_pseudo_graph_runs_under_dp_on_uploads_but_is_refused_under_dp_sgd(dataset, monkeypatch):
+    from fedgl_secure.privacy import dp_round
+
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
+    # DP on uploads: P and H are computed on each bank's own bounded graph, never on the pseudo graph
+    used = []
+    original = dp_round.public_model_outputs
+
+    def spy(trainer, weights, adjacency):
+        used.append((trainer, adjacency.values.numel()))
+        return original(trainer, weights, adjacency)
+
+    monkeypatch.setattr(dp_round, "public_model_outputs", spy)
+    broadcasts = []
+    strict = FederationPrivacy(load_policy(POLICIES / "strict-dp.toml"))
+    result = run_experiment(config, dataset, progress=False, privacy=strict, observer=broadcasts.append)
+    assert result.rounds_run == 2 and result.stopped_reason is None
+    assert broadcasts[0].pseudo_graph is not None  # round 2 trained on a fused graph
+    beta = config.effective_alpha_beta()[1]
+    assert len(used) == 2 * len(strict.banks)
+    for trainer, edges in used[len(strict.banks) :]:  # round 2
+        own = trainer.graph.adjacency(None, 0.0, False).values.numel()
+        fused = trainer.graph.adjacency(broadcasts[0].pseudo_graph, beta, False).values.numel()
+        assert edges == own < fused
     sgd_only = policy_from_dict(
         {
             **HE_ONLY,
@@ -184,10 +207,8 @@ def test_the_unbounded_pseudo_graph_is_refused_under_every_degree_bounded_channe
             "budget": {"epsilon": 8.0, "rounds": 10},
         }
     )
-    config = build_config({"method": "fedgl", "federation": {"max_rounds": 1}, "device": "cpu"})
-    for policy in (load_policy(POLICIES / "strict-dp.toml"), sgd_only):
-        with pytest.raises(ConfigError, match="max_degree"):
-            run_experiment(config, dataset, progress=False, privacy=FederationPrivacy(policy))
+    with pytest.raises(ConfigError, match=r"trains on the pseudo graph .* DP-SGD's sensitivity"):
+        run_experiment(config, dataset, progress=False, privacy=FederationPrivacy(sgd_only))
 
 
 # --- the run directory --------------------------------------------------------------------------

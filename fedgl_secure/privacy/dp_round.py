@@ -38,10 +38,11 @@ Decisions, and why:
   the Σ ŵ_k entry). In the in-process simulation this stands for the key authority adding it to
   the masked sum s + r, which is the same sum.
 * **Graphs.** Randomised response (edge DP) is applied once to a bank's adjacency before training
-  and recorded as a pure release at round 0; with DP on predictions or embeddings the result is
-  then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
-  FedGL's pseudo graph (β > 0) would add edges the bound does not cover, so it is refused under
-  such a policy rather than silently breaking the guarantee.
+  and recorded as a pure release at round 0; with DP on predictions, embeddings or DP-SGD the
+  result is then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
+  P and H are computed on that graph without the pseudo graph (:func:`public_model_outputs`), so
+  FedGL's pseudo graph (β > 0) is allowed with DP on uploads; under DP-SGD, which trains on it, it
+  is refused (:func:`check_method`) rather than silently breaking the guarantee.
 * **DP-SGD** (``[dp.sgd]``): :meth:`FederationPrivacy.attach_training` gives the bank's trainer a
   :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`, so local training takes noisy, clipped per-node
   gradient steps on the degree-bounded graph; the ledger records them with the round's releases.
@@ -88,20 +89,27 @@ def needs_degree_bound(policy: Policy) -> bool:
 
 
 def check_method(policy: Policy, method: str, beta: float) -> None:
-    """Refuse a method whose graphs this policy's guarantee does not cover (the pseudo graph of Eq. 9)."""
-    if needs_degree_bound(policy) and beta > 0:
+    """Refuse a method whose graphs this policy's guarantee does not cover: the pseudo graph under DP-SGD.
+
+    Under DP on predictions or embeddings, P and H are computed with the public W̄ on the bank's own
+    degree-bounded graph (:func:`public_model_outputs`), never on the pseudo graph, and the weights
+    channel's sensitivity holds for any graph: so FedGL's pseudo graph (Eq. 9) is allowed there.
+    DP-SGD's examples are ego-nets of the graph the bank *trains* on, which with β > 0 includes the
+    pseudo-graph edges, whose degree nothing bounds.
+    """
+    if policy.dp.sgd_enabled and beta > 0:
         raise ConfigError(
-            f"method {method!r} fuses the pseudo graph into each bank's GCN (Eq. 9, beta = {beta:g}), but the policy's "
-            f"DP on predictions/embeddings/DP-SGD assumes every graph the GCN runs on has degree <= "
-            f"{policy.dp.graph.max_degree} (dp.graph.max_degree); the pseudo graph is not degree-bounded yet. "
-            "Use --method fedgl-no-gpg or --set self_supervision.beta=0"
+            f"method {method!r} trains on the pseudo graph (Eq. 9, beta = {beta:g}), but DP-SGD's sensitivity assumes "
+            f"every graph the GCN trains on has degree <= {policy.dp.graph.max_degree} (dp.graph.max_degree), and "
+            "the pseudo graph is not degree-bounded. Use --method fedgl-no-gpg or --set self_supervision.beta=0, "
+            "or a policy without [dp.sgd]"
         )
 
 
 def check_runnable(policy: Policy, config) -> None:
     """Everything refused under ``policy`` before round 1 of ``config`` (an ``ExperimentConfig``).
 
-    β > 0 with a degree-bounded DP channel (the pseudo graph), and more local epochs per round than
+    β > 0 under DP-SGD (the pseudo graph's degree is not bounded), and more local epochs per round than
     DP-SGD's budget accounts for.
     """
     check_method(policy, config.method, config.effective_alpha_beta()[1])

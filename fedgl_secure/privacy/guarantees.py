@@ -247,15 +247,17 @@ def _assumptions(policy: Policy) -> list[str]:
         k = mechanisms.affected_rows(*_graph_args(policy))
         lines.append(
             f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
-            "neighbouring datasets — the bank's graph and the pseudo-graph edges fused in by Eq. 9 (banks project "
-            "with mechanisms.bound_degree; above the bound the guarantee holds for the projected graph only). "
-            f"One change then moves at most K = {k} rows of the {graph.num_layers}-layer GCN."
+            "neighbouring datasets: the bank's own graph, which banks project with mechanisms.bound_degree (above the "
+            "bound the guarantee holds for the projected graph only). Predictions and embeddings are computed on it "
+            "without the pseudo graph of Eq. 9; DP-SGD, which trains on the fused graph, refuses the pseudo graph "
+            f"(β > 0). One change then moves at most K = {k} rows of the {graph.num_layers}-layer GCN."
         )
     if dp.upload_channel(PREDICTIONS) or dp.upload_channel(EMBEDDINGS):
         lines.append(
             "Public model for P and H: predictions and embeddings are computed with the global model W̄ received "
-            "that round (public), not with weights trained on the bank's data without DP; otherwise one node can "
-            "move every row and the sensitivity above is false."
+            "that round (public), not with weights trained on the bank's data without DP, and on the bank's own "
+            "graph without the pseudo graph; otherwise one node can move every row and the sensitivity above is "
+            "false."
         )
     if dp.upload_channel(WEIGHTS):
         lines.append(

@@ -369,8 +369,10 @@ def affected_rows(
       normalisation hop is the first of them), :math:`K = 2\,s_L` (two layers: :math:`2(1 + (D-1) + (D-1)^2)`).
 
     D must bound the degree of *every* graph the release propagates over in both neighbouring
-    datasets — for FedGL that is the local graph plus the pseudo-graph edges fused in by Eq. 9
-    (in- and out-degree), not the local graph alone. The result is capped at ``num_rows`` when given.
+    datasets — if the release ran on FedGL's fused graph that would include the pseudo-graph edges of
+    Eq. 9 (in- and out-degree), which is why DP releases are computed on the bank's own graph
+    (``dp_round.public_model_outputs``) and DP-SGD refuses the pseudo graph. The result is capped at
+    ``num_rows`` when given.
     The counts are attained (the tests build the worst-case trees), so they cannot be lowered.
     """
     if max_degree < 0 or num_layers < 1:
