@@ -26,7 +26,7 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthori
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.privacy.audit import audit_run
+from fedgl_secure.privacy.audit import Check, audit_run
 from fedgl_secure.privacy.guarantees import round_releases
 from fedgl_secure.privacy.policy import load_policy
 
@@ -169,6 +169,8 @@ def test_clean_strict_dp_run_is_all_green_in_every_format(run_dir, tmp_path):
     started = time.perf_counter()
     statuses = _statuses(run_dir, reference=False)
     assert statuses.pop("attacks/membership-reference") == "info"  # skipped: information, never a pass
+    assert statuses.pop("decryptions/central-noise") == "info"  # not applicable: strict-dp's noise is distributed
+    assert statuses.pop("privacy/stop") == "info"  # not stopped early
     assert set(statuses.values()) == {"green"}, {k: v for k, v in statuses.items() if v != "green"}
     for key in ("decryptions/once-per-round-kind", "audit-log/chain", "receipts/signatures", "attacks/membership"):
         assert key in statuses
@@ -532,3 +534,194 @@ def test_reference_of_a_run_that_completed_no_round_is_not_computed(run_dir):
     (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
     check = _check(audit_run(run_dir), "membership-reference")
     assert check.status == "info" and "records no completed round" in check.detail
+
+
+# --- central DP noise and the run's stop: a small simulated secure run ---------------------------------
+
+CENTRAL_POLICY = """description = "test: central noise on the weights, a budget for two rounds"
+protection = "he"
+quorum = 2
+allowed_kinds = ["weights", "node_weight"]
+
+{he}
+[dp.weights]
+clip = 1.0
+noise_multiplier = {z}
+noise = "{noise}"
+
+[budget]
+epsilon = 3.6
+delta = 1e-5
+rounds = 2
+"""
+CENTRAL_SIGMA = 4.0  # noise_multiplier 2 × the weights' sensitivity 2C (C = 1)
+
+
+def _central_policy(path: Path, z: float = 2.0, noise: str = "central") -> Path:
+    path.write_text(CENTRAL_POLICY.format(he=SMALL_HE, z=z, noise=noise), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def central_run(tmp_path_factory) -> Path:
+    """A real secure simulation (synthetic data, 6 banks, CKKS, key authority) under a central-noise policy
+    whose budget (ε 3.6) covers two rounds: every bank stops at round 3, and the run with them."""
+    from fedgl_secure.crypto.secure_summation import SecureSummation
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
+    from fedgl_secure.privacy.run_record import write_run_dir
+
+    root = tmp_path_factory.mktemp("central")
+    policy_path = _central_policy(root / "central.toml")
+    policy = load_policy(policy_path)
+    config = build_config(
+        {
+            "dataset": "synthetic",
+            "method": "federated",
+            "seed": 0,
+            "device": "cpu",
+            "training": {"local_epochs": 1},
+            "federation": {"max_rounds": 5},
+        }
+    )
+    summation, privacy, final = SecureSummation(policy), FederationPrivacy(policy), [None]
+    try:
+        result = run_experiment(
+            config, progress=False, summation=summation, privacy=privacy, observer=lambda b: final.__setitem__(0, b)
+        )
+        run_dir = write_run_dir(
+            root / "run",
+            result,
+            final_broadcast=final[0],
+            policy_path=policy_path,
+            privacy=privacy,
+            summation=summation,
+        )
+    finally:
+        summation.close()
+    assert result.rounds_run == 2 and "round 3" in result.stopped_reason
+    return run_dir
+
+
+@pytest.fixture
+def central_dir(central_run, tmp_path) -> Path:
+    target = tmp_path / "central"
+    shutil.copytree(central_run, target)
+    return target
+
+
+def _find(report, key: str, name: str):
+    return next(c for k, c in report.checks() if k == key and c.name == name)
+
+
+def _edit_decrypt_records(run_dir: Path, edit) -> None:
+    """Apply ``edit(record)`` to every allowed decryption record of audit.jsonl (breaking its hash chain)."""
+    log = run_dir / "key-authority" / "audit.jsonl"
+    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    for record in records:
+        if record.get("event") == "decrypt" and record.get("decision") == "allowed":
+            edit(record)
+    log.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records), encoding="utf-8")
+
+
+def test_central_noise_run_stopped_by_its_budget_is_green(central_run):
+    report = audit_run(central_run, attacks=False)
+    assert report.with_status("red") == []
+    central = _find(report, "decryptions", "central-noise")
+    assert central.status == "green", central.detail
+    assert central.detail.startswith("2 decryptions of central kinds") and "weights σ = 4" in central.detail
+    table = next(t for s in report.sections for t in s.tables if t.title.startswith("Central DP noise"))
+    # the key authority's records: σ of the policy, every weight noised but the last (Σ ŵ_k)
+    assert [row[:3] for row in table.rows] == [(1, "weights", CENTRAL_SIGMA), (2, "weights", CENTRAL_SIGMA)]
+    assert all(row[4] == row[5] - 1 for row in table.rows)
+
+    stop = _find(report, "privacy", "stop")
+    assert stop.status == "green", stop.detail
+    assert "fail closed" in stop.detail and "within their privacy budget" in stop.detail  # the run's reason
+    assert "bank-0, bank-1, bank-2, bank-3, bank-4, bank-5 at round 3" in stop.detail
+    privacy = next(s for s in report.sections if s.key == "privacy")
+    assert privacy.data["stop"]["stopped_banks"] == {f"bank-{k}": 3 for k in range(6)}
+
+
+def test_auditing_against_another_noise_multiplier_or_distributed_noise_is_red(central_run, tmp_path):
+    report = audit_run(central_run, _central_policy(tmp_path / "z3.toml", z=3.0), attacks=False)
+    central = _find(report, "decryptions", "central-noise")
+    assert central.status == "red"
+    for round_number in (1, 2):
+        assert f"round {round_number} 'weights': central noise σ = 4.0, the policy's σ = 6" in central.detail
+
+    report = audit_run(central_run, _central_policy(tmp_path / "dist.toml", noise="distributed"), attacks=False)
+    central = _find(report, "decryptions", "central-noise")
+    assert central.status == "red"
+    assert "round 2 'weights': central noise (σ = 4.0) added, but the policy asks for none" in central.detail
+    assert "noise is 'distributed'" in central.detail
+
+
+def test_tampered_central_noise_records_are_red_even_with_the_chain_broken(central_dir):
+    def wrong_sigma_and_count(record: dict) -> None:
+        if record["round"] == 1:
+            record["central_noise_std"] = 4.000001  # outside the 1e-9 relative tolerance
+        else:
+            record["central_noise_values"] = record["values"]  # Σ ŵ_k noised too
+
+    _edit_decrypt_records(central_dir, wrong_sigma_and_count)
+    report = audit_run(central_dir, attacks=False)
+    assert _find(report, "audit-log", "chain").status == "red"
+    central = _find(report, "decryptions", "central-noise")
+    assert central.status == "red" and "whose chain is broken" in central.detail
+    assert "round 1 'weights': central noise σ = 4.000001, the policy's σ = 4" in central.detail
+    assert "round 2 'weights': central noise on 1685 values, expected 1684 of the 1685 decrypted" in central.detail
+
+    def no_noise(record: dict) -> None:
+        del record["central_noise_std"], record["central_noise_values"]
+
+    _edit_decrypt_records(central_dir, no_noise)
+    central = _find(audit_run(central_dir, attacks=False), "decryptions", "central-noise")
+    assert central.status == "red" and "round 1 'weights': decrypted WITHOUT central noise" in central.detail
+
+    def restore(record: dict) -> None:
+        record.update(central_noise_std=CENTRAL_SIGMA, central_noise_values=record["values"] - 1)
+
+    _edit_decrypt_records(central_dir, restore)  # byte for byte as the key authority wrote it: chain intact
+    assert _find(audit_run(central_dir, attacks=False), "decryptions", "central-noise").status == "green"
+
+    _edit_decrypt_records(central_dir, lambda record: record.update(time="2026-01-01T00:00:00+00:00"))
+    report = audit_run(central_dir, attacks=False)  # the right noise, in records the chain no longer vouches for
+    assert _find(report, "audit-log", "chain").status == "red"
+    central = _find(report, "decryptions", "central-noise")
+    assert central.status == "amber" and "unverified" in central.detail
+
+
+def test_a_stopped_bank_whose_ledger_disagrees_with_its_stop_is_red(central_dir):
+    late = PrivacyLedger.load(central_dir / "privacy" / "bank-2.ledger.json")
+    late.record_pure("edges", 0.01, round=3)  # a release in the round it stopped at; ε stays within budget
+    late.save(central_dir / "privacy" / "bank-2.ledger.json")
+    over = PrivacyLedger.load(central_dir / "privacy" / "bank-4.ledger.json")
+    over.record(2, "weights", noise_multiplier=0.5, sample_rate=1.0, steps=5)
+    over.save(central_dir / "privacy" / "bank-4.ledger.json")
+
+    report = audit_run(central_dir, attacks=False)
+    stop = _find(report, "privacy", "stop")
+    assert stop.status == "red"
+    assert "bank 'bank-2' stopped at round 3 but its ledger records releases in round(s) 3" in stop.detail
+    assert "bank 'bank-4' stopped at round 3 with ε = " in stop.detail and "above the budget 3.6" in stop.detail
+    assert "bank-0" not in stop.detail
+    assert _find(report, "privacy", "budget:bank-2").status == "green"  # only the stop check sees bank-2
+
+
+def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
+    def audit_with(reason, stopped_banks) -> Check:
+        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        run["result"]["stopped_reason"], run["stopped_banks"] = reason, stopped_banks
+        (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
+        return _find(audit_run(run_dir, attacks=False), "privacy", "stop")
+
+    stop = audit_with("the federation did not finish (stopped or stalled)", {})
+    assert stop.status == "amber" and "not for the privacy budget: the federation did not finish" in stop.detail
+    stop = audit_with("privacy budget exhausted: 1 bank left, quorum 2", {})
+    assert stop.status == "amber" and "names no bank" in stop.detail
+    stop = audit_with(None, {"bank-a": "soon"})
+    assert stop.status == "red" and "stopped_banks" in stop.detail
+    stop = audit_with(None, {"bank-a": 2})  # bank-a's ledger records releases in rounds 1 and 2
+    assert stop.status == "red" and "bank 'bank-a' stopped at round 2" in stop.detail and "round(s) 2" in stop.detail

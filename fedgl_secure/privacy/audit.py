@@ -12,10 +12,13 @@ Sections, in report order:
 1. ``policy`` — protection, HE security level, quorum, the policy's effective guarantees, and
    whether the key authority's keys were made for the policy's HE parameters.
 2. ``privacy`` — ε spent per bank and channel (:class:`~fedgl_secure.privacy.accounting.PrivacyLedger`),
-   against the budget: red above it, amber within :data:`BUDGET_WARNING_FRACTION` of it.
+   against the budget: red above it, amber within :data:`BUDGET_WARNING_FRACTION` of it. And the
+   run's stop (``stopped_reason``, ``stopped_banks``): banks that stopped for their budget are the
+   policy failing closed (green), each cross-checked against its ledger.
 3. ``decryptions`` — the key authority's decryption ledger: each (round, kind) at most once, at
    least the quorum of distinct registered senders, only allowed kinds, every decryption backed by
-   an ``allowed`` audit record and by a signed receipt of each sender.
+   an ``allowed`` audit record and by a signed receipt of each sender; the key authority's central DP
+   noise (``central_noise_std`` in its allowed records) exactly where, and as large as, the policy asks.
 4. ``audit-log`` — the hash chain of ``audit.jsonl`` up to the recorded head; a broken link is
    named by its line number and what is wrong with it.
 5. ``receipts`` — every upload receipt verifies under its bank's key, and ``banks.json`` holds the
@@ -215,6 +218,7 @@ class RunFiles:
     audit_head: str | None = None
     receipts: Path | None = None
     bank_keys: dict[str, str] | None = None  # bank -> Ed25519 public key (hex)
+    stopped_banks: Any = field(default_factory=dict)  # run.json: bank -> the round it stopped at (checked on use)
 
 
 def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> RunFiles:
@@ -253,6 +257,7 @@ def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> 
         audit_head=loaded.audit_head,
         receipts=root / RECEIPTS_FILE if loaded.secure else None,
         bank_keys=dict(loaded.bank_keys) if loaded.secure else None,
+        stopped_banks=loaded.run.get("stopped_banks") or {},
     )
 
 
@@ -384,9 +389,16 @@ def _key_parameters_check(files: RunFiles, he) -> Check:
 
 
 def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Section:
+    """ε spent per bank and channel against the budget (a plot over rounds per bank), and the run's stop."""
+    section = Section("privacy", "Privacy spent (ε per bank and channel)")
+    _budget_checks(section, files, expected_banks)
+    section.checks.append(_stop_check(section, files))
+    return section
+
+
+def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[str]) -> None:
     """ε spent per bank and channel against the budget, with a plot over rounds per bank."""
     policy = files.policy
-    section = Section("privacy", "Privacy spent (ε per bank and channel)")
     budget = policy.budget
     delta = budget.delta if budget is not None else 1e-5
     accountant = budget.accountant if budget is not None else "rdp"
@@ -399,7 +411,7 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
             "the policy has no DP and no budget: nothing bounds what decrypted sums reveal (ε unbounded)"
             + (f"; ledgers nevertheless record ε {spent}" if spent else ""),
         )
-        return section
+        return
     missing = sorted(set(expected_banks) - set(ledgers))
     for bank in missing:
         section.add(
@@ -407,7 +419,7 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
         )
     if not ledgers:
         section.add("ledgers", RED, f"the policy has DP but the run recorded no ledger under {PRIVACY_DIR}/")
-        return section
+        return
     rows = []
     channels = policy_channels(ledgers)
     for bank, ledger in sorted(ledgers.items()):
@@ -435,7 +447,91 @@ def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Sectio
         "Per-channel ε is each channel composed on its own; composed together they are sub-additive, "
         "so the channels do not add up to the total."
     )
-    return section
+
+
+# What the simulation's and the aggregator's stopped_reason say when banks ran out of budget.
+BUDGET_STOP_PHRASE = "privacy budget"
+
+
+def _stop_check(section: Section, files: RunFiles) -> Check:
+    """Why the run stopped early, if it did, and which banks stopped at which round (run.json).
+
+    Banks that withdraw because their next round would exceed the budget are the policy failing
+    closed, as designed: green, once each stopped bank's ledger is cross-checked (present, within
+    budget, no release at or after its stopping round; red naming the bank otherwise). A stop for
+    another reason (a consortium that did not finish) is amber; no stop at all is information.
+    """
+    reason = files.run.get("stopped_reason")
+    stopped = files.stopped_banks
+    section.data["stop"] = {"stopped_reason": reason, "stopped_banks": stopped}
+    if not isinstance(stopped, dict) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in stopped.values()
+    ):
+        return Check("stop", RED, f"{RUN_FILE}: stopped_banks is not a map bank → stopping round: {stopped!r}")
+    if reason is None and not stopped:
+        return Check("stop", INFO, "the run was not stopped early: no stopped_reason, and no bank stopped contributing")
+    budget = files.policy.budget
+    delta = budget.delta if budget is not None else 1e-5
+    accountant = budget.accountant if budget is not None else "rdp"
+    problems: list[str] = []
+    rows = []
+    for bank, round_number in sorted(stopped.items(), key=lambda item: (item[1], item[0])):
+        ledger = files.ledgers.get(bank)
+        if ledger is None:
+            problems.append(f"bank {bank!r} stopped at round {round_number} but has no privacy ledger")
+            rows.append((bank, round_number, None, None))
+            continue
+        total = ledger.epsilon(delta, accountant)
+        last = max((r.round for r in ledger.releases), default=None)
+        rows.append((bank, round_number, last, total))
+        late = sorted({r.round for r in ledger.releases if r.round >= round_number})
+        if late:
+            problems.append(
+                f"bank {bank!r} stopped at round {round_number} but its ledger records releases in round(s) "
+                f"{', '.join(map(str, late))}"
+            )
+        if budget is not None and not total <= budget.epsilon:  # NaN fails closed
+            problems.append(
+                f"bank {bank!r} stopped at round {round_number} with ε = {total:.4g} above the budget "
+                f"{budget.epsilon:g}"
+            )
+    if rows:
+        section.tables.append(
+            Table(
+                "Banks that stopped contributing (privacy budget)",
+                ("bank", "stopped at round", "last release round", f"ε at δ = {delta:g}"),
+                tuple(rows),
+            )
+        )
+    by_round: dict[int, list[str]] = {}
+    for bank, round_number, *_ in rows:
+        by_round.setdefault(round_number, []).append(bank)
+    listed = "; ".join(f"{', '.join(banks)} at round {r}" for r, banks in by_round.items())
+    if problems:
+        return Check("stop", RED, "the run's stop does not match the privacy ledgers: " + "; ".join(problems))
+    if reason is not None and BUDGET_STOP_PHRASE not in str(reason):
+        return Check(
+            "stop",
+            AMBER,
+            f"the run stopped early, not for the privacy budget: {reason}"
+            + (f" (banks that had stopped for their budget: {listed})" if stopped else ""),
+        )
+    if not stopped:
+        return Check(
+            "stop",
+            AMBER,
+            f"the run stopped for the privacy budget ({reason}), but {RUN_FILE} names no bank that stopped: "
+            "the stop cannot be cross-checked against the ledgers",
+        )
+    on_exhausted = budget.on_exhausted if budget is not None else "stop-contributing"
+    why = f"the run stopped ({reason})" if reason is not None else "the run went on with the others"
+    return Check(
+        "stop",
+        GREEN,
+        f"fail closed, as the policy asks (budget.on_exhausted = {on_exhausted!r}): banks stopped contributing "
+        f"before exceeding their budget ({listed}); {why}. Each one's ledger is within the budget and records no "
+        "release from its stopping round on",
+    )
 
 
 def policy_channels(ledgers: dict) -> tuple[str, ...]:
@@ -501,18 +597,31 @@ def read_decryptions(path: Path) -> tuple[list[Decryption], dict[str, bytes], di
 def check_decryptions(
     files: RunFiles, audit_records: list[dict] | None, receipts: list[Any]
 ) -> tuple[Section, list[Decryption]]:
-    """Every decryption once per (round, kind), ≥ quorum distinct registered senders, backed by audit and receipts.
+    """Every decryption once per (round, kind), ≥ quorum distinct registered senders, backed by audit and
+    receipts; central DP noise as the policy asks (:func:`check_central_noise`).
 
-    ``audit_records`` is None when the audit chain is broken: the cross-check is then not made (amber),
-    the chain check itself being red.
+    ``audit_records`` is None when the audit chain is broken: the cross-check with the ledger is then
+    not made (amber), the chain check itself being red.
     """
     section = Section("decryptions", "Key authority decryption ledger")
+    decryptions = _ledger_checks(section, files, audit_records, receipts)
+    central, table = check_central_noise(files, audit_records)
+    section.checks.append(central)
+    if table is not None:
+        section.tables.append(table)
+    return section, decryptions
+
+
+def _ledger_checks(
+    section: Section, files: RunFiles, audit_records: list[dict] | None, receipts: list[Any]
+) -> list[Decryption]:
+    """The decryption ledger's checks (see :func:`check_decryptions`); the decryptions it holds."""
     path = files.key_authority / KA_LEDGER
     try:
         decryptions, registered, _ = read_decryptions(path)
     except (sqlite3.Error, ValueError) as error:
         section.add("ledger", RED, f"{path}: unreadable decryption ledger ({error})")
-        return section, []
+        return []
     quorum = max(2, files.policy.quorum)
     section.tables.append(
         Table(
@@ -523,7 +632,7 @@ def check_decryptions(
     )
     if not decryptions:
         section.add("decryptions", AMBER, "the key authority decrypted nothing (did the run train?)")
-        return section, decryptions
+        return decryptions
     section.add("decryptions", GREEN, f"{len(decryptions)} decryptions recorded")
 
     repeated = [key for key, n in Counter((d.federation, d.round, d.kind) for d in decryptions).items() if n > 1]
@@ -593,7 +702,138 @@ def check_decryptions(
         if missing
         else "every contribution to every decrypted sum has a receipt",
     )
-    return section, decryptions
+    return decryptions
+
+
+# Fields of the key authority's allowed decision when it added central DP noise (KeyAuthority.decrypt_sum).
+CENTRAL_NOISE_STD = "central_noise_std"
+CENTRAL_NOISE_VALUES = "central_noise_values"
+CENTRAL_NOISE_RTOL = 1e-9
+
+
+def central_noise_stds(policy: Any) -> dict[str, float]:
+    """σ of every data kind whose DP channel says ``noise = "central"`` (what the key authority must add)."""
+    from fedgl_secure.privacy.policy import DATA_KINDS
+
+    central = [k for k in DATA_KINDS if (c := policy.dp.upload_channel(k)) is not None and c.noise == "central"]
+    if not central:
+        return {}
+    from fedgl_secure.privacy.dp_round import noise_std  # torch and Opacus: only for a policy that needs σ
+
+    return {kind: noise_std(policy, kind) for kind in central}
+
+
+def _read_audit_records(path: Path) -> list[dict]:
+    """Every line of audit.jsonl that parses as a JSON object, trusted or not (for a log whose chain is broken)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _central_noise_problem(record: dict, expected: dict[str, float], policy: Any) -> str | None:
+    """What is wrong with one allowed decision's central noise, or None."""
+    from fedgl_secure.privacy.accounting import WEIGHTS
+
+    kind = record.get("kind")
+    where = f"round {record.get('round')} {kind!r}"
+    carried = CENTRAL_NOISE_STD in record or CENTRAL_NOISE_VALUES in record
+    std, count, values = record.get(CENTRAL_NOISE_STD), record.get(CENTRAL_NOISE_VALUES), record.get("values")
+    if kind not in expected:
+        if not carried:
+            return None
+        channel = policy.dp.upload_channel(kind) if isinstance(kind, str) else None
+        why = f"its channel's noise is {channel.noise!r}" if channel is not None else "it has no DP channel"
+        return f"{where}: central noise (σ = {std}) added, but the policy asks for none on {kind!r} ({why})"
+    sigma = expected[kind]
+    if not carried:
+        if values == 0:
+            return None  # nothing decrypted, nothing to noise
+        return f"{where}: decrypted WITHOUT central noise; the policy asks for σ = {sigma:.6g}"
+    problems = []
+    number = isinstance(std, (int, float)) and not isinstance(std, bool)
+    if not (number and math.isclose(std, sigma, rel_tol=CENTRAL_NOISE_RTOL)):
+        problems.append(f"σ = {std}, the policy's σ = {sigma:.6g}")
+    if _is_count(values):
+        wanted = values - 1 if kind == WEIGHTS and values > 0 else values  # Σ ŵ_k, the last weight, is exact
+        if count != wanted:
+            problems.append(f"on {count} values, expected {wanted} of the {values} decrypted")
+    elif not _is_count(count):
+        problems.append(f"no count of noised values ({count!r})")
+    return f"{where}: central noise " + ", ".join(problems) if problems else None
+
+
+def check_central_noise(files: RunFiles, audit_records: list[dict] | None) -> tuple[Check, Table | None]:
+    """Central DP noise in the key authority's allowed decisions (audit.jsonl) against the policy.
+
+    Every decryption of a kind whose channel says ``noise = "central"`` must record
+    ``central_noise_std`` equal to the policy's σ (relative tolerance :data:`CENTRAL_NOISE_RTOL`)
+    and ``central_noise_values`` equal to the decrypted size (less the weights' last entry, Σ ŵ_k);
+    no decryption of any other kind may carry central noise. Red naming the round and kind; info
+    (not applicable) when the policy has no central channel and no decision carries any. With the
+    chain broken (``audit_records`` None) the records are read as they are: a mismatch is still red,
+    agreement only amber (unverified).
+    """
+    name = "central-noise"
+    try:
+        expected = central_noise_stds(files.policy)
+    except (FedGLError, ValueError) as error:
+        return Check(name, RED, f"cannot compute the policy's central-noise σ: {error}"), None
+    verified = audit_records is not None
+    records = audit_records if verified else _read_audit_records(files.key_authority / KA_AUDIT)
+    allowed = [r for r in records if r.get("event") == "decrypt" and r.get("decision") == "allowed"]
+    carrying = [r for r in allowed if CENTRAL_NOISE_STD in r or CENTRAL_NOISE_VALUES in r]
+    if not expected and not carrying:
+        not_applicable = (
+            "not applicable: the policy has no central DP channel (noise = 'central'), and no decryption "
+            "carries central noise"
+        )
+        return Check(name, INFO, not_applicable), None
+    problems = [p for r in allowed if (p := _central_noise_problem(r, expected, files.policy)) is not None]
+    central = sum(1 for r in allowed if r.get("kind") in expected)
+    table = Table(
+        "Central DP noise added by the key authority (audit log)",
+        ("round", "kind", "σ recorded", "σ policy", "values noised", "values decrypted"),
+        tuple(
+            (
+                r.get("round"),
+                r.get("kind"),
+                r.get(CENTRAL_NOISE_STD),
+                expected.get(r.get("kind")),
+                r.get(CENTRAL_NOISE_VALUES),
+                r.get("values"),
+            )
+            for r in allowed
+            if r.get("kind") in expected or CENTRAL_NOISE_STD in r or CENTRAL_NOISE_VALUES in r
+        ),
+    )
+    unverified = "" if verified else f" (read from {KA_AUDIT}, whose chain is broken: see audit-log)"
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; … {len(problems) - 10} more" if len(problems) > 10 else "")
+        detail = f"{len(problems)} decryptions do not carry the policy's central noise{unverified}: {shown}"
+        return Check(name, RED, detail), table
+    sigmas = ", ".join(f"{kind} σ = {sigma:.6g}" for kind, sigma in expected.items()) or "none"
+    values = "every value decrypted but Σ ŵ_k (the weights' last entry)" if "weights" in expected else "every value"
+    detail = (
+        f"{central} decryptions of central kinds carried the key authority's noise at the policy's σ ({sigmas}) "
+        f"on {values}; {len(allowed) - central} decryptions of other kinds carried none"
+    )
+    if not verified:
+        return Check(name, AMBER, f"{detail}, but these records are unverified{unverified}"), table
+    return Check(name, GREEN, detail), table
 
 
 # --- 4. the audit-log hash chain -------------------------------------------------------------------
