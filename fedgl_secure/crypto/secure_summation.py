@@ -18,7 +18,7 @@ import secrets
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,11 +82,12 @@ class SecureSummation:
     would. ``seconds`` splits the time spent between the parties.
 
     For the audit: ``accepted_receipts`` keeps every receipt of every sum the key authority
-    decrypted, and :meth:`bank_public_keys` the banks' receipt-signing keys. ``central_noise``, when
-    set, is called as ``central_noise(kind, shape)`` after each sum is unmasked and its result (or
-    None) is added — the key authority's central DP noise (:mod:`fedgl_secure.privacy.dp_round`);
-    adding it to the masked sum s + r, as the key authority would, gives the same s + n.
+    decrypted, and :meth:`bank_public_keys` the banks' receipt-signing keys. Central DP noise is the
+    key authority's own (:meth:`~fedgl_secure.crypto.key_authority.KeyAuthority.decrypt_sum` adds it
+    to the masked sum s + r), so this summation never adds any itself (``adds_central_noise``).
     """
+
+    adds_central_noise = True  # its key authority applies the policy's central channels
 
     def __init__(
         self,
@@ -108,7 +109,6 @@ class SecureSummation:
         self.wire = WireStats()
         self.seconds = PhaseTimes()
         self.accepted_receipts: list[Receipt] = []
-        self.central_noise: Callable[[str, tuple[int, ...]], np.ndarray | None] | None = None
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
     def close(self) -> None:
@@ -186,10 +186,6 @@ class SecureSummation:
             )
             values = unmask(masked_values, mask)  # the key authority saw s + r only
             self.accepted_receipts.extend(upload.receipt for upload in uploads)
-            if self.central_noise is not None:
-                noise = self.central_noise(kind, values.shape)
-                if noise is not None:
-                    values = values + noise
             self.seconds.encrypt += encrypted - started
             self.seconds.aggregate += aggregated - encrypted
             self.seconds.decrypt += time.perf_counter() - aggregated

@@ -33,10 +33,10 @@ Decisions, and why:
   hold reveals nothing (membership is public through node_weight anyway). P_k and H_k must be
   computed with the *public* global model W̄ (:func:`public_model_outputs`), the assumption of
   their sensitivity.
-* **Central noise.** No bank-side noise; the summation calls :meth:`FederationPrivacy.central_noise`
-  after unmasking and adds N(0, σ²) (normalised scale) to the decrypted sum of that kind (never to
-  the Σ ŵ_k entry). In the in-process simulation this stands for the key authority adding it to
-  the masked sum s + r, which is the same sum.
+* **Central noise.** No bank-side noise; the key authority adds N(0, σ²) (normalised scale) to the
+  masked sum s + r of that kind it decrypts (never to the Σ ŵ_k entry), in the services and in the
+  secure simulation alike. A plaintext simulation adds it after summing
+  (:meth:`FederationPrivacy.with_central_noise`), which is the same sum.
 * **Graphs.** Randomised response (edge DP) is applied once to a bank's adjacency before training
   and recorded as a pure release at round 0; with DP on predictions, embeddings or DP-SGD the
   result is then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
@@ -370,11 +370,11 @@ class FederationPrivacy:
         return noise
 
     def with_central_noise(self, summation: Callable) -> Callable:
-        """The summation with the central-noise hook: set on a summation that has one, else wrapped."""
+        """The summation with the policy's central noise: unchanged when it has none to add, or when its own key
+        authority adds it (``adds_central_noise``, the secure summation); otherwise wrapped to add it once."""
         if not any(c.noise == "central" for k in DATA_KINDS if (c := self.policy.dp.upload_channel(k))):
             return summation
-        if hasattr(summation, "central_noise"):
-            summation.central_noise = self.central_noise
+        if getattr(summation, "adds_central_noise", False):
             return summation
         return _CentrallyNoised(summation, self.central_noise)
 
