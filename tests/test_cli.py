@@ -87,7 +87,10 @@ POLICIES = Path(__file__).resolve().parents[1] / "policies"
     [
         (["--secure", "--policy", str(POLICIES / "research-plaintext.toml")], "protection = 'none'"),
         (["--policy", str(POLICIES / "strict-dp.toml")], "needs --secure"),
-        (["--secure", "--policy", str(POLICIES / "strict-dp.toml"), "--method", "fedgl"], "max_degree"),
+        (
+            ["--secure", "--policy", str(POLICIES / "strict-dp-sgd.toml"), "--method", "fedgl"],
+            "trains on the pseudo graph",
+        ),
     ],
 )
 def test_simulate_refuses_a_policy_it_cannot_honour(args, fragment, tmp_path):
