@@ -171,6 +171,7 @@ def test_clean_strict_dp_run_is_all_green_in_every_format(run_dir, tmp_path):
     assert statuses.pop("attacks/membership-reference") == "info"  # skipped: information, never a pass
     assert statuses.pop("decryptions/central-noise") == "info"  # not applicable: strict-dp's noise is distributed
     assert statuses.pop("privacy/stop") == "info"  # not stopped early
+    assert statuses.pop("attacks/membership-floor") == "info"  # calibration of the attack, never a verdict
     assert set(statuses.values()) == {"green"}, {k: v for k, v in statuses.items() if v != "green"}
     for key in ("decryptions/once-per-round-kind", "audit-log/chain", "receipts/signatures", "attacks/membership"):
         assert key in statuses
@@ -725,3 +726,21 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
     assert stop.status == "red" and "stopped_banks" in stop.detail
     stop = audit_with(None, {"bank-a": 2})  # bank-a's ledger records releases in rounds 1 and 2
     assert stop.status == "red" and "bank 'bank-a' stopped at round 2" in stop.detail and "round(s) 2" in stop.detail
+
+
+def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(run_dir, monkeypatch):
+    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.fedgl.simulation import initial_parameters
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    _no_retraining(monkeypatch)
+    report = audit_run(run_dir, reference=False)
+    floor = _check(report, "membership-floor")
+    config = build_config(json.loads((run_dir / "run.json").read_text())["result"]["config"])
+    merged = _merged_synthetic()
+    untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
+    direct = membership_inference_auc(untrained, merged, seed=0, hidden=config.training.hidden)
+    assert floor.status == "info" and f"AUC {direct.auc:.3f} ± {direct.auc_stderr:.3f}" in floor.detail
+    attacks = next(section for section in report.sections if section.key == "attacks")
+    assert attacks.data["membership"]["floor"]["auc"] == pytest.approx(direct.auc, abs=1e-12)
+    assert abs(direct.auc - 0.5) > 1e-3  # the fixture's all-zero run model scores exactly 0.5: this is W₀

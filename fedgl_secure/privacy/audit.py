@@ -1060,6 +1060,7 @@ def attack_section(
             )
         )
     _membership_reference(section, files, membership, (config, dataset, merged), seed, reference or ReferencePlan())
+    _membership_floor(section, config, merged, seed)
     link = _link(section, files, merged, seed)
     if link is not None:
         rows.append(("link", link.attack, link.auc, link.auc_stderr, link.positives, json.dumps(link.variants)))
@@ -1071,6 +1072,32 @@ def attack_section(
         "AUC 0.5 = guessing, 1.0 = perfect inference; the best variant is reported (favours the attacker)."
     )
     return section
+
+
+def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphTensors, seed: int) -> None:
+    """The attack's AUC on the untrained initial model W₀, which saw no data: what "no leakage" scores here.
+
+    Members (training nodes) and non-members (test nodes) differ in ways a model that learned nothing
+    still reflects (degree, feature density), and the best of three variants is taken, so the floor
+    is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
+    """
+    from fedgl_secure.fedgl.simulation import initial_parameters
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    try:
+        untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
+        floor = membership_inference_auc(untrained, merged, seed=seed, hidden=config.training.hidden)
+    except (ValueError, RuntimeError) as error:
+        section.add("membership-floor", INFO, f"attack floor not computed: {error}")
+        return
+    section.add(
+        "membership-floor",
+        INFO,
+        f"attack floor: AUC {floor.auc:.3f} ± {floor.auc_stderr:.3f} on the untrained initial model W₀ (seed "
+        f"{config.seed}), which saw no data; an AUC near it means the attack finds nothing beyond how members "
+        "and non-members differ anyway",
+    )
+    section.data.setdefault("membership", {})["floor"] = _auc_figures(floor)
 
 
 def _dp_phrase(files: RunFiles) -> str:
