@@ -209,7 +209,34 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     started = time.perf_counter()
-    rows = []
+    rows: list[dict] = []
+    reference = None
+
+    def write(complete: bool) -> None:
+        """The JSON so far: rewritten after every row, so an interrupted run keeps what it measured."""
+        output = {
+            "dataset": args.dataset,
+            "method": args.method,
+            "rounds": args.rounds,
+            "patience": args.rounds,
+            "delta": delta,
+            "accountant": template["budget"]["accountant"],
+            "policy_template": f"policies/{source} (clip, max_degree, quorum, noise placement, channels)",
+            "local_epochs": local_epochs,
+            "summation": "plaintext + DP step (same sums and accounting as the secure path)",
+            "accuracy": "global test accuracy at the best validation round",
+            "mia": "membership_inference_auc on the final global model W̄, merged client graph; "
+            "max over loss/entropy/modified-entropy",
+            "torch_threads": torch.get_num_threads(),
+            "complete": complete,
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "command": "python benchmarks/privacy_utility.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "results": rows,
+            "non_dp_reference": reference,
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
+
     for epsilon in args.epsilons:
         if math.isinf(epsilon):
             policy, z, accounted, guarantees = load_policy(BASELINE), None, math.inf, None
@@ -251,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         row.update(summarise(runs))
         rows.append(row)
+        write(complete=False)
 
-    reference = None
     if args.reference_method != "none":
         runs = []
         for seed in range(args.seeds):
@@ -266,28 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         reference = {"method": args.reference_method, "privacy": "none (plain sums)", **summarise(runs)}
 
-    output = {
-        "dataset": args.dataset,
-        "method": args.method,
-        "rounds": args.rounds,
-        "patience": args.rounds,
-        "delta": delta,
-        "accountant": template["budget"]["accountant"],
-        "policy_template": f"policies/{source} (clip, max_degree, quorum, noise placement, channels)",
-        "local_epochs": local_epochs,
-        "summation": "plaintext + DP step (same sums and accounting as the secure path)",
-        "accuracy": "global test accuracy at the best validation round",
-        "mia": "membership_inference_auc on the final global model W̄, merged client graph; "
-        "max over loss/entropy/modified-entropy",
-        "torch_threads": torch.get_num_threads(),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "command": "python benchmarks/privacy_utility.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "results": rows,
-        "non_dp_reference": reference,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps({"output": str(args.output), "wall_seconds": output["wall_seconds"]}))
+    write(complete=True)
+    print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
     return 0
 
 
