@@ -44,20 +44,8 @@ def setup(tmp_path, small_he):
     keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
     for bank, key in keys.items():
         authority.register_bank(bank, key.public_key())
-    config = build_config(
-        {"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": 1, "patience": 5}}
-    )
     store = AggregatorStore(tmp_path / "aggregator.sqlite3")
-    coordinator = Coordinator(
-        federation="fed-test",
-        config=config,
-        policy=policy,
-        banks=BANKS,
-        signing_keys={bank: key.public_key() for bank, key in keys.items()},
-        public_context=authority.public_context,
-        store=store,
-        decryptor=InProcessDecryptor(authority),
-    )
+    coordinator = _coordinator(authority, keys, policy, store, max_rounds=1)
     yield coordinator, authority, keys, policy
     store.close()
     authority.close()

@@ -186,8 +186,8 @@ def test_the_bank_releases_exactly_what_the_simulation_releases(world, small_he,
         np.testing.assert_array_equal(released[kind].reshape(-1), tensor.detach().double().numpy().reshape(-1))
 
 
-def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(world, small_he, tmp_path, monkeypatch):
-    policy = dp_policy(small_he)
+def released_weights_and_plain(world, policy, tmp_path, monkeypatch):
+    """One round of bank-a: the weights it would encrypt, and its contribution and W̄ before the DP step."""
     plain = {}
     original = bank_module.BankWorker._release
 
@@ -197,7 +197,12 @@ def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(
 
     monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
     _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch)
-    released = {kind: values for _, _, kind, values in encrypted}["weights"]
+    return {kind: values for _, _, kind, values in encrypted}["weights"], plain
+
+
+def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(world, small_he, tmp_path, monkeypatch):
+    policy = dp_policy(small_he)
+    released, plain = released_weights_and_plain(world, policy, tmp_path, monkeypatch)
     weights = plain["contribution"]["weights"].double().numpy()
     w_k, w_max = weights[-1], privacy_normaliser(world.clients)
     scale = w_k / w_max
@@ -213,16 +218,7 @@ def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(
 
 def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(world, small_he, tmp_path, monkeypatch):
     policy = dp_policy(small_he, noise="central")
-    plain = {}
-    original = bank_module.BankWorker._release
-
-    def spy(self, session, view, broadcast, contribution):
-        plain.update(contribution=dict(contribution), reference=broadcast.weights.double().numpy())
-        return original(self, session, view, broadcast, contribution)
-
-    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
-    _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch)
-    released = {kind: values for _, _, kind, values in encrypted}["weights"]
+    released, plain = released_weights_and_plain(world, policy, tmp_path, monkeypatch)
     weights = plain["contribution"]["weights"].double().numpy()
     w_k = weights[-1]
     scale = w_k / privacy_normaliser(world.clients)
