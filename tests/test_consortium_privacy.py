@@ -89,13 +89,13 @@ def decrypted_sums_in_simulation_order(consortium, rounds) -> dict[int, dict[str
 class ReplayedSums:
     """The simulation's summation, fed the consortium's decrypted sums.
 
-    It records the simulation's own sums (no central noise: ``FederationPrivacy.with_central_noise`` puts
-    its hook on ``central_noise``, which is never called here) and returns the consortium's, so each
-    simulated round starts from the very model (W̄ and pseudo labels) the consortium's banks received.
-    The difference of the weights sums is then the key authority's noise alone.
+    It records the simulation's own sums (no central noise) and returns the consortium's, which already
+    carry the key authority's noise, so ``FederationPrivacy.with_central_noise`` must not add more
+    (``adds_central_noise``). Each simulated round then starts from the very model (W̄ and pseudo labels)
+    the consortium's banks received, and the difference of the weights sums is the key authority's noise alone.
     """
 
-    central_noise = None
+    adds_central_noise = True
 
     def __init__(self, decrypted: dict[int, dict[str, np.ndarray]]) -> None:
         self.decrypted = decrypted
