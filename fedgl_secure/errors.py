@@ -50,3 +50,16 @@ class DecryptionRefused(CryptoError):
         super().__init__(f"decryption refused ({reason}): {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class ProtocolConflict(FedGLError):
+    """A request that is well formed but does not fit the protocol's state (HTTP 409).
+
+    ``code`` is stable and machine-readable (e.g. ``stale-round``, ``not-ready``); it is the error code
+    on the wire, and the client raises this exception again from it.
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail

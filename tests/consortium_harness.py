@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +13,7 @@ import httpx
 from fedgl_secure.privacy.policy import HEParameters
 from fedgl_secure.services.config import PkiLayout, load_consortium
 from fedgl_secure.services.loopback import write_loopback_consortium
+from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, stop_processes
 from fedgl_secure.services.tls import make_http_client
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -23,6 +21,10 @@ NODES = ("key-authority", "aggregator", *BANKS)
 
 # Small but 128-bit-secure CKKS parameters: N = 4096, 108 of 109 bits.
 SMALL_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36)
+
+KA_SECRET = "test-operator-secret-0123456789"
+"""The key authority's operator secret (``FEDGL_KA_SECRET``) every process the harness starts gets."""
+STOP_GRACE_SECONDS = 20.0
 
 
 @dataclass
@@ -50,14 +52,9 @@ class LocalConsortium:
 
     def start(self, *names: str) -> None:
         for name in names:
-            self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path(name).open("ab") as log:
-                self.processes[name] = subprocess.Popen(
-                    [sys.executable, "-m", "fedgl_secure", "node", "start", "--config", str(self.config_path(name))],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, "FEDGL_KA_SECRET": "test-operator-secret-0123456789"},
-                )
+            self.processes[name] = start_node_process(
+                self.config_path(name), self.log_path(name), env={"FEDGL_KA_SECRET": KA_SECRET}
+            )
 
     def signal(self, name: str, sig: int) -> None:
         self.processes[name].send_signal(sig)
@@ -67,15 +64,12 @@ class LocalConsortium:
         self.processes[name].wait(timeout=30)
 
     def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        """Stop every node, banks first; a node paused with SIGSTOP is resumed so it can stop cleanly."""
+        roles = {node.name: node.role for node in load_consortium(self.consortium_path).nodes}
+        nodes = [
+            NodeProcess(name, roles[name], self.log_path(name), process) for name, process in self.processes.items()
+        ]
+        stop_processes(list(reversed(nodes)), grace=STOP_GRACE_SECONDS, resume=True)
 
     def client(self, as_node: str, target: str, **kwargs) -> httpx.Client:
         return make_http_client(self.layout, as_node, self.url(target), **kwargs)
@@ -131,11 +125,11 @@ def write_consortium(
     seed: int = 0,
     patience: int | None = None,
     method: str = "fedgl",
-    policy_extra: str = "",
+    policy_extra: dict | None = None,
 ) -> LocalConsortium:
     """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned.
 
-    ``policy_extra`` is appended to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget.
+    ``policy_extra`` adds to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget.
     """
     experiment = {
         "dataset": "synthetic",

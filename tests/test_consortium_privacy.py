@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from consortium_harness import BANKS, SMALL_HE, write_consortium
+from consortium_harness import BANKS, KA_SECRET, SMALL_HE, write_consortium
 
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.fedgl.aggregation import PlaintextSummation
@@ -31,7 +31,6 @@ from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow
 
-KA_SECRET = "test-operator-secret-0123456789"  # what consortium_harness gives its processes
 UPLOAD_SECONDS = 60.0
 
 
@@ -39,28 +38,18 @@ def channel(noise: str) -> dict:
     return {"clip": 1.0, "noise_multiplier": 1.0, "noise": noise}
 
 
-def dp_policy_text(epsilon: float) -> str:
-    body = "".join(
-        f'\n[dp.{kind}]\nclip = 1.0\nnoise_multiplier = 1.0\nnoise = "{noise}"\n'
-        for kind, noise in (("weights", "central"), ("predictions", "distributed"))
-    )
-    return (
-        'allowed_kinds = ["weights", "predictions", "node_weight"]\n'
-        f"{body}\n[dp.graph]\nmax_degree = 3\n"
-        f"\n[budget]\nepsilon = {epsilon!r}\ndelta = 1e-5\nrounds = 10\n"
-    )
+def dp_policy(epsilon: float) -> dict:
+    """The policy's DP entries: central noise on the weights, distributed on the predictions, a budget."""
+    return {
+        "allowed_kinds": ["weights", "predictions", "node_weight"],
+        "dp": {"weights": channel("central"), "predictions": channel("distributed"), "graph": {"max_degree": 3}},
+        "budget": {"epsilon": epsilon, "delta": 1e-5, "rounds": 10},
+    }
 
 
 def two_round_budget() -> float:
     """Between the ε of 2 and of 3 rounds of this policy: every bank can afford exactly 2 rounds."""
-    probe = policy_from_dict(
-        {
-            "he": SMALL_HE.model_dump(),
-            "allowed_kinds": ["weights", "predictions", "node_weight"],
-            "dp": {"weights": channel("central"), "predictions": channel("distributed"), "graph": {"max_degree": 3}},
-            "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
-        }
-    )
+    probe = policy_from_dict({"he": SMALL_HE.model_dump(), **dp_policy(1000.0)})
     two, three = (planned_ledger(probe, n).epsilon(1e-5) for n in (2, 3))
     return (two + three) / 2
 
@@ -69,7 +58,7 @@ def decrypted_sums_in_simulation_order(consortium, rounds) -> dict[int, dict[str
     """The aggregator's decrypted sums per round and kind, per-node rows moved from the consortium's secret
     union order to the simulation's (sorted node ids), through each bank's stored positions."""
     config = load_consortium(consortium.consortium_path).experiment_config()
-    slices = consortium_slices(config, load_consortium(consortium.consortium_path), None)
+    slices = consortium_slices(config, None)
     store = AggregatorStore(consortium.root / "state" / "aggregator" / "aggregator.sqlite3")
     try:
         size, positions = store.index()
@@ -122,7 +111,7 @@ def stopped_run(tmp_path_factory):
         max_rounds=5,
         upload_seconds=UPLOAD_SECONDS,
         method="fedgl-no-gpg",
-        policy_extra=dp_policy_text(budget),
+        policy_extra=dp_policy(budget),
     )
     printed: list[str] = []
     with pytest.MonkeyPatch.context() as patch:

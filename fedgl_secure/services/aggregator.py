@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
 import numpy as np
 import tenseal as ts
 import torch
@@ -48,7 +47,7 @@ from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
-from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
+from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, ratio
 from fedgl_secure.fedgl.methods import Broadcast, build_method
@@ -58,23 +57,11 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, Withdrawal, round_history
+from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, Withdrawal, best_report, round_history
 from fedgl_secure.services.pseudonyms import union_positions
 
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
 WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → what a stopped_reason says
-
-
-class ProtocolConflict(FedGLError):
-    """A request that is well formed but does not fit the protocol's state (HTTP 409).
-
-    ``code`` is stable and machine-readable (e.g. ``stale-round``, ``not-ready``).
-    """
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
 
 
 class Decryptor(Protocol):
@@ -187,8 +174,9 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
 
 
 def _quorum(policy: Policy) -> int:
-    """Banks a round's sum needs: the policy's quorum, and never fewer than two (one bank's sum is its data)."""
-    return max(2, policy.quorum)
+    """Banks a round's sum needs: the policy's quorum (never below two, which the policy's validator
+    enforces: one bank's sum is its data)."""
+    return policy.quorum
 
 
 @dataclass
@@ -276,6 +264,10 @@ class Coordinator:
         self._aggregating = False
         self._started = time.monotonic()
         self._finished = store.finished()
+        self._enrolled: set[str] = set(store.enrolled_banks())  # kept by enrol(); the round loop waits on it
+        # kept in memory (the poll path reads them under the lock): set by _build_index, _apply and _finish
+        self._latest_version: int | None = store.latest_version()
+        self._stopped_reason: str | None = store.stopped_reason()
         self._withdrawn: dict[str, Withdrawal] = store.withdrawals()
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
@@ -337,6 +329,7 @@ class Coordinator:
                             f"{other.num_features}/{other.num_classes}",
                         )
                 self.store.enrol(enrolment)
+                self._enrolled.add(bank)
                 self.log.info("bank.enrolled", bank=bank, nodes=len(pseudonyms))
             self._seen[bank] = time.monotonic()
             self._changed.notify_all()
@@ -358,10 +351,10 @@ class Coordinator:
     def round_view(self, bank: str) -> RoundView:
         self.heartbeat(bank)
         with self._changed:
-            latest = self.store.latest_version()
+            latest = self._latest_version
             if self._finished:
                 return RoundView(
-                    "finished", self.federation, latest_version=latest, stopped_reason=self.store.stopped_reason()
+                    "finished", self.federation, latest_version=latest, stopped_reason=self._stopped_reason
                 )
             if self._index is None:
                 return RoundView("enrolling", self.federation)
@@ -428,7 +421,7 @@ class Coordinator:
         val_correct, val_total, test_correct, test_total = counts
         if not (0 <= val_correct <= val_total and 0 <= test_correct <= test_total):
             raise ProtocolConflict("bad-report", f"counts must satisfy 0 <= correct <= total, got {counts}")
-        latest = self.store.latest_version()
+        latest = self._latest_version
         if latest is None or not 0 <= version <= latest:
             raise ProtocolConflict("unknown-version", f"model version {version} does not exist")
         self.store.save_report(version, bank, counts)
@@ -436,11 +429,11 @@ class Coordinator:
     def status(self) -> dict:
         reports = self.store.pooled_reports()
         history = round_history(self.store, reports)
-        best = max(reports.items(), key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
+        best = best_report(reports)
         return {
             "federation": self.federation,
             "phase": self.round_phase(),
-            "latest_version": self.store.latest_version(),
+            "latest_version": self._latest_version,
             "max_rounds": self.config.federation.max_rounds,
             "rounds": history,
             "best_version": best[0] if best else None,
@@ -449,7 +442,7 @@ class Coordinator:
             "withdrawn": [
                 {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
             ],
-            "stopped_reason": self.store.stopped_reason(),
+            "stopped_reason": self._stopped_reason,
         }
 
     def round_phase(self) -> str:
@@ -472,7 +465,7 @@ class Coordinator:
             version = self._resume()
             round_number = self.store.last_round_number() + 1
             stopper = EarlyStopping(self.config.federation.patience)
-            stopped_reason = self.store.stopped_reason()  # a restarted aggregator of a stopped run says it again
+            stopped_reason = self._stopped_reason  # a restarted aggregator of a stopped run says it again
             while not stop.is_set() and not self._finished and version < self.config.federation.max_rounds:
                 choice = self._choose_participants(stop, version)
                 if choice is None:
@@ -494,24 +487,25 @@ class Coordinator:
             raise
 
     def _wait_for_enrolment(self, stop: threading.Event) -> bool:
+        """Wait until every bank has enrolled (:meth:`enrol` notifies ``_changed``), then build the union index."""
         with self._changed:
             while self._index is None:
-                enrolled = self.store.enrolments()
-                if len(enrolled) == len(self.banks):
-                    self._build_index(enrolled)
+                if len(self._enrolled) == len(self.banks):
+                    self._build_index(self.store.enrolments())
                     break
                 if stop.is_set():
                     return False
-                self._changed.wait(0.2)
+                self._changed.wait(0.2)  # the timeout only re-checks ``stop``; nothing is read from the store
         return True
 
     def _build_index(self, enrolled: Mapping[str, Enrolment]) -> None:
         size, positions = union_positions([enrolled[bank].pseudonyms for bank in self.banks])
         by_bank = dict(zip(self.banks, positions, strict=True))
         first = enrolled[self.banks[0]]
-        if self.store.latest_version() is None:
+        if self._latest_version is None:
             weights = initial_parameters(self.config, first.num_features, first.num_classes)
             self.store.save_initial_model(encode_broadcast(Broadcast(0, weights)))
+            self._latest_version = 0
         self.store.save_index(size, by_bank)
         self._index = (size, by_bank)
         self.log.info("index.built", num_global_nodes=size, banks=len(self.banks))
@@ -632,7 +626,7 @@ class Coordinator:
             try:
                 self.decryptor.open_round(self.federation, round_number, nonce, participants)
                 return nonce
-            except (FedGLError, httpx.HTTPError) as error:
+            except FedGLError as error:
                 attempt += 1
                 if attempt == 1 or attempt % 30 == 0:
                     self.log.error("round.open_failed", round=round_number, error=str(error)[:300], attempt=attempt)
@@ -644,7 +638,7 @@ class Coordinator:
         log = self.log.bind(round=round_number)
         try:
             nonce = self._open_at_key_authority(stop, round_number, participants)
-        except (FedGLError, httpx.HTTPError):
+        except FedGLError:
             return "stopped"
         self.store.open_round(round_number, version, nonce, participants)
         timeouts = self.policy.timeouts
@@ -736,6 +730,7 @@ class Coordinator:
         broadcast = self.method.server_update(tensors, version + 1)
         self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors)
         with self._changed:
+            self._latest_version = version + 1
             self._changed.notify_all()
 
     def _early_stop(self, stopper: EarlyStopping, reported_version: int) -> bool:
@@ -753,6 +748,8 @@ class Coordinator:
         self.store.finish(stopped_reason)
         with self._changed:
             self._finished = True
+            if stopped_reason is not None:
+                self._stopped_reason = stopped_reason
             self._changed.notify_all()
         if stopped_reason is not None:
             self.log.warning("rounds.stopped", latest_version=version, reason=stopped_reason)

@@ -19,15 +19,15 @@ POST     /v1/withdraw                            bank     the bank takes no furt
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import numpy as np
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto.receipts import Receipt
@@ -54,6 +54,7 @@ MAX_PSEUDONYMS = 50_000_000
 MAX_CHUNKS = 65_536  # 268 M values at N = 8192
 MAX_CHUNK_BYTES = 8 * 1024 * 1024  # a fresh N = 32768 ciphertext is ≈ 1-4 MiB
 _PSEUDONYM = re.compile(PSEUDONYM_PATTERN)
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Schema(BaseModel):
@@ -122,10 +123,6 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     wire.install_error_handlers(app, coordinator.log, max_body_bytes)
     bank_only = require_roles(NodeRole.BANK)
 
-    @app.exception_handler(ProtocolConflict)
-    async def _conflict(_request: Request, error: ProtocolConflict) -> JSONResponse:
-        return JSONResponse({"error": error.code, "detail": error.detail}, status_code=409)
-
     @app.get("/v1/health")
     def health(caller: Caller = Depends(caller_identity)) -> dict:
         return {"role": "aggregator", "federation": coordinator.federation, "phase": coordinator.round_phase()}
@@ -146,14 +143,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
 
     @app.get("/v1/round")
     def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
-        view = coordinator.round_view(caller.name)
-        return RoundResponse(
-            **{
-                **view.__dict__,
-                "participants": list(view.participants),
-                "shapes": {k: list(v) for k, v in view.shapes.items()},
-            }
-        )
+        return RoundResponse.model_validate(dataclasses.asdict(coordinator.round_view(caller.name)))
 
     @app.get("/v1/models/{version}")
     def model(version: int, caller: Caller = Depends(bank_only)) -> Response:
@@ -189,63 +179,67 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
 
 
 class AggregatorClient:
-    """What a bank calls on the aggregator (over an mTLS ``httpx.Client``)."""
+    """What a bank calls on the aggregator (over an mTLS ``httpx.Client``).
+
+    Errors come back as the exceptions the coordinator raises in-process (:func:`wire.raise_for_service_error`):
+    a 409 is :class:`ProtocolConflict` with its code; an unreachable aggregator or any other error is
+    :class:`wire.ServiceError` (status None when there was no answer); an answer that does not parse is
+    :class:`wire.WireError`. Every one is a :class:`~fedgl_secure.errors.FedGLError`.
+    """
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
-    def _check(self, response: httpx.Response) -> httpx.Response:
-        if response.status_code == 409:
-            body = _json_or_empty(response)
-            raise ProtocolConflict(str(body.get("error", "conflict")), str(body.get("detail", response.text)))
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise wire.ServiceError(None, "unreachable", f"aggregator at {self.http.base_url}{path}: {error}") from None
         wire.raise_for_service_error(response)
         return response
 
+    def _parse(self, model: type[ModelT], method: str, path: str, **kwargs: Any) -> ModelT:
+        try:
+            return model.model_validate_json(self._call(method, path, **kwargs).content)
+        except ValidationError as error:
+            raise wire.WireError(f"aggregator answer to {method} {path}: {wire.validation_problems(error)}") from None
+
     def health(self) -> dict:
-        return self._check(self.http.get("/v1/health")).json()
+        return self._call("GET", "/v1/health").json()
 
     def status(self) -> dict:
-        return self._check(self.http.get("/v1/status")).json()
+        return self._call("GET", "/v1/status").json()
 
     def enrol(self, num_features: int, num_classes: int, pseudonyms: Sequence[str]) -> None:
         payload = {"num_features": num_features, "num_classes": num_classes, "pseudonyms": list(pseudonyms)}
-        self._check(self.http.post("/v1/enrol", json=payload))
+        self._call("POST", "/v1/enrol", json=payload)
 
     def index(self) -> tuple[int, np.ndarray]:
-        body = IndexResponse.model_validate(self._check(self.http.get("/v1/index")).json())
+        body = self._parse(IndexResponse, "GET", "/v1/index")
         return body.num_global_nodes, np.asarray(body.positions, dtype=np.int64)
 
     def current_round(self) -> RoundResponse:
-        return RoundResponse.model_validate(self._check(self.http.get("/v1/round")).json())
+        return self._parse(RoundResponse, "GET", "/v1/round")
 
     def model(self, version: int) -> bytes:
-        return self._check(self.http.get(f"/v1/models/{version}")).content
+        return self._call("GET", f"/v1/models/{version}").content
 
     def upload(self, round_number: int, kind: str, chunks: Sequence[bytes], receipt: Receipt) -> UploadResponse:
-        response = self.http.put(
+        return self._parse(
+            UploadResponse,
+            "PUT",
             f"/v1/rounds/{round_number}/uploads/{kind}",
             content=wire.encode_chunks(chunks),
             headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": "application/octet-stream"},
         )
-        return UploadResponse.model_validate(self._check(response).json())
 
     def report(self, version: int, counts: tuple[int, int, int, int]) -> None:
         names = ("val_correct", "val_total", "test_correct", "test_total")
-        self._check(self.http.post("/v1/reports", json={"version": version, **dict(zip(names, counts, strict=True))}))
+        self._call("POST", "/v1/reports", json={"version": version, **dict(zip(names, counts, strict=True))})
 
     def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
         request = WithdrawRequest(reason=reason, round=round_number)
-        return WithdrawResponse.model_validate(
-            self._check(self.http.post("/v1/withdraw", json=request.model_dump())).json()
-        )
-
-
-def _json_or_empty(response: httpx.Response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        return self._parse(WithdrawResponse, "POST", "/v1/withdraw", json=request.model_dump())
 
 
 def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:

@@ -14,10 +14,13 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fedgl_secure.fedgl.evaluation import ratio
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -162,9 +165,16 @@ class AggregatorStore:
         features, classes, pseudonyms = rows[0]
         return Enrolment(bank, features, classes, tuple(json.loads(pseudonyms)))
 
+    def enrolled_banks(self) -> list[str]:
+        """The banks that have enrolled (names only: cheap)."""
+        return [bank for (bank,) in self._read("SELECT bank FROM enrolments ORDER BY bank")]
+
     def enrolments(self) -> dict[str, Enrolment]:
-        rows = self._read("SELECT bank FROM enrolments ORDER BY bank")
-        return {bank: self.enrolment(bank) for (bank,) in rows}
+        rows = self._read("SELECT bank, num_features, num_classes, pseudonyms FROM enrolments ORDER BY bank")
+        return {
+            bank: Enrolment(bank, features, classes, tuple(json.loads(pseudonyms)))
+            for bank, features, classes, pseudonyms in rows
+        }
 
     def enrol(self, enrolment: Enrolment) -> None:
         self._write(
@@ -362,6 +372,20 @@ def _round_row(row: tuple) -> RoundRow:
         tuple(json.loads(contributors)) if contributors else (),
         detail,
     )
+
+
+PooledReport = tuple[int, int, int, int, int]
+"""(reports, val correct, val total, test correct, test total) of one model version, over the banks."""
+
+
+def best_report(
+    reports: Mapping[int, PooledReport], versions: Collection[int] | None = None
+) -> tuple[int, PooledReport] | None:
+    """The model version with the best pooled validation accuracy (the earliest on a tie), with its
+    pooled counts; None without reports. ``versions`` restricts the choice (e.g. to applied rounds' results).
+    """
+    candidates = ((v, r) for v, r in reports.items() if versions is None or v in versions)
+    return max(candidates, key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
 
 
 def round_history(

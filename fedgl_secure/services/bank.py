@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,25 +100,15 @@ def _restore(trainer: LocalTrainer, state: _TrainerState) -> None:
     trainer.generator.set_state(state.generator)
 
 
-def consortium_slices(
-    config: ExperimentConfig, consortium: ConsortiumConfig, data_root: str | None
-) -> list[GraphDataset]:
-    """Every bank's graph, in the consortium's bank order (slice k of the experiment's dataset for bank k)."""
+def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[GraphDataset]:
+    """Every bank's graph, in the consortium's bank order (slice k of the experiment's dataset for bank k).
+
+    (In the loopback demo every bank derives its slice from the shared dataset; a real bank would
+    load its own customer graph instead.)
+    """
     # one proportion per bank is checked when the consortium file is loaded (ConsortiumConfig)
     dataset = load_dataset(config.dataset, data_root, seed=config.seed)
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
-
-
-def bank_slice(
-    config: ExperimentConfig, consortium: ConsortiumConfig, name: str, data_root: str | None
-) -> GraphDataset:
-    """The bank's own graph: slice k of the experiment's dataset for the k-th bank of the consortium.
-
-    (In the loopback demo every bank derives its slice from the shared dataset; a real bank
-    would load its own customer graph here.)
-    """
-    clients = consortium_slices(config, consortium, data_root)
-    return clients[[bank.name for bank in consortium.banks].index(name)]
 
 
 def privacy_normaliser(slices: list[GraphDataset]) -> float:
@@ -216,10 +205,9 @@ class BankWorker:
         return dataclasses.replace(graph, base_adjacency=gcn_normalize(adjacency))
 
     def _save_ledger(self) -> None:
-        """Write the ledger atomically (a torn file would fail the next start, closed but needlessly)."""
-        temporary = self.ledger_path.with_suffix(".json.tmp")
-        temporary.write_text(self.bank_privacy.ledger.to_json() + "\n", encoding="utf-8")
-        os.replace(temporary, self.ledger_path)
+        """Write the ledger (:meth:`PrivacyLedger.save` replaces the file atomically: a torn file would
+        fail the next start, closed but needlessly)."""
+        self.bank_privacy.ledger.save(self.ledger_path)
 
     def _release(
         self, session: _Session, view: RoundResponse, broadcast: Broadcast, contribution: dict[str, torch.Tensor]
@@ -262,12 +250,8 @@ class BankWorker:
         while not stop.is_set():
             try:
                 view = self.aggregator.current_round()
-            except (FedGLError, OSError) as error:  # ProtocolConflict included
+            except (FedGLError, OSError) as error:  # ProtocolConflict, and an unreachable (restarting) aggregator
                 self.log.warning("round.poll_failed", error=str(error)[:300])
-                stop.wait(self.poll_seconds * 5)
-                continue
-            except Exception as error:  # httpx transport errors while the aggregator restarts
-                self.log.info("round.poll_unreachable", error=str(error)[:200])
                 stop.wait(self.poll_seconds * 5)
                 continue
             if self._withdrawal_pending():
@@ -291,7 +275,10 @@ class BankWorker:
         stopped = self.bank_privacy.stopped_round
         try:
             answer = self.aggregator.withdraw(stopped, BUDGET_EXHAUSTED)
-        except Exception as error:  # ProtocolConflict, service and transport errors alike: try again at the next poll
+        except (
+            FedGLError,
+            OSError,
+        ) as error:  # conflicts, service and transport errors: retried at the next poll
             self.log.warning("privacy.withdraw_failed", round=stopped, error=str(error)[:300])
             return
         self.withdrawn = True
@@ -348,51 +335,16 @@ class BankWorker:
             session.done.add((view.round, view.nonce))  # budget spent: withdrawn (or retrying it at each poll)
             return
         started = time.perf_counter()
+        # encrypted once per (round, nonce): a retry after a broken connection resends the same
+        # bytes (no download, no retraining), which the aggregator accepts as a repeat instead of a
+        # conflicting second upload
+        key = (view.round, view.nonce)
         try:
-            broadcast = self._download(session, view.base_version)
-            self._report(session, view.base_version, broadcast)
-            # a reopened round restarts from the same state, so it yields the same contribution
-            if view.base_version in session.snapshots:
-                _restore(session.trainer, session.snapshots[view.base_version])
-            else:
-                session.snapshots = {view.base_version: _snapshot(session.trainer)}
-            contribution = self.method.client_contribution(session.trainer, broadcast)
-            expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
-            actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
-            if actual != expected:
-                raise ConfigError(f"round {view.round} expects uploads {expected}, this bank computes {actual}")
-            ticket = RoundTicket(
-                view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint
-            )
-            # encrypted once per (round, nonce): a retry after a broken connection resends the same
-            # bytes, which the aggregator accepts as a repeat instead of a conflicting second upload
-            key = (view.round, view.nonce)
             if key not in session.uploads:
-                contribution = self._release(session, view, broadcast, contribution)
-                if contribution is None:
-                    log.warning(
-                        "privacy.budget_exhausted",
-                        stopped_round=self.bank_privacy.stopped_round,
-                        action="stop-contributing",
-                        detail="this bank uploads nothing more and withdraws from the federation",
-                    )
-                    session.done.add((view.round, view.nonce))
-                    self._withdraw()
+                uploads = self._prepare_uploads(session, view, log)
+                if uploads is None:
                     return
-                session.uploads = {
-                    key: [
-                        make_upload(
-                            self.context,
-                            self.policy.he,
-                            ticket,
-                            self.name,
-                            self.signing_key,
-                            kind,
-                            contribution[kind].detach().to(torch.float64).cpu().numpy(),
-                        )
-                        for kind in sorted(contribution)
-                    ]
-                }
+                session.uploads = {key: uploads}
             uploaded = 0
             for upload in session.uploads[key]:
                 self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
@@ -401,17 +353,53 @@ class BankWorker:
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
             session.done.add((view.round, view.nonce))
             return
-        except (FedGLError, OSError) as error:
+        except (FedGLError, OSError) as error:  # an unreachable aggregator included: the round reopens
             log.warning("round.failed", error=str(error)[:300])
-            time.sleep(self.poll_seconds * 5)
-            return
-        except Exception as error:  # transport errors: the aggregator may be restarting; the round reopens
-            log.warning("round.unreachable", error=str(error)[:300])
             time.sleep(self.poll_seconds * 5)
             return
         session.done.add((view.round, view.nonce))
         self.rounds_done.append(view.round)
         log.info("round.uploaded", bytes=uploaded, seconds=round(time.perf_counter() - started, 3))
+
+    def _prepare_uploads(self, session: _Session, view: RoundResponse, log) -> list[Upload] | None:
+        """Train from the round's base version and encrypt the (released) contribution; None once the
+        privacy budget is spent (the bank then withdraws)."""
+        broadcast = self._download(session, view.base_version)
+        self._report(session, view.base_version, broadcast)
+        # a reopened round restarts from the same state, so it yields the same contribution
+        if view.base_version in session.snapshots:
+            _restore(session.trainer, session.snapshots[view.base_version])
+        else:
+            session.snapshots = {view.base_version: _snapshot(session.trainer)}
+        contribution = self.method.client_contribution(session.trainer, broadcast)
+        expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
+        actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
+        if actual != expected:
+            raise ConfigError(f"round {view.round} expects uploads {expected}, this bank computes {actual}")
+        contribution = self._release(session, view, broadcast, contribution)
+        if contribution is None:
+            log.warning(
+                "privacy.budget_exhausted",
+                stopped_round=self.bank_privacy.stopped_round,
+                action="stop-contributing",
+                detail="this bank uploads nothing more and withdraws from the federation",
+            )
+            session.done.add((view.round, view.nonce))
+            self._withdraw()
+            return None
+        ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        return [
+            make_upload(
+                self.context,
+                self.policy.he,
+                ticket,
+                self.name,
+                self.signing_key,
+                kind,
+                contribution[kind].detach().to(torch.float64).cpu().numpy(),
+            )
+            for kind in sorted(contribution)
+        ]
 
 
 class _NotReady(FedGLError):
@@ -458,7 +446,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     policy = load_policy(consortium.policy)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    slices = consortium_slices(config, consortium, node.bank.data_root)
+    slices = consortium_slices(config, node.bank.data_root)
     client_index = [bank.name for bank in consortium.banks].index(node.name)
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)

@@ -39,27 +39,29 @@ def write_loopback_consortium(
     liveness_seconds: float = 5.0,
     data_root: str | None = None,
     federation: str = "loopback",
-    policy_extra: str = "",
+    policy_extra: dict | None = None,
 ) -> Path:
     """Write and provision a consortium under ``root``; returns the path of ``consortium.toml``.
 
     ``experiment`` is the ``[experiment]`` table (dataset, method, seed, federation options...);
     the default is three synthetic banks. ``he`` defaults to the baseline policy's parameters.
-    ``policy_extra`` is TOML appended to the policy (top-level keys such as ``allowed_kinds`` first,
-    then tables such as ``[dp.weights]`` and ``[budget]``).
+    ``policy_extra`` adds to the policy, as the parsed TOML would read: top-level keys such as
+    ``{"allowed_kinds": [...]}`` and tables such as ``{"dp": {"weights": {...}}, "budget": {...}}``
+    (a table merges into the default one of the same name, key by key).
     """
     root.mkdir(parents=True, exist_ok=True)
     he = he or HEParameters()
-    top, _, tables = policy_extra.partition("\n[")
-    tables = f"\n[{tables}" if tables else ""
-    if top.lstrip().startswith("["):
-        top, tables = "", policy_extra
-    (root / "policy.toml").write_text(
-        f'description = "loopback consortium"\nquorum = 2\n{top}\n\n[he]\n'
-        f"poly_modulus_degree = {he.poly_modulus_degree}\n"
-        f"coeff_mod_bit_sizes = {list(he.coeff_mod_bit_sizes)}\nglobal_scale_bits = {he.global_scale_bits}\n\n"
-        f"[timeouts]\nround_seconds = {max(upload_seconds, 60.0)}\nupload_seconds = {upload_seconds}\n{tables}"
-    )
+    policy = {
+        "description": "loopback consortium",
+        "quorum": 2,
+        "he": {
+            "poly_modulus_degree": he.poly_modulus_degree,
+            "coeff_mod_bit_sizes": list(he.coeff_mod_bit_sizes),
+            "global_scale_bits": he.global_scale_bits,
+        },
+        "timeouts": {"round_seconds": max(upload_seconds, 60.0), "upload_seconds": upload_seconds},
+    }
+    (root / "policy.toml").write_text(_toml_document(_merged(policy, policy_extra or {})))
     roles = {KEY_AUTHORITY: KEY_AUTHORITY, AGGREGATOR: AGGREGATOR, **{bank: "bank" for bank in banks}}
     ports = free_ports(len(roles))
     nodes = "".join(
@@ -81,6 +83,25 @@ def write_loopback_consortium(
     path = root / "consortium.toml"
     provision(load_consortium(path))
     return path
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` laid over it, tables merged recursively."""
+    merged = dict(base)
+    for key, value in extra.items():
+        both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merged(merged[key], value) if both_tables else value
+    return merged
+
+
+def _toml_document(values: dict) -> str:
+    """A whole TOML document: the top-level scalars and lists first, then every table."""
+    lines = [f"{key} = {json.dumps(value)}" for key, value in values.items() if not isinstance(value, dict)]
+    text = "\n".join(lines) + "\n"
+    for key, value in values.items():
+        if isinstance(value, dict):
+            text += "\n" + _toml_table(key, value)
+    return text
 
 
 def _toml_table(name: str, values: dict) -> str:

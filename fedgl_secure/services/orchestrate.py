@@ -61,10 +61,14 @@ def start_node_process(config: Path, log_path: Path, env: dict[str, str] | None 
         )
 
 
-def stop_processes(processes: list[NodeProcess], grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM every live process (banks first), then SIGKILL whatever is left after ``grace``."""
+def stop_processes(processes: list[NodeProcess], grace: float = GRACE_SECONDS, resume: bool = False) -> None:
+    """SIGTERM every live process (in the order given: banks first), then SIGKILL whatever is left after
+    ``grace``. With ``resume`` each gets SIGCONT first, so a process paused with SIGSTOP (fault tests)
+    handles its SIGTERM instead of waiting out the grace period."""
     for node in processes:
         if node.alive():
+            if resume:
+                node.process.send_signal(signal.SIGCONT)
             node.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
     for node in processes:

@@ -47,6 +47,7 @@ from fedgl_secure.errors import (
     DecryptionRefused,
     FedGLError,
     PolicyError,
+    ProtocolConflict,
     ReceiptError,
 )
 from fedgl_secure.log import get_logger
@@ -355,11 +356,20 @@ def error_response(status: int, error: str, detail: str, headers: Mapping[str, s
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=dict(headers or {}))
 
 
+_GENERIC_CONFLICTS = frozenset({"conflict", "config-conflict", "policy-conflict"})
+"""409 codes that are not a :class:`ProtocolConflict` (those carry their own code)."""
+
+
 def status_and_code(error: FedGLError) -> tuple[int, str]:
-    """HTTP status and error code of a package error (refusals carry their own reason code)."""
+    """HTTP status and error code of a package error (refusals and protocol conflicts carry their own code).
+
+    :func:`raise_for_service_error` is the inverse on the client side.
+    """
     if isinstance(error, DecryptionRefused):
         # A ciphertext that does not decrypt is bad input (nothing was consumed); the rest are refusals.
         return (400 if error.reason == Refusal.BAD_CIPHERTEXT.value else 403), error.reason
+    if isinstance(error, ProtocolConflict):
+        return 409, error.code
     for error_type, status, code in (
         (WireError, 400, "bad-wire-format"),
         (CiphertextError, 400, "bad-ciphertext"),
@@ -412,16 +422,16 @@ def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | 
     """Map package errors to JSON 4xx, framework errors to the same body shape, the rest to 500.
 
     WireError/CiphertextError/ReceiptError/ContextError → 400; DecryptionRefused → 403 with its
-    reason code (400 for ``bad-ciphertext``); PolicyError/ConfigError → 409; other FedGLError →
-    400; HTTP and validation errors keep their status. With ``max_body_bytes`` every request body
-    is capped as well (see :class:`BodyLimitMiddleware`).
+    reason code (400 for ``bad-ciphertext``); ProtocolConflict → 409 with its code;
+    PolicyError/ConfigError → 409; other FedGLError → 400; HTTP and validation errors keep their
+    status. With ``max_body_bytes`` every request body is capped as well (see :class:`BodyLimitMiddleware`).
     """
     log = log if log is not None else get_logger()
 
     async def on_package_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, FedGLError)
         status, code = status_and_code(error)
-        detail = error.detail if isinstance(error, DecryptionRefused) else str(error)
+        detail = error.detail if isinstance(error, DecryptionRefused | ProtocolConflict) else str(error)
         log.warning("request.rejected", path=request.url.path, status=status, error=code, detail=detail)
         return error_response(status, code, detail)
 
@@ -447,11 +457,12 @@ def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | 
 
 
 def raise_for_service_error(response: httpx.Response) -> None:
-    """Turn an error response back into an exception: refusals into :class:`DecryptionRefused`.
+    """Turn an error response back into the exception the service raised (inverse of :func:`status_and_code`).
 
     A JSON ``{"error", "detail"}`` body whose code is a key-authority refusal reason raises
-    :class:`DecryptionRefused` (so an over-the-wire refusal looks like an in-process one); any
-    other error raises :class:`ServiceError` with the status, code and detail.
+    :class:`DecryptionRefused`, a 409 with a protocol code (not ``config-conflict`` /
+    ``policy-conflict``) raises :class:`ProtocolConflict` — so an over-the-wire error looks like an
+    in-process one; any other error raises :class:`ServiceError` with the status, code and detail.
     """
     if response.is_success:
         return
@@ -464,6 +475,8 @@ def raise_for_service_error(response: httpx.Response) -> None:
         error, detail = payload["error"], str(payload.get("detail", ""))
     if error in REFUSAL_CODES:
         raise DecryptionRefused(error, detail)
+    if response.status_code == 409 and error not in _GENERIC_CONFLICTS:
+        raise ProtocolConflict(error, detail)
     try:
         url = str(response.request.url)
     except RuntimeError:  # a response built by hand has no request
