@@ -39,13 +39,14 @@ The directory is only read: the SQLite ledger is copied to a temporary directory
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import sqlite3
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,12 +55,24 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.privacy.run_record import (
+    AUDIT_HEAD_FILE,
+    BANKS_FILE,
+    LEDGER_SUFFIX,
+    POLICY_FILE,
+    PRIVACY_DIR,
+    RECEIPTS_FILE,
+    RUN_FILE,
+    RunDirectory,
+    load_run_dir,
+)
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
     from fedgl_secure.fedgl.config import ExperimentConfig
     from fedgl_secure.fedgl.graph_tensors import GraphTensors
     from fedgl_secure.privacy.attacks import LinkResult, MembershipResult
+    from fedgl_secure.privacy.policy import Policy
     from fedgl_secure.privacy.reference import ReferenceModel, ReferencePlan
 
 Status = Literal["info", "green", "amber", "red"]
@@ -77,22 +90,6 @@ BUDGET_WARNING_FRACTION = 0.9
 MEMBERSHIP_AUC_GREEN = 0.55
 MEMBERSHIP_AUC_RED = 0.65
 LINK_AUC_GREEN = 0.55
-
-RUN_FILE = "run.json"
-POLICY_FILE = "policy.toml"
-MODEL_FILE = "model.npz"
-PRIVACY_DIR = "privacy"
-LEDGER_SUFFIX = ".ledger.json"
-KEY_AUTHORITY_DIR = "key-authority"
-KA_LEDGER = "ledger.sqlite3"
-KA_AUDIT = "audit.jsonl"
-KA_AUDIT_HEAD = "audit_head"
-RECEIPTS_FILE = "receipts.jsonl"
-BANKS_FILE = "banks.json"
-
-
-class RunDirError(ConfigError):
-    """The run directory is missing, or lacks a file the audit needs; the message names the file."""
 
 
 # --- the report model --------------------------------------------------------------------------
@@ -202,70 +199,117 @@ def _json_safe(value: Any) -> Any:
 # --- reading the run directory (through run_record.load_run_dir) ----------------------------------
 
 
+@dataclass(frozen=True)
+class Decryption:
+    federation: str
+    round: int
+    kind: str
+    nonce: str
+    senders: tuple[str, ...]
+    decrypted_at: str
+
+
+@dataclass(frozen=True)
+class KeyAuthorityLedger:
+    """A secure run's key-authority ledger (SQLite), read once: decryptions (in insertion order), registered
+    bank keys and meta; or, when it could not be read, ``error`` and nothing else."""
+
+    path: Path
+    decryptions: list[Decryption] = field(default_factory=list)
+    banks: dict[str, bytes] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def _ledger_copy(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to a private copy of a SQLite file (and its WAL): the run directory is only read."""
+    with tempfile.TemporaryDirectory(prefix="fedgl-audit-") as tmp:
+        target = Path(tmp) / path.name
+        for suffix in ("", "-wal", "-shm"):
+            source = path.with_name(path.name + suffix)
+            if source.exists():
+                shutil.copyfile(source, target.with_name(target.name + suffix))
+        connection = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+        try:
+            yield connection
+        finally:
+            connection.close()
+
+
+def read_key_authority_ledger(path: Path) -> KeyAuthorityLedger:
+    """The key authority's ledger at ``path``, read from a private copy; an unreadable one carries its error."""
+    try:
+        with _ledger_copy(path) as connection:
+            decryptions = [
+                Decryption(f, int(r), k, n, tuple(json.loads(s)), t)
+                for f, r, k, n, s, t in connection.execute(
+                    "SELECT federation, round, kind, nonce, senders, decrypted_at FROM decryptions ORDER BY rowid"
+                )
+            ]
+            banks = {name: bytes(key) for name, key in connection.execute("SELECT name, public_key FROM banks")}
+            meta = dict(connection.execute("SELECT key, value FROM meta"))
+    except (sqlite3.Error, ValueError, OSError) as error:
+        return KeyAuthorityLedger(path, error=str(error))
+    return KeyAuthorityLedger(path, decryptions, banks, meta)
+
+
 @dataclass
 class RunFiles:
-    """What the audit reads from a run directory (see the module doc for the layout)."""
+    """What the audit reads: the run directory as loaded, the policy it is audited against and, for a
+    secure run, the key authority's ledger (read once, for every check that needs it)."""
 
-    root: Path
-    run: dict[str, Any]  # the RunResult dict (dataset, method, config, ...)
-    policy: Any  # fedgl_secure.privacy.policy.Policy
+    directory: RunDirectory
+    policy: Policy
     policy_source: str
-    model: dict[str, np.ndarray]
-    ledgers: dict[str, Any]  # bank -> PrivacyLedger
-    banks: list[str]  # the banks of the run (run.json)
-    secure: bool  # run.json: the run encrypted its uploads (CKKS, key authority)
-    key_authority: Path | None = None  # the key-authority directory of a secure run
-    audit_head: str | None = None
-    receipts: Path | None = None
-    bank_keys: dict[str, str] | None = None  # bank -> Ed25519 public key (hex)
-    stopped_banks: Any = field(default_factory=dict)  # run.json: bank -> the round it stopped at (checked on use)
+    ledger: KeyAuthorityLedger | None = None  # secure runs only
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The RunResult dict (dataset, method, config, ...)."""
+        result = self.directory.run.get("result")
+        return result if isinstance(result, dict) else {}
+
+    @property
+    def banks(self) -> list[str]:
+        return list(self.directory.run.get("banks", []))
+
+    @property
+    def stopped_banks(self) -> Any:
+        """run.json: bank -> the round it stopped at (checked on use)."""
+        return self.directory.run.get("stopped_banks") or {}
 
 
 def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> RunFiles:
     """Read a run directory with :func:`~fedgl_secure.privacy.run_record.load_run_dir`.
 
-    Raises :class:`RunDirError` naming the first missing or corrupt file. ``policy_path`` audits
-    against another policy than the run's own ``policy.toml`` copy; a run that recorded no policy
-    (a plaintext simulation) is audited as ``protection = "none"``.
+    Raises :class:`~fedgl_secure.privacy.run_record.RunDirectoryError` naming the first missing or
+    corrupt file. ``policy_path`` audits against another policy than the run's own ``policy.toml``
+    copy; a run that recorded no policy (a plaintext simulation) is audited as ``protection = "none"``.
     """
     from fedgl_secure.privacy.policy import Policy, load_policy
-    from fedgl_secure.privacy.run_record import RunDirectoryError, load_run_dir
 
-    try:
-        loaded = load_run_dir(run_dir)
-    except RunDirectoryError as error:
-        raise RunDirError(str(error)) from None
-    root = Path(run_dir)
+    loaded = load_run_dir(run_dir)
     if policy_path is not None:
         policy, source = load_policy(policy_path), str(policy_path)
-    elif loaded.policy_text is not None:
-        policy, source = load_policy(root / POLICY_FILE), str(root / POLICY_FILE)
+    elif loaded.policy is not None:
+        policy, source = loaded.policy, str(loaded.path / POLICY_FILE)
     else:
         policy = Policy(protection="none", description="no policy recorded: audited as no protection")
         source = "(none recorded)"
-    result = loaded.run.get("result")
-    return RunFiles(
-        root=root,
-        run=result if isinstance(result, dict) else {},
-        policy=policy,
-        policy_source=source,
-        model=loaded.model,
-        ledgers=dict(loaded.ledgers),
-        banks=list(loaded.run.get("banks", [])),
-        secure=loaded.secure,
-        key_authority=loaded.key_authority_dir,
-        audit_head=loaded.audit_head,
-        receipts=root / RECEIPTS_FILE if loaded.secure else None,
-        bank_keys=dict(loaded.bank_keys) if loaded.secure else None,
-        stopped_banks=loaded.run.get("stopped_banks") or {},
-    )
+    ledger = None
+    if loaded.secure:
+        from fedgl_secure.crypto.key_authority import LEDGER_FILE
+
+        ledger = read_key_authority_ledger(loaded.key_authority_dir / LEDGER_FILE)
+    return RunFiles(loaded, policy, source, ledger)
 
 
 # --- 1. policy conformance -----------------------------------------------------------------------
 
 
-def check_policy(files: RunFiles) -> tuple[Section, Any]:
-    """Protection, HE security, quorum and the effective guarantees; returns the guarantees too."""
+def check_policy(files: RunFiles) -> Section:
+    """Protection, HE security, quorum and the effective guarantees."""
     from fedgl_secure.crypto.he_security import max_total_bits, security_check
     from fedgl_secure.privacy.guarantees import effective_guarantees
 
@@ -281,7 +325,7 @@ def check_policy(files: RunFiles) -> tuple[Section, Any]:
             "no DP; only acceptable for experiments on public data",
         )
     else:
-        if files.secure:
+        if files.directory.secure:
             section.add("protection", GREEN, "protection = 'he': uploads CKKS-encrypted, only sums decrypted")
         else:
             section.add(
@@ -302,46 +346,39 @@ def check_policy(files: RunFiles) -> tuple[Section, Any]:
             )
         except ValueError as error:
             section.add("he-security", RED, f"below 128-bit security: {error}")
-        if files.key_authority is not None:
-            section.checks.append(_key_parameters_check(files, he))
+        if files.ledger is not None:
+            section.checks.append(_key_parameters_check(files.ledger, he))
     quorum = policy.quorum
     section.add(
         "quorum",
         GREEN if quorum >= 2 else RED,
-        f"quorum = {quorum}: every decrypted sum must hold at least {max(2, quorum)} banks"
+        f"quorum = {quorum}: every decrypted sum must hold at least {quorum} banks"
         if quorum >= 2
         else f"quorum = {quorum} < 2: a 'sum' over one bank is that bank's upload in clear",
     )
     section.add("allowed-kinds", GREEN, f"kinds that may leave a bank: {', '.join(policy.allowed_kinds)}")
 
-    guarantees = None
     try:
         guarantees = effective_guarantees(policy)
     except (FedGLError, ValueError) as error:
         section.add("guarantees", RED, f"cannot compute the policy's guarantees: {error}")
-        return section, None
-    if guarantees.status == "no-protection":
-        pass  # already red above
-    elif guarantees.status == "he-only":
+        return section
+    if guarantees.status == "he-only":
         section.add(
             "guarantees",
             AMBER,
             "HE only, no differential privacy: decrypted sums (W̄, fused predictions, pseudo graph) are exact, "
             "so ε is unbounded for what they reveal about customers",
         )
-    elif guarantees.budget_met:
+    elif guarantees.status != "no-protection":  # no protection: already red above
         section.add(
             "guarantees",
-            GREEN,
+            GREEN if guarantees.budget_met else AMBER,
             f"planned ε = {guarantees.epsilon:.3g} at δ = {guarantees.delta:g} over {guarantees.rounds} rounds "
-            f"≤ budget {guarantees.budget_epsilon:g} ({guarantees.accountant.upper()})",
-        )
-    else:
-        section.add(
-            "guarantees",
-            AMBER,
-            f"the budget ε = {guarantees.budget_epsilon:g} covers {guarantees.rounds_within_budget} of the policy's "
-            f"{guarantees.rounds} rounds: banks stop contributing early (fail closed)",
+            f"≤ budget {guarantees.budget_epsilon:g} ({guarantees.accountant.upper()})"
+            if guarantees.budget_met
+            else f"the budget ε = {guarantees.budget_epsilon:g} covers {guarantees.rounds_within_budget} of the "
+            f"policy's {guarantees.rounds} rounds: banks stop contributing early (fail closed)",
         )
     if guarantees.channels:
         section.tables.append(
@@ -366,22 +403,22 @@ def check_policy(files: RunFiles) -> tuple[Section, Any]:
         )
     section.notes.extend(f"Assumption: {a}" for a in guarantees.assumptions)
     section.notes.extend(guarantees.notes)
-    return section, guarantees
+    return section
 
 
-def _key_parameters_check(files: RunFiles, he) -> Check:
+def _key_parameters_check(ledger: KeyAuthorityLedger, he) -> Check:
     """The key authority records the HE parameters its key pair was made for; they must be the policy's."""
     from fedgl_secure.crypto.key_authority import HE_PARAMETERS
 
-    try:
-        with _open_ledger_copy(files.key_authority / KA_LEDGER) as connection:
-            row = connection.execute("SELECT value FROM meta WHERE key = ?", (HE_PARAMETERS,)).fetchone()
-    except sqlite3.Error as error:
-        return Check("key-parameters", RED, f"{KA_LEDGER}: unreadable ({error})")
-    if row is None:
+    if ledger.error is not None:
+        return Check("key-parameters", RED, f"{ledger.path.name}: unreadable ({ledger.error})")
+    recorded = ledger.meta.get(HE_PARAMETERS)
+    if recorded is None:
         return Check("key-parameters", AMBER, "the key authority recorded no HE parameters")
-    if json.loads(row[0]) != he.model_dump(mode="json"):
-        return Check("key-parameters", RED, f"the key pair was made for HE parameters {row[0]}, not the policy's {he}")
+    if json.loads(recorded) != he.model_dump(mode="json"):
+        return Check(
+            "key-parameters", RED, f"the key pair was made for HE parameters {recorded}, not the policy's {he}"
+        )
     return Check("key-parameters", GREEN, "the key authority's key pair was made for the policy's HE parameters")
 
 
@@ -391,25 +428,32 @@ def _key_parameters_check(files: RunFiles, he) -> Check:
 def check_privacy(files: RunFiles, expected_banks: Iterable[str] = ()) -> Section:
     """ε spent per bank and channel against the budget (a plot over rounds per bank), and the run's stop."""
     section = Section("privacy", "Privacy spent (ε per bank and channel)")
-    _budget_checks(section, files, expected_banks)
-    section.checks.append(_stop_check(section, files))
+    delta, accountant = _delta_accountant(files.policy)
+    spent = {bank: ledger.epsilon(delta, accountant) for bank, ledger in files.directory.ledgers.items()}
+    _budget_checks(section, files, expected_banks, spent)
+    section.checks.append(_stop_check(section, files, spent))
     return section
 
 
-def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[str]) -> None:
-    """ε spent per bank and channel against the budget, with a plot over rounds per bank."""
+def _delta_accountant(policy: Policy) -> tuple[float, str]:
+    """The δ and accountant ε is read at: the policy's budget's, else δ = 1e-5 under RDP."""
+    budget = policy.budget
+    return (budget.delta, budget.accountant) if budget is not None else (1e-5, "rdp")
+
+
+def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[str], spent: dict[str, float]) -> None:
+    """ε spent per bank and channel (``spent``: each bank's total) against the budget, with a plot over rounds."""
     policy = files.policy
     budget = policy.budget
-    delta = budget.delta if budget is not None else 1e-5
-    accountant = budget.accountant if budget is not None else "rdp"
-    ledgers = files.ledgers
+    delta, accountant = _delta_accountant(policy)
+    ledgers = files.directory.ledgers
     if not policy.has_dp:
-        spent = {bank: ledger.epsilon(delta, accountant) for bank, ledger in ledgers.items() if ledger.releases}
+        recorded = {bank: spent[bank] for bank, ledger in ledgers.items() if ledger.releases}
         section.add(
             "budget",
             AMBER,
             "the policy has no DP and no budget: nothing bounds what decrypted sums reveal (ε unbounded)"
-            + (f"; ledgers nevertheless record ε {spent}" if spent else ""),
+            + (f"; ledgers nevertheless record ε {recorded}" if recorded else ""),
         )
         return
     missing = sorted(set(expected_banks) - set(ledgers))
@@ -423,8 +467,7 @@ def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[s
     rows = []
     channels = policy_channels(ledgers)
     for bank, ledger in sorted(ledgers.items()):
-        total = ledger.epsilon(delta, accountant)
-        by_channel = ledger.epsilon_by_channel(delta, accountant)
+        total = spent[bank]
         fraction = total / budget.epsilon
         where = f"bank {bank}: ε = {total:.4g} of budget {budget.epsilon:g} at δ = {delta:g} ({accountant.upper()})"
         if not total <= budget.epsilon:  # NaN fails closed
@@ -434,7 +477,7 @@ def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[s
         else:
             section.add(f"budget:{bank}", GREEN, f"{where} ({fraction:.0%} spent)")
         used = [c for c in ledger.channels if any(r.channel == c for r in ledger.releases)]
-        rows.append((bank, total, budget.epsilon, *(by_channel[c] for c in channels)))
+        rows.append((bank, total, budget.epsilon, *(ledger.epsilon(delta, accountant, channel=c) for c in channels)))
         history = ledger.history(delta, accountant)
         series = {"total": [(p.round, p.epsilon) for p in history]}
         for channel in used:
@@ -453,7 +496,7 @@ def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[s
 BUDGET_STOP_PHRASE = "privacy budget"
 
 
-def _stop_check(section: Section, files: RunFiles) -> Check:
+def _stop_check(section: Section, files: RunFiles, spent: dict[str, float]) -> Check:
     """Why the run stopped early, if it did, and which banks stopped at which round (run.json).
 
     Banks that withdraw because their next round would exceed the budget are the policy failing
@@ -471,17 +514,16 @@ def _stop_check(section: Section, files: RunFiles) -> Check:
     if reason is None and not stopped:
         return Check("stop", INFO, "the run was not stopped early: no stopped_reason, and no bank stopped contributing")
     budget = files.policy.budget
-    delta = budget.delta if budget is not None else 1e-5
-    accountant = budget.accountant if budget is not None else "rdp"
+    delta, _ = _delta_accountant(files.policy)
     problems: list[str] = []
     rows = []
     for bank, round_number in sorted(stopped.items(), key=lambda item: (item[1], item[0])):
-        ledger = files.ledgers.get(bank)
+        ledger = files.directory.ledgers.get(bank)
         if ledger is None:
             problems.append(f"bank {bank!r} stopped at round {round_number} but has no privacy ledger")
             rows.append((bank, round_number, None, None))
             continue
-        total = ledger.epsilon(delta, accountant)
+        total = spent[bank]
         last = max((r.round for r in ledger.releases), default=None)
         rows.append((bank, round_number, last, total))
         late = sorted({r.round for r in ledger.releases if r.round >= round_number})
@@ -545,67 +587,16 @@ def policy_channels(ledgers: dict) -> tuple[str, ...]:
 # --- 3. the decryption ledger ----------------------------------------------------------------------
 
 
-class _LedgerCopy:
-    """Context manager: a read-only connection to a private copy of a SQLite file (and its WAL)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._tmp = tempfile.TemporaryDirectory(prefix="fedgl-audit-")
-        target = Path(self._tmp.name) / self.path.name
-        for suffix in ("", "-wal", "-shm"):
-            source = self.path.with_name(self.path.name + suffix)
-            if source.exists():
-                shutil.copyfile(source, target.with_name(target.name + suffix))
-        self._connection = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
-        return self._connection
-
-    def __exit__(self, *exc) -> None:
-        self._connection.close()
-        self._tmp.cleanup()
-
-
-def _open_ledger_copy(path: Path) -> _LedgerCopy:
-    return _LedgerCopy(path)
-
-
-@dataclass(frozen=True)
-class Decryption:
-    federation: str
-    round: int
-    kind: str
-    nonce: str
-    senders: tuple[str, ...]
-    decrypted_at: str
-
-
-def read_decryptions(path: Path) -> tuple[list[Decryption], dict[str, bytes], dict[str, str]]:
-    """Decryptions (in insertion order), registered bank keys and meta of a key authority's ledger."""
-    with _open_ledger_copy(path) as connection:
-        decryptions = [
-            Decryption(f, int(r), k, n, tuple(json.loads(s)), t)
-            for f, r, k, n, s, t in connection.execute(
-                "SELECT federation, round, kind, nonce, senders, decrypted_at FROM decryptions ORDER BY rowid"
-            )
-        ]
-        banks = {name: bytes(key) for name, key in connection.execute("SELECT name, public_key FROM banks")}
-        meta = dict(connection.execute("SELECT key, value FROM meta"))
-    return decryptions, banks, meta
-
-
-def check_decryptions(
-    files: RunFiles, audit_records: list[dict] | None, receipts: list[Any]
-) -> tuple[Section, list[Decryption]]:
+def check_decryptions(files: RunFiles, audit: AuditRecords, receipts: list[Any]) -> tuple[Section, list[Decryption]]:
     """Every decryption once per (round, kind), ≥ quorum distinct registered senders, backed by audit and
     receipts; central DP noise as the policy asks (:func:`check_central_noise`).
 
-    ``audit_records`` is None when the audit chain is broken: the cross-check with the ledger is then
-    not made (amber), the chain check itself being red.
+    With the audit chain broken (``audit.verified`` false) the cross-check with the ledger is not made
+    (amber), the chain check itself being red.
     """
     section = Section("decryptions", "Key authority decryption ledger")
-    decryptions = _ledger_checks(section, files, audit_records, receipts)
-    central, table = check_central_noise(files, audit_records)
+    decryptions = _ledger_checks(section, files, audit.records if audit.verified else None, receipts)
+    central, table = check_central_noise(files, audit)
     section.checks.append(central)
     if table is not None:
         section.tables.append(table)
@@ -616,13 +607,12 @@ def _ledger_checks(
     section: Section, files: RunFiles, audit_records: list[dict] | None, receipts: list[Any]
 ) -> list[Decryption]:
     """The decryption ledger's checks (see :func:`check_decryptions`); the decryptions it holds."""
-    path = files.key_authority / KA_LEDGER
-    try:
-        decryptions, registered, _ = read_decryptions(path)
-    except (sqlite3.Error, ValueError) as error:
-        section.add("ledger", RED, f"{path}: unreadable decryption ledger ({error})")
+    ledger = files.ledger
+    if ledger.error is not None:
+        section.add("ledger", RED, f"{ledger.path}: unreadable decryption ledger ({ledger.error})")
         return []
-    quorum = max(2, files.policy.quorum)
+    decryptions, registered = ledger.decryptions, ledger.banks
+    quorum = files.policy.quorum
     section.tables.append(
         Table(
             "Decryptions",
@@ -723,8 +713,16 @@ def central_noise_stds(policy: Any) -> dict[str, float]:
     return {kind: noise_std(policy, kind) for kind in central}
 
 
+@dataclass(frozen=True)
+class AuditRecords:
+    """audit.jsonl as read once: its records, and whether its hash chain verified up to the recorded head."""
+
+    records: list[dict]  # every line that parses as a JSON object (all of them when verified)
+    verified: bool  # False: the chain is broken, the records are only what the file says
+
+
 def _read_audit_records(path: Path) -> list[dict]:
-    """Every line of audit.jsonl that parses as a JSON object, trusted or not (for a log whose chain is broken)."""
+    """Every line of audit.jsonl that parses as a JSON object, trusted or not."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
@@ -776,7 +774,7 @@ def _central_noise_problem(record: dict, expected: dict[str, float], policy: Any
     return f"{where}: central noise " + ", ".join(problems) if problems else None
 
 
-def check_central_noise(files: RunFiles, audit_records: list[dict] | None) -> tuple[Check, Table | None]:
+def check_central_noise(files: RunFiles, audit: AuditRecords) -> tuple[Check, Table | None]:
     """Central DP noise in the key authority's allowed decisions (audit.jsonl) against the policy.
 
     Every decryption of a kind whose channel says ``noise = "central"`` must record
@@ -784,17 +782,18 @@ def check_central_noise(files: RunFiles, audit_records: list[dict] | None) -> tu
     and ``central_noise_values`` equal to the decrypted size (less the weights' last entry, Σ ŵ_k);
     no decryption of any other kind may carry central noise. Red naming the round and kind; info
     (not applicable) when the policy has no central channel and no decision carries any. With the
-    chain broken (``audit_records`` None) the records are read as they are: a mismatch is still red,
-    agreement only amber (unverified).
+    chain broken (``audit.verified`` false) the records are taken as they are: a mismatch is still
+    red, agreement only amber (unverified).
     """
+    from fedgl_secure.crypto.key_authority import AUDIT_FILE
+
     name = "central-noise"
     try:
         expected = central_noise_stds(files.policy)
     except (FedGLError, ValueError) as error:
         return Check(name, RED, f"cannot compute the policy's central-noise σ: {error}"), None
-    verified = audit_records is not None
-    records = audit_records if verified else _read_audit_records(files.key_authority / KA_AUDIT)
-    allowed = [r for r in records if r.get("event") == "decrypt" and r.get("decision") == "allowed"]
+    verified = audit.verified
+    allowed = [r for r in audit.records if r.get("event") == "decrypt" and r.get("decision") == "allowed"]
     carrying = [r for r in allowed if CENTRAL_NOISE_STD in r or CENTRAL_NOISE_VALUES in r]
     if not expected and not carrying:
         not_applicable = (
@@ -820,7 +819,7 @@ def check_central_noise(files: RunFiles, audit_records: list[dict] | None) -> tu
             if r.get("kind") in expected or CENTRAL_NOISE_STD in r or CENTRAL_NOISE_VALUES in r
         ),
     )
-    unverified = "" if verified else f" (read from {KA_AUDIT}, whose chain is broken: see audit-log)"
+    unverified = "" if verified else f" (read from {AUDIT_FILE}, whose chain is broken: see audit-log)"
     if problems:
         shown = "; ".join(problems[:10]) + (f"; … {len(problems) - 10} more" if len(problems) > 10 else "")
         detail = f"{len(problems)} decryptions do not carry the policy's central noise{unverified}: {shown}"
@@ -839,38 +838,33 @@ def check_central_noise(files: RunFiles, audit_records: list[dict] | None) -> tu
 # --- 4. the audit-log hash chain -------------------------------------------------------------------
 
 
-def check_audit_chain(files: RunFiles) -> tuple[Section, list[dict] | None]:
-    """Verify audit.jsonl's chain up to the recorded head; its records for cross-checks (None when broken)."""
+def check_audit_chain(files: RunFiles) -> tuple[Section, AuditRecords]:
+    """Verify audit.jsonl's chain up to the recorded head; its records for the cross-checks, read once."""
     from fedgl_secure.crypto.audit import verify_audit_chain
-    from fedgl_secure.crypto.key_authority import AUDIT_HEAD
+    from fedgl_secure.crypto.key_authority import AUDIT_FILE, AUDIT_HEAD
 
     section = Section("audit-log", "Audit log hash chain")
-    ka = files.key_authority
-    log_path = ka / KA_AUDIT
-    head = files.audit_head or (ka / KA_AUDIT_HEAD).read_text(encoding="utf-8").strip()
-    try:
-        _, _, meta = read_decryptions(ka / KA_LEDGER)
-        recorded_head = meta.get(AUDIT_HEAD)
-    except sqlite3.Error:
-        recorded_head = None
+    log_path = files.directory.key_authority_dir / AUDIT_FILE
+    head = files.directory.audit_head
+    recorded_head = files.ledger.meta.get(AUDIT_HEAD)  # None too when the ledger is unreadable (decryptions)
     if recorded_head is not None and recorded_head != head:
         section.add(
             "head",
             RED,
-            f"{KA_AUDIT_HEAD} ({head[:12]}…) differs from the head in the key authority's ledger "
+            f"{AUDIT_HEAD_FILE} ({head[:12]}…) differs from the head in the key authority's ledger "
             f"({recorded_head[:12]}…): one of them was replaced",
         )
-    report = verify_audit_chain(log_path, head or None)
+    report = verify_audit_chain(log_path, head)
+    records = _read_audit_records(log_path)
     if not report.ok:
         section.add(
             "chain",
             RED,
-            f"BROKEN LINK in {KA_AUDIT} at line {report.broken_line}: "
+            f"BROKEN LINK in {AUDIT_FILE} at line {report.broken_line}: "
             f"{report.problem.removeprefix(f'line {report.broken_line}: ')}",
         )
-        return section, None
+        return section, AuditRecords(records, verified=False)
     section.add("chain", GREEN, f"{report.lines} records, chain intact up to the recorded head {head[:12]}…")
-    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     decisions = Counter((r.get("event", "?"), r.get("decision", "?")) for r in records)
     section.tables.append(
         Table(
@@ -891,33 +885,28 @@ def check_audit_chain(files: RunFiles) -> tuple[Section, list[dict] | None]:
                 ),
             )
         )
-    return section, records
+    return section, AuditRecords(records, verified=True)
 
 
 # --- 5. receipts -------------------------------------------------------------------------------------
 
 
 def check_receipts(files: RunFiles) -> tuple[Section, list[Any]]:
-    """Every receipt parses and verifies under ``banks.json``; banks.json matches the key authority's registry."""
-    from fedgl_secure.crypto.receipts import load_public_key, parse_receipt, verify_receipt
+    """Every receipt verifies under ``banks.json``; banks.json matches the key authority's registry.
+
+    :func:`~fedgl_secure.privacy.run_record.load_run_dir` has already parsed every receipt and every
+    key (a malformed one is a corrupt run directory, not a check).
+    """
+    from fedgl_secure.crypto.receipts import load_public_key, verify_receipt
     from fedgl_secure.errors import ReceiptError
 
     section = Section("receipts", "Upload receipt signatures")
-    keys: dict[str, Any] = {}
-    for bank, hex_key in (files.bank_keys or {}).items():
-        try:
-            keys[bank] = load_public_key(bytes.fromhex(hex_key))
-        except (ValueError, ReceiptError) as error:
-            section.add(f"key:{bank}", RED, f"{BANKS_FILE}: bank {bank!r}: not an Ed25519 public key ({error})")
-    try:
-        _, registered, _ = read_decryptions(files.key_authority / KA_LEDGER)
-    except sqlite3.Error:
-        registered = None
-    if registered is not None:
+    bank_keys = files.directory.bank_keys
+    keys = {bank: load_public_key(bytes.fromhex(hex_key)) for bank, hex_key in bank_keys.items()}
+    if files.ledger.error is None:
+        registered = files.ledger.banks
         differing = sorted(
-            bank
-            for bank in set(registered) | set(files.bank_keys or {})
-            if registered.get(bank, b"").hex() != (files.bank_keys or {}).get(bank)
+            bank for bank in set(registered) | set(bank_keys) if registered.get(bank, b"").hex() != bank_keys.get(bank)
         )
         section.add(
             "keys-match-key-authority",
@@ -929,15 +918,7 @@ def check_receipts(files: RunFiles) -> tuple[Section, list[Any]]:
         )
     valid: list[Any] = []
     bad: list[str] = []
-    lines = files.receipts.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            receipt = parse_receipt(line)
-        except ReceiptError as error:
-            bad.append(f"{RECEIPTS_FILE} line {number}: {error}")
-            continue
+    for number, receipt in enumerate(files.directory.receipts, start=1):
         key = keys.get(receipt.sender)
         if key is None:
             bad.append(f"{RECEIPTS_FILE} line {number}: sender {receipt.sender!r} has no key in {BANKS_FILE}")
@@ -1047,7 +1028,7 @@ def attack_section(
         section.add("not-run", AMBER, f"attacks not run: the merged graph could not be rebuilt ({error})")
         return section
     rows: list[tuple[Any, ...]] = []
-    membership = _membership(section, files, merged, seed)
+    membership = _membership(section, files, config, merged, seed)
     if membership is not None:
         rows.append(
             (
@@ -1082,11 +1063,10 @@ def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphT
     is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
     """
     from fedgl_secure.fedgl.simulation import initial_parameters
-    from fedgl_secure.privacy.attacks import membership_inference_auc
 
     try:
         untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
-        floor = membership_inference_auc(untrained, merged, seed=seed, hidden=config.training.hidden)
+        floor = _membership_auc(untrained, config.training.hidden, merged, seed)
     except (ValueError, RuntimeError) as error:
         section.add("membership-floor", INFO, f"attack floor not computed: {error}")
         return
@@ -1104,16 +1084,26 @@ def _dp_phrase(files: RunFiles) -> str:
     return "with DP" if files.policy.has_dp else "without DP"
 
 
-def _membership(section: Section, files: RunFiles, merged: GraphTensors, seed: int) -> MembershipResult | None:
-    """The run's own membership inference check (its thresholds); the result, or None when it could not run."""
+def _membership_auc(weights: Any, hidden: int | None, merged: GraphTensors, seed: int) -> MembershipResult:
+    """Membership inference on a flat parameter vector (array or tensor) of a model with ``hidden`` units.
+
+    The same ``seed`` picks the same member and non-member nodes, so the run, its reference and the
+    attack floor are scored on the same nodes.
+    """
     import torch
 
     from fedgl_secure.privacy.attacks import membership_inference_auc
 
+    flat = torch.as_tensor(weights, dtype=torch.float32).reshape(-1)
+    return membership_inference_auc(flat, merged, seed=seed, hidden=hidden)
+
+
+def _membership(
+    section: Section, files: RunFiles, config: ExperimentConfig, merged: GraphTensors, seed: int
+) -> MembershipResult | None:
+    """The run's own membership inference check (its thresholds); the result, or None when it could not run."""
     try:
-        weights = torch.as_tensor(files.model["weights"], dtype=torch.float32).reshape(-1)
-        hidden = (files.run.get("config") or {}).get("training", {}).get("hidden")
-        membership = membership_inference_auc(weights, merged, seed=seed, hidden=hidden)
+        membership = _membership_auc(files.directory.model["weights"], config.training.hidden, merged, seed)
     except (ValueError, RuntimeError) as error:
         section.add("membership", AMBER, f"membership inference not run: {error}")
         return None
@@ -1191,21 +1181,11 @@ def _computed_reference(
     config, dataset, merged = experiment
     try:
         model = plan.model or retrain_reference(config, dataset, completed_rounds(files.run), progress=plan.progress)
-        reference = _reference_membership(model, merged, seed)
+        reference = _membership_auc(model.weights, model.hidden, merged, seed)
     except (FedGLError, OSError, ValueError, RuntimeError) as error:
         _reference_note(section, "failed", f"reference not computed: {error}")
         return
     _report_reference(section, files, membership, model, reference)
-
-
-def _reference_membership(model: ReferenceModel, merged: GraphTensors, seed: int) -> MembershipResult:
-    """The same attack, same seed (so the same member and non-member nodes) on the reference's weights."""
-    import torch
-
-    from fedgl_secure.privacy.attacks import membership_inference_auc
-
-    weights = torch.as_tensor(model.weights, dtype=torch.float32).reshape(-1)
-    return membership_inference_auc(weights, merged, seed=seed, hidden=model.hidden)
 
 
 def _report_reference(
@@ -1240,7 +1220,7 @@ def _report_reference(
                 (
                     "audited run",
                     "yes",
-                    str(files.root),
+                    str(files.directory.path),
                     membership.auc,
                     membership.auc_stderr,
                     membership.attack,
@@ -1277,13 +1257,13 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
     from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
     from fedgl_secure.privacy.attacks import link_inference_auc, true_edge_index
 
-    if "pseudo_graph_neighbors" not in files.model or "pseudo_graph_weights" not in files.model:
+    if "pseudo_graph_neighbors" not in files.directory.model or "pseudo_graph_weights" not in files.directory.model:
         section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
         return None
     try:
         pseudo = PseudoGraph(
-            torch.as_tensor(files.model["pseudo_graph_neighbors"], dtype=torch.int64),
-            torch.as_tensor(files.model["pseudo_graph_weights"], dtype=torch.float32),
+            torch.as_tensor(files.directory.model["pseudo_graph_neighbors"], dtype=torch.int64),
+            torch.as_tensor(files.directory.model["pseudo_graph_weights"], dtype=torch.float32),
         )
         link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
     except (ValueError, RuntimeError) as error:
@@ -1336,7 +1316,9 @@ def audit_run(
     reference: bool = True,
     progress: bool = False,
 ) -> AuditReport:
-    """Audit a run directory against its policy (or ``policy_path``); raises :class:`RunDirError` for a bad RUN_DIR.
+    """Audit a run directory against its policy (or ``policy_path``).
+
+    Raises :class:`~fedgl_secure.privacy.run_record.RunDirectoryError` for a bad RUN_DIR.
 
     For a DP run the membership attack also runs on a non-DP reference of the same experiment:
     ``reference_dir`` (checked to be one, else :class:`~fedgl_secure.privacy.reference.ReferenceRunError`),
@@ -1346,14 +1328,13 @@ def audit_run(
         raise ConfigError("--reference and --no-reference contradict each other: give one of them")
     files = read_run_dir(run_dir, policy_path)
     plan = _reference_plan(files, reference_dir, reference, progress)
-    policy_section, _ = check_policy(files)
-    sections = [policy_section]
-    senders: set[str] = set(files.banks) | set(files.bank_keys or {})
+    sections = [check_policy(files)]
+    senders: set[str] = set(files.banks) | set(files.directory.bank_keys)
     later: list[Section] = []
-    if files.secure:
-        audit_log, records = check_audit_chain(files)
+    if files.directory.secure:
+        audit_log, audit = check_audit_chain(files)
         receipts, valid = check_receipts(files)
-        decryptions, rows = check_decryptions(files, records, valid)
+        decryptions, rows = check_decryptions(files, audit, valid)
         senders |= {s for d in rows for s in d.senders}
         later = [decryptions, audit_log, receipts]
     sections.append(check_privacy(files, senders))
@@ -1367,7 +1348,7 @@ def audit_run(
         sections.append(skipped)
     keys = ("dataset", "method", "seed", "rounds_run", "best_round", "global_test_accuracy")
     run = {key: files.run.get(key) for key in keys}
-    return AuditReport(str(files.root), files.policy_source, run, sections)
+    return AuditReport(str(files.directory.path), files.policy_source, run, sections)
 
 
 def _reference_plan(files: RunFiles, reference_dir: str | Path | None, retrain: bool, progress: bool) -> ReferencePlan:

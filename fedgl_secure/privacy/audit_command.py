@@ -96,7 +96,7 @@ def audit(
     typer.echo(f"audit: {summary_text(report)}", err=True)
     code = report.exit_code(strict)
     if code:
-        failing = report.with_status("red") + (report.with_status("amber") if strict else [])
-        names = ", ".join(line.split(":", 1)[0] for line in failing)
+        failing = ("red", "amber") if strict else ("red",)
+        names = ", ".join(f"{key}/{check.name}" for key, check in report.checks() if check.status in failing)
         typer.echo(f"audit FAILED: {names}", err=True)
         raise typer.Exit(code=code)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy.audit import RUN_FILE, RunDirError, read_run_dir
+from fedgl_secure.privacy.audit import read_run_dir
+from fedgl_secure.privacy.run_record import RUN_FILE, RunDirectoryError
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
@@ -42,7 +43,7 @@ MATCH_FIELDS: tuple[tuple[str, ...], ...] = (
 )
 
 
-class ReferenceRunError(RunDirError):
+class ReferenceRunError(RunDirectoryError):
     """``--reference`` names a run that cannot serve as the reference: it has DP, or is another experiment."""
 
 
@@ -89,7 +90,7 @@ def experiment_mismatches(run_config: dict[str, Any], reference_config: dict[str
 def load_reference(reference_dir: str | Path, run: dict[str, Any]) -> ReferenceModel:
     """The model of ``reference_dir``, checked to be a non-DP run of the experiment recorded in ``run``.
 
-    Raises :class:`RunDirError` for a missing or corrupt file and :class:`ReferenceRunError` naming the
+    Raises :class:`RunDirectoryError` for a missing or corrupt file and :class:`ReferenceRunError` naming the
     problem: DP in the reference, a configuration missing, or each mismatched field.
     """
     reference = read_run_dir(reference_dir)
@@ -111,7 +112,7 @@ def load_reference(reference_dir: str | Path, run: dict[str, Any]) -> ReferenceM
     rounds = reference.run.get("rounds_run")
     return ReferenceModel(
         source=f"run directory {reference_dir} ({rounds} rounds)",
-        weights=reference.model["weights"],
+        weights=reference.directory.model["weights"],
         hidden=(reference_config.get("training") or {}).get("hidden"),
         rounds=rounds,
     )

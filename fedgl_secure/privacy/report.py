@@ -17,9 +17,7 @@ from typing import Any
 
 from fedgl_secure.privacy.audit import AuditReport, Plot
 
-_BADGE = {"info": "INFO", "green": "GREEN", "amber": "AMBER", "red": "RED"}
 _EMOJI = {"info": "⚪", "green": "🟢", "amber": "🟠", "red": "🔴"}
-_COLOURS = {"info": "#5f6b7a", "green": "#1b7f3b", "amber": "#b26a00", "red": "#b00020"}
 _PALETTE = ("#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -33,7 +31,7 @@ def _cell(value: Any) -> str:
 
 def _summary_lines(report: AuditReport) -> list[str]:
     red, amber = report.with_status("red"), report.with_status("amber")
-    lines = [f"Overall: {_BADGE[report.status]} ({len(red)} red, {len(amber)} amber, {len(report.checks())} checks)"]
+    lines = [f"Overall: {report.status.upper()} ({len(red)} red, {len(amber)} amber, {len(report.checks())} checks)"]
     lines += [f"RED   {line}" for line in red]
     lines += [f"AMBER {line}" for line in amber]
     return lines
@@ -182,16 +180,16 @@ def render_markdown(report: AuditReport, plot_files: dict[int, Path] | None = No
         f"- generated: {report.generated_at}",
         "- run: " + ", ".join(f"{k} = {_cell(v)}" for k, v in report.run.items()),
         "",
-        f"**{_EMOJI[report.status]} {_BADGE[report.status]}**",
+        f"**{_EMOJI[report.status]} {report.status.upper()}**",
         "",
     ]
     lines += [f"- {line}" for line in _summary_lines(report)[1:]]
     for number, section in enumerate(report.sections, start=1):
-        lines += ["", f"## {number}. {section.title} — {_EMOJI[section.status]} {_BADGE[section.status]}", ""]
+        lines += ["", f"## {number}. {section.title} — {_EMOJI[section.status]} {section.status.upper()}", ""]
         if section.checks:
             lines += _md_table(
                 ("check", "status", "detail"),
-                [(c.name, f"{_EMOJI[c.status]} {_BADGE[c.status]}", c.detail) for c in section.checks],
+                [(c.name, f"{_EMOJI[c.status]} {c.status.upper()}", c.detail) for c in section.checks],
             )
         for table in section.tables:
             lines += ["", f"**{table.title}**", ""]
@@ -224,7 +222,7 @@ font-weight:bold;font-size:.85em}.info{background:#5f6b7a}.green{background:#1b7
 
 
 def _badge(status: str) -> str:
-    return f'<span class="badge {status}">{_BADGE[status]}</span>'
+    return f'<span class="badge {status}">{status.upper()}</span>'
 
 
 def _html_table(columns, rows) -> str:
@@ -245,7 +243,7 @@ def render_html(report: AuditReport) -> str:
         f"generated {e(report.generated_at)}.<br>"
         + ", ".join(f"{e(k)} = {e(_cell(v))}" for k, v in report.run.items())
         + "</p>",
-        f'<div class="verdict {report.status}">{_BADGE[report.status]}</div>',
+        f'<div class="verdict {report.status}">{report.status.upper()}</div>',
     ]
     flagged = [(s, line) for s in ("red", "amber") for line in report.with_status(s)]
     if flagged:

@@ -38,7 +38,9 @@ PRIVACY_DIR = "privacy"
 KEY_AUTHORITY_DIR = "key-authority"
 RECEIPTS_FILE = "receipts.jsonl"
 BANKS_FILE = "banks.json"
-KA_FILES = ("ledger.sqlite3", "audit.jsonl", "audit_head")
+LEDGER_SUFFIX = ".ledger.json"
+# key-authority/ holds the key authority's LEDGER_FILE and AUDIT_FILE (fedgl_secure.crypto.key_authority) and:
+AUDIT_HEAD_FILE = "audit_head"  # the audit chain's head hash, as the key authority recorded it
 
 
 class RunDirectoryError(ConfigError):
@@ -53,6 +55,7 @@ class RunDirectory:
     run: dict[str, Any]
     model: dict[str, np.ndarray]
     policy_text: str | None = None
+    policy: Any = None  # the policy.toml copy as loaded (fedgl_secure.privacy.policy.Policy); None: no policy
     ledgers: dict[str, PrivacyLedger] = field(default_factory=dict)
     receipts: list = field(default_factory=list)
     bank_keys: dict[str, str] = field(default_factory=dict)
@@ -65,7 +68,7 @@ class RunDirectory:
 
 
 def ledger_path(run_dir: Path, bank: str) -> Path:
-    return Path(run_dir) / PRIVACY_DIR / f"{bank}.ledger.json"
+    return Path(run_dir) / PRIVACY_DIR / f"{bank}{LEDGER_SUFFIX}"
 
 
 def write_run_dir(
@@ -132,7 +135,7 @@ def _copy_key_authority(summation, target: Path) -> None:
         destination.close()
         source.close()
     shutil.copyfile(summation.state_dir / AUDIT_FILE, target / AUDIT_FILE)
-    (target / "audit_head").write_text(summation.authority.audit.head + "\n", encoding="ascii")
+    (target / AUDIT_HEAD_FILE).write_text(summation.authority.audit.head + "\n", encoding="ascii")
 
 
 def _require(path: Path) -> Path:
@@ -172,7 +175,7 @@ def load_run_dir(run_dir: str | Path) -> RunDirectory:
     loaded = RunDirectory(run_dir, run, model)
     if run.get("policy") is not None:
         try:
-            load_policy(_require(run_dir / POLICY_FILE))
+            loaded.policy = load_policy(_require(run_dir / POLICY_FILE))
         except FedGLError as error:
             raise RunDirectoryError(str(error)) from None
         loaded.policy_text = (run_dir / POLICY_FILE).read_text(encoding="utf-8")
@@ -185,13 +188,15 @@ def load_run_dir(run_dir: str | Path) -> RunDirectory:
         if loaded.ledgers[bank].bank != bank:
             raise RunDirectoryError(f"{path}: ledger of {loaded.ledgers[bank].bank!r}, expected {bank!r}")
     if loaded.secure:
+        from fedgl_secure.crypto.key_authority import AUDIT_FILE, LEDGER_FILE
+
         ka = run_dir / KEY_AUTHORITY_DIR
-        for name in KA_FILES:
+        for name in (LEDGER_FILE, AUDIT_FILE, AUDIT_HEAD_FILE):
             _require(ka / name)
         loaded.key_authority_dir = ka
-        loaded.audit_head = (ka / "audit_head").read_text(encoding="ascii").strip()
+        loaded.audit_head = (ka / AUDIT_HEAD_FILE).read_text(encoding="ascii").strip()
         if len(loaded.audit_head) != 64:
-            raise RunDirectoryError(f"{ka / 'audit_head'}: not a SHA-256 hex digest")
+            raise RunDirectoryError(f"{ka / AUDIT_HEAD_FILE}: not a SHA-256 hex digest")
         keys = _json(run_dir / BANKS_FILE)
         if not isinstance(keys, dict):
             raise RunDirectoryError(f"{run_dir / BANKS_FILE}: expected an object bank → public key hex")
