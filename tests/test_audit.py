@@ -76,12 +76,7 @@ def _run_record(rounds: int, *, secure: bool = True, banks=BANKS) -> dict:
 
 def _zero_model(path: Path) -> None:
     """W̄ = 0 (hidden 16, 100 features, 4 classes) and an all-zero pseudo graph: attack AUCs are exactly 0.5."""
-    from fedgl_secure.data.registry import load_dataset
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import Federation, resolve_device
-
-    config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"})
-    nodes = Federation.build(load_dataset("synthetic", None, 0), config, resolve_device("cpu")).merged.num_nodes
+    nodes = _merged_synthetic().num_nodes
     neighbors = np.stack([(np.arange(nodes) + 1) % nodes, (np.arange(nodes) + 2) % nodes], axis=1)
     np.savez(
         path,
@@ -148,11 +143,15 @@ def base_run(tmp_path_factory) -> Path:
     return root
 
 
+def _copy(run_dir: Path, target: Path) -> Path:
+    """A test's own copy of a module-scoped run directory, to break."""
+    shutil.copytree(run_dir, target)
+    return target
+
+
 @pytest.fixture
 def run_dir(base_run, tmp_path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(base_run, target)
-    return target
+    return _copy(base_run, tmp_path / "run")
 
 
 def _audit(*args: str):
@@ -570,51 +569,26 @@ def _central_policy(path: Path, z: float = 2.0, noise: str = "central") -> Path:
 
 @pytest.fixture(scope="module")
 def central_run(tmp_path_factory) -> Path:
-    """A real secure simulation (synthetic data, 6 banks, CKKS, key authority) under a central-noise policy
-    whose budget (ε 3.6) covers two rounds: every bank stops at round 3, and the run with them."""
-    from fedgl_secure.crypto.secure_summation import SecureSummation
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import run_experiment
-    from fedgl_secure.privacy.dp_round import FederationPrivacy
-    from fedgl_secure.privacy.run_record import write_run_dir
-
+    """A real secure simulation (``fedgl-secure simulate --secure``: synthetic data, 6 banks, CKKS, key authority)
+    under a central-noise policy whose budget (ε 3.6) covers two rounds: every bank stops at round 3, and the
+    run with them."""
     root = tmp_path_factory.mktemp("central")
     policy_path = _central_policy(root / "central.toml")
-    policy = load_policy(policy_path)
-    config = build_config(
-        {
-            "dataset": "synthetic",
-            "method": "federated",
-            "seed": 0,
-            "device": "cpu",
-            "training": {"local_epochs": 1},
-            "federation": {"max_rounds": 5},
-        }
-    )
-    summation, privacy, final = SecureSummation(policy), FederationPrivacy(policy), [None]
-    try:
-        result = run_experiment(
-            config, progress=False, summation=summation, privacy=privacy, observer=lambda b: final.__setitem__(0, b)
-        )
-        run_dir = write_run_dir(
-            root / "run",
-            result,
-            final_broadcast=final[0],
-            policy_path=policy_path,
-            privacy=privacy,
-            summation=summation,
-        )
-    finally:
-        summation.close()
-    assert result.rounds_run == 2 and "round 3" in result.stopped_reason
+    run_dir = root / "run"
+    args = ["simulate", "--dataset", "synthetic", "--method", "federated", "--seed", "0", "--rounds", "5"]
+    args += ["--device", "cpu", "--set", "training.local_epochs=1", "--no-progress"]
+    args += ["--secure", "--policy", str(policy_path), "--run-dir", str(run_dir)]
+    outcome = CliRunner().invoke(app, args)
+    assert outcome.exit_code == 0, outcome.output
+    summary = json.loads(outcome.stdout.strip().splitlines()[-1])
+    assert summary["rounds_run"] == 2 and "round 3" in summary["stopped_reason"]
+    assert summary["run_dir"] == str(run_dir)
     return run_dir
 
 
 @pytest.fixture
 def central_dir(central_run, tmp_path) -> Path:
-    target = tmp_path / "central"
-    shutil.copytree(central_run, target)
-    return target
+    return _copy(central_run, tmp_path / "central")
 
 
 def _find(report, key: str, name: str):
