@@ -15,6 +15,7 @@ from fedgl_secure.log import configure_logging
 from fedgl_secure.privacy.audit_command import audit as audit_command
 from fedgl_secure.privacy.commands import policy_app
 from fedgl_secure.services.commands import consortium_app, node_app
+from fedgl_secure.services.commands import fail as _fail
 
 app = typer.Typer(
     help="fedgl-secure: privacy-hardened federated graph learning (FedGL) between institutions.",
@@ -84,11 +85,6 @@ def resolve_policy_path(policy: Path | None) -> Path:
             "pass --policy path/to/policy.toml"
         )
     return candidate
-
-
-def _fail(error: Exception) -> None:
-    typer.echo(f"error: {error}", err=True)
-    raise typer.Exit(code=2)
 
 
 @app.callback()

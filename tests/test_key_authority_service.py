@@ -14,8 +14,6 @@ import secrets
 import signal
 import ssl
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,7 +21,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
@@ -31,6 +31,7 @@ from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import ConfigError, DecryptionRefused
 from fedgl_secure.fedgl.methods import PREDICTIONS, WEIGHTS
+from fedgl_secure.log import get_logger
 from fedgl_secure.services import tls, wire
 from fedgl_secure.services.config import KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import (
@@ -41,7 +42,9 @@ from fedgl_secure.services.key_authority_service import (
     create_app,
     read_operator_secret,
 )
-from fedgl_secure.services.loopback import free_ports
+from fedgl_secure.services.loopback import write_loopback_consortium
+from fedgl_secure.services.orchestrate import node_command
+from fedgl_secure.services.retry import retry_until_ready
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
@@ -334,28 +337,12 @@ def test_operator_secret_missing_names_both_options(tmp_path):
 
 
 def _write_consortium(root: Path, small_he) -> Path:
-    ports = free_ports(4)
-    names = [("key-authority", "key-authority"), ("aggregator", "aggregator"), ("bank-a", "bank"), ("bank-b", "bank")]
-    nodes = "".join(
-        f'[[nodes]]\nname = "{name}"\nrole = "{role}"\nport = {port}\n\n'
-        for (name, role), port in zip(names, ports, strict=True)
-    )
-    (root / "consortium.toml").write_text(
-        f'federation = "{FEDERATION}"\npolicy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n\n{nodes}'
-        "[experiment.federation]\nproportions = [0.5, 0.5]\n"
-    )
-    (root / "policy.toml").write_text(
-        f"quorum = 2\n\n[he]\npoly_modulus_degree = {small_he.poly_modulus_degree}\n"
-        f"coeff_mod_bit_sizes = {list(small_he.coeff_mod_bit_sizes)}\n"
-        f"global_scale_bits = {small_he.global_scale_bits}\n"
-    )
+    """A provisioned two-bank loopback consortium whose key authority reads its secret from a file."""
+    write_loopback_consortium(root, banks=("bank-a", "bank-b"), he=small_he, federation=FEDERATION)
     (root / "secret.txt").write_text(OPERATOR_SECRET + "\n")
     (root / "secret.txt").chmod(0o600)
     config = root / "key-authority.toml"
-    config.write_text(
-        'name = "key-authority"\nrole = "key-authority"\nconsortium = "consortium.toml"\n'
-        'log_level = "info"\n\n[key_authority]\noperator_secret_file = "secret.txt"\n'
-    )
+    config.write_text(config.read_text() + '\n[key_authority]\noperator_secret_file = "secret.txt"\n')
     return config
 
 
@@ -370,11 +357,10 @@ def _write_consortium(root: Path, small_he) -> Path:
 def test_start_node_dispatches_on_role(tmp_path, small_he, monkeypatch, name, role, module, function):
     import importlib
 
-    from fedgl_secure.services.node import main, start_node
+    from fedgl_secure.services.node import start_node
 
     _write_consortium(tmp_path, small_he)
     config = tmp_path / f"{name}.toml"
-    config.write_text(f'name = "{name}"\nrole = "{role}"\nconsortium = "consortium.toml"\n')
     calls = []
     monkeypatch.setattr(
         importlib.import_module(f"fedgl_secure.services.{module}"), function, lambda *a: calls.append(a)
@@ -383,24 +369,24 @@ def test_start_node_dispatches_on_role(tmp_path, small_he, monkeypatch, name, ro
     (node, consortium), *_ = calls
     assert (node.name, node.role.value, consortium.federation) == (name, role, FEDERATION)
     config.write_text(f'name = "{name}"\nrole = "bank"\nconsortium = "consortium.toml"\n')
-    if role != "bank":  # the consortium lists it with another role: one line, exit 1
-        assert main([str(config)]) == 1
-    assert main([]) == 2
+    if role != "bank":  # the consortium lists it with another role: one line, exit 2
+        result = CliRunner().invoke(app, ["node", "start", "--config", str(config)])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().count("\n") == 0 and "role: 'bank', but" in result.output
+    assert CliRunner().invoke(app, ["node", "start"]).exit_code == 2  # --config is required
 
 
 @pytest.mark.slow
 def test_real_process_over_mutual_tls(tmp_path, small_he):
-    from fedgl_secure.services import pki
     from fedgl_secure.services.config import load_node_config
 
     config = _write_consortium(tmp_path, small_he)
     node, consortium = load_node_config(config)
-    pki.provision(consortium)
     layout, url = PkiLayout(consortium.pki_dir), consortium.key_authority.url
     log_path = tmp_path / "key-authority.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "fedgl_secure.services.node", str(config)],
+            node_command(config),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "FEDGL_KA_SECRET": ""},
@@ -408,15 +394,12 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
     try:
         aggregator = tls.make_http_client(layout, "aggregator", url, timeout=5.0, expect_role=NodeRole.KEY_AUTHORITY)
         bank = tls.make_http_client(layout, "bank-a", url, timeout=5.0)
-        deadline = time.monotonic() + 90
-        while True:
+
+        def health():
             assert process.poll() is None, log_path.read_text()
-            try:
-                health = KeyAuthorityClient(aggregator).health()
-                break
-            except wire.ServiceError:
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.25)
+            return KeyAuthorityClient(aggregator).health()
+
+        health = retry_until_ready(health, "key authority", get_logger(), timeout=90, interval=0.25)
         data, fingerprint = KeyAuthorityClient(aggregator).public_context()
         assert health.fingerprint == fingerprint and not ckks.has_secret_key(ckks.load_public_context(data))
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 from fedgl_secure.errors import ConfigError, CryptoError
-from fedgl_secure.services.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium
+from fedgl_secure.services.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium, load_node_config
 from fedgl_secure.services.pki import (
     load_pseudonym_key,
     load_signing_key,
@@ -319,6 +319,25 @@ def test_a_bad_consortium_file_is_a_clear_config_error(tmp_path, content, messag
     path.write_text(content)
     with pytest.raises(ConfigError, match=message):
         load_consortium(path)
+
+
+def test_node_file_paths_are_relative_to_the_node_file_and_state_dir_defaults_to_the_consortium(tmp_path):
+    consortium_path = write_consortium(tmp_path / "consortium")
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    (nodes / "bank-a.toml").write_text(
+        'name = "bank-a"\nrole = "bank"\nconsortium = "../consortium/consortium.toml"\n'
+        '[bank]\ndata_root = "../../shared/datasets"\n'
+    )
+    (nodes / "bank-b.toml").write_text(
+        'name = "bank-b"\nrole = "bank"\nconsortium = "../consortium/consortium.toml"\nstate_dir = "own-state"\n'
+    )
+    bank_a, consortium = load_node_config(nodes / "bank-a.toml")
+    assert bank_a.consortium == consortium_path.resolve()
+    assert bank_a.bank.data_root == (tmp_path.parent / "shared" / "datasets").resolve()
+    assert bank_a.state_dir == (consortium_path.parent / "state" / "bank-a").resolve() == consortium.state_dir("bank-a")
+    bank_b, _ = load_node_config(nodes / "bank-b.toml")
+    assert bank_b.bank.data_root is None and bank_b.state_dir == (nodes / "own-state").resolve()
 
 
 def test_cli_provision_reports_created_then_kept_files(tmp_path):

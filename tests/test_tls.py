@@ -20,8 +20,7 @@ from fastapi.testclient import TestClient
 
 from fedgl_secure.errors import ConfigError, CryptoError
 from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
-from fedgl_secure.services.loopback import free_ports
-from fedgl_secure.services.pki import provision
+from fedgl_secure.services.loopback import free_ports, write_loopback_consortium
 from fedgl_secure.services.tls import (
     Caller,
     caller_identity,
@@ -49,21 +48,9 @@ def create_app() -> FastAPI:
     return app
 
 
-def write_consortium(directory: Path, federation: str) -> Path:
-    nodes = [("key-authority", "key-authority"), ("aggregator", "aggregator"), ("bank-a", "bank"), ("bank-b", "bank")]
-    lines = [f'federation = "{federation}"', 'policy = "p.toml"', 'pki_dir = "pki"', 'state_root = "state"']
-    for port, (name, role) in enumerate(nodes, start=9801):
-        lines += ["[[nodes]]", f'name = "{name}"', f'role = "{role}"', f"port = {port}"]
-    lines += ["[experiment]", 'dataset = "synthetic"', "[experiment.federation]", "proportions = [0.5, 0.5]"]
-    directory.mkdir(parents=True)
-    (directory / "consortium.toml").write_text("\n".join(lines) + "\n")
-    return directory / "consortium.toml"
-
-
 def provisioned_layout(directory: Path, federation: str) -> PkiLayout:
-    consortium = load_consortium(write_consortium(directory, federation))
-    provision(consortium)
-    return PkiLayout(consortium.pki_dir)
+    path = write_loopback_consortium(directory, banks=("bank-a", "bank-b"), federation=federation)
+    return PkiLayout(load_consortium(path).pki_dir)
 
 
 @pytest.fixture(scope="module")

@@ -122,15 +122,13 @@ def test_float64_length_checked(body, length, message):
 # --- array bundles -------------------------------------------------------------------------------
 
 
-def test_arrays_round_trip_with_expectations():
+def test_arrays_round_trip_with_names_dtypes_and_shapes():
     arrays = {"W": np.arange(6.0).reshape(2, 3), "index": np.array([3, 1, 2], dtype=np.int64)}
-    body = wire.encode_arrays(arrays)
-    decoded = wire.decode_arrays(body, {"W": (np.float64, 2), "index": ("int64", 1)})
-    assert set(decoded) == {"W", "index"}
+    decoded = wire.decode_arrays(wire.encode_arrays(arrays))
+    assert decoded.keys() == arrays.keys()
     for name, array in arrays.items():
         np.testing.assert_array_equal(decoded[name], array)
-        assert decoded[name].dtype == array.dtype
-    assert wire.decode_arrays(body).keys() == arrays.keys()
+        assert decoded[name].dtype == array.dtype and decoded[name].shape == array.shape
 
 
 def test_pickled_npz_is_refused():
@@ -163,21 +161,6 @@ def test_decoded_arrays_must_be_finite():
     np.savez(buffer, W=np.array([[1.0, np.inf]]))
     with pytest.raises(WireError, match=r"array 'W': 1 NaN or infinite values \(first at flat index 1\)"):
         wire.decode_arrays(buffer.getvalue())
-
-
-@pytest.mark.parametrize(
-    "expected, message",
-    [
-        ({"W": (np.float64, 2)}, r"missing \[\], unexpected \['index'\]"),
-        ({"W": (np.float64, 2), "index": (np.int64, 1), "Y": (np.float64, 2)}, r"missing \['Y'\]"),
-        ({"W": (np.float32, 2), "index": (np.int64, 1)}, "array 'W': dtype float64, expected float32"),
-        ({"W": (np.float64, 1), "index": (np.int64, 1)}, r"array 'W': 2 dimensions \(2, 3\), expected 1"),
-    ],
-)
-def test_arrays_expectations_named(expected, message):
-    body = wire.encode_arrays({"W": np.zeros((2, 3)), "index": np.arange(3)})
-    with pytest.raises(WireError, match=message):
-        wire.decode_arrays(body, expected)
 
 
 def test_damaged_and_bomb_archives_refused():

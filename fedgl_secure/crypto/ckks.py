@@ -94,6 +94,11 @@ def chunk_count(length: int, slots: int) -> int:
     return max(1, -(-length // slots))
 
 
+def max_chunk_bytes(params: HEParameters) -> int:
+    """Upper bound on one serialised ciphertext: 2 polynomials × N coefficients × primes × 8 bytes + slack."""
+    return 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes) * 8 + 64 * 1024
+
+
 def encrypt_vector(context: ts.Context, values: np.ndarray) -> list[bytes]:
     """Encrypt a flat float vector into serialised chunks of N/2 slots (the last one shorter)."""
     flat = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedgl_secure.errors import ReceiptError
+from fedgl_secure.tomlio import format_validation_error
 
 DOMAIN = b"fedgl-secure/upload-receipt/v1\n"
 _HEX64 = r"^[0-9a-f]{64}$"
@@ -87,8 +88,7 @@ def parse_receipt(data: bytes | str | dict) -> Receipt:
             return Receipt.model_validate(data)
         return Receipt.model_validate_json(data)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'receipt'}: {e['msg']}" for e in error.errors())
-        raise ReceiptError(f"malformed receipt: {problems}") from None
+        raise ReceiptError(f"malformed receipt: {format_validation_error(error, whole='receipt')}") from None
 
 
 def public_key_bytes(public_key: Ed25519PublicKey) -> bytes:

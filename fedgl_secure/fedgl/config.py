@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.tomlio import format_validation_error
 
 METHODS = ("fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local")
 Method = Literal["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local"]
@@ -123,5 +124,4 @@ def build_config(overrides: dict) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors())
-        raise ConfigError(f"invalid configuration: {problems}") from error
+        raise ConfigError(f"invalid configuration: {format_validation_error(error)}") from error

@@ -254,7 +254,7 @@ def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     key_authority = KeyAuthorityClient(ka_http)
     public_context, fingerprint = retry_until_ready(key_authority.public_context, "the key authority", log)
     bank_names = [bank.name for bank in consortium.banks]
-    state_dir = node.state_dir or consortium.state_dir(node.name)
+    state_dir = node.state_dir
     store = AggregatorStore(state_dir / "aggregator.sqlite3")
     coordinator = Coordinator(
         federation=consortium.federation,

@@ -464,7 +464,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         pseudonym_key=load_pseudonym_key(layout, node.name),
         poll_seconds=node.bank.poll_seconds,
         privacy_normaliser=privacy_normaliser(slices) if policy.has_dp else None,
-        state_dir=node.state_dir or consortium.state_dir(node.name),
+        state_dir=node.state_dir,
     )
     try:
         serve_with_worker(

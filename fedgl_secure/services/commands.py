@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -14,7 +14,8 @@ node_app = typer.Typer(help="Run one node of a consortium.", no_args_is_help=Tru
 consortium_app = typer.Typer(help="Run a whole consortium locally.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def _fail(error: Exception) -> None:
+def fail(error: Exception) -> NoReturn:
+    """Report a package error as one ``error: ...`` line on stderr and exit with code 2."""
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(code=2)
 
@@ -29,7 +30,7 @@ def node_start(
     try:
         start_node(config)
     except FedGLError as error:
-        _fail(error)
+        fail(error)
 
 
 @consortium_app.command("up")
@@ -47,7 +48,7 @@ def consortium_up_command(
     try:
         summary = consortium_up(consortium, progress=progress, echo=typer.echo, timeout=timeout, run_dir=run_dir)
     except FedGLError as error:
-        _fail(error)
+        fail(error)
     typer.echo(json.dumps(summary))
     if summary.get("interrupted"):
         raise typer.Exit(code=130)

@@ -10,7 +10,6 @@ they appear in, so a consortium directory can be moved as a whole.
 
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.config import ExperimentConfig, build_config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+from fedgl_secure.tomlio import format_validation_error, read_toml
 
 NODE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
@@ -129,7 +124,7 @@ class KeyAuthoritySection(_Model):
 class BankSection(_Model):
     """A bank's own data: which slice of the experiment's dataset it holds, and where files are."""
 
-    data_root: str | None = None
+    data_root: Path | None = None
     poll_seconds: float = Field(0.2, gt=0, le=60)
 
 
@@ -140,7 +135,10 @@ class AggregatorSection(_Model):
 
 
 class NodeConfig(_Model):
-    """One node's own file (``services/<node>.toml``)."""
+    """One node's own file (``services/<node>.toml``).
+
+    :func:`load_node_config` fills ``state_dir`` (default: the consortium's ``state_root/<name>``).
+    """
 
     name: str = Field(pattern=NODE_NAME_PATTERN)
     role: NodeRole
@@ -191,31 +189,27 @@ class PkiLayout:
         return self.node_dir(bank) / "pseudonym.key"
 
 
-def _read_toml(path: Path, what: str) -> dict:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read {what} ({error.strerror or error})") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from None
-
-
 def _problems(path: Path, error: ValidationError) -> ConfigError:
-    lines = [
-        f"{path}: {'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
-        for e in error.errors()
-    ]
-    return ConfigError("\n".join(lines))
+    return ConfigError(format_validation_error(error, source=path, sep="\n"))
 
 
 def _resolve(base: Path, value: Any) -> Any:
     return str((base / value).resolve()) if isinstance(value, str) else value
 
 
+# Path fields of a node file ((section, key); section None for top-level keys), relative to the file.
+_NODE_PATHS = (
+    (None, "consortium"),
+    (None, "state_dir"),
+    ("key_authority", "operator_secret_file"),
+    ("bank", "data_root"),
+)
+
+
 def load_consortium(path: str | Path) -> ConsortiumConfig:
     """Read and validate ``consortium.toml``; paths inside are relative to the file."""
     path = Path(path)
-    values = _read_toml(path, "consortium file")
+    values = read_toml(path, "consortium file", ConfigError)
     base = path.resolve().parent
     for key in ("policy", "pki_dir", "state_root"):
         values[key] = _resolve(base, values.get(key))
@@ -229,16 +223,18 @@ def load_consortium(path: str | Path) -> ConsortiumConfig:
 
 
 def load_node_config(path: str | Path) -> tuple[NodeConfig, ConsortiumConfig]:
-    """Read a node's file and the consortium it names; the node must be in it with the same role."""
+    """Read a node's file and the consortium it names; the node must be in it with the same role.
+
+    Relative paths are resolved against the node's file; a missing ``state_dir`` becomes the
+    consortium's ``state_root/<name>``, so every caller reads ``node.state_dir``.
+    """
     path = Path(path)
-    values = _read_toml(path, "node config")
+    values = read_toml(path, "node config", ConfigError)
     base = path.resolve().parent
-    values["consortium"] = _resolve(base, values.get("consortium"))
-    if "state_dir" in values:
-        values["state_dir"] = _resolve(base, values["state_dir"])
-    section = values.get("key_authority")
-    if isinstance(section, dict) and "operator_secret_file" in section:
-        section["operator_secret_file"] = _resolve(base, section["operator_secret_file"])
+    for section, key in _NODE_PATHS:
+        table = values if section is None else values.get(section)
+        if isinstance(table, dict) and key in table:
+            table[key] = _resolve(base, table[key])
     values["source"] = str(path)
     try:
         node = NodeConfig.model_validate(values)
@@ -250,4 +246,6 @@ def load_node_config(path: str | Path) -> tuple[NodeConfig, ConsortiumConfig]:
         raise ConfigError(
             f"{path}: role: {node.role.value!r}, but {node.consortium} lists {node.name!r} as {entry.role.value!r}"
         )
+    if node.state_dir is None:
+        node = node.model_copy(update={"state_dir": consortium.state_dir(node.name)})
     return node, consortium

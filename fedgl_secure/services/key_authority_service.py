@@ -33,7 +33,7 @@ from typing import Annotated, Any
 import httpx
 import numpy as np
 import structlog
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -42,7 +42,7 @@ from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
-from fedgl_secure.privacy.policy import HEParameters, load_policy
+from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import pki, tls, wire
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 
@@ -54,8 +54,8 @@ MAX_RECEIPTS = 1024
 _HEX64 = r"^[0-9a-f]{64}$"
 
 # Who may call: the mTLS caller, checked against roles (module-level so FastAPI can resolve the names).
+# Any consortium node: pki.read_identity already refuses (401) a certificate without a known role.
 AnyCaller = Annotated[tls.Caller, Depends(tls.caller_identity)]
-AnyNode = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.KEY_AUTHORITY, NodeRole.AGGREGATOR, NodeRole.BANK))]
 AggregatorOnly = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.AGGREGATOR))]
 
 
@@ -124,28 +124,23 @@ _DECRYPT_OPENAPI = {
 }
 
 
-def max_chunk_bytes(params: HEParameters) -> int:
-    """Upper bound on one serialised ciphertext: 2 polynomials × N coefficients × primes × 8 bytes + slack."""
-    return 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes) * 8 + 64 * 1024
-
-
 def create_app(
     authority: KeyAuthority, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, name: str = "key-authority"
 ) -> FastAPI:
     """The HTTP shell over ``authority`` (the caller keeps ownership: it closes the authority)."""
     log = get_logger(node=name, role=NodeRole.KEY_AUTHORITY.value)
     slots = authority.policy.he.poly_modulus_degree // 2
-    chunk_limit = max_chunk_bytes(authority.policy.he)
+    chunk_limit = ckks.max_chunk_bytes(authority.policy.he)
     # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
     wire.install_error_handlers(app, log=log, max_body_bytes=max_body_bytes)
 
     @app.get("/v1/health", response_model=HealthResponse)
-    def health(caller: AnyNode) -> HealthResponse:
+    def health(caller: AnyCaller) -> HealthResponse:
         return HealthResponse(name=name, fingerprint=authority.fingerprint)
 
     @app.get("/v1/context", response_class=Response, responses={200: {"content": {OCTET_STREAM: {}}}})
-    def context(caller: AnyNode) -> Response:
+    def context(caller: AnyCaller) -> Response:
         log.debug("context.served", caller=caller.name)
         return Response(
             authority.public_context, media_type=OCTET_STREAM, headers={FINGERPRINT_HEADER: authority.fingerprint}
@@ -176,7 +171,7 @@ def create_app(
         if caller.role is not NodeRole.AGGREGATOR:
             # Refused by the library, without reading the body, so the attempt lands in the audit log.
             await run_in_threadpool(_decrypt, authority, caller, meta, [])
-            raise HTTPException(status_code=403, detail=f"role {caller.role.value!r} may not request decryption")
+            raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         chunks = wire.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
         bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
@@ -184,7 +179,7 @@ def create_app(
         return Response(wire.encode_float64(values), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
-    def audit_verify(caller: AnyNode) -> AuditReport:
+    def audit_verify(caller: AnyCaller) -> AuditReport:
         report = authority.verify_audit()
         log.info("audit.verified", caller=caller.name, ok=report.ok, records=report.lines)
         return AuditReport(
@@ -323,7 +318,7 @@ def run_key_authority(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     log = get_logger()
     policy = load_policy(consortium.policy)
     secret = read_operator_secret(node)
-    state_dir = node.state_dir or consortium.state_dir(node.name)
+    state_dir = node.state_dir
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
     authority = KeyAuthority(state_dir, policy, secret, federation=consortium.federation)

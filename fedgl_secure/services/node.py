@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from fedgl_secure.errors import FedGLError
@@ -26,21 +25,3 @@ def start_node(config_path: str | Path) -> None:
         run_bank(node, consortium)
     else:  # pragma: no cover - NodeRole is closed
         raise FedGLError(f"{config_path}: no service for role {node.role!r}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fedgl_secure.services.node <node>.toml``; package errors are one line and exit 1."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m fedgl_secure.services.node <node>.toml", file=sys.stderr)
-        return 2
-    try:
-        start_node(args[0])
-    except FedGLError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -179,7 +179,7 @@ def _plan_ca(
             )
         return _Issuer(cert, None)
     key = _load_private_key(layout.ca_key, "consortium CA key", ec.EllipticCurvePrivateKey)
-    if not _same_public_key(key.public_key(), cert.public_key()):
+    if key.public_key() != cert.public_key():
         raise ConfigError(f"{layout.ca_key}: does not belong to {layout.ca_cert}; restore the matching pair")
     plan.keep(layout.ca_key)
     return _Issuer(cert, key)
@@ -211,7 +211,7 @@ def _check_node_certificate(
     except (ValueError, TypeError, InvalidSignature):
         raise ConfigError(f"{path}: not signed by the consortium CA {layout.ca_cert}; {reissue}") from None
     key = _load_private_key(layout.tls_key(node.name), "TLS key", ec.EllipticCurvePrivateKey)
-    if not _same_public_key(key.public_key(), cert.public_key()):
+    if key.public_key() != cert.public_key():
         raise ConfigError(f"{layout.tls_key(node.name)}: does not belong to {path}; {reissue}")
     try:
         identity = read_identity(cert)
@@ -254,7 +254,7 @@ def _plan_signing_key(layout: PkiLayout, bank: str, plan: _Plan) -> None:
     if not public_path.exists():
         plan.create(public_path, _public_pem(key.public_key()), PUBLIC_FILE_MODE)
         return
-    if not _same_public_key(key.public_key(), _load_public_key(public_path, "bank signing public key")):
+    if key.public_key() != _load_public_key(public_path, "bank signing public key"):
         raise ConfigError(f"{public_path}: is not the public half of {private_path}; restore the matching pair")
     plan.keep(public_path)
 
@@ -470,11 +470,6 @@ def _public_pem(key: Ed25519PublicKey) -> bytes:
 
 def _certificate_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _same_public_key(a, b) -> bool:
-    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return a.public_bytes(*spki) == b.public_bytes(*spki)
 
 
 def _write_all(root: Path, plan: _Plan) -> None:

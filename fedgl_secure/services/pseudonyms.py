@@ -16,15 +16,15 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.services.pki import PSEUDONYM_KEY_BYTES
 
 PSEUDONYM_PATTERN = r"^[0-9a-f]{64}$"
-MIN_KEY_BYTES = 32
 
 
 def pseudonymise(key: bytes, node_ids: Iterable[object]) -> list[str]:
     """Hex pseudonym of each id (ids are encoded as their decimal/str form)."""
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"the node-pseudonym key is {len(key)} bytes; at least {MIN_KEY_BYTES} are required")
+    if len(key) < PSEUDONYM_KEY_BYTES:
+        raise ConfigError(f"the node-pseudonym key is {len(key)} bytes; at least {PSEUDONYM_KEY_BYTES} are required")
     return [hmac.new(key, str(node_id).encode("utf-8"), hashlib.sha256).hexdigest() for node_id in node_ids]
 
 

@@ -51,6 +51,7 @@ from fedgl_secure.errors import (
     ReceiptError,
 )
 from fedgl_secure.log import get_logger
+from fedgl_secure.tomlio import format_validation_error
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Default cap on one request body (a summed ciphertext of ≈ 2M values at N = 8192 fits)."""
@@ -200,12 +201,8 @@ def encode_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def decode_arrays(
-    body: bytes,
-    expected: Mapping[str, tuple[np.dtype | type | str, int]] | None = None,
-    max_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> dict[str, np.ndarray]:
-    """Load an ``.npz`` bundle without pickle; with ``expected``, names, dtypes and ranks must match.
+def decode_arrays(body: bytes, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, np.ndarray]:
+    """Load an ``.npz`` bundle without pickle (the caller checks the names and shapes it needs).
 
     ``max_bytes`` caps the *uncompressed* size, so a small compressed archive cannot expand into
     gigabytes. Float arrays must be finite.
@@ -235,24 +232,7 @@ def decode_arrays(
         raise WireError(f"array bundle of {len(body)} bytes cannot be read as .npz: {error}") from None
     for name, array in arrays.items():
         _check_finite(array, f"array {name!r}")
-    if expected is not None:
-        _check_expected_arrays(arrays, expected)
     return arrays
-
-
-def _check_expected_arrays(
-    arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[np.dtype | type | str, int]]
-) -> None:
-    missing = sorted(set(expected) - set(arrays))
-    unexpected = sorted(set(arrays) - set(expected))
-    if missing or unexpected:
-        raise WireError(f"array bundle: missing {missing}, unexpected {unexpected}; expected {sorted(expected)}")
-    for name, (dtype, ndim) in expected.items():
-        array = arrays[name]
-        if array.dtype != np.dtype(dtype):
-            raise WireError(f"array {name!r}: dtype {array.dtype}, expected {np.dtype(dtype)}")
-        if array.ndim != ndim:
-            raise WireError(f"array {name!r}: {array.ndim} dimensions {array.shape}, expected {ndim}")
 
 
 # --- metadata headers ----------------------------------------------------------------------------
@@ -280,9 +260,7 @@ def decode_header(value: str | None, model_type: type[ModelT], header_name: str)
 
 def validation_problems(error: ValidationError | RequestValidationError, whole: str = "(whole value)") -> str:
     """One line naming every field pydantic rejected (``round: Input should be ...; ...``)."""
-    return "; ".join(
-        f"{'.'.join(map(str, e.get('loc', ()))) or whole}: {e.get('msg', 'invalid')}" for e in error.errors()
-    )
+    return format_validation_error(error, whole=whole)
 
 
 # --- body limits ---------------------------------------------------------------------------------
