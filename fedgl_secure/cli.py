@@ -160,15 +160,16 @@ def simulate(
                 privacy=privacy,
             )
             if run_dir is not None:
-                from fedgl_secure.privacy.run_record import write_run_dir
+                from fedgl_secure.privacy.run_record import SecureRecord, stopped_rounds, write_run_dir
 
                 write_run_dir(
                     run_dir,
-                    result,
+                    result.to_dict(),
                     final_broadcast=final[0],
                     policy_path=policy_path,
-                    privacy=privacy,
-                    summation=summation,
+                    ledgers=privacy.ledgers() if privacy is not None else None,
+                    stopped_banks=stopped_rounds(privacy),
+                    secure=SecureRecord.from_summation(summation) if summation is not None else None,
                 )
         finally:
             if summation is not None:

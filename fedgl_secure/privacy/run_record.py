@@ -71,71 +71,106 @@ def ledger_path(run_dir: Path, bank: str) -> Path:
     return Path(run_dir) / PRIVACY_DIR / f"{bank}{LEDGER_SUFFIX}"
 
 
+@dataclass(frozen=True)
+class SecureRecord:
+    """What a secure run leaves besides its result: the facts :func:`write_run_dir` records, as plain data.
+
+    From a simulation's :class:`~fedgl_secure.crypto.secure_summation.SecureSummation`
+    (:meth:`from_summation`) or from a consortium's nodes' files
+    (:func:`fedgl_secure.services.run_export.collect_consortium_run`).
+    """
+
+    federation: str
+    fingerprint: str | None  # the CKKS context's
+    key_authority_dir: Path  # the key authority's state directory: its LEDGER_FILE and AUDIT_FILE
+    audit_head: str  # the audit chain's head, as the key authority recorded it
+    receipts: list  # every Receipt the aggregator accepted
+    bank_public_keys: dict[str, str]  # bank name → Ed25519 receipt-signing public key (hex)
+
+    @classmethod
+    def from_summation(cls, summation) -> SecureRecord:
+        """The record of a simulation's SecureSummation, still open."""
+        return cls(
+            federation=summation.federation,
+            fingerprint=summation.fingerprint,
+            key_authority_dir=Path(summation.state_dir),
+            audit_head=summation.authority.audit.head,
+            receipts=list(summation.accepted_receipts),
+            bank_public_keys=dict(summation.bank_public_keys()),
+        )
+
+
+def stopped_rounds(privacy) -> dict[str, int]:
+    """Bank → the round it stopped contributing at, from a FederationPrivacy (None: no policy, none stopped)."""
+    if privacy is None:
+        return {}
+    return {b.bank: b.stopped_round for b in privacy.banks.values() if b.stopped_round is not None}
+
+
 def write_run_dir(
     run_dir: str | Path,
-    result,
+    result: dict[str, Any],
     *,
     final_broadcast=None,
     policy_path: str | Path | None = None,
-    privacy=None,
-    summation=None,
+    ledgers: dict[str, PrivacyLedger] | None = None,
+    stopped_banks: dict[str, int] | None = None,
+    secure: SecureRecord | None = None,
 ) -> Path:
-    """Write the run directory of a finished simulation (see the module doc); returns its path.
+    """Write the run directory of a finished run (see the module doc); returns its path.
 
-    ``result`` is the RunResult, ``final_broadcast`` the last Broadcast (for model.npz), ``privacy``
-    the FederationPrivacy (ledgers) and ``summation`` the SecureSummation of a secure run, still open.
+    ``result`` is the RunResult as a dict, ``final_broadcast`` the last Broadcast (for model.npz; a
+    caller may write model.npz itself), ``ledgers`` each bank's PrivacyLedger (None: no policy),
+    ``stopped_banks`` bank → the round it stopped contributing at, ``secure`` a secure run's record.
     """
     from fedgl_secure.services.aggregator import encode_broadcast
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    banks = sorted(privacy.ledgers()) if privacy is not None else []
     record: dict[str, Any] = {
         "format": RUN_FORMAT,
-        "secure": summation is not None,
+        "secure": secure is not None,
         "policy": POLICY_FILE if policy_path is not None else None,
-        "banks": banks,
-        "stopped_banks": {}
-        if privacy is None
-        else {b.bank: b.stopped_round for b in privacy.banks.values() if b.stopped_round is not None},
-        "result": result.to_dict(),
+        "banks": sorted(ledgers) if ledgers is not None else [],
+        "stopped_banks": dict(stopped_banks or {}),
+        "result": result,
     }
-    if summation is not None:
-        record["federation"] = summation.federation
-        record["context_fingerprint"] = summation.fingerprint
+    if secure is not None:
+        record["federation"] = secure.federation
+        record["context_fingerprint"] = secure.fingerprint
     if policy_path is not None:
         shutil.copyfile(policy_path, run_dir / POLICY_FILE)
     if final_broadcast is not None:
         (run_dir / MODEL_FILE).write_bytes(encode_broadcast(final_broadcast))
-    if privacy is not None:
+    if ledgers is not None:
         (run_dir / PRIVACY_DIR).mkdir(exist_ok=True)
-        for bank, ledger in privacy.ledgers().items():
+        for bank, ledger in ledgers.items():
             ledger.save(ledger_path(run_dir, bank))
-    if summation is not None:
-        _copy_key_authority(summation, run_dir / KEY_AUTHORITY_DIR)
+    if secure is not None:
+        _copy_key_authority(secure, run_dir / KEY_AUTHORITY_DIR)
         with open(run_dir / RECEIPTS_FILE, "w", encoding="utf-8") as out:
-            for receipt in summation.accepted_receipts:
+            for receipt in secure.receipts:
                 out.write(receipt.model_dump_json() + "\n")
-        (run_dir / BANKS_FILE).write_text(json.dumps(summation.bank_public_keys(), indent=2) + "\n")
+        (run_dir / BANKS_FILE).write_text(json.dumps(secure.bank_public_keys, indent=2) + "\n")
     # run.json last: its presence says the directory is complete
     (run_dir / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return run_dir
 
 
-def _copy_key_authority(summation, target: Path) -> None:
+def _copy_key_authority(secure: SecureRecord, target: Path) -> None:
     """The key authority's ledger (a consistent SQLite backup), audit log and audit head."""
     from fedgl_secure.crypto.key_authority import AUDIT_FILE, LEDGER_FILE
 
     target.mkdir(parents=True, exist_ok=True)
-    source = sqlite3.connect(summation.state_dir / LEDGER_FILE)
+    source = sqlite3.connect(secure.key_authority_dir / LEDGER_FILE)
     destination = sqlite3.connect(target / LEDGER_FILE)
     try:
         source.backup(destination)
     finally:
         destination.close()
         source.close()
-    shutil.copyfile(summation.state_dir / AUDIT_FILE, target / AUDIT_FILE)
-    (target / AUDIT_HEAD_FILE).write_text(summation.authority.audit.head + "\n", encoding="ascii")
+    shutil.copyfile(secure.key_authority_dir / AUDIT_FILE, target / AUDIT_FILE)
+    (target / AUDIT_HEAD_FILE).write_text(secure.audit_head + "\n", encoding="ascii")
 
 
 def _require(path: Path) -> Path:

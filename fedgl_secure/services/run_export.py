@@ -11,51 +11,13 @@ a simulation leaves (a withdrawn bank is a ``stopped_banks`` entry, with the rou
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.evaluation import ratio
 from fedgl_secure.services.aggregator_store import round_history
 from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
-
-
-@dataclass
-class _Result:
-    """A RunResult-like record (``to_dict`` is all :func:`write_run_dir` asks of it)."""
-
-    data: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.data)
-
-
-@dataclass
-class _Ledgers:
-    """The banks' ledgers as ``write_run_dir`` reads a FederationPrivacy (``ledgers()`` and ``banks``)."""
-
-    by_bank: dict[str, Any]
-    banks: dict[str, Any] = field(default_factory=dict)  # withdrawn banks: objects with .bank and .stopped_round
-
-    def ledgers(self) -> dict[str, Any]:
-        return dict(self.by_bank)
-
-
-@dataclass
-class _Summation:
-    """The secure-run facts ``write_run_dir`` reads from a SecureSummation, here from the nodes' files."""
-
-    federation: str
-    fingerprint: str | None
-    state_dir: Path
-    authority: Any
-    accepted_receipts: list
-    public_keys: dict[str, str]
-
-    def bank_public_keys(self) -> dict[str, str]:
-        return dict(self.public_keys)
 
 
 def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
@@ -120,7 +82,7 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
     from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
     from fedgl_secure.privacy.accounting import PrivacyLedger
     from fedgl_secure.privacy.policy import load_policy
-    from fedgl_secure.privacy.run_record import MODEL_FILE, write_run_dir
+    from fedgl_secure.privacy.run_record import MODEL_FILE, SecureRecord, write_run_dir
     from fedgl_secure.services.aggregator_store import AggregatorStore
     from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
     from fedgl_secure.services.pki import load_signing_public_keys
@@ -137,14 +99,14 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
         model = store.model(version) if version is not None else None
         receipts = [parse_receipt(text) for text in store.receipts()]
         result = _result(consortium, store)
-        withdrawn = {bank: SimpleNamespace(bank=bank, stopped_round=w.round) for bank, w in store.withdrawals().items()}
+        withdrawn = {bank: w.round for bank, w in store.withdrawals().items()}
     finally:
         store.close()
     if model is None:
         raise ConfigError(f"{aggregator_db}: no model stored; the federation never started")
 
     policy = load_policy(consortium.policy)
-    privacy = None
+    ledgers = None  # no DP: no ledgers, and no bank stops for its budget
     if policy.has_dp:
         ledgers = {}
         for bank in consortium.banks:
@@ -152,7 +114,6 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
             if not path.is_file():
                 raise ConfigError(f"{path}: bank {bank.name!r} has no privacy ledger (DP policy)")
             ledgers[bank.name] = PrivacyLedger.load(path)
-        privacy = _Ledgers(ledgers, withdrawn)
 
     ka_state = node_state_dir(consortium, consortium.key_authority.name)
     bank_names = [bank.name for bank in consortium.banks]
@@ -160,14 +121,21 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
         bank: public_key_bytes(key).hex()
         for bank, key in sorted(load_signing_public_keys(PkiLayout(consortium.pki_dir), bank_names).items())
     }
-    summation = _Summation(
+    secure = SecureRecord(
         federation=consortium.federation,
         fingerprint=receipts[0].context_fingerprint if receipts else None,
-        state_dir=ka_state,
-        authority=SimpleNamespace(audit=SimpleNamespace(head=_audit_head(ka_state / KA_LEDGER_FILE))),
-        accepted_receipts=receipts,
-        public_keys=public_keys,
+        key_authority_dir=ka_state,
+        audit_head=_audit_head(ka_state / KA_LEDGER_FILE),
+        receipts=receipts,
+        bank_public_keys=public_keys,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MODEL_FILE).write_bytes(model)  # the final broadcast, byte for byte as the banks received it
-    return write_run_dir(out_dir, _Result(result), policy_path=consortium.policy, privacy=privacy, summation=summation)
+    return write_run_dir(
+        out_dir,
+        result,
+        policy_path=consortium.policy,
+        ledgers=ledgers,
+        stopped_banks=withdrawn if ledgers is not None else None,
+        secure=secure,
+    )
