@@ -18,11 +18,13 @@ membership_inference_auc` on the merged client graph), with its Hanley–McNeil 
 The secure path (CKKS + masks) gives the same sums up to ≈1e-8 and records the same releases, so
 accuracy and accounting are those of a secure run; only the wall time differs.
 
-Method: ``fedgl-no-gpg`` by default — the only FedGL variant DP allows today. The pseudo graph
-(Eq. 9, β > 0) adds edges the degree bound does not cover, so
-:func:`~fedgl_secure.privacy.dp_round.check_runnable` refuses ``fedgl`` under a policy with DP on
-predictions or embeddings. The non-DP reference also runs full ``fedgl`` (``--reference-method``)
-so the table can be compared with the issue's target "within 3 points of non-DP FedGL".
+Method: ``fedgl-no-gpg`` by default (no pseudo graph, so DP-SGD templates run too). Under DP on
+uploads FedGL's pseudo graph (Eq. 9, β > 0) is allowed: P and H are computed with the public W̄ on
+each bank's own degree-bounded graph, never on the pseudo graph, so ``--method fedgl`` runs with
+``policies/strict-dp.toml``; :func:`~fedgl_secure.privacy.dp_round.check_runnable` refuses it only
+under DP-SGD, which trains on the fused graph whose degree nothing bounds. The non-DP reference
+also runs full ``fedgl`` (``--reference-method``) so the table can be compared with the issue's
+target "within 3 points of non-DP FedGL".
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora \
         --output docs/results/privacy_utility_cora.json --seeds 3 --rounds 30
@@ -48,7 +50,7 @@ from fedgl_secure.fedgl.simulation import Federation, resolve_device, run_experi
 from fedgl_secure.privacy.attacks import membership_inference_auc
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
-from fedgl_secure.privacy.policy import DATA_KINDS, load_policy, policy_from_dict
+from fedgl_secure.privacy.policy import DATA_KINDS, Policy, load_policy, policy_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,20 +73,22 @@ def parse_epsilons(text: str) -> list[float]:
     return values
 
 
-def template_multipliers(template: dict) -> dict[str, float]:
-    """The noise multiplier of every enabled channel of the template (upload kinds and ``sgd``)."""
-    dp = template.get("dp", {})
-    return {
-        name: float(dp[name]["noise_multiplier"])
-        for name in (*DATA_KINDS, "sgd")
-        if name in dp and dp[name].get("enabled", True)
+def template_multipliers(policy: Policy) -> dict[str, float]:
+    """The noise multiplier of every enabled channel of the (validated) template (upload kinds and ``sgd``)."""
+    multipliers = {
+        kind: float(channel.noise_multiplier)
+        for kind in DATA_KINDS
+        if (channel := policy.dp.upload_channel(kind)) is not None
     }
+    if policy.dp.sgd_enabled:
+        multipliers["sgd"] = float(policy.dp.sgd.noise_multiplier)
+    return multipliers
 
 
-def dp_policy(template: dict, scale: float, epsilon: float, rounds: int, source: str):
+def dp_policy(template: dict, multipliers: dict[str, float], scale: float, epsilon: float, rounds: int, source: str):
     """The template with every enabled channel's noise multiplier times ``scale`` and the budget (ε, rounds)."""
     values = json.loads(json.dumps(template))  # deep copy
-    for name, multiplier in template_multipliers(template).items():
+    for name, multiplier in multipliers.items():
         values["dp"][name]["noise_multiplier"] = multiplier * float(scale)
     values["budget"]["epsilon"] = float(epsilon)
     values["budget"]["rounds"] = int(rounds)
@@ -92,14 +96,16 @@ def dp_policy(template: dict, scale: float, epsilon: float, rounds: int, source:
     return policy_from_dict(values, source=f"{source} (× {scale:.6g})")
 
 
-def calibrate(template: dict, epsilon: float, rounds: int, source: str, rel_tol: float = 1e-4) -> tuple[float, object]:
+def calibrate(
+    template: dict, multipliers: dict[str, float], epsilon: float, rounds: int, source: str, rel_tol: float = 1e-4
+) -> tuple[float, object]:
     """Smallest scale t (to ``rel_tol``) whose effective guarantee over ``rounds`` rounds is ε ≤ ``epsilon``.
 
     ε decreases monotonically in t, so bisect on log t. Returns t and its Guarantees (ε accounted).
     """
 
     def accounted(scale: float) -> float:
-        return effective_guarantees(dp_policy(template, scale, epsilon, rounds, source)).epsilon
+        return effective_guarantees(dp_policy(template, multipliers, scale, epsilon, rounds, source)).epsilon
 
     low, high = 0.01, 0.1
     while accounted(high) > epsilon:  # grow until it fits
@@ -114,7 +120,7 @@ def calibrate(template: dict, epsilon: float, rounds: int, source: str, rel_tol:
             high = middle
         else:
             low = middle
-    guarantees = effective_guarantees(dp_policy(template, high, epsilon, rounds, source))
+    guarantees = effective_guarantees(dp_policy(template, multipliers, high, epsilon, rounds, source))
     assert guarantees.epsilon <= epsilon and guarantees.budget_met and guarantees.rounds_within_budget == rounds
     return high, guarantees
 
@@ -189,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    template = tomllib.loads(args.policy.read_text(encoding="utf-8"))
-    load_policy(args.policy)  # validate the template itself, with errors naming its fields
+    template_policy = load_policy(args.policy)  # validated, defaults filled, errors naming the file's fields
+    if not template_policy.has_dp:
+        parser.error(f"--policy {args.policy}: the template has no DP channel to scale")
+    template = tomllib.loads(args.policy.read_text(encoding="utf-8"))  # the structure each derived policy keeps
+    multipliers = template_multipliers(template_policy)
     source = args.policy.name
-    delta = float(template["budget"]["delta"])
-    sgd = template.get("dp", {}).get("sgd", {})
-    local_epochs = int(sgd["local_epochs"]) if sgd.get("enabled", bool(sgd)) else None
+    budget = template_policy.budget
+    local_epochs = template_policy.dp.sgd.local_epochs if template_policy.dp.sgd_enabled else None
     datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
 
     def config_values(method: str, seed: int) -> dict:
@@ -219,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             "method": args.method,
             "rounds": args.rounds,
             "patience": args.rounds,
-            "delta": delta,
-            "accountant": template["budget"]["accountant"],
+            "delta": budget.delta,
+            "accountant": budget.accountant,
             "policy_template": f"policies/{source} (clip, max_degree, quorum, noise placement, channels)",
             "local_epochs": local_epochs,
             "summation": "plaintext + DP step (same sums and accounting as the secure path)",
@@ -242,9 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             policy, z, accounted, guarantees = load_policy(BASELINE), None, math.inf, None
         else:
             t0 = time.perf_counter()
-            scale, guarantees = calibrate(template, epsilon, args.rounds, source)
-            policy, accounted = dp_policy(template, scale, epsilon, args.rounds, source), guarantees.epsilon
-            z = {name: m * scale for name, m in template_multipliers(template).items()}
+            scale, guarantees = calibrate(template, multipliers, epsilon, args.rounds, source)
+            policy = dp_policy(template, multipliers, scale, epsilon, args.rounds, source)
+            accounted = guarantees.epsilon
+            z = {name: m * scale for name, m in multipliers.items()}
             print(
                 f"ε = {epsilon:g}: multipliers {z} (ε accounted {accounted:.4f}, {time.perf_counter() - t0:.1f}s)",
                 file=sys.stderr,

@@ -165,6 +165,43 @@ def test_a_run_ends_with_a_reason_when_fewer_than_the_quorum_remain(dataset):
         assert ledger.epsilon(1e-5) == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5))
 
 
+def test_under_dp_each_bank_infers_once_per_round_and_a_spent_bank_stops_training(dataset, monkeypatch):
+    from fedgl_secure.fedgl.client import LocalTrainer
+
+    policy = load_policy(POLICIES / "strict-dp.toml")
+
+    class FirstBankSpent(FederationPrivacy):
+        def setup_bank(self, client_id, name, normaliser, adjacency, degree_rng, **kwargs):
+            if client_id == 0:  # already spent far more than the whole budget elsewhere
+                kwargs["ledger"] = planned_ledger(policy, 10 * policy.budget.rounds, bank=name)
+            return super().setup_bank(client_id, name, normaliser, adjacency, degree_rng, **kwargs)
+
+    calls = {"train": [], "infer": []}
+    original_train, original_infer = LocalTrainer.train, LocalTrainer.infer
+
+    def train(self, *args, **kwargs):
+        calls["train"].append(self.client_id)
+        return original_train(self, *args, **kwargs)
+
+    def infer(self, adjacency):
+        calls["infer"].append(self.client_id)
+        return original_infer(self, adjacency)
+
+    monkeypatch.setattr(LocalTrainer, "train", train)
+    monkeypatch.setattr(LocalTrainer, "infer", infer)
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 3, "participation": 1.0}, "device": "cpu"})
+    privacy = FirstBankSpent(policy, random_bytes=seeded_bytes(3))
+    result = run_experiment(config, dataset, progress=False, privacy=privacy)
+    banks = len(privacy.banks)
+    assert banks >= 3 and result.rounds_run == 3 and result.stopped_reason is None
+    assert privacy.banks[0].stopped_round == 1
+    assert all(0 not in record.participants for record in result.history)
+    assert calls["train"].count(0) == 1  # round 1 only: once refused, it trains no more
+    assert all(calls["train"].count(k) == 3 for k in range(1, banks))
+    # one inference per trained contribution (the public-W̄ one), not a local one as well
+    assert sorted(calls["infer"]) == sorted(calls["train"])
+
+
 def test_without_dp_the_run_is_the_plain_run(dataset):
     config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
     plain = run_experiment(config, dataset, progress=False)

@@ -57,9 +57,7 @@ def gcn(seed: int = 0) -> GCN:
 
 
 def examples_of(graph, alpha: float = 0.5):
-    return dp_sgd.ego_examples(
-        graph["features"], graph["adjacency"], graph["labels"], graph["train"], graph["pseudo"], alpha, MAX_DEGREE
-    )
+    return dp_sgd.ego_examples(graph["adjacency"], graph["labels"], graph["train"], graph["pseudo"], alpha, MAX_DEGREE)
 
 
 def ego_copy(model: GCN) -> dp_sgd.EgoGCN:

@@ -6,13 +6,23 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 from fedgl_secure.privacy.accounting import DP_SGD, EDGES, PRV_EPS_ERROR
-from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger, round_releases, setup_releases
+from fedgl_secure.privacy.guarantees import (
+    central_noise,
+    central_noise_count,
+    central_noise_stds,
+    effective_guarantees,
+    noise_std,
+    planned_ledger,
+    round_releases,
+    setup_releases,
+)
 from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
@@ -192,3 +202,36 @@ def test_a_loose_rdp_bound_is_reported_not_hidden():
         values["dp"][kind]["noise_multiplier"] = 500.0
     guarantees = effective_guarantees(policy_from_dict(values))
     assert guarantees.budget_met and any("not tight" in note for note in guarantees.notes)
+
+
+def test_central_noise_is_drawn_in_one_place_for_every_party():
+    policy = policy_from_dict(_policy(dp={"weights": {"clip": 1.0, "noise_multiplier": 8.0, "noise": "central"}}))
+    assert policy.dp.central_kinds() == ("weights", "embeddings")
+    stds = central_noise_stds(policy)
+    assert stds == {"weights": noise_std(policy, "weights"), "embeddings": noise_std(policy, "embeddings")}
+    assert stds["weights"] == 8.0 * 2 * 1.0  # z × 2C
+    assert central_noise_stds(policy_from_dict(_policy())) == {"embeddings": noise_std(policy, "embeddings")}
+    assert central_noise_stds(load_policy(POLICIES / "baseline.toml")) == {}
+    # Σ ŵ_k, the last weights entry, is public: never noised; every value of other kinds is
+    assert central_noise_count("weights", 11) == 10 and central_noise_count("weights", 0) == 0
+    assert central_noise_count("embeddings", 11) == 11
+    noise = central_noise("weights", 20_001, 3.0, np.random.default_rng(0).bytes)
+    assert noise.shape == (20_001,) and noise[-1] == 0.0 and np.count_nonzero(noise) == 20_000
+    assert float(noise[:-1].std()) == pytest.approx(3.0, rel=0.03)
+    rows = central_noise("embeddings", (4, 3), 1.0, np.random.default_rng(1).bytes)
+    assert rows.shape == (4, 3) and np.count_nonzero(rows) == 12
+    assert central_noise("weights", 0, 1.0).shape == (0,)
+
+
+def test_needs_degree_bound_is_read_from_the_policy():
+    assert policy_from_dict(_policy()).dp.needs_degree_bound
+    weights_only = policy_from_dict(
+        {
+            "allowed_kinds": ["weights"],
+            "dp": {"weights": {"clip": 1.0, "noise_multiplier": 8.0}},
+            "budget": {"epsilon": 8.0, "rounds": 20},
+        }
+    )
+    assert not weights_only.dp.needs_degree_bound and weights_only.dp.degree_bound_channels() == ()
+    assert not any("Degree bound" in a for a in effective_guarantees(weights_only).assumptions)
+    assert any("Degree bound" in a for a in effective_guarantees(policy_from_dict(_policy())).assumptions)

@@ -146,6 +146,26 @@ def test_json_round_trip(tmp_path):
     assert loaded.releases == ledger.releases
     assert loaded.epsilon(DELTA) == ledger.epsilon(DELTA)
     assert PrivacyLedger.from_json(PrivacyLedger("x").to_json()).releases == ()
+    assert not (tmp_path / "privacy-ledger.json.tmp").exists()  # written atomically: no temporary left
+
+
+def test_extend_records_planned_releases_as_they_are():
+    planned = [
+        PureRelease(round=0, channel=EDGES, epsilon=1.0),
+        GaussianRelease(round=1, channel=WEIGHTS, noise_multiplier=2.0, sample_rate=1.0),
+        GaussianRelease(round=1, channel=DP_SGD, noise_multiplier=1.1, sample_rate=1.0, steps=3),
+    ]
+    ledger = PrivacyLedger("bank-a")
+    ledger.extend(planned)
+    by_hand = PrivacyLedger("bank-a")
+    by_hand.record_pure(EDGES, 1.0)
+    by_hand.record(1, WEIGHTS, 2.0, 1.0)
+    by_hand.record(1, DP_SGD, 1.1, 1.0, 3)
+    assert ledger.releases == by_hand.releases == tuple(planned)
+    with pytest.raises(ValueError, match="append-only"):
+        ledger.extend([PureRelease(round=0, channel=EDGES, epsilon=1.0)])
+    with pytest.raises(TypeError, match="not a release"):
+        ledger.extend([(1, WEIGHTS, 2.0, 1.0)])
 
 
 def test_a_corrupt_ledger_file_names_the_field(tmp_path):

@@ -22,7 +22,6 @@ from fedgl_secure.privacy.mechanisms import (
     bound_degree,
     clip_rows,
     clip_vector,
-    embedding_sensitivity,
     flip_probability,
     gaussian_share,
     graph_dp_sgd_noise_multiplier,
@@ -202,7 +201,7 @@ def _assert_simple_graph(adjacency: sp.csr_matrix, n: int) -> None:
 def test_randomized_response_flips_each_pair_at_the_right_rate(epsilon):
     n = 400
     graph = random_graph(n, 0.02, seed=4)
-    released = randomized_response_edges(graph, epsilon, np.random.default_rng(5))
+    released = randomized_response_edges(graph, epsilon, _random_bytes=np.random.default_rng(5).bytes)
     _assert_simple_graph(released, n)
     p = flip_probability(epsilon)
     before, after = upper_pairs(graph), upper_pairs(released)
@@ -223,7 +222,7 @@ def test_randomized_response_treats_every_pair_alike():
     original = graph.toarray()
     flips = np.zeros((n, n))
     for _ in range(runs):
-        flips += randomized_response_edges(graph, epsilon, rng).toarray() != original
+        flips += randomized_response_edges(graph, epsilon, _random_bytes=rng.bytes).toarray() != original
     p = flip_probability(epsilon)
     rates = flips[np.triu_indices(n, 1)] / runs
     # Each rate ~ Bin(runs, p)/runs: within 5 standard deviations (≈ ±0.078 here) of p = 0.269.
@@ -233,7 +232,7 @@ def test_randomized_response_treats_every_pair_alike():
 def test_randomized_response_on_a_large_sparse_graph_never_builds_all_pairs():
     n, epsilon = 20_000, 7.0  # 2·10^8 pairs: materialising them would take gigabytes
     graph = random_graph(n, 2e-4, seed=8)
-    released = randomized_response_edges(graph, epsilon, np.random.default_rng(9))
+    released = randomized_response_edges(graph, epsilon, _random_bytes=np.random.default_rng(9).bytes)
     _assert_simple_graph(released, n)
     p = flip_probability(epsilon)
     non_edges = n * (n - 1) // 2 - len(upper_pairs(graph))
@@ -386,7 +385,7 @@ def test_sensitivity_formulas():
     assert row_release_sensitivity(0.5, 9) == pytest.approx(3.0)  # 2C√K
     k = affected_rows(3, 2, "node")
     assert prediction_sensitivity(1.0, 3) == pytest.approx(2 * math.sqrt(k))
-    assert embedding_sensitivity(2.0, 3, num_layers=1, neighbouring="features") == pytest.approx(4 * math.sqrt(4))
+    assert prediction_sensitivity(2.0, 3, num_layers=1, neighbouring="features") == pytest.approx(4 * math.sqrt(4))
     assert prediction_sensitivity(1.0, 10_000, num_rows=50) == pytest.approx(2 * math.sqrt(50))  # capped at N_k
     assert weight_update_sensitivity(1.5) == 3.0
     assert graph_dp_sgd_noise_multiplier(4.0, 3, 2, "node") == pytest.approx(4.0 / (2 * k - 1))

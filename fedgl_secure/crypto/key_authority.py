@@ -14,8 +14,8 @@ It decrypts a summed ciphertext only if
 
 **Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the
 authority adds Gaussian noise N(0, σ²) from the OS CSPRNG
-(:func:`~fedgl_secure.privacy.mechanisms.secure_gaussian`), σ =
-:func:`~fedgl_secure.privacy.dp_round.noise_std` (normalised scale), to the masked sum s + r it
+(:func:`~fedgl_secure.privacy.guarantees.central_noise`), σ =
+:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), to the masked sum s + r it
 decrypted, before returning it — the same as noising s, which it never sees; the aggregator then
 removes its mask r and holds s + noise, never s. The last entry of ``weights`` (Σ ŵ_k, public) gets
 none. The allowed decision's audit record names it (``central_noise_std``, ``central_noise_values``).
@@ -30,7 +30,6 @@ never sees them); under the honest-but-curious aggregator of DESIGN §5.1 that i
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from enum import Enum
@@ -46,10 +45,10 @@ from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
 from fedgl_secure.errors import ContextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
+from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy import mechanisms
-from fedgl_secure.privacy.accounting import WEIGHTS
-from fedgl_secure.privacy.policy import DATA_KINDS, Policy
+from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
+from fedgl_secure.privacy.policy import Policy
 
 AGGREGATOR = "aggregator"
 SEALED_FILE = "secret_context.sealed"
@@ -79,28 +78,6 @@ class Refusal(str, Enum):
     FOREIGN_FEDERATION = "foreign-federation"
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a key file."""
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
-def _central_noise_stds(policy: Policy) -> dict[str, float]:
-    """σ of every kind whose DP channel asks the key authority for central noise (empty without such a channel)."""
-    central = [
-        kind for kind in DATA_KINDS if (c := policy.dp.upload_channel(kind)) is not None and c.noise == "central"
-    ]
-    if not central:
-        return {}
-    from fedgl_secure.privacy.dp_round import noise_std  # torch and Opacus: loaded only for a policy that needs σ
-
-    return {kind: noise_std(policy, kind) for kind in central}
-
-
 class KeyAuthority:
     """In-process key authority over a state directory (sealed key, public context, ledger, audit log).
 
@@ -126,7 +103,7 @@ class KeyAuthority:
             self.ledger.close()
             raise
         self.fingerprint = ckks.fingerprint(self.public_context)
-        self.central_noise_std = _central_noise_stds(policy)
+        self.central_noise_std = central_noise_stds(policy)
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
 
@@ -155,8 +132,8 @@ class KeyAuthority:
             return context, public
         context = ckks.create_secret_context(self.policy.he)
         public = ckks.public_context_bytes(context)
-        _write_atomically(sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret))
-        _write_atomically(public_path, public)
+        write_atomically(sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret))
+        write_atomically(public_path, public)
         self.log.info("keys.created", he=self.policy.he.model_dump())
         return context, public
 
@@ -213,7 +190,7 @@ class KeyAuthority:
         self.log.info("round.opened", federation=federation, round=round_number, participants=len(names))
 
     def _quorum(self) -> int:
-        return max(2, self.policy.quorum)
+        return self.policy.quorum  # the policy validator enforces quorum >= 2
 
     # --- decryption -------------------------------------------------------------------------
 
@@ -259,7 +236,7 @@ class KeyAuthority:
             allowed = {**event, "decision": "allowed", "senders": list(senders), "values": length}
             if noise is not None:
                 values = values + noise
-                noised = length - 1 if kind == WEIGHTS else length
+                noised = central_noise_count(kind, length)
                 allowed |= {"central_noise_std": self.central_noise_std[kind], "central_noise_values": noised}
             self._record(allowed)
         log.info(
@@ -275,10 +252,7 @@ class KeyAuthority:
         std = self.central_noise_std.get(kind)
         if std is None or length == 0:
             return None
-        noise = mechanisms.secure_gaussian(length, std)
-        if kind == WEIGHTS:  # Σ ŵ_k, the normaliser of Eq. 10: public by the policy, released exactly
-            noise[-1] = 0.0
-        return noise
+        return central_noise(kind, length, std)
 
     def _check_request(
         self, caller_role: str, federation: str, round_number: int, kind: str, fingerprint: str

@@ -29,6 +29,7 @@ class LocalTrainer:
         self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
         self.optimizer = self._new_optimizer()
         self.private_training = None
+        self._own_adjacency: tuple[GraphTensors, SparseOperator] | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(
@@ -42,6 +43,12 @@ class LocalTrainer:
     @property
     def num_nodes(self) -> int:
         return self.graph.num_nodes
+
+    def own_adjacency(self) -> SparseOperator:
+        """Â of the bank's own graph, without the pseudo graph; built once per graph (it does not change)."""
+        if self._own_adjacency is None or self._own_adjacency[0] is not self.graph:
+            self._own_adjacency = (self.graph, self.graph.adjacency(None, 0.0, False))
+        return self._own_adjacency[1]
 
     def train(
         self,

@@ -61,7 +61,12 @@ class FederatedMethod(Protocol):
     @property
     def upload_kinds(self) -> tuple[str, ...]: ...
 
-    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]: ...
+    def client_contribution(
+        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The bank's pre-weighted terms. ``with_node_terms = False`` leaves out P_k and H_k (predictions,
+        embeddings), for a caller that computes them itself (under DP, with the public W̄: :meth:`node_terms`)."""
+        ...
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
 
@@ -94,7 +99,9 @@ class FedAvg:
         pseudo_labels = trainer.graph.local_pseudo_labels(broadcast.pseudo_labels) if alpha > 0 else None
         trainer.train(adjacency, broadcast.weights, pseudo_labels, alpha, self.proximal_mu)
 
-    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
+    def client_contribution(
+        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
+    ) -> dict[str, torch.Tensor]:
         self._train(trainer, broadcast, self.evaluation_adjacency(trainer.graph, broadcast), alpha=0.0)
         weight = client_weight(trainer.num_nodes)
         return {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
@@ -148,7 +155,11 @@ class FedGL(FedAvg):
     def _client_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
         return graph.adjacency(broadcast.pseudo_graph, self.beta, self.ssl.renormalize_fused)
 
-    def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
+    def client_contribution(
+        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Train, then ``cat(w_k·W_k, [w_k])``, ``w_k·P_k``, ``w_k·H_k`` (from the trained local model) and
+        ``node_weight``; without ``with_node_terms`` no inference is run and P_k, H_k are left to the caller."""
         adjacency = self._client_adjacency(trainer.graph, broadcast)
         self._train(trainer, broadcast, adjacency, self.alpha)
         weight = client_weight(trainer.num_nodes)
@@ -156,7 +167,8 @@ class FedGL(FedAvg):
         contribution = {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
         if len(kinds) == 1:
             return contribution
-        contribution.update(self.node_terms(trainer, trainer.infer(adjacency), weight))
+        if with_node_terms:
+            contribution.update(self.node_terms(trainer, trainer.infer(adjacency), weight))
         positions = torch.as_tensor(trainer.graph.positions)
         m = trainer.graph.num_global_nodes
         contribution[NODE_WEIGHT] = scatter_to_global(torch.full((trainer.num_nodes,), weight), positions, m)

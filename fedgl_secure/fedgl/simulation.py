@@ -218,8 +218,16 @@ def _run_federated(
     for round_number in bar:
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
-        contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
-        if privacy is not None:
+        if privacy is None:
+            contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
+        else:
+            # a bank whose budget is spent refuses every later round: it does not train either; under DP,
+            # P_k and H_k are computed once, with the public W̄, by protect_contributions
+            contributions = {
+                k: method.client_contribution(trainers[k], broadcast, with_node_terms=not privacy.active)
+                for k in participants
+                if privacy.banks[k].stopped_round is None
+            }
             contributions = protect_contributions(privacy, method, trainers, broadcast, round_number, contributions)
             if len(contributions) < privacy.policy.quorum:
                 result.stopped_reason = (
@@ -294,18 +302,27 @@ def protect_contributions(
     round_number: int,
     contributions: dict[int, dict[str, torch.Tensor]],
 ) -> dict[int, dict[str, torch.Tensor]]:
-    """Every contribution through its bank's DP step; banks that refuse (budget spent) are left out."""
+    """Every contribution through its bank's DP step; banks that refuse (budget spent) are left out.
+
+    Under DP, P_k and H_k (``predictions``, ``embeddings`` of ``method.upload_kinds``) are computed here
+    with the public W̄ on the bank's own graph (their sensitivity assumes it), replacing any the
+    contribution carries; a contribution built with ``with_node_terms=False`` carries none, so each
+    bank runs one inference per round.
+    """
     from fedgl_secure.privacy.dp_round import public_model_outputs
 
+    node_kinds = [kind for kind in method.upload_kinds if kind in (PREDICTIONS, EMBEDDINGS)]
     protected = {}
     for k, contribution in contributions.items():
         trainer = trainers[k]
         weight = client_weight(trainer.num_nodes)
-        stopped = privacy.banks[k].stopped_round is not None  # it will refuse: no outputs to recompute
-        if privacy.active and not stopped and (PREDICTIONS in contribution or EMBEDDINGS in contribution):
-            # P_k and H_k with the public W̄ (their sensitivity assumes it); β = 0 was checked at set-up
-            output = public_model_outputs(trainer, broadcast.weights, trainer.graph.adjacency(None, 0.0, False))
-            contribution = {**contribution, **method.node_terms(trainer, output, weight)}
+        stopped = privacy.banks[k].stopped_round is not None  # it will refuse: no outputs to compute
+        if privacy.active and not stopped and node_kinds:
+            # never on the pseudo graph: under DP-SGD (which trains on it) β > 0 was refused at set-up
+            output = public_model_outputs(trainer, broadcast.weights, trainer.own_adjacency())
+            merged = {**contribution, **method.node_terms(trainer, output, weight)}
+            order = [*method.upload_kinds, *(kind for kind in merged if kind not in method.upload_kinds)]
+            contribution = {kind: merged[kind] for kind in order if kind in merged}
         released = privacy.protect(k, round_number, contribution, broadcast.weights, weight)
         if released is not None:
             protected[k] = released

@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.fileio import write_atomically
 
 AccountantName = Literal["rdp", "prv"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
@@ -211,6 +212,14 @@ class PrivacyLedger:
         """Record a pure ε-DP release, e.g. randomised response on the adjacency (once, before round 1)."""
         return self._append(PureRelease(round=round, channel=channel, epsilon=epsilon))
 
+    def extend(self, releases: Iterable[Release]) -> None:
+        """Record planned releases as they are (:func:`~fedgl_secure.privacy.guarantees.round_releases`,
+        :func:`~fedgl_secure.privacy.guarantees.setup_releases`), in order."""
+        for release in releases:
+            if not isinstance(release, GaussianRelease | PureRelease):
+                raise TypeError(f"not a release: {release!r}")
+            self._append(release)
+
     @property
     def releases(self) -> tuple[Release, ...]:
         return tuple(self._releases)
@@ -292,7 +301,8 @@ class PrivacyLedger:
         return ledger
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+        """Write the ledger atomically (temporary file, fsync, rename): a crash never leaves half a ledger."""
+        write_atomically(Path(path), (self.to_json() + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> PrivacyLedger:

@@ -44,7 +44,7 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees) -> str:
         lines.append(
             f"encryption: CKKS N={he.poly_modulus_degree}, moduli {list(he.coeff_mod_bit_sizes)} "
             f"({sum(he.coeff_mod_bit_sizes)} bits, 128-bit security), scale 2^{he.global_scale_bits}; "
-            f"key authority decrypts masked sums of at least {max(2, policy.quorum)} banks"
+            f"key authority decrypts masked sums of at least {policy.quorum} banks"
         )
     lines.append(f"allowed kinds: {', '.join(policy.allowed_kinds)}")
     if guarantees.status == "dp":

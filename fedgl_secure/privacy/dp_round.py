@@ -63,9 +63,11 @@ import torch
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy import mechanisms
-from fedgl_secure.privacy.accounting import EMBEDDINGS, PREDICTIONS, WEIGHTS, PrivacyLedger
+from fedgl_secure.privacy.accounting import WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
-from fedgl_secure.privacy.guarantees import round_releases, setup_releases, upload_sensitivity
+from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
+
+__all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
 from fedgl_secure.privacy.policy import DATA_KINDS, Policy
 
 RandomBytes = Callable[[int], bytes]
@@ -79,13 +81,6 @@ def check_local_epochs(policy: Policy, local_epochs: int) -> None:
             f"{policy.dp.sgd.local_epochs}: every DP-SGD step is a release, and the budget covers only that many; "
             f"set training.local_epochs <= {policy.dp.sgd.local_epochs} or raise dp.sgd.local_epochs"
         )
-
-
-def needs_degree_bound(policy: Policy) -> bool:
-    """Whether a release's sensitivity rests on ``dp.graph.max_degree`` (DP on predictions, embeddings or DP-SGD)."""
-    return policy.dp.sgd_enabled or any(
-        policy.dp.upload_channel(kind) is not None for kind in (PREDICTIONS, EMBEDDINGS)
-    )
 
 
 def check_method(policy: Policy, method: str, beta: float) -> None:
@@ -130,14 +125,8 @@ def check_consortium(policy: Policy, config) -> None:
     check_runnable(policy, config)
 
 
-def noise_std(policy: Policy, kind: str) -> float:
-    """σ = noise_multiplier × sensitivity of ``kind``, on the normalised (ŵ_k ≤ 1) scale."""
-    channel = policy.dp.upload_channel(kind)
-    return mechanisms.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
-
-
 class BankPrivacy:
-    """One bank's DP step: its ledger, the policy, the quorum and the public normaliser ``w_max``.
+    """One bank's DP step: its ledger, the policy and the public normaliser ``w_max``.
 
     ``random_bytes`` replaces the OS CSPRNG for the noise (tests only: noise from a known source
     protects nothing).
@@ -156,7 +145,6 @@ class BankPrivacy:
             raise ValueError(f"normaliser (w_max) must be positive and finite, got {normaliser}")
         self.bank = bank
         self.policy = policy
-        self.quorum = policy.quorum
         self.normaliser = float(normaliser)
         self.ledger = ledger if ledger is not None else PrivacyLedger(bank)
         self.stopped_round: int | None = None  # the first round it refused to contribute to
@@ -178,10 +166,9 @@ class BankPrivacy:
         """
         graph = sp.csr_matrix(adjacency, dtype=np.float64)
         for release in setup_releases(self.policy):
-            rng = None if self._random_bytes is None else _BytesGenerator(self._random_bytes)
-            graph = mechanisms.randomized_response_edges(graph, release.epsilon, rng)
-            self.ledger.record_pure(release.channel, release.epsilon, round=release.round)
-        if needs_degree_bound(self.policy):
+            graph = mechanisms.randomized_response_edges(graph, release.epsilon, _random_bytes=self._random_bytes)
+            self.ledger.extend([release])
+        if self.policy.dp.needs_degree_bound:
             graph = mechanisms.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
         return graph
 
@@ -219,10 +206,7 @@ class BankPrivacy:
                 action=budget.on_exhausted,
             )
             return None
-        for release in releases:  # recorded before anything is released
-            self.ledger.record(
-                release.round, release.channel, release.noise_multiplier, release.sample_rate, release.steps
-            )
+        self.ledger.extend(releases)  # recorded before anything is released
         scale = float(client_weight) / self.normaliser
         protected: dict[str, torch.Tensor] = {}
         for kind, tensor in contribution.items():
@@ -241,7 +225,7 @@ class BankPrivacy:
         if channel.noise != "distributed":
             return None  # central: added once to the decrypted sum (FederationPrivacy.central_noise)
         return mechanisms.gaussian_share(
-            shape, noise_std(self.policy, kind), self.quorum, _random_bytes=self._random_bytes
+            shape, noise_std(self.policy, kind), self.policy.quorum, _random_bytes=self._random_bytes
         )
 
     def _weights(self, values: np.ndarray, reference: torch.Tensor, weight: float, scale: float) -> np.ndarray:
@@ -269,13 +253,6 @@ class BankPrivacy:
         return released
 
 
-class _BytesGenerator:
-    """Adapter: ``randomized_response_edges`` takes a Generator only for its ``bytes``."""
-
-    def __init__(self, random_bytes: RandomBytes) -> None:
-        self.bytes = random_bytes
-
-
 class FederationPrivacy:
     """The DP step of every bank in one simulated federation, and the summation's central-noise hook.
 
@@ -285,7 +262,6 @@ class FederationPrivacy:
     def __init__(self, policy: Policy, *, random_bytes: RandomBytes | None = None) -> None:
         self.policy = policy
         self.banks: dict[int, BankPrivacy] = {}
-        self.normaliser: float | None = None
         self._random_bytes = random_bytes
 
     @property
@@ -300,9 +276,9 @@ class FederationPrivacy:
         degree_rngs: Sequence[np.random.Generator],
     ) -> list[sp.csr_matrix]:
         """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order)."""
-        self.normaliser = float(max(client_weights))
+        normaliser = float(max(client_weights))
         return [
-            self.setup_bank(client_id, name, self.normaliser, adjacency, rng)
+            self.setup_bank(client_id, name, normaliser, adjacency, rng)
             for client_id, (name, adjacency, rng) in enumerate(zip(names, adjacencies, degree_rngs, strict=True))
         ]
 
@@ -324,7 +300,6 @@ class FederationPrivacy:
         bank already prepared and paid for in ``ledger``: it is used as is, so a restart neither re-draws
         randomised response nor charges it twice.
         """
-        self.normaliser = float(normaliser) if self.normaliser is None else max(self.normaliser, float(normaliser))
         bank = BankPrivacy(name, self.policy, normaliser, random_bytes=self._random_bytes, ledger=ledger)
         self.banks[client_id] = bank
         if prepared is not None:
@@ -361,18 +336,14 @@ class FederationPrivacy:
 
         For ``weights`` the last entry (Σ ŵ_k, public) gets no noise.
         """
-        channel = self.policy.dp.upload_channel(kind) if self.active else None
-        if channel is None or channel.noise != "central":
+        if not self.active or kind not in self.policy.dp.central_kinds():
             return None
-        noise = mechanisms.secure_gaussian(tuple(shape), noise_std(self.policy, kind), _random_bytes=self._random_bytes)
-        if kind == WEIGHTS:
-            noise.reshape(-1)[-1] = 0.0
-        return noise
+        return central_noise(kind, tuple(shape), noise_std(self.policy, kind), self._random_bytes)
 
     def with_central_noise(self, summation: Callable) -> Callable:
         """The summation with the policy's central noise: unchanged when it has none to add, or when its own key
         authority adds it (``adds_central_noise``, the secure summation); otherwise wrapped to add it once."""
-        if not any(c.noise == "central" for k in DATA_KINDS if (c := self.policy.dp.upload_channel(k))):
+        if not self.policy.dp.central_kinds():
             return summation
         if getattr(summation, "adds_central_noise", False):
             return summation

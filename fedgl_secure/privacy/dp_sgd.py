@@ -146,7 +146,6 @@ def closed_neighbourhoods(
 
 
 def ego_examples(
-    features: SparseOperator,
     adjacency: SparseOperator,
     labels: torch.Tensor,
     train_mask: torch.Tensor,
@@ -248,7 +247,6 @@ class NodeDPSGD:
         self.noise_multiplier = float(noise_multiplier)
         self.max_degree = int(max_degree)
         self._random_bytes = random_bytes
-        self.last_clipped_fraction = 0.0  # diagnostics only: the share of examples clipped in the last step
 
     def train(
         self,
@@ -261,9 +259,7 @@ class NodeDPSGD:
     ) -> float:
         """``epochs`` DP-SGD steps on ``trainer``'s model and optimiser; returns the last step's mean loss."""
         graph, gcn = trainer.graph, trainer.model
-        examples = ego_examples(
-            graph.features, adjacency, graph.labels, graph.train_mask, pseudo_labels, alpha, self.max_degree
-        )
+        examples = ego_examples(adjacency, graph.labels, graph.train_mask, pseudo_labels, alpha, self.max_degree)
         ego = EgoGCN(gcn.weight0.shape[0], gcn.weight0.shape[1], gcn.weight1.shape[1], gcn.dropout).to(graph.device)
         private = GradSampleModuleFastGradientClipping(
             ego, loss_reduction="sum", max_grad_norm=self.max_grad_norm, use_ghost_clipping=True
@@ -275,8 +271,7 @@ class NodeDPSGD:
                 ego.load_from(gcn)
                 ego.train()
                 aggregated = aggregated_rows(graph.features, adjacency, examples, ego.dropout, trainer.generator)
-                summed, norms, losses = clipped_gradient_sum(private, ego, aggregated, examples, trainer.generator)
-                self.last_clipped_fraction = float((norms > self.max_grad_norm).float().mean())
+                summed, _, losses = clipped_gradient_sum(private, ego, aggregated, examples, trainer.generator)
                 noisy = [self._add_noise(g) / examples.num_train for g in summed]
                 trainer.optimizer.zero_grad(set_to_none=True)
                 for parameter, grad in zip(gcn.parameters(), noisy, strict=True):

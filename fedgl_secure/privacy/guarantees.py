@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.accounting import (
     DP_SGD,
@@ -41,7 +43,7 @@ from fedgl_secure.privacy.accounting import (
     Release,
     total_epsilon,
 )
-from fedgl_secure.privacy.policy import DATA_KINDS, DEGREE_BOUND_CHANNELS, Policy
+from fedgl_secure.privacy.policy import DATA_KINDS, Policy
 
 Status = Literal["no-protection", "he-only", "dp"]
 
@@ -129,9 +131,37 @@ def upload_sensitivity(policy: Policy, kind: str) -> float:
         raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
     if kind == WEIGHTS:
         return mechanisms.weight_update_sensitivity(channel.clip)
-    max_degree, num_layers, neighbouring = _graph_args(policy)
-    sensitivity = mechanisms.prediction_sensitivity if kind == PREDICTIONS else mechanisms.embedding_sensitivity
-    return sensitivity(channel.clip, max_degree, num_layers, neighbouring)
+    return mechanisms.prediction_sensitivity(channel.clip, *_graph_args(policy))  # P and H rows alike
+
+
+def noise_std(policy: Policy, kind: str) -> float:
+    """σ = noise_multiplier × sensitivity of upload ``kind``, on the normalised (ŵ_k ≤ 1) scale."""
+    channel = policy.dp.upload_channel(kind)
+    if channel is None:
+        raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
+    return mechanisms.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
+
+
+def central_noise_stds(policy: Policy) -> dict[str, float]:
+    """σ of every kind whose DP channel asks the key authority for central noise (empty without such a channel)."""
+    return {kind: noise_std(policy, kind) for kind in policy.dp.central_kinds()}
+
+
+def central_noise_count(kind: str, length: int) -> int:
+    """How many of a decrypted sum's ``length`` values get central noise: all, but for ``weights`` its last
+    entry (Σ ŵ_k, the normaliser of Eq. 10), which is public by the policy and released exactly."""
+    return max(length - 1, 0) if kind == WEIGHTS else length
+
+
+def central_noise(
+    kind: str, shape: int | tuple[int, ...], std: float, random_bytes: mechanisms.RandomBytes | None = None
+) -> np.ndarray:
+    """N(0, std²) for a decrypted sum of ``kind`` and ``shape``, on the values :func:`central_noise_count`
+    counts (the last weights entry gets 0). ``random_bytes`` replaces the OS CSPRNG, for tests only."""
+    noise = mechanisms.secure_gaussian(shape, std, _random_bytes=random_bytes)
+    if kind == WEIGHTS and noise.size:
+        noise.reshape(-1)[-1] = 0.0
+    return noise
 
 
 def accounted_noise_multiplier(policy: Policy, channel: str) -> float:
@@ -194,11 +224,9 @@ def setup_releases(policy: Policy) -> list[PureRelease]:
 def planned_ledger(policy: Policy, rounds: int, bank: str = "bank") -> PrivacyLedger:
     """A bank's ledger after contributing to ``rounds`` rounds under ``policy`` (what the guarantees compose)."""
     ledger = PrivacyLedger(bank)
-    for release in setup_releases(policy):
-        ledger.record_pure(release.channel, release.epsilon, round=release.round)
+    ledger.extend(setup_releases(policy))
     for round_number in range(1, rounds + 1):
-        for release in round_releases(policy, round_number):
-            ledger.record(round_number, release.channel, release.noise_multiplier, release.sample_rate, release.steps)
+        ledger.extend(round_releases(policy, round_number))
     return ledger
 
 
@@ -243,7 +271,7 @@ def _assumptions(policy: Policy) -> list[str]:
         f"{budget.epsilon:g} it stops contributing for the rest of the run (on_exhausted = "
         f"{budget.on_exhausted!r}: fail closed, never continue silently).",
     ]
-    if any(name in DEGREE_BOUND_CHANNELS for name in dp.enabled_channels()):
+    if dp.needs_degree_bound:
         k = mechanisms.affected_rows(*_graph_args(policy))
         lines.append(
             f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
@@ -273,7 +301,7 @@ def _assumptions(policy: Policy) -> list[str]:
             "(which global nodes a bank holds) carry no noise: a bank's size and node membership are public."
         )
     distributed = [kind for kind in DATA_KINDS if (c := dp.upload_channel(kind)) and c.noise == "distributed"]
-    central = [kind for kind in DATA_KINDS if (c := dp.upload_channel(kind)) and c.noise == "central"]
+    central = list(dp.central_kinds())
     if distributed:
         lines.append(
             f"Distributed noise on {distributed}: each bank adds N(0, σ²/{q}) to its term before encrypting "

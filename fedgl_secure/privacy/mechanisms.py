@@ -7,9 +7,9 @@ Randomness. A DP guarantee is only as good as the secrecy of its noise, so every
 bytes from the operating system's CSPRNG (:func:`secrets.token_bytes`, i.e. ``os.urandom``) and
 never from numpy's PRNGs, whose state can be recovered from their output. All derived variates
 (uniforms, Gaussians, integers, binomials) are computed from those bytes, so a test can make them
-reproducible by injecting a byte source (the ``_random_bytes`` keyword of the samplers, or the
-``rng`` of :func:`randomized_response_edges`). Injected sources are for tests and simulations
-only: a release made with them carries no privacy at all.
+reproducible by injecting a byte source (the ``_random_bytes`` keyword of the samplers and of
+:func:`randomized_response_edges`). Injected sources are for tests and simulations only: a release
+made with them carries no privacy at all.
 
 Graph coupling. A GCN row is not a function of one node: message passing mixes a node's data into
 the rows of its L-hop neighbourhood. The sensitivities below therefore count *how many rows one
@@ -301,9 +301,9 @@ def _distinct_integers(count: int, high: int, random_bytes: RandomBytes | None) 
 def randomized_response_edges(
     adjacency: sp.spmatrix | sp.sparray,
     epsilon: float,
-    rng: np.random.Generator | None = None,
     *,
     max_edges: int = 50_000_000,
+    _random_bytes: RandomBytes | None = None,
 ) -> sp.csr_matrix:
     r"""Randomised response on every unordered node pair: ε-edge-DP for the whole adjacency, paid once.
 
@@ -321,13 +321,13 @@ def randomized_response_edges(
     has exactly the law of independent flips). Small ε makes the output dense (≈ p·n²/2 edges); the
     function refuses, rather than exhausting memory, when the expected output exceeds ``max_edges``.
 
-    Randomness comes from the OS CSPRNG; pass ``rng`` (a numpy Generator, used only for its bytes)
-    in tests and reproducible simulations only — a release made with a seeded ``rng`` is not private.
+    Randomness comes from the OS CSPRNG; ``_random_bytes`` replaces it, as for the other samplers, in
+    tests and reproducible simulations only — a release made with a known byte source is not private.
     Bernoulli and binomial draws use 52-bit uniforms, so probabilities are exact to ~2^-52.
     Returns a binary, symmetric, loop-free CSR matrix.
     """
     p = flip_probability(epsilon)
-    random_bytes = None if rng is None else rng.bytes
+    random_bytes = _random_bytes
     n, i, j = _upper_edges(adjacency)
     num_pairs = n * (n - 1) // 2
     num_non_edges = num_pairs - i.size
@@ -412,7 +412,7 @@ def prediction_sensitivity(
     neighbouring: Neighbouring = "node",
     num_rows: int | None = None,
 ) -> float:
-    r"""L2 sensitivity of a bank's row-clipped prediction matrix P_k (one release): :math:`2C\sqrt{K}`.
+    r"""L2 sensitivity of a bank's row-clipped P_k or H_k (predictions, embeddings; one release): :math:`2C\sqrt{K}`.
 
     K is :func:`affected_rows` (max_degree, num_layers, neighbouring). **Assumption** (the guarantee
     does not hold without it): the model weights used to compute P_k do not depend on the protected
@@ -422,26 +422,13 @@ def prediction_sensitivity(
     weights trained non-privately on the bank's data, one node can move *every* row and the only
     honest bound is ``row_release_sensitivity(C, N_k)`` (pass ``max_degree = N_k`` or ``num_rows``).
 
-    Softmax rows already have L2 norm ≤ 1, so clipping P at C ≥ 1 changes nothing. Sensitivity is of
+    Softmax rows already have L2 norm ≤ 1, so clipping P at C ≥ 1 changes nothing; embedding rows are
+    unbounded, so for H the clip is what bounds them (``num_layers = 2`` for the default H, the output
+    layer before softmax, 1 for the hidden-layer option; 2 covers both). Sensitivity is of
     the unweighted matrix: if the upload is pre-weighted by w_k, the noise must be scaled by w_k too,
     and w_k must itself be public (N_k changes when a node is added).
     """
     return row_release_sensitivity(clip_bound, affected_rows(max_degree, num_layers, neighbouring, num_rows))
-
-
-def embedding_sensitivity(
-    clip_bound: float,
-    max_degree: int,
-    num_layers: int = 2,
-    neighbouring: Neighbouring = "node",
-    num_rows: int | None = None,
-) -> float:
-    """L2 sensitivity of the row-clipped embedding matrix H_k; as :func:`prediction_sensitivity`.
-
-    ``num_layers = 2`` for the default H (output layer before softmax), 1 for the hidden-layer option.
-    Unlike softmax rows, embedding rows are unbounded, so the clip is what bounds them.
-    """
-    return prediction_sensitivity(clip_bound, max_degree, num_layers, neighbouring, num_rows)
 
 
 def weight_update_sensitivity(clip_bound: float) -> float:

@@ -243,13 +243,16 @@ class EdgeDP(_Section):
 class GraphBound(_Section):
     """What the node-level sensitivities rely on (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
 
-    ``max_degree`` D must bound the degree of every graph a release propagates over — the bank's
-    graph plus the pseudo-graph edges fused in by Eq. 9 — in both neighbouring datasets; banks
-    enforce it with :func:`~fedgl_secure.privacy.mechanisms.bound_degree`, and the guarantee then
-    holds for the projected graph. ``neighbouring`` is the unit of privacy: one customer with all
-    its data and links (``"node"``), one link (``"edge"``), or one customer's features
-    (``"features"``). ``num_layers`` is the GCN's depth (the engine's GCN has 2; H from the hidden
-    layer moves fewer rows, so 2 covers it).
+    ``max_degree`` D must bound the degree of every graph a release propagates over, in both
+    neighbouring datasets: the bank's own graph, which banks project with
+    :func:`~fedgl_secure.privacy.mechanisms.bound_degree` (the guarantee then holds for the projected
+    graph). P and H under DP are computed on that graph without the pseudo graph of Eq. 9, so FedGL's
+    pseudo graph is allowed with DP on uploads; DP-SGD trains on the fused graph, whose pseudo-graph
+    edges nothing bounds, so it refuses the pseudo graph (β > 0).
+
+    ``neighbouring`` is the unit of privacy: one customer with all its data and links (``"node"``),
+    one link (``"edge"``), or one customer's features (``"features"``). ``num_layers`` is the GCN's
+    depth (the engine's GCN has 2; H from the hidden layer moves fewer rows, so 2 covers it).
     """
 
     max_degree: int | None = Field(default=None, ge=1)
@@ -293,9 +296,23 @@ class DPSettings(_Section):
             names.append("edges")
         return tuple(names)
 
+    def central_kinds(self) -> tuple[str, ...]:
+        """Data kinds whose enabled channel asks for central noise (added once by the key authority)."""
+        channels = {kind: self.upload_channel(kind) for kind in DATA_KINDS}
+        return tuple(kind for kind, channel in channels.items() if channel is not None and channel.noise == "central")
+
+    def degree_bound_channels(self) -> tuple[str, ...]:
+        """Enabled channels whose sensitivity rests on ``graph.max_degree``: predictions, embeddings, sgd."""
+        return tuple(name for name in self.enabled_channels() if name in DEGREE_BOUND_CHANNELS)
+
+    @property
+    def needs_degree_bound(self) -> bool:
+        """Whether any release's sensitivity rests on ``graph.max_degree`` (banks then bound their graph's degree)."""
+        return bool(self.degree_bound_channels())
+
     @model_validator(mode="after")
     def _degree_bound_when_needed(self) -> DPSettings:
-        needing = [name for name in self.enabled_channels() if name in DEGREE_BOUND_CHANNELS]
+        needing = list(self.degree_bound_channels())
         if needing and self.graph.max_degree is None:
             raise _field_error(
                 "graph.max_degree",
