@@ -701,18 +701,6 @@ CENTRAL_NOISE_VALUES = "central_noise_values"
 CENTRAL_NOISE_RTOL = 1e-9
 
 
-def central_noise_stds(policy: Any) -> dict[str, float]:
-    """σ of every data kind whose DP channel says ``noise = "central"`` (what the key authority must add)."""
-    from fedgl_secure.privacy.policy import DATA_KINDS
-
-    central = [k for k in DATA_KINDS if (c := policy.dp.upload_channel(k)) is not None and c.noise == "central"]
-    if not central:
-        return {}
-    from fedgl_secure.privacy.dp_round import noise_std  # torch and Opacus: only for a policy that needs σ
-
-    return {kind: noise_std(policy, kind) for kind in central}
-
-
 @dataclass(frozen=True)
 class AuditRecords:
     """audit.jsonl as read once: its records, and whether its hash chain verified up to the recorded head."""
@@ -744,7 +732,7 @@ def _is_count(value: Any) -> bool:
 
 def _central_noise_problem(record: dict, expected: dict[str, float], policy: Any) -> str | None:
     """What is wrong with one allowed decision's central noise, or None."""
-    from fedgl_secure.privacy.accounting import WEIGHTS
+    from fedgl_secure.privacy.guarantees import central_noise_count
 
     kind = record.get("kind")
     where = f"round {record.get('round')} {kind!r}"
@@ -766,7 +754,7 @@ def _central_noise_problem(record: dict, expected: dict[str, float], policy: Any
     if not (number and math.isclose(std, sigma, rel_tol=CENTRAL_NOISE_RTOL)):
         problems.append(f"σ = {std}, the policy's σ = {sigma:.6g}")
     if _is_count(values):
-        wanted = values - 1 if kind == WEIGHTS and values > 0 else values  # Σ ŵ_k, the last weight, is exact
+        wanted = central_noise_count(kind, values)  # Σ ŵ_k, the last weight, is exact
         if count != wanted:
             problems.append(f"on {count} values, expected {wanted} of the {values} decrypted")
     elif not _is_count(count):
@@ -786,6 +774,7 @@ def check_central_noise(files: RunFiles, audit: AuditRecords) -> tuple[Check, Ta
     red, agreement only amber (unverified).
     """
     from fedgl_secure.crypto.key_authority import AUDIT_FILE
+    from fedgl_secure.privacy.guarantees import central_noise_stds
 
     name = "central-noise"
     try:

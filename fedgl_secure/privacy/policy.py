@@ -40,22 +40,16 @@ Cross-field rules, and why (each error names the field to change):
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from fedgl_secure.crypto.ckks_params import moduli_problems, scale_problems
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.fedgl.methods import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
 KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT)
 # Kinds that no longer exist, and where their values went. Σ_k w_k was its own one-value kind, which
@@ -124,17 +118,11 @@ class Timeouts(BaseModel):
 
 # --- differential privacy (DESIGN §6) ----------------------------------------------------------
 
-_FIELD_ERROR = "policy_field"
 DATA_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS)  # the kinds with a DP channel of their own
 DEGREE_BOUND_CHANNELS = (PREDICTIONS, EMBEDDINGS, "sgd")  # channels whose sensitivity needs dp.graph.max_degree
 EDGE_MECHANISMS = ("none", "randomized-response")
 ON_EXHAUSTED = ("stop-contributing",)
 MAX_DELTA = 1e-3
-
-
-def _field_error(field: str, detail: str) -> PydanticCustomError:
-    """A cross-field error for ``field`` (dotted, relative to the model that raises it); see policy_from_dict."""
-    return PydanticCustomError(_FIELD_ERROR, "{field}: {detail}", {"field": field, "detail": detail})
 
 
 class _Section(BaseModel):
@@ -175,7 +163,7 @@ class GaussianChannel(_Section):
         if self.enabled:
             for name in ("clip", "noise_multiplier"):
                 if getattr(self, name) is None:
-                    raise _field_error(name, "required when the channel is enabled (set it, or enabled = false)")
+                    raise field_error(name, "required when the channel is enabled (set it, or enabled = false)")
         return self
 
 
@@ -200,7 +188,7 @@ class DPSGD(_Section):
         if self.enabled:
             for name in ("max_grad_norm", "noise_multiplier", "local_epochs"):
                 if getattr(self, name) is None:
-                    raise _field_error(name, "required when DP-SGD is enabled (set it, or enabled = false)")
+                    raise field_error(name, "required when DP-SGD is enabled (set it, or enabled = false)")
         return self
 
 
@@ -230,9 +218,9 @@ class EdgeDP(_Section):
     @model_validator(mode="after")
     def _epsilon_with_mechanism(self) -> EdgeDP:
         if self.mechanism == "none" and self.epsilon is not None:
-            raise _field_error("epsilon", "set only with mechanism = 'randomized-response'; here nothing spends it")
+            raise field_error("epsilon", "set only with mechanism = 'randomized-response'; here nothing spends it")
         if self.mechanism != "none" and self.epsilon is None:
-            raise _field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
+            raise field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
         return self
 
     @property
@@ -314,7 +302,7 @@ class DPSettings(_Section):
     def _degree_bound_when_needed(self) -> DPSettings:
         needing = list(self.degree_bound_channels())
         if needing and self.graph.max_degree is None:
-            raise _field_error(
+            raise field_error(
                 "graph.max_degree",
                 f"required when DP is on for {needing}: their sensitivity grows with how many GCN rows one "
                 "node moves, which only a degree bound limits (see mechanisms.prediction_sensitivity)",
@@ -406,7 +394,7 @@ class Policy(BaseModel):
         if self.protection == "none":
             for name in ("he", "dp", "budget"):
                 if name in self.model_fields_set:
-                    raise _field_error(
+                    raise field_error(
                         name,
                         "protection = 'none' sends uploads in clear; a policy without protection must not carry "
                         f"[{name}] settings nobody applies — remove them, or set protection = 'he'",
@@ -414,13 +402,13 @@ class Policy(BaseModel):
             return self
         enabled = self.dp.enabled_channels()
         if enabled and self.budget is None:
-            raise _field_error(
+            raise field_error(
                 "budget",
                 f"required when DP is on ({list(enabled)}): a bank needs a budget to stop at; "
                 "add [budget] with epsilon and rounds",
             )
         if self.budget is not None and not enabled:
-            raise _field_error(
+            raise field_error(
                 "budget",
                 "no DP channel is enabled, so nothing would enforce this budget; enable a [dp.*] channel "
                 "or remove [budget]",
@@ -429,7 +417,7 @@ class Policy(BaseModel):
             for kind in DATA_KINDS:
                 if kind in self.allowed_kinds and not self.dp.protects(kind):
                     also = " (or [dp.sgd], which covers weights)" if kind == "weights" else ""
-                    raise _field_error(
+                    raise field_error(
                         f"dp.{kind}",
                         f"allowed_kinds lets {kind!r} leave a bank without noise, which makes ε infinite and "
                         f"the budget meaningless; enable [dp.{kind}]{also} or remove {kind!r} from allowed_kinds",
@@ -437,34 +425,14 @@ class Policy(BaseModel):
         return self
 
 
-def _field_path(location: tuple) -> str:
-    return ".".join(str(part) for part in location) or "(top level)"
-
-
 def policy_from_dict(values: dict, source: str = "policy") -> Policy:
     """Validate a parsed policy; errors become one :class:`PolicyError` naming ``source`` and each field."""
     try:
         return Policy.model_validate(values)
     except ValidationError as error:
-        lines = []
-        for e in error.errors():
-            location, message = e["loc"], e["msg"].removeprefix("Value error, ")
-            if e["type"] == _FIELD_ERROR:  # a cross-field rule naming a field below the model that raised it
-                location = (*location, e["ctx"]["field"])
-                message = e["ctx"]["detail"]
-            lines.append(f"{source}: {_field_path(location)}: {message}")
-        raise PolicyError("\n".join(lines)) from None
+        raise PolicyError(format_validation_error(error, source=source, sep="\n")) from None
 
 
 def load_policy(path: str | Path) -> Policy:
     """Read and validate a TOML policy file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise PolicyError(f"{path}: cannot read policy file ({error.strerror or error})") from None
-    try:
-        values = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise PolicyError(f"{path}: not valid TOML: {error}") from None
-    return policy_from_dict(values, str(path))
+    return policy_from_dict(read_toml(path, "policy file", PolicyError), str(path))

@@ -30,6 +30,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import load_policy
@@ -52,7 +53,6 @@ from fedgl_secure.services.tls import (
 RECEIPT_HEADER = "X-FedGL-Receipt"
 MAX_PSEUDONYMS = 50_000_000
 MAX_CHUNKS = 65_536  # 268 M values at N = 8192
-MAX_CHUNK_BYTES = 8 * 1024 * 1024  # a fresh N = 32768 ciphertext is ≈ 1-4 MiB
 _PSEUDONYM = re.compile(PSEUDONYM_PATTERN)
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -122,6 +122,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     app = FastAPI(title="fedgl-secure aggregator", version="1", lifespan=lifespan)
     wire.install_error_handlers(app, coordinator.log, max_body_bytes)
     bank_only = require_roles(NodeRole.BANK)
+    chunk_limit = ckks.max_chunk_bytes(coordinator.policy.he)  # the largest ciphertext these parameters make
 
     @app.get("/v1/health")
     def health(caller: Caller = Depends(caller_identity)) -> dict:
@@ -155,7 +156,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     ) -> UploadResponse:
         receipt = wire.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
         body = await request.body()  # capped by the app's BodyLimitMiddleware (413)
-        chunks = wire.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=MAX_CHUNK_BYTES)
+        chunks = wire.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=chunk_limit)
         if receipt.sender != caller.name:
             raise ProtocolConflict(
                 "wrong-sender", f"the receipt names {receipt.sender!r}, the certificate {caller.name!r}"

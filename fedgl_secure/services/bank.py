@@ -371,12 +371,15 @@ class BankWorker:
             _restore(session.trainer, session.snapshots[view.base_version])
         else:
             session.snapshots = {view.base_version: _snapshot(session.trainer)}
-        contribution = self.method.client_contribution(session.trainer, broadcast)
-        expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
-        actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
-        if actual != expected:
-            raise ConfigError(f"round {view.round} expects uploads {expected}, this bank computes {actual}")
+        # under DP the predictions and embeddings are computed once, with W̄, by the DP step (protect_contributions)
+        private = self.privacy is not None and self.privacy.active
+        contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=not private)
         contribution = self._release(session, view, broadcast, contribution)
+        if contribution is not None:
+            expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
+            actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
+            if actual != expected:
+                raise ConfigError(f"round {view.round} expects uploads {expected}, this bank computes {actual}")
         if contribution is None:
             log.warning(
                 "privacy.budget_exhausted",

@@ -16,18 +16,17 @@ from typing import Any
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.evaluation import ratio
-from fedgl_secure.services.aggregator_store import round_history
+from fedgl_secure.services.aggregator_store import best_report, round_history
 from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
 
 
 def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
-    """A node's state directory: its node config's ``state_dir``, else ``<state_root>/<name>``."""
+    """A node's state directory: as its node config resolves it (``load_node_config`` fills the default),
+    else ``<state_root>/<name>`` when the node has no config next to the consortium file."""
     if consortium.source is not None:
         config_path = Path(consortium.source).resolve().parent / f"{name}.toml"
         if config_path.is_file():
-            node, _ = load_node_config(config_path)
-            if node.state_dir is not None:
-                return node.state_dir
+            return load_node_config(config_path)[0].state_dir
     return consortium.state_dir(name)
 
 
@@ -51,11 +50,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
     rows = store.rounds()
     round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
     history = round_history(store, reports)
-    best = max(
-        ((v, r) for v, r in reports.items() if v in round_of_version),
-        key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]),
-        default=None,
-    )
+    best = best_report(reports, round_of_version)
     index = store.index()
     finished = store.finished()
     return {
