@@ -192,12 +192,7 @@ class AggregatorClient:
         self.http = http
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise wire.ServiceError(None, "unreachable", f"aggregator at {self.http.base_url}{path}: {error}") from None
-        wire.raise_for_service_error(response)
-        return response
+        return wire.call_service(self.http, "aggregator", method, path, **kwargs)
 
     def _parse(self, model: type[ModelT], method: str, path: str, **kwargs: Any) -> ModelT:
         try:

@@ -213,14 +213,7 @@ class KeyAuthorityClient:
         self.http = http
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise wire.ServiceError(
-                None, "unreachable", f"key authority at {self.http.base_url}{path}: {error}"
-            ) from None
-        wire.raise_for_service_error(response)
-        return response
+        return wire.call_service(self.http, "key authority", method, path, **kwargs)
 
     def health(self) -> HealthResponse:
         return HealthResponse.model_validate_json(self._call("GET", "/v1/health").content)

@@ -434,6 +434,17 @@ def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | 
     app.add_middleware(_InternalErrorMiddleware, log=log)
 
 
+def call_service(http: httpx.Client, peer: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One request to another service: a transport failure is :class:`ServiceError` ``unreachable`` (status
+    None), an error answer the exception the service raised (:func:`raise_for_service_error`)."""
+    try:
+        response = http.request(method, path, **kwargs)
+    except httpx.HTTPError as error:
+        raise ServiceError(None, "unreachable", f"{peer} at {http.base_url}{path}: {error}") from None
+    raise_for_service_error(response)
+    return response
+
+
 def raise_for_service_error(response: httpx.Response) -> None:
     """Turn an error response back into the exception the service raised (inverse of :func:`status_and_code`).
 
