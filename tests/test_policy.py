@@ -43,6 +43,10 @@ def test_empty_file_gives_safe_defaults(tmp_path):
         ("[he]\npoly_modulus_degree = 4096\ncoeff_mod_bit_sizes = [60, 60]", "he.coeff_mod_bit_sizes", "128-bit"),
         ("[he]\ncoeff_mod_bit_sizes = [60, 60, 60, 60]", "he.coeff_mod_bit_sizes", "128-bit"),
         ("[he]\npoly_modulus_degree = 3000", "he.poly_modulus_degree", "ring dimension"),
+        # only N given: the default moduli (60, 60) must be checked against it, not skipped as defaults
+        ("[he]\npoly_modulus_degree = 1024", "he.coeff_mod_bit_sizes", "128-bit"),
+        ("[he]\npoly_modulus_degree = 2048", "he.coeff_mod_bit_sizes", "128-bit"),
+        ("[he]\npoly_modulus_degree = 4096", "he.coeff_mod_bit_sizes", "128-bit"),
         ("[he]\ncoeff_mod_bit_sizes = [60]", "he.coeff_mod_bit_sizes", "at least 2 primes"),
         ("[he]\ncoeff_mod_bit_sizes = [60, 40]", "he.coeff_mod_bit_sizes", "special"),
         ("[he]\ncoeff_mod_bit_sizes = [61, 61]", "he.coeff_mod_bit_sizes", "outside"),

@@ -235,3 +235,12 @@ def test_needs_degree_bound_is_read_from_the_policy():
     assert not weights_only.dp.needs_degree_bound and weights_only.dp.degree_bound_channels() == ()
     assert not any("Degree bound" in a for a in effective_guarantees(weights_only).assumptions)
     assert any("Degree bound" in a for a in effective_guarantees(policy_from_dict(_policy())).assumptions)
+
+
+def test_policy_check_refuses_a_ring_too_small_for_the_default_moduli(tmp_path):
+    # The probe of issue 13: only N is set, the default moduli (60, 60) = 120 bits > 27 allowed at N = 1024.
+    path = tmp_path / "small-ring.toml"
+    path.write_text("[he]\npoly_modulus_degree = 1024\n")
+    result = _invoke(str(path))
+    assert result.exit_code == 2
+    assert f"{path}: he.coeff_mod_bit_sizes: " in result.output and "128-bit" in result.output

@@ -62,9 +62,13 @@ class HEParameters(BaseModel):
 
     The defaults (N = 8192, [60, 60], 2^40) use one data prime because banks pre-weight their
     terms and ciphertexts are only ever added: ≈ 32 bytes per value on the wire.
+
+    ``validate_default=True``: the field validators also run on defaults, so a file that sets
+    only ``poly_modulus_degree`` has the default moduli checked against *its* N (without it,
+    N = 1024 with the default [60, 60] passed as "128-bit").
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     poly_modulus_degree: int = 8192
     coeff_mod_bit_sizes: tuple[int, ...] = (60, 60)
