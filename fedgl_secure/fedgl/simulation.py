@@ -54,8 +54,15 @@ class Federation:
 
     @classmethod
     def build(cls, dataset: GraphDataset, config: ExperimentConfig, device: torch.device) -> Federation:
+        """Benchmark slices: client k samples ``proportions[k]`` of ``dataset`` (DESIGN §4)."""
         federation = config.federation
         clients = make_clients(dataset, federation.proportions, config.seed, federation.overlap)
+        return cls.from_clients(clients, config, device)
+
+    @classmethod
+    def from_clients(cls, clients: list[GraphDataset], config: ExperimentConfig, device: torch.device) -> Federation:
+        """Institutions that bring their own graphs (e.g. banks' own customer tables); the union index
+        is built from their ``node_ids`` (shared customer keys)."""
         index = GlobalIndex.from_id_sets([c.node_ids for c in clients])
         normalize = config.training.normalize_features
         merged = GraphTensors.from_graph(
@@ -131,9 +138,12 @@ def run_experiment(
     summation: Summation | None = None,
     observer: Callable[[Broadcast], None] | None = None,
     privacy: FederationPrivacy | None = None,
+    clients: list[GraphDataset] | None = None,
 ) -> RunResult:
     """Run one simulated experiment (any of the six methods) and return its record.
 
+    ``clients`` (instead of ``dataset``): the institutions' own graphs, e.g. banks' customer tables
+    (:func:`fedgl_secure.data.sources.bank_graph.load_bank_data`); no slicing happens then.
     ``observer`` sees every federated round's broadcast (W̄, pseudo labels, pseudo graph) — how
     a consortium run is compared with the simulation, weight for weight. ``privacy`` (federated
     methods only) passes every bank's contribution through its DP step
@@ -143,11 +153,14 @@ def run_experiment(
     started = time.perf_counter()
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
-    if dataset is None:
-        from fedgl_secure.data.registry import load_dataset
+    if clients is not None:
+        federation = Federation.from_clients(clients, config, device)
+    else:
+        if dataset is None:
+            from fedgl_secure.data.registry import load_dataset
 
-        dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
-    federation = Federation.build(dataset, config, device)
+            dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
+        federation = Federation.build(dataset, config, device)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
     if privacy is not None and config.method in ("centralized", "local"):
