@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedgl_secure.data.sources.declaration import DataSource
+from fedgl_secure.data.sources.schema import FeatureSchema
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.config import ExperimentConfig, build_config
 from fedgl_secure.tomlio import format_validation_error, read_toml
@@ -30,7 +32,14 @@ class NodeRole(str, Enum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+BANK_SOURCES = "bank-sources"
+BENCHMARK_SLICES = "benchmark-slices"
+# What a bank-sources experiment is called in run records, and its defaults: the schema encodes
+# (standardises, one-hot) the features, so Kipf's row normalisation of bag-of-words is off.
+BANK_SOURCES_EXPERIMENT = {"dataset": BANK_SOURCES, "training": {"normalize_features": False}}
 
 
 class NodeEntry(_Model):
@@ -54,12 +63,20 @@ class CertificateAuthority(_Model):
 class ConsortiumConfig(_Model):
     """The shared description of one consortium (``services/consortium.toml``)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, populate_by_name=True)
+
     federation: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     policy: Path
     pki_dir: Path
     state_root: Path
     ca: CertificateAuthority = CertificateAuthority()
     nodes: tuple[NodeEntry, ...]
+    data: Literal["bank-sources", "benchmark-slices"] = Field(
+        BENCHMARK_SLICES,
+        description="bank-sources: every bank reads its own customers ([bank.data] of its node file) against "
+        "[schema]; benchmark-slices (research): bank k holds client slice k of experiment.dataset",
+    )
+    feature_schema: FeatureSchema | None = Field(None, alias="schema")
     experiment: dict[str, Any] = Field(default_factory=dict)
     source: Path | None = None
 
@@ -78,6 +95,28 @@ class ConsortiumConfig(_Model):
         banks = roles.count(NodeRole.BANK)
         if banks < 2:
             raise ValueError(f"a consortium needs at least 2 banks (a sum over one bank is its data); found {banks}")
+        if self.data == BANK_SOURCES:
+            if self.feature_schema is None:
+                raise ValueError(
+                    "data = 'bank-sources' needs a [schema] table: the feature schema every bank's customers must match"
+                )
+            for key in ("dataset", "data_root"):
+                if key in self.experiment and self.experiment[key] != BANK_SOURCES_EXPERIMENT.get(key):
+                    raise ValueError(
+                        f"experiment.{key}: with data = 'bank-sources' every bank reads its own tables; "
+                        f"remove experiment.{key} (it names a benchmark dataset)"
+                    )
+            if "proportions" in self.experiment.get("federation", {}):
+                raise ValueError(
+                    "experiment.federation.proportions: with data = 'bank-sources' every bank brings all of its "
+                    "own customers; proportions only slice a benchmark dataset (data = 'benchmark-slices')"
+                )
+            self.experiment_config()  # fails here, naming the field
+            return self
+        if self.feature_schema is not None:
+            raise ValueError(
+                "[schema] applies only with data = 'bank-sources'; benchmark slices have their own features"
+            )
         proportions = build_config(self.experiment).federation.proportions  # fails here, naming the field
         if len(proportions) != banks:
             raise ValueError(
@@ -106,9 +145,30 @@ class ConsortiumConfig(_Model):
     def banks(self) -> tuple[NodeEntry, ...]:
         return tuple(node for node in self.nodes if node.role is NodeRole.BANK)
 
+    @property
+    def bank_sources(self) -> bool:
+        """True when every bank reads its own customers (not a slice of a benchmark dataset)."""
+        return self.data == BANK_SOURCES
+
     def experiment_config(self) -> ExperimentConfig:
-        """The experiment every party runs; bank k of ``banks`` holds client slice k."""
-        return build_config(self.experiment)
+        """The experiment every party runs (bank-sources: one client per bank, schema-encoded features;
+        benchmark slices: bank k of ``banks`` holds client slice k)."""
+        if not self.bank_sources:
+            return build_config(self.experiment)
+        values = {
+            key: dict(value) if isinstance(value, dict) else value for key, value in BANK_SOURCES_EXPERIMENT.items()
+        }
+        for key, value in self.experiment.items():
+            if isinstance(value, dict):
+                values.setdefault(key, {}).update(value)
+            else:
+                values[key] = value
+        federation = dict(values.get("federation", {}))
+        federation["proportions"] = [1.0] * len(self.banks)  # each bank holds all of its own customers
+        values["federation"] = federation
+        if self.feature_schema.positive_index is not None:
+            values.setdefault("evaluation", {}).setdefault("positive_class", self.feature_schema.positive_index)
+        return build_config(values)
 
     def state_dir(self, name: str) -> Path:
         return self.state_root / name
@@ -121,10 +181,27 @@ class KeyAuthoritySection(_Model):
     operator_secret_env: str = "FEDGL_KA_SECRET"
 
 
-class BankSection(_Model):
-    """A bank's own data: which slice of the experiment's dataset it holds, and where files are."""
+class PredictSection(_Model):
+    """Where ``fedgl-secure predict`` writes the bank's scores by default (``--output``/``--table`` override)."""
 
-    data_root: Path | None = None
+    output: Path | None = Field(None, description="a .parquet or .csv file")
+    table: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,126}$", description="a table of [bank.data]'s database"
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> PredictSection:
+        if self.output is not None and self.table is not None:
+            raise ValueError("give at most one of output and table")
+        return self
+
+
+class BankSection(_Model):
+    """A bank's own data: its customer tables (``[bank.data]``), or for benchmark slices the data root."""
+
+    data: DataSource | None = None
+    predict: PredictSection = PredictSection()
+    data_root: Path | None = Field(None, description="benchmark-slices only: the directory holding <dataset>/raw/")
     poll_seconds: float = Field(0.2, gt=0, le=60)
 
 
@@ -197,13 +274,27 @@ def _resolve(base: Path, value: Any) -> Any:
     return str((base / value).resolve()) if isinstance(value, str) else value
 
 
-# Path fields of a node file ((section, key); section None for top-level keys), relative to the file.
+# Path fields of a node file (keys from the top of the file), relative to the file.
 _NODE_PATHS = (
-    (None, "consortium"),
-    (None, "state_dir"),
+    ("consortium",),
+    ("state_dir",),
     ("key_authority", "operator_secret_file"),
     ("bank", "data_root"),
+    ("bank", "data", "customers"),
+    ("bank", "data", "transactions"),
+    ("bank", "predict", "output"),
 )
+SQLITE_PREFIX = "sqlite:///"
+
+
+def _resolve_sqlite_url(base: Path, url: Any) -> Any:
+    """A relative SQLite path in a URL (``sqlite:///data/bank.sqlite``) is relative to the node file too."""
+    if not isinstance(url, str) or not url.startswith(SQLITE_PREFIX):
+        return url
+    path = url[len(SQLITE_PREFIX) :]
+    if not path or path.startswith("/") or path == ":memory:":
+        return url
+    return SQLITE_PREFIX + str((base / path).resolve())
 
 
 def load_consortium(path: str | Path) -> ConsortiumConfig:
@@ -231,10 +322,15 @@ def load_node_config(path: str | Path) -> tuple[NodeConfig, ConsortiumConfig]:
     path = Path(path)
     values = read_toml(path, "node config", ConfigError)
     base = path.resolve().parent
-    for section, key in _NODE_PATHS:
-        table = values if section is None else values.get(section)
+    for *sections, key in _NODE_PATHS:
+        table = values
+        for section in sections:
+            table = table.get(section) if isinstance(table, dict) else None
         if isinstance(table, dict) and key in table:
             table[key] = _resolve(base, table[key])
+    data = values.get("bank", {}).get("data") if isinstance(values.get("bank"), dict) else None
+    if isinstance(data, dict) and "url" in data:
+        data["url"] = _resolve_sqlite_url(base, data["url"])
     values["source"] = str(path)
     try:
         node = NodeConfig.model_validate(values)
@@ -248,4 +344,9 @@ def load_node_config(path: str | Path) -> tuple[NodeConfig, ConsortiumConfig]:
         )
     if node.state_dir is None:
         node = node.model_copy(update={"state_dir": consortium.state_dir(node.name)})
+    if node.role is NodeRole.BANK and consortium.bank_sources and node.bank.data is None:
+        raise ConfigError(
+            f"{path}: bank.data: {node.consortium} has data = 'bank-sources', so this bank must declare its own "
+            "customers and transactions in [bank.data] (kind = 'files' or 'sql')"
+        )
     return node, consortium

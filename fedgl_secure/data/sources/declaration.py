@@ -52,7 +52,9 @@ class FileSource(_Model):
             return "parquet"
         if suffix in (".csv", ".txt"):
             return "csv"
-        raise ConfigError(f"{path}: cannot tell the format from the extension {suffix!r}; set format = 'parquet' or 'csv'")
+        raise ConfigError(
+            f"{path}: cannot tell the format from the extension {suffix!r}; set format = 'parquet' or 'csv'"
+        )
 
 
 class SqlSource(_Model):
