@@ -63,3 +63,10 @@ class ProtocolConflict(FedGLError):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+
+
+class DataSourceError(FedGLError):
+    """A bank's tables are missing, unreadable, or do not match the consortium's schema.
+
+    The message names the file or table, and where it can the (1-based) data row and the column.
+    """
