@@ -29,7 +29,7 @@ from fedgl_secure.privacy.mechanisms import clip_vector
 from fedgl_secure.privacy.policy import policy_from_dict
 from fedgl_secure.services import bank as bank_module
 from fedgl_secure.services.aggregator import check_consortium_can_run, encode_broadcast
-from fedgl_secure.services.aggregator_service import RoundResponse
+from fedgl_secure.services.aggregator_service import IndexView, RoundResponse
 from fedgl_secure.services.bank import LEDGER_FILE, BankWorker, privacy_normaliser
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -76,8 +76,9 @@ def two_round_budget(policy_of) -> float:
 class ScriptedAggregator:
     """Serves round views from a script, then ``finished``; the model of every version is W̄ of round 0."""
 
-    def __init__(self, config, index: GlobalIndex, node_ids, views):
+    def __init__(self, config, index: GlobalIndex, node_ids, views, max_bank_nodes: int):
         self.index_size, self.positions = index.size, index.positions(node_ids)
+        self.max_bank_nodes = max_bank_nodes
         self.views = list(views)
         self.model_bytes = None
         self.uploads = []
@@ -87,13 +88,16 @@ class ScriptedAggregator:
         self.model_bytes = encode_broadcast(Broadcast(0, initial_parameters(CONFIG, features, classes)))
 
     def index(self):
-        return self.index_size, self.positions
+        return IndexView(self.index_size, self.positions, self.max_bank_nodes)
 
     def current_round(self):
         return self.views.pop(0) if self.views else RoundResponse(phase="finished", federation="fed")
 
     def model(self, version):
         return self.model_bytes
+
+    def status(self):
+        return {"best_version": 0, "latest_version": 0}
 
     def report(self, version, counts):
         pass
@@ -143,7 +147,11 @@ def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=No
 
     monkeypatch.setattr(bank_module, "make_upload", record)
     aggregator = ScriptedAggregator(
-        config, world.index, world.clients[0].node_ids, [view(world, r, n) for r, n in rounds]
+        config,
+        world.index,
+        world.clients[0].node_ids,
+        [view(world, r, n) for r, n in rounds],
+        max_bank_nodes=max(client.num_nodes for client in world.clients),
     )
     worker = BankWorker(
         name="bank-a",
@@ -157,7 +165,6 @@ def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=No
         signing_key=Ed25519PrivateKey.generate(),
         pseudonym_key=b"k" * 32,
         poll_seconds=0.01,
-        privacy_normaliser=privacy_normaliser(world.clients),
         state_dir=state_dir,
         random_bytes=random_bytes,
     )

@@ -239,7 +239,7 @@ class Coordinator:
         decryptor: Decryptor,
         liveness_seconds: float = 5.0,
     ) -> None:
-        if len(config.federation.proportions) != len(banks):
+        if len(config.federation.proportions) != len(banks):  # bank-sources: one entry per bank, filled in
             raise ConfigError(
                 f"the experiment has {len(config.federation.proportions)} client proportions but the consortium "
                 f"has {len(banks)} banks; give one proportion per bank"
@@ -341,6 +341,13 @@ class Coordinator:
             raise ProtocolConflict("not-ready", "the union index is built once every bank has enrolled")
         size, positions = self._index
         return size, positions[bank]
+
+    def max_bank_nodes(self) -> int:
+        """The largest bank's node count: the DP step's public ``w_max`` (node membership is public to the
+        aggregator anyway; every bank gets the same number)."""
+        if self._index is None:
+            raise ProtocolConflict("not-ready", "the union index is built once every bank has enrolled")
+        return max(int(p.size) for p in self._index[1].values())
 
     def model(self, version: int) -> bytes:
         data = self.store.model(version)

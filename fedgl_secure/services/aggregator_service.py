@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import httpx
 import numpy as np
@@ -76,6 +76,15 @@ class EnrolRequest(_Schema):
 class IndexResponse(_Schema):
     num_global_nodes: int
     positions: list[int]
+    max_bank_nodes: int  # the public w_max of the DP step: the largest bank's node count
+
+
+class IndexView(NamedTuple):
+    """What a bank learns of the union index: M, its own positions, and the largest bank's size."""
+
+    num_global_nodes: int
+    positions: np.ndarray
+    max_bank_nodes: int
 
 
 class RoundResponse(_Schema):
@@ -140,7 +149,9 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     @app.get("/v1/index")
     def index(caller: Caller = Depends(bank_only)) -> IndexResponse:
         size, positions = coordinator.index_for(caller.name)
-        return IndexResponse(num_global_nodes=size, positions=positions.tolist())
+        return IndexResponse(
+            num_global_nodes=size, positions=positions.tolist(), max_bank_nodes=coordinator.max_bank_nodes()
+        )
 
     @app.get("/v1/round")
     def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
@@ -210,9 +221,9 @@ class AggregatorClient:
         payload = {"num_features": num_features, "num_classes": num_classes, "pseudonyms": list(pseudonyms)}
         self._call("POST", "/v1/enrol", json=payload)
 
-    def index(self) -> tuple[int, np.ndarray]:
+    def index(self) -> IndexView:
         body = self._parse(IndexResponse, "GET", "/v1/index")
-        return body.num_global_nodes, np.asarray(body.positions, dtype=np.int64)
+        return IndexView(body.num_global_nodes, np.asarray(body.positions, dtype=np.int64), body.max_bank_nodes)
 
     def current_round(self) -> RoundResponse:
         return self._parse(RoundResponse, "GET", "/v1/round")

@@ -34,11 +34,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import io
+import json
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import scipy.sparse as sp
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -49,6 +53,7 @@ from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
+from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.fedgl.aggregation import client_weight
 from fedgl_secure.fedgl.client import LocalTrainer
@@ -56,6 +61,7 @@ from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import Broadcast, build_method
 from fedgl_secure.fedgl.simulation import protect_contributions, resolve_device
+from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
@@ -77,6 +83,9 @@ from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
 
 LEDGER_FILE = "privacy-ledger.json"
 PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it
+INDEX_FILE = "union-index.npz"  # M and this bank's positions in the union index (for scoring after the run)
+FINAL_MODEL_FILE = "final-model.npz"  # the federation's final model (the broadcast bytes), for predict
+FINAL_META_FILE = "final-model.json"  # which version that is, and of which federation
 
 
 @dataclass(frozen=True)
@@ -101,18 +110,28 @@ def _restore(trainer: LocalTrainer, state: _TrainerState) -> None:
 
 
 def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[GraphDataset]:
-    """Every bank's graph, in the consortium's bank order (slice k of the experiment's dataset for bank k).
-
-    (In the loopback demo every bank derives its slice from the shared dataset; a real bank would
-    load its own customer graph instead.)
-    """
+    """Research mode (``data = "benchmark-slices"``): every bank's graph, in the consortium's bank order
+    (slice k of the experiment's dataset for bank k). Real banks read their own tables
+    (:func:`bank_graph`)."""
     # one proportion per bank is checked when the consortium file is loaded (ConsortiumConfig)
     dataset = load_dataset(config.dataset, data_root, seed=config.seed)
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
 
+def bank_graph(node: NodeConfig, consortium: ConsortiumConfig) -> BankData:
+    """This bank's own customer graph: its ``[bank.data]`` tables checked against the consortium's schema
+    (bank-sources), or its slice of the benchmark dataset (research mode; no own customer ids then)."""
+    config = consortium.experiment_config()
+    if consortium.bank_sources:
+        return load_bank_data(node.bank.data, consortium.feature_schema, name=node.name, seed=config.seed)
+    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    graph = consortium_slices(config, node.bank.data_root)[client_index]
+    return BankData(graph, graph.node_ids.astype(str), None)
+
+
 def privacy_normaliser(slices: list[GraphDataset]) -> float:
-    """The public ``w_max = max_k w_k`` of the DP step, as the simulation computes it over its banks."""
+    """The public ``w_max = max_k w_k`` of the DP step, as the simulation computes it over its banks
+    (a bank learns the largest bank's size from the union index, :class:`IndexView`)."""
     return float(max(client_weight(graph.num_nodes) for graph in slices))
 
 
@@ -133,13 +152,12 @@ class BankWorker:
         signing_key: Ed25519PrivateKey,
         pseudonym_key: bytes,
         poll_seconds: float = 0.2,
-        privacy_normaliser: float | None = None,
         state_dir: Path | None = None,
         random_bytes: RandomBytes | None = None,
     ) -> None:
-        """``privacy_normaliser`` (the public w_max) and ``state_dir`` (where the ledger lives) are
-        required when the policy has DP; ``random_bytes`` replaces the CSPRNG for the noise (tests only).
-        """
+        """``state_dir`` keeps the union index, the final model and (under DP) the ledger; it is required
+        when the policy has DP. ``random_bytes`` replaces the CSPRNG for the noise (tests only). The
+        public w_max of the DP step comes with the union index."""
         self.name = name
         self.federation = federation
         self.client_index = client_index
@@ -159,14 +177,15 @@ class BankWorker:
         self.withdrawn = False  # the aggregator has recorded this bank's withdrawal
         self.privacy: FederationPrivacy | None = None
         self.ledger_path: Path | None = None
+        self.privacy_normaliser: float | None = None  # w_max, from the union index
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
         if policy.has_dp:
             check_consortium(policy, config)
-            if privacy_normaliser is None or state_dir is None:
-                raise ConfigError(f"{name}: a DP policy needs the public normaliser w_max and a state directory")
+            if self.state_dir is None:
+                raise ConfigError(f"{name}: a DP policy needs a state directory (for the privacy ledger)")
             self.privacy = FederationPrivacy(policy, random_bytes=random_bytes)
-            self.privacy_normaliser = float(privacy_normaliser)
-            self.state_dir = Path(state_dir)
-            self.state_dir.mkdir(parents=True, exist_ok=True)
             self.ledger_path = self.state_dir / LEDGER_FILE
 
     @property
@@ -235,7 +254,15 @@ class BankWorker:
         pseudonyms = pseudonymise(self.pseudonym_key, self.graph_data.node_ids.tolist())
         features, classes = int(self.graph_data.features.shape[1]), int(self.graph_data.num_classes)
         retry_until_ready(lambda: self.aggregator.enrol(features, classes, pseudonyms), "the aggregator", self.log)
-        size, positions = retry_until_ready(self._index_when_ready, "the union index", self.log, retry_on=(_NotReady,))
+        index = retry_until_ready(self._index_when_ready, "the union index", self.log, retry_on=(_NotReady,))
+        size, positions = index.num_global_nodes, index.positions
+        if positions.shape != (self.graph_data.num_nodes,) or positions.min() < 0 or positions.max() >= size:
+            raise ConfigError(
+                f"the aggregator's union index does not fit this bank's {self.graph_data.num_nodes} nodes"
+            )
+        self.privacy_normaliser = client_weight(index.max_bank_nodes)
+        if self.state_dir is not None:
+            save_union_index(self.state_dir, size, positions)
         device = resolve_device(self.config.device)
         graph = GraphTensors.from_graph(
             self.graph_data, positions, size, device, self.config.training.normalize_features
@@ -258,6 +285,7 @@ class BankWorker:
                 self._withdraw()
             if view.phase == "finished":
                 self._report_final(session, view.latest_version)
+                self._keep_final_model()
                 self.finished.set()
                 self.log.info("bank.finished", rounds=len(self.rounds_done), stopped_reason=view.stopped_reason)
                 return
@@ -265,6 +293,19 @@ class BankWorker:
                 self._take_part(session, view)
                 continue
             stop.wait(self.poll_seconds)
+
+    def _keep_final_model(self) -> None:
+        """Save the federation's final model (:func:`final_version`) for ``fedgl-secure predict``; a failure
+        only costs a download later (predict fetches it then)."""
+        if self.state_dir is None:
+            return
+        try:
+            version = final_version(self.aggregator.status())
+            if version is not None:
+                save_final_model(self.state_dir, self.federation, version, self.aggregator.model(version))
+                self.log.info("bank.final_model_saved", version=version)
+        except (FedGLError, OSError) as error:
+            self.log.warning("final_model.not_saved", error=str(error)[:300])
 
     def _withdrawal_pending(self) -> bool:
         """The budget is spent but the aggregator has not confirmed the withdrawal yet."""
@@ -441,6 +482,46 @@ def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
     return app
 
 
+def final_version(status: dict) -> int | None:
+    """The model version a finished federation stands by: the best pooled validation accuracy (the run's
+    reported result), else the latest version."""
+    best = status.get("best_version")
+    return best if best is not None else status.get("latest_version")
+
+
+def save_union_index(state_dir: Path, size: int, positions: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, num_global_nodes=size, positions=positions)
+    write_atomically(state_dir / INDEX_FILE, buffer.getvalue())
+
+
+def load_union_index(state_dir: Path) -> tuple[int, np.ndarray]:
+    path = state_dir / INDEX_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: no union index; this bank has not enrolled in the federation yet")
+    with np.load(path, allow_pickle=False) as archive:
+        return int(archive["num_global_nodes"]), archive["positions"].astype(np.int64)
+
+
+def save_final_model(state_dir: Path, federation: str, version: int, data: bytes) -> None:
+    """The final broadcast's bytes, then the note naming it (a torn pair is never read as final)."""
+    write_atomically(state_dir / FINAL_MODEL_FILE, data)
+    meta = {"federation": federation, "version": version, "sha256": hashlib.sha256(data).hexdigest()}
+    write_atomically(state_dir / FINAL_META_FILE, json.dumps(meta).encode())
+
+
+def load_final_model(state_dir: Path, federation: str) -> tuple[int, bytes] | None:
+    """(version, bytes) of the saved final model, or None when this bank has none (or a damaged one)."""
+    meta_path, model_path = state_dir / FINAL_META_FILE, state_dir / FINAL_MODEL_FILE
+    if not meta_path.is_file() or not model_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    data = model_path.read_bytes()
+    if meta.get("federation") != federation or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        return None
+    return int(meta["version"]), data
+
+
 def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     """Serve a bank until the federation finishes or the process is stopped."""
     configure_logging(node.log_level, json=True)
@@ -449,7 +530,9 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     policy = load_policy(consortium.policy)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    slices = consortium_slices(config, node.bank.data_root)
+    data = bank_graph(node, consortium)  # a bank whose tables do not match the schema stops here, naming the column
+    if data.summary is not None:
+        log.info("bank.data_loaded", **data.summary.to_dict())
     client_index = [bank.name for bank in consortium.banks].index(node.name)
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
@@ -459,14 +542,13 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         federation=consortium.federation,
         client_index=client_index,
         config=config,
-        graph=slices[client_index],
+        graph=data.graph,
         aggregator=AggregatorClient(agg_http),
         public_context=public_context,
         policy=policy,
         signing_key=load_signing_key(layout, node.name),
         pseudonym_key=load_pseudonym_key(layout, node.name),
         poll_seconds=node.bank.poll_seconds,
-        privacy_normaliser=privacy_normaliser(slices) if policy.has_dp else None,
         state_dir=node.state_dir,
     )
     try:

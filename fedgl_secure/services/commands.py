@@ -52,3 +52,25 @@ def consortium_up_command(
     typer.echo(json.dumps(summary))
     if summary.get("interrupted"):
         raise typer.Exit(code=130)
+
+
+def predict_command(
+    config: Annotated[Path, typer.Option(help="the bank's node file, e.g. services/bank-a.toml")],
+    output: Annotated[
+        Path | None, typer.Option(help="write the scores to this .parquet or .csv file (default: [bank.predict])")
+    ] = None,
+    table: Annotated[
+        str | None, typer.Option(help="write the scores into this table of the bank's [bank.data] database")
+    ] = None,
+    refresh: Annotated[
+        bool, typer.Option(help="fetch the final model from the aggregator even when one is saved")
+    ] = False,
+) -> None:
+    """Score every customer of a bank with the federation's final global model (on the bank's own graph)."""
+    from fedgl_secure.services.predict import predict
+
+    try:
+        summary = predict(config, output=output, table=table, refresh=refresh)
+    except FedGLError as error:
+        fail(error)
+    typer.echo(json.dumps(summary))

@@ -10,6 +10,8 @@ import json
 import socket
 from pathlib import Path
 
+import tomli_w
+
 from fedgl_secure.privacy.policy import HEParameters
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.pki import provision
@@ -40,11 +42,15 @@ def write_loopback_consortium(
     data_root: str | None = None,
     federation: str = "loopback",
     policy_extra: dict | None = None,
+    schema: dict | None = None,
+    bank_data: dict[str, dict] | None = None,
 ) -> Path:
     """Write and provision a consortium under ``root``; returns the path of ``consortium.toml``.
 
     ``experiment`` is the ``[experiment]`` table (dataset, method, seed, federation options...);
-    the default is three synthetic banks. ``he`` defaults to the baseline policy's parameters.
+    the default is three synthetic banks (benchmark slices). With ``schema`` (the ``[schema]`` table)
+    and ``bank_data`` (each bank's ``[bank.data]`` table), the banks read their own tables instead
+    (``data = "bank-sources"``). ``he`` defaults to the baseline policy's parameters.
     ``policy_extra`` adds to the policy, as the parsed TOML would read: top-level keys such as
     ``{"allowed_kinds": [...]}`` and tables such as ``{"dp": {"weights": {...}}, "budget": {...}}``
     (a table merges into the default one of the same name, key by key).
@@ -68,18 +74,29 @@ def write_loopback_consortium(
         f'\n[[nodes]]\nname = "{name}"\nrole = "{role}"\nport = {port}\n'
         for (name, role), port in zip(roles.items(), ports, strict=True)
     )
-    experiment = experiment or {"dataset": "synthetic", "federation": {"proportions": [0.5, 0.6, 0.7][: len(banks)]}}
+    if schema is None:
+        experiment = experiment or {
+            "dataset": "synthetic",
+            "federation": {"proportions": [0.5, 0.6, 0.7][: len(banks)]},
+        }
+    data = "" if schema is None else 'data = "bank-sources"\n'  # a top-level key: before the first table
     (root / "consortium.toml").write_text(
-        f'federation = "{federation}"\npolicy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n{nodes}\n'
-        + _toml_table("experiment", experiment)
+        f'federation = "{federation}"\n{data}policy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n'
+        f"{nodes}\n"
+        + _toml_table("experiment", experiment or {})
+        + ("" if schema is None else "\n" + tomli_w.dumps({"schema": schema}))
     )
     for name, role in roles.items():
-        extra = f"\n[aggregator]\nliveness_seconds = {liveness_seconds}\n" if role == AGGREGATOR else ""
+        node: dict = {"name": name, "role": role, "consortium": "consortium.toml", "log_level": "info"}
+        if role == AGGREGATOR:
+            node["aggregator"] = {"liveness_seconds": liveness_seconds}
         if role == "bank":
-            extra += "\n[bank]\npoll_seconds = 0.1\n" + (f"data_root = {json.dumps(data_root)}\n" if data_root else "")
-        (root / f"{name}.toml").write_text(
-            f'name = "{name}"\nrole = "{role}"\nconsortium = "consortium.toml"\nlog_level = "info"\n{extra}'
-        )
+            node["bank"] = {"poll_seconds": 0.1}
+            if data_root:
+                node["bank"]["data_root"] = data_root
+            if bank_data is not None:
+                node["bank"]["data"] = bank_data[name]
+        (root / f"{name}.toml").write_text(tomli_w.dumps(node))
     path = root / "consortium.toml"
     provision(load_consortium(path))
     return path

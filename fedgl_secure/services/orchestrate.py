@@ -17,14 +17,25 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from fedgl_secure.errors import ConfigError, FedGLError
-from fedgl_secure.services.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium, load_node_config
+from fedgl_secure.services.config import (
+    ConsortiumConfig,
+    NodeEntry,
+    NodeRole,
+    PkiLayout,
+    load_consortium,
+    load_node_config,
+)
+
+if TYPE_CHECKING:
+    from fedgl_secure.data.sources.bank_graph import BankData
 
 GRACE_SECONDS = 15.0
 
@@ -151,6 +162,32 @@ def check_node_configs_belong(consortium_path: Path, configs: dict[str, Path]) -
         )
 
 
+def node_config_paths(consortium_path: Path, nodes: Sequence[NodeEntry]) -> dict[str, Path]:
+    """Each node's file, ``<name>.toml`` next to the consortium file, checked to exist and to name this consortium."""
+    consortium_dir = Path(consortium_path).resolve().parent
+    configs = {node.name: consortium_dir / f"{node.name}.toml" for node in nodes}
+    missing = [str(path) for path in configs.values() if not path.is_file()]
+    if missing:
+        raise ConfigError(f"node configs missing next to {consortium_path}: {missing}")
+    check_node_configs_belong(Path(consortium_path), configs)
+    return configs
+
+
+def consortium_bank_graphs(consortium_path: str | Path) -> tuple[ConsortiumConfig, list[BankData]]:
+    """Every bank's graph, read as each bank node reads it (its own tables, or its benchmark slice), in
+    the consortium's bank order: the in-process simulation of the same consortium
+    (``fedgl-secure simulate --consortium``) and the consortium itself start from the same data."""
+    from fedgl_secure.services.bank import bank_graph  # torch and the data readers: only when needed
+
+    consortium = load_consortium(consortium_path)
+    configs = node_config_paths(Path(consortium_path), consortium.banks)
+    banks = []
+    for node in consortium.banks:
+        config, _ = load_node_config(configs[node.name])
+        banks.append(bank_graph(config, consortium))
+    return consortium, banks
+
+
 def consortium_up(
     consortium_path: str | Path,
     progress: bool = True,
@@ -167,11 +204,7 @@ def consortium_up(
     consortium = load_consortium(consortium_path)
     consortium_dir = consortium_path.resolve().parent
     order = [consortium.key_authority, consortium.aggregator, *consortium.banks]
-    configs = {node.name: consortium_dir / f"{node.name}.toml" for node in order}
-    missing = [str(path) for path in configs.values() if not path.is_file()]
-    if missing:
-        raise ConfigError(f"node configs missing next to {consortium_path}: {missing}")
-    check_node_configs_belong(consortium_path, configs)
+    configs = node_config_paths(consortium_path, order)
     ensure_demo_secrets(consortium, consortium_dir)
     logs = consortium.state_root / "logs"
     processes: list[NodeProcess] = []

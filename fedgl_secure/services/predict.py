@@ -1,0 +1,140 @@
+"""``fedgl-secure predict``: a bank scores all of its customers with the federation's final global model.
+
+Everything happens at the bank, on the bank's own graph: its customers table is read and encoded
+exactly as for training (:func:`fedgl_secure.services.bank.bank_graph`), the final model is the one
+the bank saved when the federation finished (``<state_dir>/final-model.npz``) or — for a bank that
+missed the end — fetched from the aggregator over mutual TLS, and the scores (class probabilities
+and predicted class per customer, by the bank's own customer id) go to a Parquet/CSV file or back
+into the bank's database. Nothing leaves the bank.
+
+The model is applied to the bank's *true* graph even under a DP policy: scoring its own customers
+is local use of a released model, not a release (the perturbed graph exists to protect what the
+bank uploads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedgl_secure.data.sources.scores import write_scores
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.fedgl.graph_tensors import GraphTensors
+from fedgl_secure.fedgl.methods import build_method
+from fedgl_secure.fedgl.simulation import resolve_device
+from fedgl_secure.log import get_logger
+from fedgl_secure.model.gcn import GCN
+from fedgl_secure.services.aggregator import decode_broadcast
+from fedgl_secure.services.aggregator_service import AggregatorClient
+from fedgl_secure.services.bank import (
+    bank_graph,
+    final_version,
+    load_final_model,
+    load_union_index,
+    save_final_model,
+)
+from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
+from fedgl_secure.services.tls import make_http_client
+
+
+@dataclass(frozen=True)
+class ScoreTarget:
+    """Where the scores go: a file (``.parquet``/``.csv``) or a table of the bank's own database."""
+
+    output: Path | None = None
+    table: str | None = None
+
+    def describe(self) -> str:
+        return str(self.output) if self.output is not None else f"table {self.table}"
+
+
+def score_target(node: NodeConfig, output: Path | None, table: str | None) -> ScoreTarget:
+    """``--output``/``--table`` if given, else ``[bank.predict]`` of the node file; exactly one is needed."""
+    if output is not None and table is not None:
+        raise ConfigError("give at most one of --output and --table")
+    if output is None and table is None:
+        output, table = node.bank.predict.output, node.bank.predict.table
+    if output is None and table is None:
+        raise ConfigError(
+            f"{node.source}: no target for the scores: pass --output FILE.parquet or --table NAME, "
+            "or set [bank.predict] output/table in the node file"
+        )
+    if table is not None and (node.bank.data is None or node.bank.data.kind != "sql"):
+        raise ConfigError(f"--table {table}: this bank's [bank.data] is not a database; use --output FILE")
+    return ScoreTarget(output, table)
+
+
+def fetch_final_model(node: NodeConfig, consortium: ConsortiumConfig) -> tuple[int, bytes]:
+    """The finished federation's final model from the aggregator (mutual TLS, as this bank), saved for next time."""
+    layout = PkiLayout(consortium.pki_dir)
+    with make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR) as http:
+        client = AggregatorClient(http)
+        status = client.status()
+        if status.get("phase") != "finished":
+            raise ConfigError(
+                f"the federation {consortium.federation!r} has not finished (phase {status.get('phase')!r}, latest "
+                f"model version {status.get('latest_version')}); scores come from the final model only"
+            )
+        version = final_version(status)
+        if version is None:
+            raise ConfigError(f"the federation {consortium.federation!r} finished without a model")
+        data = client.model(version)
+    save_final_model(node.state_dir, consortium.federation, version, data)
+    return version, data
+
+
+def predict(
+    config_path: str | Path, output: Path | None = None, table: str | None = None, refresh: bool = False
+) -> dict:
+    """Score every customer of the bank of ``config_path``; returns a summary (never the scores themselves)."""
+    node, consortium = load_node_config(config_path)
+    if node.role is not NodeRole.BANK:
+        raise ConfigError(f"{config_path}: role {node.role.value!r}; only a bank scores customers")
+    target = score_target(node, output, table)
+    log = get_logger(node=node.name, role="bank", federation=consortium.federation)
+    config = consortium.experiment_config()
+    data = bank_graph(node, consortium)
+    saved = None if refresh else load_final_model(node.state_dir, consortium.federation)
+    version, model_bytes = saved if saved is not None else fetch_final_model(node, consortium)
+    size, positions = load_union_index(node.state_dir)
+    if positions.shape != (data.graph.num_nodes,):
+        raise ConfigError(
+            f"{node.state_dir}: the union index holds {positions.size} positions, but the bank's tables now hold "
+            f"{data.graph.num_nodes} customers; the data changed since the federation ran"
+        )
+    device = resolve_device(config.device)
+    graph = GraphTensors.from_graph(data.graph, positions, size, device, config.training.normalize_features)
+    model = GCN(graph.features.shape[1], config.training.hidden, graph.num_classes).to(device)
+    broadcast = decode_broadcast(version, model_bytes, int(model.flat_parameters().numel()), size)
+    model.load_flat_parameters(broadcast.weights.to(device))
+    model.eval()
+    with torch.no_grad():
+        adjacency = build_method(config).evaluation_adjacency(graph, broadcast)
+        probabilities = torch.softmax(model(graph.features, adjacency).logits, dim=1).cpu().numpy()
+    class_names = (
+        list(consortium.feature_schema.label_classes)
+        if consortium.feature_schema is not None
+        else [str(c) for c in range(graph.num_classes)]
+    )
+    write_scores(
+        data.customer_ids,
+        probabilities.astype(np.float64),
+        class_names,
+        output=target.output,
+        table=target.table,
+        source=node.bank.data if target.table is not None else None,
+    )
+    predicted = np.bincount(probabilities.argmax(axis=1), minlength=len(class_names))
+    summary = {
+        "bank": node.name,
+        "federation": consortium.federation,
+        "model_version": version,
+        "customers_scored": int(probabilities.shape[0]),
+        "predicted_per_class": {name: int(count) for name, count in zip(class_names, predicted, strict=True)},
+        "written_to": target.describe(),
+    }
+    log.info("predict.written", **summary)
+    return summary

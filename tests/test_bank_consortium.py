@@ -1,0 +1,122 @@
+"""Three banks, each reading ITS OWN generated customer tables (two from Parquet, one from SQLite),
+run the five-process consortium; the result equals the in-process simulation of the same data, and
+every bank then scores all of its customers with ``fedgl-secure predict``.
+"""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from consortium_harness import BANKS, NODES, SMALL_HE, LocalConsortium
+from typer.testing import CliRunner
+
+from fedgl_secure.cli import app
+from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
+from fedgl_secure.fedgl.simulation import run_experiment
+from fedgl_secure.services.loopback import write_loopback_consortium
+from fedgl_secure.services.orchestrate import consortium_bank_graphs
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 3
+CUSTOMERS = 400
+
+
+def bank_data_tables(data_dir) -> dict[str, dict]:
+    """bank-a and bank-b read Parquet files, bank-c its SQLite database."""
+    tables = {
+        bank: {
+            "kind": "files",
+            "customers": str(data_dir / bank / "customers.parquet"),
+            "transactions": str(data_dir / bank / "transactions.parquet"),
+        }
+        for bank in BANKS[:2]
+    }
+    tables["bank-c"] = {
+        "kind": "sql",
+        "url": f"sqlite:///{data_dir / 'sqlite' / 'bank-c' / 'bank.sqlite'}",
+        "customers": "customers",
+        "transactions": "transactions",
+    }
+    return tables
+
+
+@pytest.fixture(scope="module")
+def finished_bank_consortium(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bank-consortium")
+    data_dir = root / "bank-data"
+    synthesize_banks(data_dir, banks=3, customers=CUSTOMERS, seed=0, fmt="parquet")
+    synthesize_banks(data_dir / "sqlite", banks=3, customers=CUSTOMERS, seed=0, fmt="sqlite")
+    experiment = {
+        "method": "fedgl",
+        "seed": 0,
+        "device": "cpu",
+        "federation": {"max_rounds": ROUNDS, "patience": ROUNDS + 10},
+        "self_supervision": {"neighbors": 10},
+    }
+    write_loopback_consortium(
+        root,
+        banks=BANKS,
+        experiment=experiment,
+        he=SMALL_HE,
+        federation="bank-federation",
+        schema=synthetic_bank_schema().model_dump(mode="json", exclude_none=True),
+        bank_data=bank_data_tables(data_dir),
+    )
+    consortium = LocalConsortium(root, ROUNDS)
+    consortium.start(*NODES)
+    try:
+        status = consortium.wait_for(lambda s: s["phase"] == "finished", "three rounds", timeout=300)
+        for bank in BANKS:  # each bank saves the final model, then stops
+            assert consortium.processes[bank].wait(timeout=60) == 0, consortium.logs(bank)[-3000:]
+        yield consortium, status
+    finally:
+        consortium.stop_all()
+
+
+def test_bank_sources_consortium_matches_the_simulation_of_the_same_tables(finished_bank_consortium):
+    consortium, status = finished_bank_consortium
+    applied = [row for row in status["rounds"] if row["status"] == "applied"]
+    assert len(applied) == ROUNDS and all(sorted(row["contributors"]) == list(BANKS) for row in applied)
+    with consortium.client("bank-a", "aggregator") as http:
+        response = http.get(f"/v1/models/{ROUNDS}")
+    assert response.status_code == 200, response.text
+    with np.load(io.BytesIO(response.content), allow_pickle=False) as archive:
+        consortium_weights = archive["weights"].astype(np.float64)
+
+    config_source, banks = consortium_bank_graphs(consortium.consortium_path)
+    seen = []
+    run_experiment(
+        config_source.experiment_config(), clients=[bank.graph for bank in banks], progress=False, observer=seen.append
+    )
+    expected = seen[ROUNDS - 1].weights.double().numpy()
+    assert consortium_weights.shape == expected.shape
+    assert np.max(np.abs(consortium_weights - expected)) <= 1e-4
+
+
+def test_every_bank_scores_each_of_its_customers(finished_bank_consortium, tmp_path):
+    consortium, status = finished_bank_consortium
+    runner = CliRunner()
+    for bank in BANKS[:2]:
+        output = tmp_path / f"{bank}-scores.parquet"
+        result = runner.invoke(app, ["predict", "--config", str(consortium.config_path(bank)), "--output", str(output)])
+        assert result.exit_code == 0, result.output
+        scores = pq.read_table(output).to_pandas()
+        customers = pq.read_table(consortium.root / "bank-data" / bank / "customers.parquet").to_pandas()
+        assert sorted(scores["customer_id"]) == sorted(customers["customer_id"].astype(str))
+        probabilities = scores[["p_good", "p_fraud"]].to_numpy()
+        assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-6) and (probabilities >= 0).all()
+        assert set(scores["predicted_class"]) <= {"good", "fraud"}
+        assert (scores["predicted_class"] == np.where(probabilities[:, 1] > probabilities[:, 0], "fraud", "good")).all()
+    # bank-c writes its scores back into its own database
+    result = runner.invoke(app, ["predict", "--config", str(consortium.config_path("bank-c")), "--table", "scores"])
+    assert result.exit_code == 0, result.output
+    database = consortium.root / "bank-data" / "sqlite" / "bank-c" / "bank.sqlite"
+    with sqlite3.connect(database) as db:
+        (scored,) = db.execute("SELECT COUNT(*) FROM scores").fetchone()
+        (customers,) = db.execute("SELECT COUNT(*) FROM customers").fetchone()
+    assert scored == customers == CUSTOMERS
