@@ -60,6 +60,17 @@ class CertificateAuthority(_Model):
     validity_days: int = Field(365, ge=1, le=3650)
 
 
+class GeneratedBankData(_Model):
+    """Demo consortia only (``[generate]``): seeded synthetic bank tables that ``consortium up`` writes with
+    ``fedgl-secure data synth`` when they are missing — Parquet under ``out``, the same banks as SQLite
+    databases under ``out/sqlite`` (for banks whose ``[bank.data]`` is a database). A real consortium has
+    no such table: every bank brings its own data."""
+
+    out: Path
+    customers: int = Field(2000, ge=10)
+    seed: int = Field(0, ge=0)
+
+
 class ConsortiumConfig(_Model):
     """The shared description of one consortium (``services/consortium.toml``)."""
 
@@ -77,6 +88,7 @@ class ConsortiumConfig(_Model):
         "[schema]; benchmark-slices (research): bank k holds client slice k of experiment.dataset",
     )
     feature_schema: FeatureSchema | None = Field(None, alias="schema")
+    generate: GeneratedBankData | None = None
     experiment: dict[str, Any] = Field(default_factory=dict)
     source: Path | None = None
 
@@ -95,6 +107,8 @@ class ConsortiumConfig(_Model):
         banks = roles.count(NodeRole.BANK)
         if banks < 2:
             raise ValueError(f"a consortium needs at least 2 banks (a sum over one bank is its data); found {banks}")
+        if self.generate is not None and self.data != BANK_SOURCES:
+            raise ValueError("[generate] writes banks' own tables; it needs data = 'bank-sources'")
         if self.data == BANK_SOURCES:
             if self.feature_schema is None:
                 raise ValueError(
@@ -304,6 +318,8 @@ def load_consortium(path: str | Path) -> ConsortiumConfig:
     base = path.resolve().parent
     for key in ("policy", "pki_dir", "state_root"):
         values[key] = _resolve(base, values.get(key))
+    if isinstance(values.get("generate"), dict) and "out" in values["generate"]:
+        values["generate"]["out"] = _resolve(base, values["generate"]["out"])
     values["source"] = str(path)
     try:
         return ConsortiumConfig.model_validate(values)
@@ -322,13 +338,16 @@ def load_node_config(path: str | Path) -> tuple[NodeConfig, ConsortiumConfig]:
     path = Path(path)
     values = read_toml(path, "node config", ConfigError)
     base = path.resolve().parent
+    data = values.get("bank", {}).get("data") if isinstance(values.get("bank"), dict) else None
+    sql_data = isinstance(data, dict) and data.get("kind") == "sql"  # its customers/transactions are table names
     for *sections, key in _NODE_PATHS:
+        if sql_data and sections == ["bank", "data"]:
+            continue
         table = values
         for section in sections:
             table = table.get(section) if isinstance(table, dict) else None
         if isinstance(table, dict) and key in table:
             table[key] = _resolve(base, table[key])
-    data = values.get("bank", {}).get("data") if isinstance(values.get("bank"), dict) else None
     if isinstance(data, dict) and "url" in data:
         data["url"] = _resolve_sqlite_url(base, data["url"])
     values["source"] = str(path)

@@ -188,6 +188,26 @@ def consortium_bank_graphs(consortium_path: str | Path) -> tuple[ConsortiumConfi
     return consortium, banks
 
 
+def ensure_generated_bank_data(consortium: ConsortiumConfig, echo: Callable[[str], None] = print) -> None:
+    """Demo consortia (``[generate]``): write the banks' synthetic tables on first use (Parquet and SQLite,
+    same rows); an existing complete output of the same parameters is kept, anything else is refused."""
+    spec = consortium.generate
+    if spec is None:
+        return
+    from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
+
+    if consortium.feature_schema != synthetic_bank_schema():
+        raise ConfigError(
+            f"{consortium.source}: [generate] writes the synthetic banks' tables, whose schema differs from this "
+            "consortium's [schema]; copy the schema that `fedgl-secure data synth` writes (schema.toml)"
+        )
+    banks = len(consortium.banks)
+    for out, fmt in ((spec.out, "parquet"), (spec.out / "sqlite", "sqlite")):
+        summary = synthesize_banks(out, banks=banks, customers=spec.customers, seed=spec.seed, fmt=fmt)
+        if not summary.already_there:
+            echo(f"generated {banks} banks x {spec.customers} customers ({fmt}) in {out}")
+
+
 def consortium_up(
     consortium_path: str | Path,
     progress: bool = True,
@@ -205,6 +225,7 @@ def consortium_up(
     consortium_dir = consortium_path.resolve().parent
     order = [consortium.key_authority, consortium.aggregator, *consortium.banks]
     configs = node_config_paths(consortium_path, order)
+    ensure_generated_bank_data(consortium, echo)
     ensure_demo_secrets(consortium, consortium_dir)
     logs = consortium.state_root / "logs"
     processes: list[NodeProcess] = []
