@@ -56,7 +56,9 @@ def finished_bank_consortium(tmp_path_factory):
         "seed": 0,
         "device": "cpu",
         "federation": {"max_rounds": ROUNDS, "patience": ROUNDS + 10},
-        "self_supervision": {"neighbors": 10},
+        # two classes: the output layer's 2-d logits make cosine similarities near-ties everywhere (the top-s
+        # choice then hangs on summation order); the hidden layer gives the pseudo graph real neighbours
+        "self_supervision": {"neighbors": 10, "embedding": "hidden"},
     }
     write_loopback_consortium(
         root,
@@ -105,13 +107,13 @@ def test_every_bank_scores_each_of_its_customers(finished_bank_consortium, tmp_p
         output = tmp_path / f"{bank}-scores.parquet"
         result = runner.invoke(app, ["predict", "--config", str(consortium.config_path(bank)), "--output", str(output)])
         assert result.exit_code == 0, result.output
-        scores = pq.read_table(output).to_pandas()
-        customers = pq.read_table(consortium.root / "bank-data" / bank / "customers.parquet").to_pandas()
-        assert sorted(scores["customer_id"]) == sorted(customers["customer_id"].astype(str))
-        probabilities = scores[["p_good", "p_fraud"]].to_numpy()
+        scores = pq.read_table(output).to_pydict()
+        customers = pq.read_table(consortium.root / "bank-data" / bank / "customers.parquet").to_pydict()
+        assert sorted(scores["customer_id"]) == sorted(map(str, customers["customer_id"]))
+        probabilities = np.column_stack([scores["p_good"], scores["p_fraud"]])
         assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-6) and (probabilities >= 0).all()
-        assert set(scores["predicted_class"]) <= {"good", "fraud"}
-        assert (scores["predicted_class"] == np.where(probabilities[:, 1] > probabilities[:, 0], "fraud", "good")).all()
+        expected = np.where(probabilities[:, 1] > probabilities[:, 0], "fraud", "good")
+        assert list(scores["predicted_class"]) == list(expected)
     # bank-c writes its scores back into its own database
     result = runner.invoke(app, ["predict", "--config", str(consortium.config_path("bank-c")), "--table", "scores"])
     assert result.exit_code == 0, result.output
