@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fedgl_secure.data.commands import data_app
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
 from fedgl_secure.privacy.audit_command import audit as audit_command
@@ -31,6 +32,7 @@ app.add_typer(reproduce_app, name="reproduce")
 app.add_typer(node_app, name="node")
 app.add_typer(consortium_app, name="consortium")
 app.add_typer(policy_app, name="policy")
+app.add_typer(data_app, name="data")
 app.command("audit")(audit_command)
 
 
