@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fedgl_secure.data.sources.schema import SPLIT_VALUES, CategoricalFeature, FeatureSchema, NumericFeature
+from fedgl_secure.data.sources.tables import as_float64
 from fedgl_secure.errors import DataSourceError
 
 MAX_ID_LENGTH = 256  # ids and keys are held as fixed-width text: one absurd value must not blow up memory
@@ -96,6 +97,8 @@ def id_strings(column: pa.ChunkedArray, *, origin: str, name: str, what: str) ->
         raise DataSourceError(f"{where(origin, row, name)}: empty {what}")
     if (row := first_true(pc.greater(lengths, MAX_ID_LENGTH))) is not None:
         raise DataSourceError(f"{where(origin, row, name)}: {what} longer than {MAX_ID_LENGTH} characters")
+    if (row := first_true(pc.match_substring(text, "\x00"))) is not None:  # numpy text would cut it off there
+        raise DataSourceError(f"{where(origin, row, name)}: {what} contains a NUL character")
     return text
 
 
@@ -108,7 +111,7 @@ def numeric_values(column: pa.ChunkedArray, *, origin: str, name: str) -> np.nda
         raise DataSourceError(
             f"{origin}: column {name!r} has type {kind}; a numeric column needs integers, decimals or floats"
         )
-    values = pc.cast(column, pa.float64()).fill_null(np.nan)
+    values = as_float64(column).fill_null(np.nan)
     return values.to_numpy() if isinstance(values, pa.ChunkedArray) else np.asarray(values)
 
 

@@ -69,7 +69,8 @@ def scores_table(
         raise ValueError(f"predicted must be {n} class indices, got {predicted.dtype} {predicted.shape}")
     if n and (predicted.min() < 0 or predicted.max() >= len(names)):
         raise ValueError(f"predicted class indices must lie in [0, {len(names)})")
-    columns: dict[str, pa.Array] = {ID_COLUMN: pa.array(customer_ids.astype(str), pa.string())}
+    # through Python strings: pyarrow's conversion of a numpy unicode array would cut a value at a NUL
+    columns: dict[str, pa.Array] = {ID_COLUMN: pa.array(customer_ids.astype(str).tolist(), pa.string())}
     for index, name in enumerate(names):
         columns[f"p_{name}"] = pa.array(probabilities[:, index], pa.float64())
     columns[PREDICTED_COLUMN] = pa.array(np.asarray(names, dtype=object)[predicted], pa.string())

@@ -320,13 +320,25 @@ def _unify(chunks: list[pa.Array], origin: str, column: str) -> pa.ChunkedArray:
         return pa.chunked_array(chunks, type=pa.null()) if chunks else pa.chunked_array([], type=pa.null())
     if len(types) == 1:
         target = types.pop()
+    elif all(pa.types.is_decimal(t) for t in types):  # numeric(p, s) arrives with each batch's own precision
+        scale = max(t.scale for t in types)
+        precision = max(t.precision - t.scale for t in types) + scale
+        target = pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(min(precision, 76), scale)
     elif all(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in types):
-        target = pa.float64()
+        return pa.chunked_array([as_float64(chunk) for chunk in chunks], type=pa.float64())
     elif all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in types):
         target = pa.large_string()
     else:
         raise DataSourceError(f"{origin}: column {column!r} holds values of different types: {sorted(map(str, types))}")
     return pa.chunked_array([chunk.cast(target) for chunk in chunks], type=target)
+
+
+def as_float64(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Numbers as float64; decimals through their text, so 25.49 becomes the double nearest 25.49 (Arrow's
+    direct decimal cast can be one unit in the last place off, and banks must encode identically)."""
+    if pa.types.is_decimal(values.type):
+        return pc.cast(pc.cast(values, pa.string()), pa.float64())
+    return pc.cast(values, pa.float64())
 
 
 def _sql_message(error: sa.exc.SQLAlchemyError) -> str:
