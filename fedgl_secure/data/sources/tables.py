@@ -42,6 +42,7 @@ from fedgl_secure.errors import DataSourceError
 Which = Literal["customers", "transactions"]
 
 BATCH_ROWS = 65_536
+CSV_BLOCK_BYTES = 8 << 20  # one CSV batch: large enough that per-batch work does not dominate
 # CSV cells read as missing (null): an empty cell and the usual spellings of "not available".
 CSV_NULL_VALUES = ["", "NA", "N/A", "NULL", "null", "NaN", "nan"]
 # What a CSV number may look like (used only to find the row of a cell that failed to convert).
@@ -167,7 +168,8 @@ def _read_csv(path: Path, columns: list[str], numeric: list[str]) -> SourceTable
     batches: list[pa.RecordBatch] = []
     offset = 0
     try:
-        with pacsv.open_csv(path, convert_options=convert) as reader:
+        read = pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES)
+        with pacsv.open_csv(path, read_options=read, convert_options=convert) as reader:
             for batch in reader:
                 arrays = [
                     _csv_number(batch.column(i), origin, offset, name) if name in numeric else batch.column(i)
