@@ -332,6 +332,11 @@ def _not_parquet(directory: Path) -> FileSource:
 
 
 BAD_INPUTS = {
+    "empty customers table (CSV header only)": (
+        lambda d: write_files(d, three_customers().slice(0, 0), transactions_of([]), "csv"),
+        SCHEMA,
+        r"customers\.csv: no customers \(the table is empty\)",
+    ),
     "missing file": (
         lambda d: FileSource(kind="files", customers=d / "nope.parquet", transactions=d / "t.parquet"),
         SCHEMA,

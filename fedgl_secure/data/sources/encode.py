@@ -271,6 +271,8 @@ def _as_numpy_text(values: pa.Array) -> np.ndarray:
 
 def encode_customers(table: pa.Table, schema: FeatureSchema, *, origin: str, seed: int = 0) -> EncodedCustomers:
     """Encode a customers table (columns: ``schema.customer_columns()``) as the consortium's schema says."""
+    if table.num_rows == 0:
+        raise DataSourceError(f"{origin}: no customers (the table is empty); a bank brings at least one")
     ids = id_strings(table.column(schema.id_column), origin=origin, name=schema.id_column, what="customer id")
     _unique(ids, origin=origin, name=schema.id_column, what="customer id")
     if schema.key_column is None:
