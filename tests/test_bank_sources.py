@@ -331,11 +331,22 @@ def _not_parquet(directory: Path) -> FileSource:
     return source
 
 
+def _csv_text(directory: Path, text: str) -> FileSource:
+    source = write_files(directory, three_customers(), transactions_of([]), "csv")
+    source.customers.write_text(text)
+    return source
+
+
 BAD_INPUTS = {
     "empty customers table (CSV header only)": (
         lambda d: write_files(d, three_customers().slice(0, 0), transactions_of([]), "csv"),
         SCHEMA,
         r"customers\.csv: no customers \(the table is empty\)",
+    ),
+    "a CSV header naming a column twice": (
+        lambda d: _csv_text(d, "customer_id,customer_key,label,age,balance,segment,age\nc1,k1,good,1,1,sme,2\n"),
+        SCHEMA,
+        r"customers\.csv: column 'age' appears more than once",
     ),
     "missing file": (
         lambda d: FileSource(kind="files", customers=d / "nope.parquet", transactions=d / "t.parquet"),

@@ -100,6 +100,9 @@ def read_table(
 
 
 def _missing_columns(origin: str, wanted: Sequence[str], available: Sequence[str]) -> None:
+    """Every wanted column present exactly once (an error names the first that is not)."""
+    if twice := [c for c in wanted if list(available).count(c) > 1]:
+        raise DataSourceError(f"{origin}: column {twice[0]!r} appears more than once; which one is meant is unclear")
     missing = [c for c in wanted if c not in set(available)]
     if not missing:
         return
