@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
 from fedgl_secure.data.sources.declaration import DataSource
 from fedgl_secure.data.sources.encode import (
     EncodedCustomers,
@@ -158,28 +158,13 @@ def _time_range(transactions: SourceTable, column: str | None) -> tuple[str, str
     return tuple(value.isoformat() if hasattr(value, "isoformat") else str(value) for value in (low, high))
 
 
-def undirected_edge_index(rows: np.ndarray, cols: np.ndarray, num_nodes: int) -> np.ndarray:
-    """The ``2 x E`` edge index of :func:`~fedgl_secure.data.graph.canonical_edge_index` (both directions,
-    no self-loops, no duplicates, sorted), computed by sorting: ``np.unique`` of numpy >= 2.3 hashes,
-    which is ~50x slower on the millions of transfers of a real bank."""
-    rows = np.asarray(rows, dtype=np.int64)
-    cols = np.asarray(cols, dtype=np.int64)
-    keep = rows != cols
-    low, high = np.minimum(rows, cols)[keep], np.maximum(rows, cols)[keep]
-    pairs = np.sort(low * num_nodes + high)
-    pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])] if pairs.size else pairs
-    low, high = pairs // num_nodes, pairs % num_nodes
-    both = np.sort(np.concatenate([low * num_nodes + high, high * num_nodes + low]))
-    return np.stack([both // num_nodes, both % num_nodes]).astype(np.int64)
-
-
 def _edges(transactions: SourceTable, schema: FeatureSchema, customers: EncodedCustomers) -> _Edges:
     ids = pa.array(customers.ids, pa.string())
     source, target = _endpoints(transactions, schema, ids)
     amount_range = _amount_range(transactions, schema.transactions.amount_column)
     time_range = _time_range(transactions, schema.transactions.time_column)
     known = (source >= 0) & (target >= 0)
-    edge_index = undirected_edge_index(source[known], target[known], customers.num_customers)
+    edge_index = canonical_edge_index(source[known], target[known], customers.num_customers)
     kept_transfers = int(known.sum())
     return _Edges(
         edge_index=edge_index,
