@@ -74,6 +74,28 @@ class SelfSupervisionConfig(_Section):
     backend: Literal["auto", "torch", "faiss"] = "auto"
 
 
+class EvaluationConfig(BaseModel):
+    """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    positive_class: int | None = Field(
+        None,
+        ge=0,
+        description="the class index the ranking metrics score (e.g. fraud); None: class 1 of a two-class "
+        "dataset, else the macro one-vs-rest average over classes",
+    )
+    top_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="recall is measured at the top this share of scores")
+
+    def check_classes(self, num_classes: int) -> None:
+        """Refuse a ``positive_class`` the dataset does not have (known only once the data is loaded)."""
+        if self.positive_class is not None and self.positive_class >= num_classes:
+            raise ConfigError(
+                f"invalid configuration: evaluation.positive_class: class {self.positive_class} does not exist; "
+                f"the dataset has {num_classes} classes (0-{num_classes - 1})"
+            )
+
+
 class ExperimentConfig(_Section):
     """One simulated run."""
 
@@ -85,6 +107,7 @@ class ExperimentConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     federation: FederationConfig = FederationConfig()
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""

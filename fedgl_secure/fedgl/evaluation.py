@@ -6,26 +6,54 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgl_secure.fedgl.config import EvaluationConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.fedgl.metrics import RankingMetrics, ranking_metrics
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sparse import SparseOperator
 
 
 @dataclass(frozen=True)
 class SplitAccuracy:
+    """Validation and test accuracy, and the ranking metrics for imbalanced labels of the same predictions."""
+
     val: float
     test: float
+    val_ranking: RankingMetrics | None  # None: not asked for (``val_ranking=False``)
+    test_ranking: RankingMetrics
 
 
 @torch.no_grad()
-def evaluate_model(model: GCN, graph: GraphTensors, adjacency: SparseOperator) -> SplitAccuracy:
-    """Validation and test accuracy of ``model`` on ``graph`` (eval mode, no dropout)."""
+def evaluate_model(
+    model: GCN,
+    graph: GraphTensors,
+    adjacency: SparseOperator,
+    evaluation: EvaluationConfig | None = None,
+    *,
+    val_ranking: bool = True,
+) -> SplitAccuracy:
+    """Validation and test accuracy of ``model`` on ``graph`` (eval mode, no dropout), and ROC-AUC, PR-AUC
+    and recall at the top (``evaluation``'s positive class and top fraction) from the same logits.
+
+    ``val_ranking=False`` skips the validation ranking metrics where nobody reads them (each client's
+    local goal): scikit-learn's per-call overhead makes them the dearest part of an evaluation.
+    """
+    evaluation = evaluation or EvaluationConfig()
     model.eval()
     logits = model(graph.features, adjacency).logits
     return SplitAccuracy(
         ratio(*accuracy(logits, graph.labels, graph.val_mask)),
         ratio(*accuracy(logits, graph.labels, graph.test_mask)),
+        split_ranking(logits, graph.labels, graph.val_mask, evaluation) if val_ranking else None,
+        split_ranking(logits, graph.labels, graph.test_mask, evaluation),
     )
+
+
+def split_ranking(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, evaluation: EvaluationConfig
+) -> RankingMetrics:
+    """:func:`~fedgl_secure.fedgl.metrics.ranking_metrics` of ``logits`` over ``mask`` under ``evaluation``."""
+    return ranking_metrics(logits, labels, mask, evaluation.positive_class, evaluation.top_fraction, from_logits=True)
 
 
 def ratio(correct: int, total: int) -> float:

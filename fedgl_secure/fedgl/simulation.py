@@ -23,9 +23,10 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
-from fedgl_secure.fedgl.evaluation import EarlyStopping, evaluate_model, ratio
+from fedgl_secure.fedgl.evaluation import EarlyStopping, SplitAccuracy, evaluate_model, ratio, split_ranking
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import EMBEDDINGS, PREDICTIONS, Broadcast, build_method
+from fedgl_secure.fedgl.metrics import RankingMetrics
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
 from fedgl_secure.log import get_logger
 from fedgl_secure.model.adjacency import gcn_normalize
@@ -85,6 +86,21 @@ class RoundRecord:
     pseudo_label_accuracy: float | None = None
     pseudo_graph_edges: int | None = None
     pseudo_graph_homophily: float | None = None
+    # ranking metrics for imbalanced labels on the global test set (fedgl/metrics.py); None: not computed
+    test_roc_auc: float | None = None
+    test_pr_auc: float | None = None
+    test_recall_at_top: float | None = None
+
+    def set_ranking(self, ranking: RankingMetrics) -> None:
+        """Record the round's test ROC-AUC, PR-AUC and recall at the top."""
+        self.test_roc_auc, self.test_pr_auc = ranking.roc_auc, ranking.pr_auc
+        self.test_recall_at_top = ranking.recall_at_top
+
+
+def _round_record(round_number: int, participants: list[int], scores: SplitAccuracy, seconds: float) -> RoundRecord:
+    record = RoundRecord(round_number, participants, scores.val, scores.test, seconds)
+    record.set_ranking(scores.test_ranking)
+    return record
 
 
 @dataclass
@@ -100,6 +116,10 @@ class RunResult:
     wall_seconds: float
     num_clients: int
     num_global_nodes: int
+    # ROC-AUC, PR-AUC, recall at the top (RankingMetrics.to_dict) at the best validation round: global test set,
+    # and each client's own test nodes
+    global_test_metrics: dict = field(default_factory=dict)
+    local_test_metrics: list[dict] = field(default_factory=list)
     history: list[RoundRecord] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     stopped_reason: str | None = None  # set when a run ends early for privacy (too few banks within budget)
@@ -161,6 +181,7 @@ def run_experiment(
 
             dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
         federation = Federation.build(dataset, config, device)
+    config.evaluation.check_classes(federation.merged.num_classes)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
     if privacy is not None and config.method in ("centralized", "local"):
@@ -205,6 +226,12 @@ def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
     )
 
 
+def _record_local_goal(result: RunResult, local: list[SplitAccuracy]) -> None:
+    """Each client's test accuracy and ranking metrics on its own graph, evaluated once, at the best round."""
+    result.local_test_accuracy = [s.test for s in local]
+    result.local_test_metrics = [s.test_ranking.to_dict() for s in local]
+
+
 def _run_federated(
     config: ExperimentConfig,
     federation: Federation,
@@ -227,6 +254,7 @@ def _run_federated(
     broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
+    best: Broadcast | None = None
     bar = _round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
@@ -256,8 +284,8 @@ def _run_federated(
         if observer is not None:
             observer(broadcast)
         evaluator.load_flat_parameters(broadcast.weights)
-        scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast))
-        record = RoundRecord(round_number, participants, scores.val, scores.test, time.perf_counter() - round_started)
+        scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast), config.evaluation)
+        record = _round_record(round_number, participants, scores, time.perf_counter() - round_started)
         if broadcast.pseudo_labels is not None:
             record.pseudo_labels, record.pseudo_label_accuracy = pseudo_label_accuracy(
                 broadcast.pseudo_labels, merged.labels
@@ -274,13 +302,20 @@ def _run_federated(
                 scores.val,
                 scores.test,
             )
-            result.local_test_accuracy = [
-                evaluate_model(evaluator, graph, method.evaluation_adjacency(graph, broadcast)).test
-                for graph in federation.client_graphs
-            ]
+            result.global_test_metrics, best = scores.test_ranking.to_dict(), broadcast
         bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
         if stopper.should_stop(round_number):
             break
+    if best is not None:  # the local goal, once, with the best round's W̄
+        evaluator.load_flat_parameters(best.weights)
+        adjacencies = [method.evaluation_adjacency(graph, best) for graph in federation.client_graphs]
+        _record_local_goal(
+            result,
+            [
+                evaluate_model(evaluator, graph, adjacency, config.evaluation, val_ranking=False)
+                for graph, adjacency in zip(federation.client_graphs, adjacencies, strict=True)
+            ],
+        )
     return result
 
 
@@ -351,14 +386,13 @@ def _run_centralized(config: ExperimentConfig, federation: Federation, progress:
     client_adjacencies = [graph.adjacency(None, 0.0, False) for graph in federation.client_graphs]
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
+    best_weights: torch.Tensor | None = None
     bar = _round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
         trainer.train(adjacency, None)
-        scores = evaluate_model(trainer.model, merged, adjacency)
-        result.history.append(
-            RoundRecord(round_number, [], scores.val, scores.test, time.perf_counter() - round_started)
-        )
+        scores = evaluate_model(trainer.model, merged, adjacency, config.evaluation)
+        result.history.append(_round_record(round_number, [], scores, time.perf_counter() - round_started))
         result.rounds_run = round_number
         if stopper.update(round_number, scores.val):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
@@ -366,19 +400,30 @@ def _run_centralized(config: ExperimentConfig, federation: Federation, progress:
                 scores.val,
                 scores.test,
             )
-            result.local_test_accuracy = [
-                evaluate_model(trainer.model, graph, adj).test
-                for graph, adj in zip(federation.client_graphs, client_adjacencies, strict=True)
-            ]
+            result.global_test_metrics, best_weights = scores.test_ranking.to_dict(), trainer.model.flat_parameters()
         bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
         if stopper.should_stop(round_number):
             break
+    if best_weights is not None:  # the local goal, once, with the best round's model
+        trainer.model.load_flat_parameters(best_weights)
+        _record_local_goal(
+            result,
+            [
+                evaluate_model(trainer.model, graph, adj, config.evaluation, val_ranking=False)
+                for graph, adj in zip(federation.client_graphs, client_adjacencies, strict=True)
+            ],
+        )
     return result
+
+
+def _ranking_of_all(logits: torch.Tensor, labels: torch.Tensor, config: ExperimentConfig) -> RankingMetrics:
+    return split_ranking(logits, labels, torch.ones_like(labels, dtype=torch.bool), config.evaluation)
 
 
 def _run_local(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
     """Each client alone. Its global score pools every (client, own test node) prediction,
-    because there is no global model; model selection uses the pooled validation accuracy."""
+    because there is no global model; model selection uses the pooled validation accuracy.
+    The pooled ranking metrics rank the clients' scores together, each from its own model."""
     graphs = federation.client_graphs
     start = initial_parameters(config, graphs[0].features.shape[1], graphs[0].num_classes)
     trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(graphs)]
@@ -387,10 +432,12 @@ def _run_local(config: ExperimentConfig, federation: Federation, progress: bool)
     adjacencies = [graph.adjacency(None, 0.0, False) for graph in graphs]
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
+    best_own_tests: list[tuple[torch.Tensor, torch.Tensor]] = []
     bar = _round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
         val_counts, test_counts, local_tests = [0, 0], [0, 0], []
+        own_tests = []  # (logits, labels) at each client's own test nodes
         for trainer, adjacency in zip(trainers, adjacencies, strict=True):
             trainer.train(adjacency, None)
             trainer.model.eval()
@@ -404,15 +451,19 @@ def _run_local(config: ExperimentConfig, federation: Federation, progress: bool)
                 counts[0] += correct
                 counts[1] += total
             local_tests.append(ratio(*accuracy(logits, trainer.graph.labels, trainer.graph.test_mask)))
+            own_tests.append((logits[trainer.graph.test_mask], trainer.graph.labels[trainer.graph.test_mask]))
         val, test = ratio(*val_counts), ratio(*test_counts)
-        result.history.append(
-            RoundRecord(round_number, list(range(len(trainers))), val, test, time.perf_counter() - round_started)
-        )
+        pooled = _ranking_of_all(*(torch.cat(parts) for parts in zip(*own_tests, strict=True)), config)
+        record = RoundRecord(round_number, list(range(len(trainers))), val, test, time.perf_counter() - round_started)
+        record.set_ranking(pooled)
+        result.history.append(record)
         result.rounds_run = round_number
         if stopper.update(round_number, val):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = round_number, val, test
             result.local_test_accuracy = local_tests
+            result.global_test_metrics, best_own_tests = pooled.to_dict(), own_tests
         bar.set_postfix(val=f"{val:.3f}", test=f"{test:.3f}", best=result.best_round)
         if stopper.should_stop(round_number):
             break
+    result.local_test_metrics = [_ranking_of_all(*own, config).to_dict() for own in best_own_tests]
     return result

@@ -1336,8 +1336,23 @@ def audit_run(
         skipped.add("not-run", AMBER, "attacks skipped (--no-attacks)")
         sections.append(skipped)
     keys = ("dataset", "method", "seed", "rounds_run", "best_round", "global_test_accuracy")
-    run = {key: files.run.get(key) for key in keys}
+    run = {key: files.run.get(key) for key in keys} | recorded_ranking_metrics(files.run)
     return AuditReport(str(files.directory.path), files.policy_source, run, sections)
+
+
+NOT_RECORDED = "not recorded"
+
+
+def recorded_ranking_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's global test ROC-AUC, PR-AUC and recall at the top (and its top fraction), beside its accuracy.
+
+    From run.json's ``global_test_metrics``; ``"not recorded"`` where it has none (a record written before
+    runs kept them): the audit never fails for their absence.
+    """
+    metrics = result.get("global_test_metrics")
+    metrics = metrics if isinstance(metrics, dict) else {}
+    names = ("roc_auc", "pr_auc", "recall_at_top", "top_fraction")
+    return {f"global_test_{name}": metrics.get(name, NOT_RECORDED) for name in names}
 
 
 def _reference_plan(files: RunFiles, reference_dir: str | Path | None, retrain: bool, progress: bool) -> ReferencePlan:
