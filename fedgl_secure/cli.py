@@ -15,7 +15,7 @@ from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
 from fedgl_secure.privacy.audit_command import audit as audit_command
 from fedgl_secure.privacy.commands import policy_app
-from fedgl_secure.services.commands import consortium_app, node_app
+from fedgl_secure.services.commands import consortium_app, node_app, predict_command
 from fedgl_secure.services.commands import fail as _fail
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app.add_typer(consortium_app, name="consortium")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.command("audit")(audit_command)
+app.command("predict")(predict_command)
 
 
 class DatasetName(str, Enum):

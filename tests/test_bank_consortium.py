@@ -84,6 +84,10 @@ def test_bank_sources_consortium_matches_the_simulation_of_the_same_tables(finis
     consortium, status = finished_bank_consortium
     applied = [row for row in status["rounds"] if row["status"] == "applied"]
     assert len(applied) == ROUNDS and all(sorted(row["contributors"]) == list(BANKS) for row in applied)
+    # imbalanced labels: ROC-AUC, PR-AUC, recall at the top 1 % from the banks' pooled score histograms
+    metrics = status["best_test_metrics"]
+    assert set(metrics) >= {"roc_auc", "pr_auc", "recall_at_top"}
+    assert all(0.0 <= metrics[name] <= 1.0 for name in ("roc_auc", "pr_auc", "recall_at_top"))
     with consortium.client("bank-a", "aggregator") as http:
         response = http.get(f"/v1/models/{ROUNDS}")
     assert response.status_code == 200, response.text

@@ -99,7 +99,7 @@ class ScriptedAggregator:
     def status(self):
         return {"best_version": 0, "latest_version": 0}
 
-    def report(self, version, counts):
+    def report(self, version, counts, histograms=None):
         pass
 
     def upload(self, round_number, kind, chunks, receipt):
@@ -302,7 +302,7 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
     assert json.loads(ledger_path.read_text()) == after_two
 
 
-def test_without_dp_the_bank_uploads_its_contribution_unchanged(world, small_policy, tmp_path, monkeypatch):
+def test_without_dp_the_bank_uploads_its_contribution_over_the_public_w_max(world, small_policy, tmp_path, monkeypatch):
     contributions = []
     original = bank_module.BankWorker._release
 
@@ -313,8 +313,11 @@ def test_without_dp_the_bank_uploads_its_contribution_unchanged(world, small_pol
     monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
     worker, encrypted = run_worker(world, small_policy, tmp_path, [(1, "n1")], monkeypatch)
     assert worker.privacy is None and not (tmp_path / LEDGER_FILE).exists()
+    w_max = max(client.num_nodes for client in world.clients)  # what the union index told the bank
+    assert worker.privacy_normaliser == w_max
+    assert {kind for _, _, kind, _ in encrypted} == set(contributions[0])
     for _, _, kind, values in encrypted:
-        np.testing.assert_array_equal(values.reshape(-1), contributions[0][kind])
+        np.testing.assert_allclose(values.reshape(-1), contributions[0][kind] / w_max, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,23 @@ def client_weight(num_nodes: int) -> float:
     return float(num_nodes)
 
 
+def normalise_contribution(
+    contribution: Mapping[str, torch.Tensor], normaliser: float
+) -> dict[str, torch.Tensor]:
+    """Every pre-weighted term divided by the public ``w_max = max_k w_k``, so a bank uploads ``ŵ_k·X_k`` with
+    ``ŵ_k = w_k / w_max ∈ (0, 1]``.
+
+    Eqs. 10, 12 and 14 are ratios of sums in which every term carries the same factor, so the fused
+    results do not change; what changes is the range: with ``w_k = N_k`` the encrypted values grow with
+    the bank (a 20,000-customer bank's embeddings crossed CKKS' 8.7e4 bound at scale 2^40), with ``ŵ_k``
+    they stay within the values themselves. The DP step normalises the same way
+    (:mod:`fedgl_secure.privacy.dp_round`).
+    """
+    if not normaliser > 0:
+        raise ConfigError(f"aggregation: the weight normaliser w_max must be positive, got {normaliser}")
+    return {kind: tensor / normaliser for kind, tensor in contribution.items()}
+
+
 def fedavg(weighted_parameter_sum: torch.Tensor, total_weight: torch.Tensor | float) -> torch.Tensor:
     """Eq. 10: ``W̄ = Σ_k w_k W_k / Σ_k w_k`` from the already-summed numerator and denominator."""
     total = float(total_weight)

@@ -87,6 +87,12 @@ class EvaluationConfig(BaseModel):
     )
     top_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="recall is measured at the top this share of scores")
 
+    def scored_class(self, num_classes: int) -> int | None:
+        """The one class whose scores are ranked (``positive_class``, else class 1 of two), or None (macro)."""
+        if self.positive_class is not None:
+            return self.positive_class
+        return 1 if num_classes == 2 else None
+
     def check_classes(self, num_classes: int) -> None:
         """Refuse a ``positive_class`` the dataset does not have (known only once the data is loaded)."""
         if self.positive_class is not None and self.positive_class >= num_classes:

@@ -20,7 +20,7 @@ from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.sampling import make_clients, select_participants
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight
+from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.evaluation import EarlyStopping, SplitAccuracy, evaluate_model, ratio, split_ranking
@@ -254,13 +254,17 @@ def _run_federated(
     broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
+    weight_normaliser = max(client_weight(graph.num_nodes) for graph in federation.client_graphs)
     best: Broadcast | None = None
     bar = _round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
-        if privacy is None:
-            contributions = {k: method.client_contribution(trainers[k], broadcast) for k in participants}
+        if privacy is None:  # uploads are ŵ_k·X_k with the public w_max, as a bank's (the DP step normalises alike)
+            contributions = {
+                k: normalise_contribution(method.client_contribution(trainers[k], broadcast), weight_normaliser)
+                for k in participants
+            }
         else:
             # a bank whose budget is spent refuses every later round: it does not train either; under DP,
             # P_k and H_k are computed once, with the public W̄, by protect_contributions

@@ -57,7 +57,14 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator_store import AggregatorStore, Enrolment, Withdrawal, best_report, round_history
+from fedgl_secure.services.aggregator_store import (
+    AggregatorStore,
+    Enrolment,
+    Withdrawal,
+    best_report,
+    pooled_test_metrics,
+    round_history,
+)
 from fedgl_secure.services.pseudonyms import union_positions
 
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
@@ -422,8 +429,11 @@ class Coordinator:
             self._changed.notify_all()
         return True
 
-    def accept_report(self, bank: str, version: int, counts: tuple[int, int, int, int]) -> None:
-        """A bank's evaluation of model ``version`` on its own validation and test nodes (counts only)."""
+    def accept_report(
+        self, bank: str, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None
+    ) -> None:
+        """A bank's evaluation of model ``version`` on its own validation and test nodes: counts, and with a
+        positive class its score histograms (:mod:`fedgl_secure.fedgl.score_histograms`)."""
         self._bank_index(bank)
         val_correct, val_total, test_correct, test_total = counts
         if not (0 <= val_correct <= val_total and 0 <= test_correct <= test_total):
@@ -431,12 +441,13 @@ class Coordinator:
         latest = self._latest_version
         if latest is None or not 0 <= version <= latest:
             raise ProtocolConflict("unknown-version", f"model version {version} does not exist")
-        self.store.save_report(version, bank, counts)
+        self.store.save_report(version, bank, counts, histograms)
 
     def status(self) -> dict:
         reports = self.store.pooled_reports()
         history = round_history(self.store, reports)
         best = best_report(reports)
+        metrics = pooled_test_metrics(self.store, best[0] if best else None, self.config.evaluation.top_fraction)
         return {
             "federation": self.federation,
             "phase": self.round_phase(),
@@ -446,6 +457,7 @@ class Coordinator:
             "best_version": best[0] if best else None,
             "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else None,
             "best_test_accuracy": ratio(best[1][3], best[1][4]) if best else None,
+            "best_test_metrics": metrics,
             "withdrawn": [
                 {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
             ],

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
+from fedgl_secure.fedgl.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import wire
@@ -124,6 +125,19 @@ class ReportRequest(_Schema):
     val_total: int = Field(ge=0)
     test_correct: int = Field(ge=0)
     test_total: int = Field(ge=0)
+    # with a positive class: validation negatives, validation positives, test negatives, test positives,
+    # each counted per score bin (fedgl/score_histograms.py)
+    histograms: list[list[int]] | None = Field(None, min_length=4, max_length=4)
+
+    def checked_histograms(self) -> np.ndarray | None:
+        if self.histograms is None:
+            return None
+        histograms = np.asarray(self.histograms, dtype=np.int64)
+        if histograms.shape != (4, NUM_BINS) or (histograms < 0).any():
+            raise ProtocolConflict("bad-report", f"histograms must be 4 x {NUM_BINS} non-negative counts")
+        if histograms[:2].sum() > self.val_total or histograms[2:].sum() > self.test_total:
+            raise ProtocolConflict("bad-report", "histograms count more customers than the report's totals")
+        return histograms
 
 
 def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, lifespan=None) -> FastAPI:
@@ -179,7 +193,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     @app.post("/v1/reports")
     def report(request: ReportRequest, caller: Caller = Depends(bank_only)) -> dict:
         counts = (request.val_correct, request.val_total, request.test_correct, request.test_total)
-        coordinator.accept_report(caller.name, request.version, counts)
+        coordinator.accept_report(caller.name, request.version, counts, request.checked_histograms())
         return {"recorded": True}
 
     @app.post("/v1/withdraw")
@@ -240,9 +254,12 @@ class AggregatorClient:
             headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": "application/octet-stream"},
         )
 
-    def report(self, version: int, counts: tuple[int, int, int, int]) -> None:
+    def report(self, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None) -> None:
         names = ("val_correct", "val_total", "test_correct", "test_total")
-        self._call("POST", "/v1/reports", json={"version": version, **dict(zip(names, counts, strict=True))})
+        payload = {"version": version, **dict(zip(names, counts, strict=True))}
+        if histograms is not None:
+            payload["histograms"] = histograms.tolist()
+        self._call("POST", "/v1/reports", json=payload)
 
     def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
         request = WithdrawRequest(reason=reason, round=round_number)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fedgl_secure.fedgl.evaluation import ratio
+from fedgl_secure.fedgl.score_histograms import histogram_metrics
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,6 +42,8 @@ CREATE TABLE IF NOT EXISTS sums (
 CREATE TABLE IF NOT EXISTS reports (
     version INTEGER NOT NULL, bank TEXT NOT NULL, val_correct INTEGER NOT NULL, val_total INTEGER NOT NULL,
     test_correct INTEGER NOT NULL, test_total INTEGER NOT NULL, PRIMARY KEY (version, bank));
+CREATE TABLE IF NOT EXISTS report_histograms (
+    version INTEGER NOT NULL, bank TEXT NOT NULL, histograms BLOB NOT NULL, PRIMARY KEY (version, bank));
 CREATE TABLE IF NOT EXISTS receipts (
     round INTEGER NOT NULL, nonce TEXT NOT NULL, bank TEXT NOT NULL, kind TEXT NOT NULL, receipt TEXT NOT NULL,
     accepted_at REAL NOT NULL, PRIMARY KEY (round, nonce, bank, kind));
@@ -313,16 +316,31 @@ class AggregatorStore:
 
     # --- evaluation reports -----------------------------------------------------------------
 
-    def save_report(self, version: int, bank: str, counts: tuple[int, int, int, int]) -> None:
-        self._write(
-            [
+    def save_report(
+        self, version: int, bank: str, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None
+    ) -> None:
+        statements = [
+            (
+                "INSERT OR REPLACE INTO reports (version, bank, val_correct, val_total, test_correct, test_total) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (version, bank, *counts),
+            )
+        ]
+        if histograms is not None:
+            statements.append(
                 (
-                    "INSERT OR REPLACE INTO reports (version, bank, val_correct, val_total, test_correct, test_total) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (version, bank, *counts),
+                    "INSERT OR REPLACE INTO report_histograms (version, bank, histograms) VALUES (?, ?, ?)",
+                    (version, bank, np.ascontiguousarray(histograms, dtype="<i8").tobytes()),
                 )
-            ]
-        )
+            )
+        self._write(statements)
+
+    def pooled_histograms(self, version: int) -> np.ndarray | None:
+        """The banks' score histograms of ``version`` summed (``4 × bins``), or None when none reported any."""
+        rows = self._read("SELECT histograms FROM report_histograms WHERE version = ?", (version,))
+        if not rows:
+            return None
+        return sum(np.frombuffer(blob, dtype="<i8").reshape(4, -1) for (blob,) in rows)
 
     def pooled_reports(self) -> dict[int, tuple[int, int, int, int, int]]:
         """Per model version: (banks reporting, val correct, val total, test correct, test total)."""
@@ -386,6 +404,13 @@ def best_report(
     """
     candidates = ((v, r) for v, r in reports.items() if versions is None or v in versions)
     return max(candidates, key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
+
+
+def pooled_test_metrics(store: AggregatorStore, version: int | None, top_fraction: float) -> dict | None:
+    """ROC-AUC, PR-AUC and recall at the top of model ``version`` on the banks' pooled test customers, from
+    their score histograms (None without them: no positive class, or nothing reported)."""
+    histograms = None if version is None else store.pooled_histograms(version)
+    return None if histograms is None else histogram_metrics(histograms[2:], top_fraction).to_dict()
 
 
 def round_history(

@@ -55,11 +55,12 @@ from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
 from fedgl_secure.errors import ConfigError, FedGLError
-from fedgl_secure.fedgl.aggregation import client_weight
+from fedgl_secure.fedgl.aggregation import client_weight, normalise_contribution
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import Broadcast, build_method
+from fedgl_secure.fedgl.score_histograms import score_histogram
 from fedgl_secure.fedgl.simulation import protect_contributions, resolve_device
 from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
@@ -231,12 +232,13 @@ class BankWorker:
     def _release(
         self, session: _Session, view: RoundResponse, broadcast: Broadcast, contribution: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor] | None:
-        """The contribution after the bank's DP step (unchanged without DP), or None once its budget is spent.
+        """The contribution as uploaded: normalised by the public w_max (:func:`normalise_contribution`), after
+        the bank's DP step when the policy has DP (which normalises alike), or None once its budget is spent.
 
         A round's release is made once: a reopened attempt of the same round reuses it.
         """
         if self.privacy is None:
-            return contribution
+            return normalise_contribution(contribution, self.privacy_normaliser)
         key = (view.round, view.base_version)
         if key not in session.released:
             k = self.client_index
@@ -333,14 +335,23 @@ class BankWorker:
                 raise _NotReady(conflict.detail) from None
             raise
 
-    def _evaluate(self, session: _Session, broadcast: Broadcast) -> tuple[int, int, int, int]:
+    def _evaluate(self, session: _Session, broadcast: Broadcast) -> tuple[tuple[int, int, int, int], np.ndarray | None]:
+        """Counts (validation correct/total, test correct/total) and, with a positive class, the score
+        histograms of validation and test customers by label (``4 × bins``; never a customer's score)."""
         session.evaluator.load_flat_parameters(broadcast.weights)
         session.evaluator.eval()
         with torch.no_grad():
             adjacency = self.method.evaluation_adjacency(session.graph, broadcast)
             logits = session.evaluator(session.graph.features, adjacency).logits
         graph = session.graph
-        return (*accuracy(logits, graph.labels, graph.val_mask), *accuracy(logits, graph.labels, graph.test_mask))
+        counts = (*accuracy(logits, graph.labels, graph.val_mask), *accuracy(logits, graph.labels, graph.test_mask))
+        positive = self.config.evaluation.scored_class(graph.num_classes)
+        if positive is None:
+            return counts, None
+        histograms = np.concatenate(
+            [score_histogram(logits, graph.labels, mask, positive) for mask in (graph.val_mask, graph.test_mask)]
+        )
+        return counts, histograms
 
     def _download(self, session: _Session, version: int) -> Broadcast:
         return decode_broadcast(
@@ -350,7 +361,7 @@ class BankWorker:
     def _report(self, session: _Session, version: int, broadcast: Broadcast) -> None:
         if version in session.reported:
             return
-        self.aggregator.report(version, self._evaluate(session, broadcast))
+        self.aggregator.report(version, *self._evaluate(session, broadcast))
         session.reported.add(version)
 
     def _report_final(self, session: _Session, version: int | None) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.evaluation import ratio
-from fedgl_secure.services.aggregator_store import best_report, round_history
+from fedgl_secure.services.aggregator_store import best_report, pooled_test_metrics, round_history
 from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
 
 
@@ -51,6 +51,8 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
     round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
     history = round_history(store, reports)
     best = best_report(reports, round_of_version)
+    top_fraction = config.evaluation.top_fraction
+    metrics = pooled_test_metrics(store, best[0] if best else None, top_fraction)
     index = store.index()
     finished = store.finished()
     return {
@@ -62,6 +64,8 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
         "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else float("nan"),
         "global_test_accuracy": ratio(best[1][3], best[1][4]) if best else float("nan"),
         "local_test_accuracy": [],
+        # from the banks' pooled score histograms (fedgl/score_histograms.py); None without a positive class
+        "global_test_metrics": metrics,
         "wall_seconds": sum(h["seconds"] or 0.0 for h in history),
         "num_clients": len(consortium.banks),
         "num_global_nodes": index[0] if index else 0,
