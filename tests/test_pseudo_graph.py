@@ -253,4 +253,67 @@ def test_auto_backend_on_a_cpu_host_prefers_faiss():
 
 
 def test_public_constants():
-    assert BACKENDS == ("auto", "torch", "faiss") and SIMILARITIES == ("dot", "cosine")
+    assert BACKENDS == ("auto", "torch", "faiss", "faiss-ivf") and SIMILARITIES == ("dot", "cosine")
+
+
+# --------------------------------------------------------------------------------------------
+# The approximate backend (faiss-ivf).
+
+
+def clustered_embeddings(m: int, d: int, seed: int, centres: int = 20) -> torch.Tensor:
+    """Rows around a few random centres, as GCN logits of a few classes are."""
+    generator = torch.Generator().manual_seed(seed)
+    means = 3 * torch.randn(centres, d, generator=generator)
+    return means[torch.randint(0, centres, (m,), generator=generator)] + torch.randn(m, d, generator=generator)
+
+
+@pytest.fixture(scope="module")
+def clustered_5k() -> torch.Tensor:
+    return clustered_embeddings(5000, 16, seed=11)
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_ivf_returns_a_valid_deterministic_graph_with_high_recall(clustered_5k: torch.Tensor, similarity: str):
+    s = 20
+    graph = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss-ivf")
+    assert graph.neighbors.shape == graph.weights.shape == (5000, s)
+    assert graph.neighbors.dtype == torch.int64 and graph.weights.dtype == torch.float32
+    assert_invariants(graph)
+    again = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss-ivf")
+    assert torch.equal(graph.neighbors, again.neighbors) and torch.equal(graph.weights, again.weights)
+
+    exact = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss")
+    hits = sum(len(set(a) & set(b)) for a, b in zip(graph.neighbors.tolist(), exact.neighbors.tolist(), strict=True))
+    assert hits / (5000 * s) >= 0.9
+
+
+def test_ivf_falls_back_to_exact_search_when_probed_lists_are_short():
+    """Tiny inputs: the probed lists hold fewer than s + 1 rows, so no -1 id may leak out."""
+    h = random_embeddings(60, 3, seed=12)
+    graph = discover_pseudo_graph(h, 50, similarity="cosine", backend="faiss-ivf", block_size=16)
+    assert_matches_reference(graph, h, 50, "cosine")
+
+
+def test_auto_switches_to_ivf_above_the_threshold(monkeypatch: pytest.MonkeyPatch):
+    from fedgl_secure.fedgl import pseudo_graph
+
+    assert pseudo_graph.APPROXIMATE_MIN_NODES >= 100_000
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES) == ("faiss", cpu)
+    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES + 1) == ("faiss-ivf", cpu)
+    assert resolve_backend("faiss", "cpu", num_nodes=10**7) == ("faiss", cpu)  # forcing wins
+    assert resolve_backend("faiss-ivf", "cpu", num_nodes=10) == ("faiss-ivf", cpu)
+
+    h = clustered_embeddings(400, 8, seed=13)
+    exact = discover_pseudo_graph(h, 10, device="cpu")
+    assert_matches_reference(exact, h, 10, "dot")  # below the threshold auto stays exact
+    monkeypatch.setattr(pseudo_graph, "APPROXIMATE_MIN_NODES", 399)
+    assert resolve_backend("auto", "cpu", num_nodes=400) == ("faiss-ivf", cpu)
+    switched = discover_pseudo_graph(h, 10, device="cpu")
+    ivf = discover_pseudo_graph(h, 10, backend="faiss-ivf")
+    assert torch.equal(switched.neighbors, ivf.neighbors)
+
+
+def test_ivf_refuses_a_gpu_device():
+    with pytest.raises(ConfigError, match="^device"):
+        discover_pseudo_graph(torch.randn(10, 3), 3, backend="faiss-ivf", device="cuda:0")
