@@ -91,13 +91,10 @@ class ScriptedAggregator:
         return IndexView(self.index_size, self.positions, self.max_bank_nodes)
 
     def current_round(self):
-        return self.views.pop(0) if self.views else RoundResponse(phase="finished", federation="fed")
+        return self.views.pop(0) if self.views else RoundResponse(phase="finished", federation="fed", final_version=0)
 
     def model(self, version):
         return self.model_bytes
-
-    def status(self):
-        return {"best_version": 0, "latest_version": 0}
 
     def report(self, version, counts, histograms=None):
         pass

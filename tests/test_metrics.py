@@ -219,7 +219,7 @@ def test_simulate_summary_and_run_record_carry_the_metrics(tmp_path):
     record = json.loads(output.read_text())
     assert _in_unit_interval(record["global_test_metrics"]) and len(record["local_test_metrics"]) == 6
     assert summary["global_test_metrics"] == {k: round(v, 4) for k, v in record["global_test_metrics"].items()}
-    assert record["config"]["evaluation"] == {"positive_class": None, "top_fraction": 0.01}
+    assert record["config"]["evaluation"] == {"positive_class": None, "top_fraction": 0.01, "selection": "accuracy"}
 
 
 @pytest.mark.parametrize(

@@ -369,7 +369,9 @@ def _existing_output(out_dir: Path, parameters: SynthParameters) -> SynthSummary
         for bank in summary.banks:
             for name, size in bank.files.items():
                 path = out_dir / bank.name / name
-                if not path.is_file() or path.stat().st_size != size:
+                # a SQLite file is the bank's own database: `fedgl-secure predict` writes its scores into it
+                grown = path.suffix != ".sqlite" and path.is_file() and path.stat().st_size != size
+                if not path.is_file() or grown:
                     raise ConfigError(
                         f"out_dir: {path} is missing or was changed since the manifest was written; remove {out_dir} "
                         "and generate again"

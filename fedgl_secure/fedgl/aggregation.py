@@ -20,9 +20,7 @@ def client_weight(num_nodes: int) -> float:
     return float(num_nodes)
 
 
-def normalise_contribution(
-    contribution: Mapping[str, torch.Tensor], normaliser: float
-) -> dict[str, torch.Tensor]:
+def normalise_contribution(contribution: Mapping[str, torch.Tensor], normaliser: float) -> dict[str, torch.Tensor]:
     """Every pre-weighted term divided by the public ``w_max = max_k w_k``, so a bank uploads ``ŵ_k·X_k`` with
     ``ŵ_k = w_k / w_max ∈ (0, 1]``.
 

@@ -71,7 +71,7 @@ class SelfSupervisionConfig(_Section):
     embedding: Literal["output", "hidden"] = Field("output", description="H: logits or hidden layer")
     renormalize_fused: bool = Field(False, description="re-normalise Eq. 9's sum symmetrically")
     pseudo_graph_at_eval: bool = Field(False, description="fuse the pseudo graph when evaluating W̄")
-    backend: Literal["auto", "torch", "faiss"] = "auto"
+    backend: Literal["auto", "torch", "faiss", "faiss-ivf"] = "auto"
 
 
 class EvaluationConfig(BaseModel):
@@ -86,6 +86,12 @@ class EvaluationConfig(BaseModel):
         "dataset, else the macro one-vs-rest average over classes",
     )
     top_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="recall is measured at the top this share of scores")
+    selection: Literal["accuracy", "pr_auc"] = Field(
+        "accuracy",
+        description="the validation metric that picks the best round (the final model) and drives early stopping; "
+        "pr_auc (the ranked class's average precision) for imbalanced labels, where a model calling everybody "
+        "'good' is 97 % accurate",
+    )
 
     def scored_class(self, num_classes: int) -> int | None:
         """The one class whose scores are ranked (``positive_class``, else class 1 of two), or None (macro)."""
@@ -94,11 +100,17 @@ class EvaluationConfig(BaseModel):
         return 1 if num_classes == 2 else None
 
     def check_classes(self, num_classes: int) -> None:
-        """Refuse a ``positive_class`` the dataset does not have (known only once the data is loaded)."""
+        """Refuse a ``positive_class`` the dataset does not have, and PR-AUC selection without a ranked class
+        (both known only once the data is loaded)."""
         if self.positive_class is not None and self.positive_class >= num_classes:
             raise ConfigError(
                 f"invalid configuration: evaluation.positive_class: class {self.positive_class} does not exist; "
                 f"the dataset has {num_classes} classes (0-{num_classes - 1})"
+            )
+        if self.selection == "pr_auc" and self.scored_class(num_classes) is None:
+            raise ConfigError(
+                "invalid configuration: evaluation.selection: 'pr_auc' ranks one class, but this dataset has "
+                f"{num_classes} classes and no evaluation.positive_class; set one, or select by 'accuracy'"
             )
 
 

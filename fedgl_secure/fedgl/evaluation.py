@@ -56,6 +56,12 @@ def split_ranking(
     return ranking_metrics(logits, labels, mask, evaluation.positive_class, evaluation.top_fraction, from_logits=True)
 
 
+def selection_value(scores: SplitAccuracy, selection: str) -> float:
+    """The validation figure that picks the best round (``evaluation.selection``): accuracy, or the ranked
+    class's average precision (NaN, which never counts as an improvement, when it is undefined)."""
+    return scores.val if selection == "accuracy" else scores.val_ranking.pr_auc
+
+
 def ratio(correct: int, total: int) -> float:
     return correct / total if total else float("nan")
 

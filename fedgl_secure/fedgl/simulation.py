@@ -23,7 +23,14 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
-from fedgl_secure.fedgl.evaluation import EarlyStopping, SplitAccuracy, evaluate_model, ratio, split_ranking
+from fedgl_secure.fedgl.evaluation import (
+    EarlyStopping,
+    SplitAccuracy,
+    evaluate_model,
+    ratio,
+    selection_value,
+    split_ranking,
+)
 from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.fedgl.methods import EMBEDDINGS, PREDICTIONS, Broadcast, build_method
 from fedgl_secure.fedgl.metrics import RankingMetrics
@@ -90,6 +97,7 @@ class RoundRecord:
     test_roc_auc: float | None = None
     test_pr_auc: float | None = None
     test_recall_at_top: float | None = None
+    val_pr_auc: float | None = None  # what evaluation.selection = "pr_auc" picks the best round by
 
     def set_ranking(self, ranking: RankingMetrics) -> None:
         """Record the round's test ROC-AUC, PR-AUC and recall at the top."""
@@ -100,6 +108,7 @@ class RoundRecord:
 def _round_record(round_number: int, participants: list[int], scores: SplitAccuracy, seconds: float) -> RoundRecord:
     record = RoundRecord(round_number, participants, scores.val, scores.test, seconds)
     record.set_ranking(scores.test_ranking)
+    record.val_pr_auc = scores.val_ranking.pr_auc
     return record
 
 
@@ -300,7 +309,7 @@ def _run_federated(
             )
         result.history.append(record)
         result.rounds_run = round_number
-        if stopper.update(round_number, scores.val):
+        if stopper.update(round_number, selection_value(scores, config.evaluation.selection)):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
                 round_number,
                 scores.val,
@@ -398,7 +407,7 @@ def _run_centralized(config: ExperimentConfig, federation: Federation, progress:
         scores = evaluate_model(trainer.model, merged, adjacency, config.evaluation)
         result.history.append(_round_record(round_number, [], scores, time.perf_counter() - round_started))
         result.rounds_run = round_number
-        if stopper.update(round_number, scores.val):
+        if stopper.update(round_number, selection_value(scores, config.evaluation.selection)):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
                 round_number,
                 scores.val,
@@ -426,7 +435,7 @@ def _ranking_of_all(logits: torch.Tensor, labels: torch.Tensor, config: Experime
 
 def _run_local(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
     """Each client alone. Its global score pools every (client, own test node) prediction,
-    because there is no global model; model selection uses the pooled validation accuracy.
+    because there is no global model; model selection uses the pooled validation accuracy (or PR-AUC).
     The pooled ranking metrics rank the clients' scores together, each from its own model."""
     graphs = federation.client_graphs
     start = initial_parameters(config, graphs[0].features.shape[1], graphs[0].num_classes)
@@ -441,7 +450,7 @@ def _run_local(config: ExperimentConfig, federation: Federation, progress: bool)
     for round_number in bar:
         round_started = time.perf_counter()
         val_counts, test_counts, local_tests = [0, 0], [0, 0], []
-        own_tests = []  # (logits, labels) at each client's own test nodes
+        own_tests, own_vals = [], []  # (logits, labels) at each client's own test / validation nodes
         for trainer, adjacency in zip(trainers, adjacencies, strict=True):
             trainer.train(adjacency, None)
             trainer.model.eval()
@@ -456,13 +465,15 @@ def _run_local(config: ExperimentConfig, federation: Federation, progress: bool)
                 counts[1] += total
             local_tests.append(ratio(*accuracy(logits, trainer.graph.labels, trainer.graph.test_mask)))
             own_tests.append((logits[trainer.graph.test_mask], trainer.graph.labels[trainer.graph.test_mask]))
+            own_vals.append((logits[trainer.graph.val_mask], trainer.graph.labels[trainer.graph.val_mask]))
         val, test = ratio(*val_counts), ratio(*test_counts)
         pooled = _ranking_of_all(*(torch.cat(parts) for parts in zip(*own_tests, strict=True)), config)
         record = RoundRecord(round_number, list(range(len(trainers))), val, test, time.perf_counter() - round_started)
         record.set_ranking(pooled)
         result.history.append(record)
         result.rounds_run = round_number
-        if stopper.update(round_number, val):
+        record.val_pr_auc = _ranking_of_all(*(torch.cat(parts) for parts in zip(*own_vals, strict=True)), config).pr_auc
+        if stopper.update(round_number, val if config.evaluation.selection == "accuracy" else record.val_pr_auc):
             result.best_round, result.best_val_accuracy, result.global_test_accuracy = round_number, val, test
             result.local_test_accuracy = local_tests
             result.global_test_metrics, best_own_tests = pooled.to_dict(), own_tests

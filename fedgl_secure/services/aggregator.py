@@ -64,6 +64,7 @@ from fedgl_secure.services.aggregator_store import (
     best_report,
     pooled_test_metrics,
     round_history,
+    validation_scores,
 )
 from fedgl_secure.services.pseudonyms import union_positions
 
@@ -215,6 +216,11 @@ class RoundView:
     seconds_left: float | None = None
     latest_version: int | None = None
     stopped_reason: str | None = None
+    final_version: int | None = None  # set once the finished federation has fixed its final model
+
+
+FINAL_VERSION = "final_version"
+FINAL_GRACE_SECONDS = 60.0  # how long a finished federation waits for the banks' reports of its last version
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,9 @@ class Coordinator:
         self._aggregating = False
         self._started = time.monotonic()
         self._finished = store.finished()
+        final = store.get_meta(FINAL_VERSION)
+        self._final_version: int | None = None if final is None else int(final)
+        self._finished_at: float | None = None  # a restarted, finished aggregator waits no longer
         self._enrolled: set[str] = set(store.enrolled_banks())  # kept by enrol(); the round loop waits on it
         # kept in memory (the poll path reads them under the lock): set by _build_index, _apply and _finish
         self._latest_version: int | None = store.latest_version()
@@ -366,10 +375,16 @@ class Coordinator:
         self.heartbeat(bank)
         with self._changed:
             latest = self._latest_version
-            if self._finished:
-                return RoundView(
-                    "finished", self.federation, latest_version=latest, stopped_reason=self._stopped_reason
-                )
+            finished = self._finished
+        if finished:
+            return RoundView(
+                "finished",
+                self.federation,
+                latest_version=latest,
+                stopped_reason=self._stopped_reason,
+                final_version=self.final_version(),
+            )
+        with self._changed:
             if self._index is None:
                 return RoundView("enrolling", self.federation)
             current = self._open
@@ -446,7 +461,7 @@ class Coordinator:
     def status(self) -> dict:
         reports = self.store.pooled_reports()
         history = round_history(self.store, reports)
-        best = best_report(reports)
+        best = best_report(reports, scores=validation_scores(self.store, reports, self.config.evaluation.selection))
         metrics = pooled_test_metrics(self.store, best[0] if best else None, self.config.evaluation.top_fraction)
         return {
             "federation": self.federation,
@@ -458,6 +473,7 @@ class Coordinator:
             "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else None,
             "best_test_accuracy": ratio(best[1][3], best[1][4]) if best else None,
             "best_test_metrics": metrics,
+            "final_version": self.final_version(),
             "withdrawn": [
                 {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
             ],
@@ -753,20 +769,49 @@ class Coordinator:
             self._changed.notify_all()
 
     def _early_stop(self, stopper: EarlyStopping, reported_version: int) -> bool:
-        pooled = self.store.pooled_reports().get(reported_version)
+        reports = self.store.pooled_reports()
+        pooled = reports.get(reported_version)
         if pooled is None or pooled[2] == 0:
             return False
-        stopper.update(reported_version, ratio(pooled[1], pooled[2]))
+        scores = validation_scores(self.store, {reported_version: pooled}, self.config.evaluation.selection)
+        stopper.update(reported_version, scores.get(reported_version, float("nan")))
         if stopper.should_stop(reported_version):
             self.log.info("rounds.early_stop", best_version=stopper.best_round, patience=stopper.patience)
             return True
         return False
+
+    def final_version(self) -> int | None:
+        """The finished federation's final model: the best version by the pooled validation figure
+        (``evaluation.selection``), else the latest — fixed (and persisted) once every bank still in the
+        run has reported the latest version, or :data:`FINAL_GRACE_SECONDS` after the finish, so every
+        bank scores with the same model. None before that."""
+        with self._changed:
+            if self._final_version is not None or not self._finished:
+                return self._final_version
+            latest, finished_at = self._latest_version, self._finished_at
+            expected = len([bank for bank in self.banks if bank not in self._withdrawn])
+        reports = self.store.pooled_reports()
+        reported = reports.get(latest, (0,))[0] if latest is not None else 0
+        waited = finished_at is None or time.monotonic() - finished_at >= FINAL_GRACE_SECONDS
+        if reported < expected and not waited:
+            return None
+        best = best_report(reports, scores=validation_scores(self.store, reports, self.config.evaluation.selection))
+        version = best[0] if best is not None else latest
+        if version is None:
+            return None
+        with self._changed:
+            if self._final_version is None:
+                self.store.set_meta(FINAL_VERSION, str(version))
+                self._final_version = version
+                self.log.info("final_version.fixed", version=version, reports_of_latest=reported, banks=expected)
+            return self._final_version
 
     def _finish(self, version: int, stopped_reason: str | None = None) -> None:
         """The federation is over (persisted): ``max_rounds`` versions, early stopping, or ``stopped_reason``."""
         self.store.finish(stopped_reason)
         with self._changed:
             self._finished = True
+            self._finished_at = time.monotonic()
             if stopped_reason is not None:
                 self._stopped_reason = stopped_reason
             self._changed.notify_all()

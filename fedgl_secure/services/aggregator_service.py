@@ -100,6 +100,7 @@ class RoundResponse(_Schema):
     seconds_left: float | None = None
     latest_version: int | None = None
     stopped_reason: str | None = None  # set when phase == "finished" and the run stopped early
+    final_version: int | None = None  # phase == "finished": the final model, once the aggregator has fixed it
 
 
 class UploadResponse(_Schema):

@@ -342,6 +342,14 @@ class AggregatorStore:
             return None
         return sum(np.frombuffer(blob, dtype="<i8").reshape(4, -1) for (blob,) in rows)
 
+    def pooled_validation_pr_auc(self) -> dict[int, float]:
+        """Per model version: the ranked class's average precision on the banks' pooled validation histograms."""
+        pooled: dict[int, np.ndarray] = {}
+        for version, blob in self._read("SELECT version, histograms FROM report_histograms"):
+            histograms = np.frombuffer(blob, dtype="<i8").reshape(4, -1)
+            pooled[version] = pooled[version] + histograms if version in pooled else histograms.copy()
+        return {version: histogram_metrics(h[:2]).pr_auc for version, h in pooled.items()}
+
     def pooled_reports(self) -> dict[int, tuple[int, int, int, int, int]]:
         """Per model version: (banks reporting, val correct, val total, test correct, test total)."""
         rows = self._read(
@@ -396,14 +404,31 @@ PooledReport = tuple[int, int, int, int, int]
 """(reports, val correct, val total, test correct, test total) of one model version, over the banks."""
 
 
+def validation_scores(store: AggregatorStore, reports: Mapping[int, PooledReport], selection: str) -> dict[int, float]:
+    """Per model version, the pooled validation figure that selects the final model (``evaluation.selection``):
+    accuracy from the counts, or PR-AUC from the score histograms."""
+    if selection == "accuracy":
+        return {version: ratio(report[1], report[2]) for version, report in reports.items()}
+    return store.pooled_validation_pr_auc()
+
+
 def best_report(
-    reports: Mapping[int, PooledReport], versions: Collection[int] | None = None
+    reports: Mapping[int, PooledReport],
+    versions: Collection[int] | None = None,
+    scores: Mapping[int, float] | None = None,
 ) -> tuple[int, PooledReport] | None:
-    """The model version with the best pooled validation accuracy (the earliest on a tie), with its
-    pooled counts; None without reports. ``versions`` restricts the choice (e.g. to applied rounds' results).
-    """
+    """The model version with the best pooled validation figure (``scores``, by default accuracy; the earliest
+    on a tie; NaN never wins), with its pooled counts; None without reports. ``versions`` restricts the
+    choice (e.g. to applied rounds' results)."""
+    if scores is None:
+        scores = {version: ratio(report[1], report[2]) for version, report in reports.items()}
+
+    def key(item: tuple[int, PooledReport]) -> tuple[float, int]:
+        score = scores.get(item[0], float("nan"))
+        return (score if score == score else float("-inf"), -item[0])
+
     candidates = ((v, r) for v, r in reports.items() if versions is None or v in versions)
-    return max(candidates, key=lambda item: (ratio(item[1][1], item[1][2]), -item[0]), default=None)
+    return max(candidates, key=key, default=None)
 
 
 def pooled_test_metrics(store: AggregatorStore, version: int | None, top_fraction: float) -> dict | None:

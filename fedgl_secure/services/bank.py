@@ -72,7 +72,12 @@ from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.policy import Policy, load_policy
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
-from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, ProtocolConflict, decode_broadcast
+from fedgl_secure.services.aggregator import (
+    BUDGET_EXHAUSTED,
+    FINAL_GRACE_SECONDS,
+    ProtocolConflict,
+    decode_broadcast,
+)
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
@@ -287,7 +292,7 @@ class BankWorker:
                 self._withdraw()
             if view.phase == "finished":
                 self._report_final(session, view.latest_version)
-                self._keep_final_model()
+                self._keep_final_model(stop)
                 self.finished.set()
                 self.log.info("bank.finished", rounds=len(self.rounds_done), stopped_reason=view.stopped_reason)
                 return
@@ -296,16 +301,21 @@ class BankWorker:
                 continue
             stop.wait(self.poll_seconds)
 
-    def _keep_final_model(self) -> None:
-        """Save the federation's final model (:func:`final_version`) for ``fedgl-secure predict``; a failure
-        only costs a download later (predict fetches it then)."""
+    def _keep_final_model(self, stop: threading.Event) -> None:
+        """Save the federation's final model for ``fedgl-secure predict``, once the aggregator has fixed it
+        (after every bank's report of the last version, or its grace period); a failure only costs a
+        download later (predict fetches it then)."""
         if self.state_dir is None:
             return
+        deadline = time.monotonic() + FINAL_GRACE_SECONDS + 30.0
         try:
-            version = final_version(self.aggregator.status())
-            if version is not None:
-                save_final_model(self.state_dir, self.federation, version, self.aggregator.model(version))
-                self.log.info("bank.final_model_saved", version=version)
+            while (version := self.aggregator.current_round().final_version) is None:
+                if time.monotonic() > deadline or stop.is_set():
+                    self.log.warning("final_model.not_fixed", detail="predict will fetch it from the aggregator")
+                    return
+                stop.wait(self.poll_seconds)
+            save_final_model(self.state_dir, self.federation, version, self.aggregator.model(version))
+            self.log.info("bank.final_model_saved", version=version)
         except (FedGLError, OSError) as error:
             self.log.warning("final_model.not_saved", error=str(error)[:300])
 
@@ -493,13 +503,6 @@ def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
     return app
 
 
-def final_version(status: dict) -> int | None:
-    """The model version a finished federation stands by: the best pooled validation accuracy (the run's
-    reported result), else the latest version."""
-    best = status.get("best_version")
-    return best if best is not None else status.get("latest_version")
-
-
 def save_union_index(state_dir: Path, size: int, positions: np.ndarray) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, num_global_nodes=size, positions=positions)
@@ -542,6 +545,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
     data = bank_graph(node, consortium)  # a bank whose tables do not match the schema stops here, naming the column
+    config.evaluation.check_classes(data.graph.num_classes)
     if data.summary is not None:
         log.info("bank.data_loaded", **data.summary.to_dict())
     client_index = [bank.name for bank in consortium.banks].index(node.name)

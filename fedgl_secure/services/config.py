@@ -180,9 +180,16 @@ class ConsortiumConfig(_Model):
         federation = dict(values.get("federation", {}))
         federation["proportions"] = [1.0] * len(self.banks)  # each bank holds all of its own customers
         values["federation"] = federation
-        if self.feature_schema.positive_index is not None:
-            values.setdefault("evaluation", {}).setdefault("positive_class", self.feature_schema.positive_index)
-        return build_config(values)
+        schema = self.feature_schema
+        evaluation = values.setdefault("evaluation", {})
+        if schema.positive_index is not None:
+            evaluation.setdefault("positive_class", schema.positive_index)
+        if schema.positive_index is not None or schema.num_classes == 2:
+            # banks' labels are imbalanced: the final model is the best by validation PR-AUC, not accuracy
+            evaluation.setdefault("selection", "pr_auc")
+        config = build_config(values)
+        config.evaluation.check_classes(schema.num_classes)
+        return config
 
     def state_dir(self, name: str) -> Path:
         return self.state_root / name

@@ -31,7 +31,6 @@ from fedgl_secure.services.aggregator import decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.bank import (
     bank_graph,
-    final_version,
     load_final_model,
     load_union_index,
     save_final_model,
@@ -78,9 +77,12 @@ def fetch_final_model(node: NodeConfig, consortium: ConsortiumConfig) -> tuple[i
                 f"the federation {consortium.federation!r} has not finished (phase {status.get('phase')!r}, latest "
                 f"model version {status.get('latest_version')}); scores come from the final model only"
             )
-        version = final_version(status)
+        version = status.get("final_version")
         if version is None:
-            raise ConfigError(f"the federation {consortium.federation!r} finished without a model")
+            raise ConfigError(
+                f"the federation {consortium.federation!r} has finished but not yet fixed its final model (it waits "
+                "for every bank's report of the last version, at most a minute); try again shortly"
+            )
         data = client.model(version)
     save_final_model(node.state_dir, consortium.federation, version, data)
     return version, data

@@ -16,7 +16,12 @@ from typing import Any
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fedgl.evaluation import ratio
-from fedgl_secure.services.aggregator_store import best_report, pooled_test_metrics, round_history
+from fedgl_secure.services.aggregator_store import (
+    best_report,
+    pooled_test_metrics,
+    round_history,
+    validation_scores,
+)
 from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
 
 
@@ -50,7 +55,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
     rows = store.rounds()
     round_of_version = {row.base_version + 1: row.round for row in rows if row.status == "applied"}
     history = round_history(store, reports)
-    best = best_report(reports, round_of_version)
+    best = best_report(reports, round_of_version, validation_scores(store, reports, config.evaluation.selection))
     top_fraction = config.evaluation.top_fraction
     metrics = pooled_test_metrics(store, best[0] if best else None, top_fraction)
     index = store.index()
