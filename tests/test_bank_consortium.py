@@ -6,6 +6,7 @@ every bank then scores all of its customers with ``fedgl-secure predict``.
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 
 import numpy as np
@@ -74,7 +75,9 @@ def finished_bank_consortium(tmp_path_factory):
     try:
         status = consortium.wait_for(lambda s: s["phase"] == "finished", "three rounds", timeout=300)
         for bank in BANKS:  # each bank saves the final model, then stops
-            assert consortium.processes[bank].wait(timeout=60) == 0, consortium.logs(bank)[-3000:]
+            assert consortium.processes[bank].wait(timeout=120) == 0, consortium.logs(bank)[-3000:]
+        status = consortium.status()  # now with the final version the banks waited for
+        assert status["final_version"] is not None
         yield consortium, status
     finally:
         consortium.stop_all()
@@ -107,10 +110,12 @@ def test_bank_sources_consortium_matches_the_simulation_of_the_same_tables(finis
 def test_every_bank_scores_each_of_its_customers(finished_bank_consortium, tmp_path):
     consortium, status = finished_bank_consortium
     runner = CliRunner()
+    versions = set()
     for bank in BANKS[:2]:
         output = tmp_path / f"{bank}-scores.parquet"
         result = runner.invoke(app, ["predict", "--config", str(consortium.config_path(bank)), "--output", str(output)])
         assert result.exit_code == 0, result.output
+        versions.add(json.loads(result.output.strip().splitlines()[-1])["model_version"])
         scores = pq.read_table(output).to_pydict()
         customers = pq.read_table(consortium.root / "bank-data" / bank / "customers.parquet").to_pydict()
         assert sorted(scores["customer_id"]) == sorted(map(str, customers["customer_id"]))
@@ -121,6 +126,8 @@ def test_every_bank_scores_each_of_its_customers(finished_bank_consortium, tmp_p
     # bank-c writes its scores back into its own database
     result = runner.invoke(app, ["predict", "--config", str(consortium.config_path("bank-c")), "--table", "scores"])
     assert result.exit_code == 0, result.output
+    versions.add(json.loads(result.output.strip().splitlines()[-1])["model_version"])
+    assert versions == {status["final_version"]}  # every bank scores with the one final model
     database = consortium.root / "bank-data" / "sqlite" / "bank-c" / "bank.sqlite"
     with sqlite3.connect(database) as db:
         (scored,) = db.execute("SELECT COUNT(*) FROM scores").fetchone()
