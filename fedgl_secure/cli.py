@@ -128,6 +128,13 @@ def simulate(
         Path | None,
         typer.Option(help="write the run directory for `fedgl-secure audit` here (run.json, ledgers, receipts ...)"),
     ] = None,
+    consortium: Annotated[
+        Path | None,
+        typer.Option(
+            help="simulate this consortium file's banks on their own data ([bank.data] of the node files next to "
+            "it) with its [experiment]; --set and --rounds still apply, --dataset/--method/--seed/--data-root do not"
+        ),
+    ] = None,
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
     from fedgl_secure.fedgl.config import build_config
@@ -144,6 +151,15 @@ def simulate(
         }
         for key, value in overrides.items():
             values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+        clients = None
+        if consortium is not None:  # the consortium's own experiment and its banks' own graphs
+            from fedgl_secure.services.orchestrate import consortium_bank_graphs
+
+            loaded, banks = consortium_bank_graphs(consortium)
+            values = loaded.experiment_config().model_dump(mode="json")
+            for key, value in overrides.items():
+                values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+            clients = [bank.graph for bank in banks]
         if rounds is not None:
             values.setdefault("federation", {})["max_rounds"] = rounds
         config = build_config(values)
@@ -161,6 +177,7 @@ def simulate(
                 summation=summation,
                 observer=lambda broadcast: final.__setitem__(0, broadcast),
                 privacy=privacy,
+                clients=clients,
             )
             if run_dir is not None:
                 from fedgl_secure.privacy.run_record import SecureRecord, stopped_rounds, write_run_dir

@@ -168,3 +168,20 @@ def test_fedprox_term():
 def test_row_normalize_features_keeps_zero_rows():
     x = sp.csr_matrix(np.array([[1, 1, 0], [0, 0, 0], [2, 0, 2]], dtype=np.float32))
     np.testing.assert_allclose(row_normalize_features(x).toarray(), [[0.5, 0.5, 0], [0, 0, 0], [0.5, 0, 0.5]])
+
+
+def test_balanced_class_weights_make_each_class_weigh_the_same():
+    from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss
+
+    labels = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 2, -1])
+    train = torch.tensor([True] * 9 + [False])
+    weights = balanced_class_weights(labels, train, num_classes=4)
+    # n = 9 training nodes over 3 present classes: 9 / (3 * 6), 9 / (3 * 2), 9 / (3 * 1); class 3 absent: 0
+    assert torch.allclose(weights, torch.tensor([0.5, 1.5, 3.0, 0.0]))
+    assert torch.allclose((weights[:3] * torch.tensor([6.0, 2.0, 1.0])), torch.full((3,), 3.0))
+    logits = torch.randn(10, 4, generator=torch.Generator().manual_seed(0))
+    weighted = fedgl_loss(logits, labels, train, None, 0.0, weights)
+    per_node = torch.nn.functional.cross_entropy(logits[train], labels[train], reduction="none")
+    expected = (weights[labels[train]] * per_node).sum() / weights[labels[train]].sum()
+    assert torch.allclose(weighted, expected)
+    assert not torch.allclose(weighted, fedgl_loss(logits, labels, train, None, 0.0))

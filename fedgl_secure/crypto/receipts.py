@@ -28,7 +28,7 @@ _HEX64 = r"^[0-9a-f]{64}$"
 class ReceiptFields(BaseModel):
     """What a bank vouches for when it uploads one kind in one round."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     federation: str = Field(min_length=1, max_length=128)
     round: int = Field(ge=1)

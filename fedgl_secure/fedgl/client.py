@@ -7,7 +7,7 @@ import torch
 from fedgl_secure.fedgl.config import TrainingConfig
 from fedgl_secure.fedgl.graph_tensors import GraphTensors
 from fedgl_secure.model.gcn import GCN, GCNOutput
-from fedgl_secure.model.losses import fedgl_loss, proximal_term
+from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.seeding import torch_stream
 
@@ -30,6 +30,12 @@ class LocalTrainer:
         self.optimizer = self._new_optimizer()
         self.private_training = None
         self._own_adjacency: tuple[GraphTensors, SparseOperator] | None = None
+        # from the bank's own training labels: a local statistic that never leaves it
+        self.class_weights = (
+            balanced_class_weights(graph.labels, graph.train_mask, graph.num_classes)
+            if config.class_weighting == "balanced"
+            else None
+        )
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(
@@ -78,7 +84,9 @@ class LocalTrainer:
         for _ in range(epochs or self.config.local_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             output = self.model(self.graph.features, adjacency, self.generator)
-            loss = fedgl_loss(output.logits, self.graph.labels, self.graph.train_mask, pseudo_labels, alpha)
+            loss = fedgl_loss(
+                output.logits, self.graph.labels, self.graph.train_mask, pseudo_labels, alpha, self.class_weights
+            )
             if anchor is not None:
                 loss = loss + proximal_term(list(self.model.parameters()), anchor, proximal_mu)
             loss.backward()

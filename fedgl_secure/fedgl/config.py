@@ -15,7 +15,7 @@ Method = Literal["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centrali
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class TrainingConfig(_Section):
@@ -27,6 +27,11 @@ class TrainingConfig(_Section):
     weight_decay: float = Field(5e-4, ge=0.0)
     local_epochs: int = Field(10, ge=1, description="E: local epochs per round")
     normalize_features: bool = Field(True, description="row-normalise bag-of-words features (Kipf)")
+    class_weighting: Literal["none", "balanced"] = Field(
+        "none",
+        description="balanced: weight each class's cross-entropy by n / (C · n_c) of the client's own training "
+        "labels (imbalanced labels, e.g. 3 % fraud); not applied by DP-SGD",
+    )
     reset_optimizer_each_round: bool = Field(
         False, description="fresh Adam state every round instead of each bank keeping its own"
     )

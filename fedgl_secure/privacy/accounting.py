@@ -50,7 +50,7 @@ PRV_EPS_ERROR = 0.01
 class GaussianRelease(BaseModel):
     """One (possibly subsampled, possibly repeated) Gaussian release on one channel in one round."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     kind: Literal["gaussian"] = "gaussian"
     round: int = Field(ge=0)
@@ -63,7 +63,7 @@ class GaussianRelease(BaseModel):
 class PureRelease(BaseModel):
     """A pure ε-DP release (δ = 0), e.g. randomised response on the adjacency."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     kind: Literal["pure"] = "pure"
     round: int = Field(ge=0)
@@ -77,7 +77,7 @@ Release = GaussianRelease | PureRelease
 class _LedgerFile(BaseModel):
     """On-disk form of a ledger; validated on load so a corrupt file names the bad field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     format: Literal["fedgl-secure/privacy-ledger/1"]
     bank: str = Field(min_length=1)

@@ -108,7 +108,7 @@ class HEParameters(BaseModel):
 class Timeouts(BaseModel):
     """How long a round, and one bank's upload within it, may take before the aggregator moves on."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     round_seconds: float = Field(default=600.0, gt=0)
     upload_seconds: float = Field(default=120.0, gt=0)
@@ -130,7 +130,7 @@ MAX_DELTA = 1e-3
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class GaussianChannel(_Section):
@@ -353,7 +353,7 @@ class Budget(_Section):
 class Policy(BaseModel):
     """One posture of the consortium (e.g. ``policies/baseline.toml``); the cross-field rules are in the module doc."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     description: str = ""
     protection: Literal["he", "none"] = "he"

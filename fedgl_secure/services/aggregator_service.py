@@ -59,7 +59,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class EnrolRequest(_Schema):

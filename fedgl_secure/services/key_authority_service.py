@@ -60,7 +60,7 @@ AggregatorOnly = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.AGGREG
 
 
 class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class HealthResponse(_Schema):
