@@ -9,6 +9,7 @@ import struct
 import httpx
 import numpy as np
 import pytest
+import torch
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
@@ -209,10 +210,14 @@ def test_bad_headers_name_header_and_fields(value, message):
 
 def _app() -> FastAPI:
     app = FastAPI()
-    wire.install_error_handlers(app, max_body_bytes=1000)
+    wire.install_error_handlers(app, max_body_bytes=1000, path_limits={"/big-body": 3000})
 
     @app.post("/body")
     async def body(request: Request) -> dict:
+        return {"size": len(await request.body())}
+
+    @app.post("/big-body")
+    async def big_body(request: Request) -> dict:
         return {"size": len(await request.body())}
 
     @app.post("/json")
@@ -315,3 +320,27 @@ def test_validation_errors_keep_the_error_shape(client):
     assert body["error"] == "invalid-request"
     assert "body.round: Input should be greater than or equal to 1" in body["detail"]
     assert "body.kind: Field required" in body["detail"]
+
+
+def test_a_path_with_its_own_limit_takes_more_and_no_other_path_does(client):
+    assert client.post("/big-body", content=b"x" * 2500).json() == {"size": 2500}
+    assert client.post("/body", content=b"x" * 2500).status_code == 413
+    response = client.post("/big-body", content=b"x" * 3001)
+    assert response.status_code == 413 and "the limit is 3000 bytes" in response.json()["detail"]
+
+
+def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():
+    from fedgl_secure.fedgl.methods import Broadcast
+    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+    from fedgl_secure.services.aggregator import broadcast_bytes_bound, decode_broadcast, encode_broadcast
+
+    # 3 banks x 100,000 customers, s = 100: ~300 MB, which the default 64 MiB cap would refuse
+    assert broadcast_bytes_bound(100, 252_000, 100) > 300 * 10**6 > wire.DEFAULT_MAX_BODY_BYTES
+    assert broadcast_bytes_bound(100, 1_000, 10) == wire.DEFAULT_MAX_BODY_BYTES
+    m, s = 50, 4
+    graph = PseudoGraph(torch.randint(0, m, (m, s)), torch.full((m, s), 1.0 / s))
+    data = encode_broadcast(Broadcast(3, torch.zeros(7), torch.zeros(m, dtype=torch.int64), graph))
+    decoded = decode_broadcast(3, data, 7, m, max_neighbors=s)
+    assert decoded.pseudo_graph.neighbors.shape == (m, s)
+    with pytest.raises(CiphertextError, match="malformed pseudo graph"):  # more neighbours than s: refused
+        decode_broadcast(3, data, 7, m, max_neighbors=s - 1)

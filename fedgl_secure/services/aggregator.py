@@ -102,14 +102,25 @@ def encode_broadcast(broadcast: Broadcast) -> bytes:
     return wire.encode_arrays(arrays)
 
 
-def decode_broadcast(version: int, data: bytes, num_parameters: int, num_global_nodes: int) -> Broadcast:
+def broadcast_bytes_bound(num_parameters: int, num_global_nodes: int, max_neighbors: int) -> int:
+    """The most a broadcast of these shapes can expand to: float32 weights, int64 pseudo labels, and an
+    M x s pseudo graph (int64 neighbours, float32 weights), plus 1 MiB of archive overhead; never below
+    the wire's default cap. (At 3 x 100,000 customers and s = 100 the pseudo graph alone is ~300 MB.)"""
+    m = num_global_nodes
+    arrays = 4 * num_parameters + 8 * m + 12 * m * max_neighbors
+    return max(wire.DEFAULT_MAX_BODY_BYTES, arrays + 2**20)
+
+
+def decode_broadcast(
+    version: int, data: bytes, num_parameters: int, num_global_nodes: int, max_neighbors: int
+) -> Broadcast:
     """A broadcast from its bytes, checked against the shapes this bank expects.
 
-    ``wire.decode_arrays`` refuses pickles, non-finite values and archives that expand past the
-    size limit; the shapes are checked here.
+    ``wire.decode_arrays`` refuses pickles, non-finite values and archives that expand past what
+    these shapes can take (:func:`broadcast_bytes_bound`); the shapes are checked here.
     """
     try:
-        arrays = wire.decode_arrays(data)
+        arrays = wire.decode_arrays(data, broadcast_bytes_bound(num_parameters, num_global_nodes, max_neighbors))
     except wire.WireError as error:
         raise CiphertextError(f"model version {version}: {error}") from None
     weights = arrays.get("weights")
@@ -125,6 +136,7 @@ def decode_broadcast(version: int, data: bytes, num_parameters: int, num_global_
             edge_weights is None
             or neighbors.ndim != 2
             or neighbors.shape[0] != num_global_nodes
+            or neighbors.shape[1] > max_neighbors
             or edge_weights.shape != neighbors.shape
             or (neighbors.size and (neighbors.min() < 0 or neighbors.max() >= num_global_nodes))
         ):

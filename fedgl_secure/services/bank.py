@@ -365,7 +365,11 @@ class BankWorker:
 
     def _download(self, session: _Session, version: int) -> Broadcast:
         return decode_broadcast(
-            version, self.aggregator.model(version), session.num_parameters, session.graph.num_global_nodes
+            version,
+            self.aggregator.model(version),
+            session.num_parameters,
+            session.graph.num_global_nodes,
+            self.config.self_supervision.neighbors,
         )
 
     def _report(self, session: _Session, version: int, broadcast: Broadcast) -> None:

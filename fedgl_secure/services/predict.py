@@ -110,7 +110,9 @@ def predict(
     device = resolve_device(config.device)
     graph = GraphTensors.from_graph(data.graph, positions, size, device, config.training.normalize_features)
     model = GCN(graph.features.shape[1], config.training.hidden, graph.num_classes).to(device)
-    broadcast = decode_broadcast(version, model_bytes, int(model.flat_parameters().numel()), size)
+    broadcast = decode_broadcast(
+        version, model_bytes, int(model.flat_parameters().numel()), size, config.self_supervision.neighbors
+    )
     model.load_flat_parameters(broadcast.weights.to(device))
     model.eval()
     with torch.no_grad():

@@ -294,19 +294,22 @@ class BodyLimitMiddleware:
     streamed past the limit raises a 413 :class:`HTTPException` inside the endpoint reading it.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None) -> None:
+        """``path_limits``: a different cap for an exact path (e.g. enrolment, whose body grows with the bank)."""
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope.get("path", ""), self.max_bytes)
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         try:
             declared = _declared_length(headers)
-            if declared is not None and declared > self.max_bytes:
-                raise _too_large(declared, self.max_bytes, declared=True)
+            if declared is not None and declared > limit:
+                raise _too_large(declared, limit, declared=True)
         except HTTPException as error:
             await error_response(error.status_code, _HTTP_CODES[error.status_code], str(error.detail))(
                 scope, receive, send
@@ -319,8 +322,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _too_large(received, self.max_bytes, declared=False)
+                if received > limit:
+                    raise _too_large(received, limit, declared=False)
             return message
 
         await self.app(scope, limited_receive, send)
@@ -396,7 +399,12 @@ class _InternalErrorMiddleware:
             await response(scope, receive, send)
 
 
-def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | None = None) -> None:
+def install_error_handlers(
+    app: FastAPI,
+    log: Any = None,
+    max_body_bytes: int | None = None,
+    path_limits: Mapping[str, int] | None = None,
+) -> None:
     """Map package errors to JSON 4xx, framework errors to the same body shape, the rest to 500.
 
     WireError/CiphertextError/ReceiptError/ContextError → 400; DecryptionRefused → 403 with its
@@ -430,7 +438,7 @@ def install_error_handlers(app: FastAPI, log: Any = None, max_body_bytes: int | 
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     if max_body_bytes is not None:
-        app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+        app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, path_limits=path_limits)
     app.add_middleware(_InternalErrorMiddleware, log=log)
 
 
