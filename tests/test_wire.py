@@ -210,7 +210,7 @@ def test_bad_headers_name_header_and_fields(value, message):
 
 def _app() -> FastAPI:
     app = FastAPI()
-    wire.install_error_handlers(app, max_body_bytes=1000, path_limits={"/big-body": 3000})
+    wire.install_error_handlers(app, max_body_bytes=1000, path_limits={"/big-body": 3000, "/many/*": 2000})
 
     @app.post("/body")
     async def body(request: Request) -> dict:
@@ -218,6 +218,10 @@ def _app() -> FastAPI:
 
     @app.post("/big-body")
     async def big_body(request: Request) -> dict:
+        return {"size": len(await request.body())}
+
+    @app.post("/many/{name}")
+    async def many(name: str, request: Request) -> dict:
         return {"size": len(await request.body())}
 
     @app.post("/json")
@@ -327,6 +331,8 @@ def test_a_path_with_its_own_limit_takes_more_and_no_other_path_does(client):
     assert client.post("/body", content=b"x" * 2500).status_code == 413
     response = client.post("/big-body", content=b"x" * 3001)
     assert response.status_code == 413 and "the limit is 3000 bytes" in response.json()["detail"]
+    assert client.post("/many/one", content=b"x" * 1500).json() == {"size": 1500}  # a prefix pattern
+    assert client.post("/many/two", content=b"x" * 2001).status_code == 413
 
 
 def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():

@@ -295,16 +295,25 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None) -> None:
-        """``path_limits``: a different cap for an exact path (e.g. enrolment, whose body grows with the bank)."""
+        """``path_limits``: a different cap for a path (e.g. enrolment, whose body grows with the bank); a key
+        ending in ``*`` matches every path that starts with what precedes it."""
         self.app = app
         self.max_bytes = max_bytes
         self.path_limits = dict(path_limits or {})
+
+    def _limit(self, path: str) -> int:
+        if path in self.path_limits:
+            return self.path_limits[path]
+        for pattern, limit in self.path_limits.items():
+            if pattern.endswith("*") and path.startswith(pattern[:-1]):
+                return limit
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.path_limits.get(scope.get("path", ""), self.max_bytes)
+        limit = self._limit(scope.get("path", ""))
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         try:
             declared = _declared_length(headers)
