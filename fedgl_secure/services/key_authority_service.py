@@ -51,6 +51,10 @@ DECRYPT_HEADER = "X-FedGL-Decrypt"
 OCTET_STREAM = "application/octet-stream"
 MAX_VALUES = 2**31 - 1
 MAX_RECEIPTS = 1024
+# A decryption request carries one kind's summed ciphertexts (M x C values, ~33 bytes each): 3 x 1,000,000
+# customers make 161 MB of embeddings, past the 64 MiB cap of every other body (the aggregator's uploads
+# have the same cap).
+DECRYPT_MAX_BODY_BYTES = 1024 * 1024 * 1024
 _HEX64 = r"^[0-9a-f]{64}$"
 
 # Who may call: the mTLS caller, checked against roles (module-level so FastAPI can resolve the names).
@@ -133,7 +137,9 @@ def create_app(
     chunk_limit = ckks.max_chunk_bytes(authority.policy.he)
     # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
-    wire.install_error_handlers(app, log=log, max_body_bytes=max_body_bytes)
+    wire.install_error_handlers(
+        app, log=log, max_body_bytes=max_body_bytes, path_limits={"/v1/decrypt": DECRYPT_MAX_BODY_BYTES}
+    )
 
     @app.get("/v1/health", response_model=HealthResponse)
     def health(caller: AnyCaller) -> HealthResponse:
