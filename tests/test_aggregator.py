@@ -15,6 +15,7 @@ from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
 from fedgl_secure.fedgl.config import build_config
 from fedgl_secure.privacy.policy import Policy, Timeouts
+from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.pseudonyms import pseudonymise
@@ -253,3 +254,37 @@ def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quo
     assert len(restarted.status()["rounds"]) == 2
     assert not restarted.withdraw("bank-b", "privacy-budget-exhausted", 2)
     store.close()
+
+
+def test_the_upload_body_limit_follows_the_round_shapes(setup):
+    coordinator, _, _, policy = setup
+    assert coordinator.upload_body_limit(1000) == 1000  # no index yet: the service's default
+    key = b"k" * 32
+    for offset, bank in enumerate(BANKS):
+        coordinator.enrol(bank, 5, 3, pseudonymise(key, range(offset * 10, offset * 10 + 40)))
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        view = wait_open(coordinator)
+        slots = policy.he.poly_modulus_degree // 2
+        largest = max(int(np.prod(shape)) for shape in view.shapes.values())
+        upload = make_upload(
+            coordinator.context,
+            policy.he,
+            RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint),
+            "bank-a",
+            Ed25519PrivateKey.generate(),
+            "x",
+            np.random.default_rng(0).uniform(0, 1, largest),
+        )
+        body = len(wire.encode_chunks(upload.chunks))
+        limit = coordinator.upload_body_limit(0)
+        # never below what the largest kind really takes, and proportional to it (the bound assumes the largest
+        # ciphertext these parameters can make, ~3x a typical one), not a fixed gigabyte
+        assert body <= limit <= 4 * body + 8192
+        assert ckks.chunk_count(largest, slots) == len(upload.chunks)
+        assert coordinator.upload_body_limit(10**9) == 10**9  # never below the default cap
+    finally:
+        stop.set()
+        driver.join(timeout=30)

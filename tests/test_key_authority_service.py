@@ -62,7 +62,7 @@ class Service:
         self.keys = keys or {name: Ed25519PrivateKey.generate() for name in BANKS}
         for name, key in self.keys.items():
             self.authority.register_bank(name, key.public_key())
-        self.app = create_app(self.authority, max_body_bytes=MAX_BODY)
+        self.app = create_app(self.authority, max_body_bytes=MAX_BODY, decrypt_max_body_bytes=MAX_BODY)
         self.http = TestClient(self.app, base_url="https://key-authority", raise_server_exceptions=False)
         self.client = KeyAuthorityClient(self.http)
         self.act_as("aggregator", NodeRole.AGGREGATOR)

@@ -370,6 +370,17 @@ class Coordinator:
         size, positions = self._index
         return size, positions[bank]
 
+    def upload_body_limit(self, floor: int) -> int:
+        """The largest upload body this round's shapes allow: the biggest kind's chunks at the largest ciphertext
+        these parameters make, plus framing; never below ``floor`` (the service's default cap). One kind of a
+        3 x 1,000,000-customer federation is ~161 MB (M = 2.5 M rows), past a fixed 64 MiB cap."""
+        if self._index is None:
+            return floor
+        slots = self.policy.he.poly_modulus_degree // 2
+        largest = max(int(np.prod(shape)) for shape in self._shapes().values())
+        chunks = ckks.chunk_count(largest, slots)
+        return max(floor, chunks * (ckks.max_chunk_bytes(self.policy.he) + 8) + 4096)
+
     def max_bank_nodes(self) -> int:
         """The largest bank's node count: the DP step's public ``w_max`` (node membership is public to the
         aggregator anyway; every bank gets the same number)."""

@@ -56,9 +56,6 @@ MAX_PSEUDONYMS = 50_000_000
 # Enrolment carries one 64-hex pseudonym per customer (~67 bytes in JSON): a 1,000,000-customer bank sends
 # ~67 MB, past the 64 MiB cap of every other body; this cap admits ~7.5 M customers per bank.
 ENROL_MAX_BODY_BYTES = 512 * 1024 * 1024
-# One kind's ciphertexts in one request: M x C values at ~33 bytes each (3 x 1,000,000 customers: M = 2.5 M,
-# 161 MB of embeddings with C = 2); this cap admits ~30 M values per kind and upload.
-UPLOAD_MAX_BODY_BYTES = 1024 * 1024 * 1024
 MAX_CHUNKS = 65_536  # 268 M values at N = 8192
 _PSEUDONYM = re.compile(PSEUDONYM_PATTERN)
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -151,7 +148,10 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     """The aggregator's FastAPI app over ``coordinator`` (``lifespan`` runs the round loop)."""
     app = FastAPI(title="fedgl-secure aggregator", version="1", lifespan=lifespan)
     wire.install_error_handlers(
-        app, coordinator.log, max_body_bytes, {"/v1/enrol": ENROL_MAX_BODY_BYTES, "/v1/rounds/*": UPLOAD_MAX_BODY_BYTES}
+        app,
+        coordinator.log,
+        max_body_bytes,
+        {"/v1/enrol": ENROL_MAX_BODY_BYTES, "/v1/rounds/*": lambda: coordinator.upload_body_limit(max_body_bytes)},
     )
     bank_only = require_roles(NodeRole.BANK)
     chunk_limit = ckks.max_chunk_bytes(coordinator.policy.he)  # the largest ciphertext these parameters make

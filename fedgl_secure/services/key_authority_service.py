@@ -129,16 +129,20 @@ _DECRYPT_OPENAPI = {
 
 
 def create_app(
-    authority: KeyAuthority, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, name: str = "key-authority"
+    authority: KeyAuthority,
+    max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES,
+    name: str = "key-authority",
+    decrypt_max_body_bytes: int = DECRYPT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The HTTP shell over ``authority`` (the caller keeps ownership: it closes the authority)."""
+    """The HTTP shell over ``authority`` (the caller keeps ownership: it closes the authority); decryption
+    requests may be up to ``decrypt_max_body_bytes``, every other body up to ``max_body_bytes``."""
     log = get_logger(node=name, role=NodeRole.KEY_AUTHORITY.value)
     slots = authority.policy.he.poly_modulus_degree // 2
     chunk_limit = ckks.max_chunk_bytes(authority.policy.he)
     # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
     wire.install_error_handlers(
-        app, log=log, max_body_bytes=max_body_bytes, path_limits={"/v1/decrypt": DECRYPT_MAX_BODY_BYTES}
+        app, log=log, max_body_bytes=max_body_bytes, path_limits={"/v1/decrypt": decrypt_max_body_bytes}
     )
 
     @app.get("/v1/health", response_model=HealthResponse)

@@ -27,7 +27,7 @@ import json
 import struct
 import traceback
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -294,20 +294,24 @@ class BodyLimitMiddleware:
     streamed past the limit raises a 413 :class:`HTTPException` inside the endpoint reading it.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int | Callable[[], int]] | None = None
+    ) -> None:
         """``path_limits``: a different cap for a path (e.g. enrolment, whose body grows with the bank); a key
-        ending in ``*`` matches every path that starts with what precedes it."""
+        ending in ``*`` matches every path that starts with what precedes it; a callable limit is asked at each
+        request (a limit that depends on the service's state, e.g. the upload shapes once they are known)."""
         self.app = app
         self.max_bytes = max_bytes
         self.path_limits = dict(path_limits or {})
 
     def _limit(self, path: str) -> int:
-        if path in self.path_limits:
-            return self.path_limits[path]
-        for pattern, limit in self.path_limits.items():
-            if pattern.endswith("*") and path.startswith(pattern[:-1]):
-                return limit
-        return self.max_bytes
+        limit = self.path_limits.get(path)
+        if limit is None:
+            limit = next(
+                (value for key, value in self.path_limits.items() if key.endswith("*") and path.startswith(key[:-1])),
+                self.max_bytes,
+            )
+        return limit() if callable(limit) else limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -412,7 +416,7 @@ def install_error_handlers(
     app: FastAPI,
     log: Any = None,
     max_body_bytes: int | None = None,
-    path_limits: Mapping[str, int] | None = None,
+    path_limits: Mapping[str, int | Callable[[], int]] | None = None,
 ) -> None:
     """Map package errors to JSON 4xx, framework errors to the same body shape, the rest to 500.
 
