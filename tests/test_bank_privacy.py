@@ -30,7 +30,7 @@ from fedgl_secure.privacy.policy import policy_from_dict
 from fedgl_secure.services import bank as bank_module
 from fedgl_secure.services.aggregator import check_consortium_can_run, encode_broadcast
 from fedgl_secure.services.aggregator_service import IndexView, RoundResponse
-from fedgl_secure.services.bank import LEDGER_FILE, BankWorker, privacy_normaliser
+from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 PROPORTIONS = [0.5, 0.6, 0.7]
@@ -208,7 +208,7 @@ def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(
     policy = dp_policy(small_he)
     released, plain = released_weights_and_plain(world, policy, tmp_path, monkeypatch)
     weights = plain["contribution"]["weights"].double().numpy()
-    w_k, w_max = weights[-1], privacy_normaliser(world.clients)
+    w_k, w_max = weights[-1], max(client.num_nodes for client in world.clients)
     scale = w_k / w_max
     expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
     assert released[-1] == pytest.approx(scale)  # the public ŵ_k, no noise
@@ -225,7 +225,7 @@ def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(worl
     released, plain = released_weights_and_plain(world, policy, tmp_path, monkeypatch)
     weights = plain["contribution"]["weights"].double().numpy()
     w_k = weights[-1]
-    scale = w_k / privacy_normaliser(world.clients)
+    scale = w_k / max(client.num_nodes for client in world.clients)
     expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
     # clipped and scaled (float32, as every release), with no share: a share here would be of std σ/√q = 1.4
     np.testing.assert_allclose(released[:-1], expected, rtol=0, atol=1e-6)

@@ -20,9 +20,10 @@ class GraphDataset:
             no duplicates, sorted lexicographically.
         train_mask, val_mask, test_mask: ``N`` bool, pairwise disjoint, only labelled nodes.
         num_classes: number of classes ``C``.
-        node_ids: ``N`` int64 identifiers that are stable across institutions (for a loaded
-            dataset: the row number in the raw files). Clients keep these ids, so the global
-            index can be rebuilt from them.
+        node_ids: ``N`` identifiers that are stable across institutions: int64 row numbers in the
+            raw files for a benchmark dataset, the shared customer keys (strings) for a bank's own
+            tables (:mod:`fedgl_secure.data.sources`). Clients keep these ids, so the global index
+            can be rebuilt from them.
     """
 
     name: str

@@ -135,12 +135,6 @@ def bank_graph(node: NodeConfig, consortium: ConsortiumConfig) -> BankData:
     return BankData(graph, graph.node_ids.astype(str), None)
 
 
-def privacy_normaliser(slices: list[GraphDataset]) -> float:
-    """The public ``w_max = max_k w_k`` of the DP step, as the simulation computes it over its banks
-    (a bank learns the largest bank's size from the union index, :class:`IndexView`)."""
-    return float(max(client_weight(graph.num_nodes) for graph in slices))
-
-
 class BankWorker:
     """One bank's side of every round, pulling work from the aggregator."""
 
