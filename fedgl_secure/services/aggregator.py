@@ -397,14 +397,13 @@ class Coordinator:
     def round_view(self, bank: str) -> RoundView:
         self.heartbeat(bank)
         with self._changed:
-            latest = self._latest_version
-            finished = self._finished
-        if finished:
+            latest, finished, stopped_reason = self._latest_version, self._finished, self._stopped_reason
+        if finished:  # final_version takes the lock itself (and may read the store): outside it
             return RoundView(
                 "finished",
                 self.federation,
                 latest_version=latest,
-                stopped_reason=self._stopped_reason,
+                stopped_reason=stopped_reason,
                 final_version=self.final_version(),
             )
         with self._changed:
@@ -792,8 +791,7 @@ class Coordinator:
             self._changed.notify_all()
 
     def _early_stop(self, stopper: EarlyStopping, reported_version: int) -> bool:
-        reports = self.store.pooled_reports()
-        pooled = reports.get(reported_version)
+        pooled = self.store.pooled_reports().get(reported_version)
         if pooled is None or pooled[2] == 0:
             return False
         scores = validation_scores(self.store, {reported_version: pooled}, self.config.evaluation.selection)

@@ -342,14 +342,6 @@ class AggregatorStore:
             return None
         return sum(np.frombuffer(blob, dtype="<i8").reshape(4, -1) for (blob,) in rows)
 
-    def pooled_validation_pr_auc(self) -> dict[int, float]:
-        """Per model version: the ranked class's average precision on the banks' pooled validation histograms."""
-        pooled: dict[int, np.ndarray] = {}
-        for version, blob in self._read("SELECT version, histograms FROM report_histograms"):
-            histograms = np.frombuffer(blob, dtype="<i8").reshape(4, -1)
-            pooled[version] = pooled[version] + histograms if version in pooled else histograms.copy()
-        return {version: histogram_metrics(h[:2]).pr_auc for version, h in pooled.items()}
-
     def pooled_reports(self) -> dict[int, tuple[int, int, int, int, int]]:
         """Per model version: (banks reporting, val correct, val total, test correct, test total)."""
         rows = self._read(
@@ -405,11 +397,17 @@ PooledReport = tuple[int, int, int, int, int]
 
 
 def validation_scores(store: AggregatorStore, reports: Mapping[int, PooledReport], selection: str) -> dict[int, float]:
-    """Per model version, the pooled validation figure that selects the final model (``evaluation.selection``):
-    accuracy from the counts, or PR-AUC from the score histograms."""
+    """Per model version of ``reports``, the pooled validation figure that selects the final model
+    (``evaluation.selection``): accuracy from the counts, or PR-AUC from the score histograms (a version
+    without histograms is left out: it is never chosen)."""
     if selection == "accuracy":
         return {version: ratio(report[1], report[2]) for version, report in reports.items()}
-    return store.pooled_validation_pr_auc()
+    scores = {}
+    for version in reports:
+        histograms = store.pooled_histograms(version)
+        if histograms is not None:
+            scores[version] = histogram_metrics(histograms[:2]).pr_auc
+    return scores
 
 
 def best_report(

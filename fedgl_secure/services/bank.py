@@ -527,11 +527,14 @@ def load_final_model(state_dir: Path, federation: str) -> tuple[int, bytes] | No
     meta_path, model_path = state_dir / FINAL_META_FILE, state_dir / FINAL_MODEL_FILE
     if not meta_path.is_file() or not model_path.is_file():
         return None
-    meta = json.loads(meta_path.read_text())
-    data = model_path.read_bytes()
-    if meta.get("federation") != federation or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+    try:
+        meta = json.loads(meta_path.read_text())
+        data = model_path.read_bytes()
+        if meta.get("federation") != federation or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            return None
+        return int(meta["version"]), data
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # unreadable or damaged: fetch it again
         return None
-    return int(meta["version"]), data
 
 
 def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:

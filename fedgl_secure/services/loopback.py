@@ -6,7 +6,6 @@ and provisions the keys, so ``consortium up`` or individual ``node start`` comma
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
@@ -67,25 +66,26 @@ def write_loopback_consortium(
         },
         "timeouts": {"round_seconds": max(upload_seconds, 60.0), "upload_seconds": upload_seconds},
     }
-    (root / "policy.toml").write_text(_toml_document(_merged(policy, policy_extra or {})))
+    (root / "policy.toml").write_text(tomli_w.dumps(_merged(policy, policy_extra or {})))
     roles = {KEY_AUTHORITY: KEY_AUTHORITY, AGGREGATOR: AGGREGATOR, **{bank: "bank" for bank in banks}}
     ports = free_ports(len(roles))
-    nodes = "".join(
-        f'\n[[nodes]]\nname = "{name}"\nrole = "{role}"\nport = {port}\n'
-        for (name, role), port in zip(roles.items(), ports, strict=True)
-    )
+    consortium: dict = {
+        "federation": federation,
+        "policy": "policy.toml",
+        "pki_dir": "pki",
+        "state_root": "state",
+        "nodes": [
+            {"name": name, "role": role, "port": port} for (name, role), port in zip(roles.items(), ports, strict=True)
+        ],
+    }
     if schema is None:
-        experiment = experiment or {
+        consortium["experiment"] = experiment or {
             "dataset": "synthetic",
             "federation": {"proportions": [0.5, 0.6, 0.7][: len(banks)]},
         }
-    data = "" if schema is None else 'data = "bank-sources"\n'  # a top-level key: before the first table
-    (root / "consortium.toml").write_text(
-        f'federation = "{federation}"\n{data}policy = "policy.toml"\npki_dir = "pki"\nstate_root = "state"\n'
-        f"{nodes}\n"
-        + _toml_table("experiment", experiment or {})
-        + ("" if schema is None else "\n" + tomli_w.dumps({"schema": schema}))
-    )
+    else:
+        consortium.update(data="bank-sources", experiment=experiment or {}, schema=schema)
+    (root / "consortium.toml").write_text(tomli_w.dumps(consortium))
     for name, role in roles.items():
         node: dict = {"name": name, "role": role, "consortium": "consortium.toml", "log_level": "info"}
         if role == AGGREGATOR:
@@ -109,24 +109,3 @@ def _merged(base: dict, extra: dict) -> dict:
         both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
         merged[key] = _merged(merged[key], value) if both_tables else value
     return merged
-
-
-def _toml_document(values: dict) -> str:
-    """A whole TOML document: the top-level scalars and lists first, then every table."""
-    lines = [f"{key} = {json.dumps(value)}" for key, value in values.items() if not isinstance(value, dict)]
-    text = "\n".join(lines) + "\n"
-    for key, value in values.items():
-        if isinstance(value, dict):
-            text += "\n" + _toml_table(key, value)
-    return text
-
-
-def _toml_table(name: str, values: dict) -> str:
-    """A (nested) table of scalars and lists as TOML; JSON literals are valid TOML for these."""
-    scalars = {k: v for k, v in values.items() if not isinstance(v, dict)}
-    lines = [f"[{name}]"] + [f"{key} = {json.dumps(value)}" for key, value in scalars.items()]
-    text = "\n".join(lines) + "\n"
-    for key, value in values.items():
-        if isinstance(value, dict):
-            text += "\n" + _toml_table(f"{name}.{key}", value)
-    return text
