@@ -6,10 +6,10 @@ the baseline policy's CKKS parameters is written, every node is started as its o
 federation runs ``--rounds`` rounds. Reported per size, from the nodes' JSON logs and ``/proc``:
 
 * seconds per round (the aggregator's ``round.applied`` ``seconds``: open -> applied);
-* per phase, where a service logs it (``null`` with a note where none does): the banks' ``round.uploaded``
-  ``seconds`` (download + local training + encryption + upload, one figure), the aggregator's time from the
-  last bank's upload to ``round.applied`` (homomorphic sum, key-authority decryption, server step with the
-  pseudo graph; from the log timestamps), the start-up (data loading, enrolment, union index);
+* per phase, from the services' own timings: the banks' ``round.uploaded`` ``phases`` (download, evaluation,
+  training, encryption, upload), the aggregator's ``round.applied`` ``phases`` (aggregation, decryption, server
+  step) and its ``pseudo_graph.discovered`` ``seconds``; the time from the last bank's upload to
+  ``round.applied``; the start-up (data loading, enrolment, union index);
 * bytes on the wire per bank per round (``round.uploaded`` ``bytes``);
 * the peak resident memory of every node process (``VmHWM`` of ``/proc/<pid>/status``, polled);
 * the ratio of seconds per round between consecutive sizes against the ratio of the sizes.
@@ -44,14 +44,13 @@ from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, s
 
 NOTES = [
     "seconds_per_round: the aggregator's round.applied 'seconds' (round opened -> model applied).",
-    "training and encryption are not logged separately: the banks' round.uploaded 'seconds' covers download, "
-    "local training, CKKS encryption and upload together (phases.bank_round_seconds); training/encryption "
-    "are null.",
-    "upload alone is not logged: phases.upload is null; bytes_per_bank_per_round is round.uploaded 'bytes'.",
-    "aggregation, decryption and the server step (pseudo labels, pseudo-graph discovery) are not logged "
-    "separately: phases.after_last_upload_seconds is the time from the last bank's round.uploaded to the "
-    "aggregator's round.applied (from the log timestamps), which holds all three; aggregation/decryption/"
-    "pseudo_graph are null.",
+    "phases.bank: mean seconds per round of each bank's round.uploaded 'phases' (download of the broadcast, "
+    "evaluation report, local training, CKKS encryption, upload); their sum is bank_round_seconds.",
+    "phases.aggregator: mean seconds per round of the aggregator's round.applied 'phases' (aggregation: homomorphic "
+    "sums and masking; decryption: the key authority's decryption as the aggregator waits for it, unmasking; "
+    "server_step: fusion, pseudo labels, pseudo graph, broadcast encoding and storing).",
+    "phases.pseudo_graph: the aggregator's pseudo_graph.discovered 'seconds' (part of server_step), with its backend.",
+    "phases.after_last_upload_seconds: time from the last bank's round.uploaded to round.applied (log timestamps).",
     "startup_seconds: offsets from the start of the processes (node.started: after the imports; bank.data_loaded: "
     "tables read and graph built, its own 'seconds' in bank_data_read_seconds; bank.enrolled at the aggregator: "
     "pseudonyms received; index.built: union index; bank.ready; the first round.opened).",
@@ -135,6 +134,12 @@ def repeated_failure(processes: list[NodeProcess], times: int = 3) -> str | None
 
 def mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 3) if values else None
+
+
+def mean_phases(phases: list[dict | None]) -> dict[str, float | None]:
+    """Mean seconds per phase over rounds (a phase missing from a round counts as absent, not 0)."""
+    names = list(dict.fromkeys(name for entry in phases if entry for name in entry))
+    return {name: mean([float(entry[name]) for entry in phases if entry and name in entry]) for name in names}
 
 
 def tail(path: Path, chars: int = 1500) -> str:
@@ -258,6 +263,7 @@ def summarise(customers, consortium, logs, outcome, wall_start, wall_seconds, pe
     aggregator = read_events(logs / f"{consortium.aggregator.name}.log")
     bank_events = {b: read_events(logs / f"{b}.log") for b in bank_names}
     applied = [e for e in aggregator if e.get("event") == "round.applied"]
+    discovered = [e for e in aggregator if e.get("event") == "pseudo_graph.discovered"]
     round_seconds = [float(e["seconds"]) for e in applied if e.get("seconds") is not None]
     uploaded = {b: [e for e in ev if e.get("event") == "round.uploaded"] for b, ev in bank_events.items()}
     bytes_per_bank = {b: mean([float(e["bytes"]) for e in ups if "bytes" in e]) for b, ups in uploaded.items()}
@@ -309,13 +315,11 @@ def summarise(customers, consortium, logs, outcome, wall_start, wall_seconds, pe
         },
         "phases": {
             "bank_round_seconds": bank_seconds,
+            "bank": {b: mean_phases([e.get("phases") for e in ups]) for b, ups in uploaded.items()},
+            "aggregator": mean_phases([e.get("phases") for e in applied]),
+            "pseudo_graph": mean([float(e["seconds"]) for e in discovered if "seconds" in e]),
+            "pseudo_graph_backend": sorted({str(e.get("backend")) for e in discovered}),
             "after_last_upload_seconds": after_last,
-            "training": None,
-            "encryption": None,
-            "upload": None,
-            "aggregation": None,
-            "decryption": None,
-            "pseudo_graph": None,
         },
         "bytes_per_bank_per_round": bytes_per_bank,
         "peak_rss_mib": {name: round(kb / 1024, 1) for name, kb in peak_kb.items()},

@@ -10,6 +10,7 @@ neighbour reconstruction, edge-DP contrastive learning) plug in the same way.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,8 +22,9 @@ from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig, SelfSupervisionConfig
 from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
 from fedgl_secure.fedgl.graph_tensors import GraphTensors
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph
+from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph, resolve_backend
 from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+from fedgl_secure.log import get_logger
 from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.sparse import SparseOperator
 
@@ -196,12 +198,21 @@ class FedGL(FedAvg):
             pseudo_labels = global_pseudo_labels(fused_predictions, self.ssl.threshold)
         if EMBEDDINGS in sums:
             fused_embeddings = fuse_node_values(sums[EMBEDDINGS], sums[NODE_WEIGHT], total_weight, self.ssl.fusion)
+            started = time.perf_counter()
             pseudo_graph = discover_pseudo_graph(
                 fused_embeddings,
                 self.ssl.neighbors,
                 similarity=self.ssl.similarity,
                 backend=self.ssl.backend,
                 device=self.server_device,
+            )
+            # the step that grows fastest with M: logged on its own so a slow round can be placed
+            get_logger(round=round_number).info(
+                "pseudo_graph.discovered",
+                nodes=pseudo_graph.num_nodes,
+                neighbors=pseudo_graph.num_neighbors,
+                backend=resolve_backend(self.ssl.backend, self.server_device, pseudo_graph.num_nodes)[0],
+                seconds=round(time.perf_counter() - started, 3),
             )
         return Broadcast(round_number, weights, pseudo_labels, pseudo_graph, fused_predictions)
 

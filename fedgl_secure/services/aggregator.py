@@ -54,6 +54,7 @@ from fedgl_secure.fedgl.methods import Broadcast, build_method
 from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
 from fedgl_secure.fedgl.simulation import initial_parameters
 from fedgl_secure.log import get_logger
+from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services import wire
@@ -733,8 +734,9 @@ class Coordinator:
             log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
         if withdrew:
             log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
+        timer = PhaseTimer()
         try:
-            sums = self._decrypt_sums(current, complete)
+            sums = self._decrypt_sums(current, complete, timer)
         except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
@@ -742,33 +744,37 @@ class Coordinator:
         finally:
             with self._changed:
                 self._aggregating = False
-        self._apply(round_number, version, sums, current.shapes, complete)
+        with timer.phase("server_step"):
+            self._apply(round_number, version, sums, current.shapes, complete)
         log.info(
             "round.applied",
             version=version + 1,
             contributors=list(complete),
             seconds=round(time.monotonic() - opened, 3),
+            phases=timer.seconds(),
         )
         return "applied"
 
-    def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...]) -> dict[str, np.ndarray]:
+    def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer) -> dict[str, np.ndarray]:
         sums = {}
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
             length = int(np.prod(shape))
-            summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
-            # the key authority decrypts s + r for a fresh mask r; only the aggregator can remove it
-            masked, mask = mask_sum(self.context, summed, length, self._mask_bound)
-            masked_values = self.decryptor.decrypt(
-                self.federation,
-                current.round,
-                kind,
-                masked,
-                [upload.receipt for upload in uploads],
-                self.fingerprint,
-                length,
-            )
-            values = unmask(masked_values, mask)
+            with timer.phase("aggregation"):
+                summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
+                # the key authority decrypts s + r for a fresh mask r; only the aggregator can remove it
+                masked, mask = mask_sum(self.context, summed, length, self._mask_bound)
+            with timer.phase("decryption"):
+                masked_values = self.decryptor.decrypt(
+                    self.federation,
+                    current.round,
+                    kind,
+                    masked,
+                    [upload.receipt for upload in uploads],
+                    self.fingerprint,
+                    length,
+                )
+                values = unmask(masked_values, mask)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums

@@ -66,6 +66,7 @@ from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
+from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
 from fedgl_secure.privacy.guarantees import setup_releases
@@ -395,20 +396,22 @@ class BankWorker:
             session.done.add((view.round, view.nonce))  # budget spent: withdrawn (or retrying it at each poll)
             return
         started = time.perf_counter()
+        timer = PhaseTimer()
         # encrypted once per (round, nonce): a retry after a broken connection resends the same
         # bytes (no download, no retraining), which the aggregator accepts as a repeat instead of a
         # conflicting second upload
         key = (view.round, view.nonce)
         try:
             if key not in session.uploads:
-                uploads = self._prepare_uploads(session, view, log)
+                uploads = self._prepare_uploads(session, view, log, timer)
                 if uploads is None:
                     return
                 session.uploads = {key: uploads}
             uploaded = 0
-            for upload in session.uploads[key]:
-                self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
-                uploaded += upload.wire_bytes
+            with timer.phase("upload"):
+                for upload in session.uploads[key]:
+                    self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
+                    uploaded += upload.wire_bytes
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
             session.done.add((view.round, view.nonce))
@@ -419,13 +422,21 @@ class BankWorker:
             return
         session.done.add((view.round, view.nonce))
         self.rounds_done.append(view.round)
-        log.info("round.uploaded", bytes=uploaded, seconds=round(time.perf_counter() - started, 3))
+        log.info(
+            "round.uploaded",
+            bytes=uploaded,
+            seconds=round(time.perf_counter() - started, 3),
+            phases=timer.seconds(),
+        )
 
-    def _prepare_uploads(self, session: _Session, view: RoundResponse, log) -> list[Upload] | None:
+    def _prepare_uploads(self, session: _Session, view: RoundResponse, log, timer: PhaseTimer) -> list[Upload] | None:
         """Train from the round's base version and encrypt the (released) contribution; None once the
-        privacy budget is spent (the bank then withdraws)."""
-        broadcast = self._download(session, view.base_version)
-        self._report(session, view.base_version, broadcast)
+        privacy budget is spent (the bank then withdraws). ``timer`` gets the download, evaluation,
+        training and encryption seconds."""
+        with timer.phase("download"):
+            broadcast = self._download(session, view.base_version)
+        with timer.phase("evaluation"):
+            self._report(session, view.base_version, broadcast)
         # a reopened round restarts from the same state, so it yields the same contribution
         if view.base_version in session.snapshots:
             _restore(session.trainer, session.snapshots[view.base_version])
@@ -433,8 +444,9 @@ class BankWorker:
             session.snapshots = {view.base_version: _snapshot(session.trainer)}
         # under DP the predictions and embeddings are computed once, with W̄, by the DP step (protect_contributions)
         private = self.privacy is not None and self.privacy.active
-        contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=not private)
-        contribution = self._release(session, view, broadcast, contribution)
+        with timer.phase("training"):
+            contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=not private)
+            contribution = self._release(session, view, broadcast, contribution)
         if contribution is not None:
             expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
             actual = {kind: tuple(tensor.shape) for kind, tensor in contribution.items()}
@@ -451,18 +463,19 @@ class BankWorker:
             self._withdraw()
             return None
         ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
-        return [
-            make_upload(
-                self.context,
-                self.policy.he,
-                ticket,
-                self.name,
-                self.signing_key,
-                kind,
-                contribution[kind].detach().to(torch.float64).cpu().numpy(),
-            )
-            for kind in sorted(contribution)
-        ]
+        with timer.phase("encryption"):
+            return [
+                make_upload(
+                    self.context,
+                    self.policy.he,
+                    ticket,
+                    self.name,
+                    self.signing_key,
+                    kind,
+                    contribution[kind].detach().to(torch.float64).cpu().numpy(),
+                )
+                for kind in sorted(contribution)
+            ]
 
 
 class _NotReady(FedGLError):

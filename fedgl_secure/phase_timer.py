@@ -1,0 +1,35 @@
+"""Wall-clock seconds per named phase of one unit of work (a bank's round, the aggregator's step).
+
+Services log the result with the event that ends the work (``round.uploaded``, ``round.applied``),
+so an operator, and ``benchmarks/consortium_scale.py``, can tell which phase a slow round spent its
+time in without a profiler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class PhaseTimer:
+    """Accumulates seconds per phase; a phase entered twice adds up (e.g. one upload per kind)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def add(self, name: str, seconds: float) -> None:
+        """Credit seconds measured elsewhere (e.g. by a library call that reports its own time)."""
+        self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per phase in the order phases were first entered, rounded to milliseconds."""
+        return {name: round(value, 3) for name, value in self._seconds.items()}
