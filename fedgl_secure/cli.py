@@ -90,10 +90,23 @@ def resolve_policy_path(policy: Path | None) -> Path:
     return candidate
 
 
+def _print_version(requested: bool) -> None:
+    if requested:
+        from fedgl_secure import __version__
+
+        typer.echo(f"fedgl-secure {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     log_level: Annotated[str, typer.Option(help="structlog level: debug, info, warning, error")] = "warning",
     log_json: Annotated[bool, typer.Option(help="log as JSON lines")] = False,
+    version: Annotated[
+        bool,
+        # eager: answered before any sub-command is required or parsed
+        typer.Option("--version", is_eager=True, callback=_print_version, help="print the package version and exit"),
+    ] = False,
 ) -> None:
     configure_logging(log_level, log_json)
 
@@ -163,6 +176,13 @@ def simulate(
         if rounds is not None:
             values.setdefault("federation", {})["max_rounds"] = rounds
         config = build_config(values)
+        dataset_graph = None
+        if clients is None:  # loaded here so that data.split (e.g. the paper's Table 3 random splits) applies
+            from fedgl_secure.data.registry import load_dataset
+
+            dataset_graph = load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
+        elif config.data.split != "standard":
+            raise ConfigError("data.split: a consortium's banks bring their own train/validation/test split")
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
         policy_path = resolve_policy_path(policy) if secure or policy is not None else None
@@ -173,6 +193,7 @@ def simulate(
             final: list = [None]  # only the last broadcast is kept (for model.npz)
             result = run_experiment(
                 config,
+                dataset=dataset_graph,
                 progress=progress,
                 summation=summation,
                 observer=lambda broadcast: final.__setitem__(0, broadcast),
@@ -283,7 +304,7 @@ def reproduce_table2(
 ) -> None:
     """Run Table 2 of the FedGL paper and write table2.md / table2.json (resumable)."""
     from fedgl_secure.data.registry import DATASETS, load_dataset
-    from fedgl_secure.fedgl.config import METHODS
+    from fedgl_secure.fedgl.config import METHODS, build_config
     from fedgl_secure.fedgl.reproduce import run_table2
 
     try:
@@ -296,9 +317,11 @@ def reproduce_table2(
             if name not in METHODS:
                 raise ConfigError(f"--methods: unknown method {name!r}; choose from {', '.join(METHODS)}")
         root = str(data_root) if data_root else None
-        for name in dataset_list:  # fail fast on bad data, before hours of runs
-            load_dataset(name, root, seed=0)
-        table = run_table2(dataset_list, method_list, seeds, output_dir, root, workers, parse_assignments(set_ or []))
+        overrides = parse_assignments(set_ or [])
+        for name in dataset_list:  # fail fast on bad data or a split that does not fit, before hours of runs
+            split = build_config({"dataset": name, **overrides}).data
+            load_dataset(name, root, seed=0, split=split)
+        table = run_table2(dataset_list, method_list, seeds, output_dir, root, workers, overrides)
     except FedGLError as error:
         _fail(error)
     typer.echo((output_dir / "table2.md").read_text())

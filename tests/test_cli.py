@@ -6,12 +6,15 @@ import json
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import fedgl_secure
 from fedgl_secure.cli import app
+from fedgl_secure.tomlio import tomllib
 
 REQUIRED_KEYS = {
     "dataset",
@@ -55,6 +58,16 @@ def test_console_script_simulate_writes_the_run_record(tmp_path):
     assert record["rounds_run"] == 2 and len(record["local_test_accuracy"]) == 6
     assert 0.0 <= record["global_test_accuracy"] <= 1.0
     assert json.loads(completed.stdout.strip().splitlines()[-1])["rounds_run"] == 2
+
+
+def test_version_is_the_installed_package_version_from_pyproject():
+    completed = subprocess.run(
+        [Path(sys.executable).parent / "fedgl-secure", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert completed.stdout.strip() == f"fedgl-secure {declared}"
+    assert declared == metadata.version("fedgl-secure") == fedgl_secure.__version__
 
 
 @pytest.mark.parametrize(

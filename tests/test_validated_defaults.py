@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError, create_model
 
 import fedgl_secure
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields
+from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.fedgl.config import (
     EvaluationConfig,
     ExperimentConfig,
@@ -111,6 +112,8 @@ CASES = [
         # DP and a budget on weights only: the default allowed_kinds would let predictions out noiseless
         ({"dp": DPSettings(weights=CHANNEL), "budget": Budget(epsilon=1.0, rounds=1)}, "dp.predictions"),
     ),
+    # --- data/splits.py (a random split's sizes given under the default standard split would be ignored)
+    Case(SplitConfig, {}, ("val_size", 0), ({"train_per_class": 5}, "split")),
     # --- fedgl/config.py
     Case(TrainingConfig, {}, ("dropout", 1.0)),
     Case(FederationConfig, {}, ("proportions", (1.5,))),

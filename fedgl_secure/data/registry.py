@@ -13,6 +13,7 @@ from pathlib import Path
 from fedgl_secure.data.acm import load_acm
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.planetoid import PLANETOID_NAMES, load_planetoid
+from fedgl_secure.data.splits import SplitConfig, apply_split
 from fedgl_secure.data.synthetic import SYNTHETIC_NAME, synthetic_consortium
 from fedgl_secure.data.wiki import load_wiki
 from fedgl_secure.errors import ConfigError, DatasetError
@@ -42,17 +43,26 @@ def resolve_data_root(data_root: str | Path | None) -> Path:
     return root
 
 
-def load_dataset(name: str, data_root: str | Path | None = None, seed: int = 0) -> GraphDataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`).
+def load_dataset(
+    name: str, data_root: str | Path | None = None, seed: int = 0, split: SplitConfig | None = None
+) -> GraphDataset:
+    """Load dataset ``name`` (one of :data:`DATASETS`) with the split ``split`` asks for.
 
     ``seed`` matters only where the data or split is drawn at random: ``synthetic`` (the whole
-    graph) and ``wiki`` (its split). Cora, Citeseer and ACM have fixed published splits.
-    ``synthetic`` needs no data root.
+    graph), ``wiki`` (its split) and any dataset under ``split.split = "random"``. Cora, Citeseer
+    and ACM have fixed published splits. ``synthetic`` needs no data root. ``split`` None is the
+    dataset's standard split.
 
     Raises:
-        ConfigError: unknown dataset name (the message lists the valid ones).
+        ConfigError: unknown dataset name (the message lists the valid ones), or a random split
+            that does not fit the dataset (naming the ``data.*`` field).
         DatasetError: the data root or a dataset file is missing or corrupt.
     """
+    dataset = _load_standard(name, data_root, seed)
+    return apply_split(dataset, split, seed) if split is not None else dataset
+
+
+def _load_standard(name: str, data_root: str | Path | None, seed: int) -> GraphDataset:
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in DATASETS:
         raise ConfigError(f"dataset: unknown dataset {name!r}; valid names are {', '.join(DATASETS)}")

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
 from fedgl_secure.data.rawfiles import check, parsing, read_int_table, require_files
-from fedgl_secure.data.splits import sample_split
+from fedgl_secure.data.splits import capped_train_per_class, sample_split
 
 WIKI_FILES = ("wiki.mat", "graph.txt")
 WIKI_TRAIN_PER_CLASS = 20
@@ -35,7 +35,7 @@ def wiki_train_per_class(class_counts: np.ndarray) -> np.ndarray:
     Four Wiki classes have 9-11 nodes; taking 20 (or all) of them would leave none for validation
     and test, so small classes give at most half of their nodes to training.
     """
-    return np.minimum(WIKI_TRAIN_PER_CLASS, np.asarray(class_counts, dtype=np.int64) // 2)
+    return capped_train_per_class(class_counts, WIKI_TRAIN_PER_CLASS)
 
 
 def _read_mat(path: Path, dataset: str) -> tuple[sp.csr_matrix, np.ndarray]:

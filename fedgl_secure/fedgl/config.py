@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
+from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.tomlio import format_validation_error
 
@@ -127,6 +128,7 @@ class ExperimentConfig(_Section):
     seed: int = Field(0, ge=0)
     data_root: str | None = None
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'")
+    data: SplitConfig = SplitConfig()
     training: TrainingConfig = TrainingConfig()
     federation: FederationConfig = FederationConfig()
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()

@@ -1281,7 +1281,7 @@ def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[Experime
     if data_root is not None:
         values["data_root"] = str(data_root)
     config = build_config(values)
-    return config, load_dataset(config.dataset, config.data_root, seed=config.seed)
+    return config, load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
 
 
 def _merged(config: ExperimentConfig, dataset: GraphDataset) -> GraphTensors:
