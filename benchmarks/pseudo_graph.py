@@ -10,9 +10,9 @@ neither pays for first-touch costs: OpenMP pools, BLAS initialisation, lazy impo
 
 Targets (2 CPU cores, 100 000 nodes): ``ratio_vs_faiss <= 1.5`` and ``peak_rss_mb <= 2048``.
 
-The approximate backend (``--backend faiss-ivf``) is judged by recall instead:
+The approximate backend (``--backend ivf``) is judged by recall instead:
 
-    python benchmarks/pseudo_graph.py --nodes 1000000 --dim 16 --s 10 --backend faiss-ivf \
+    python benchmarks/pseudo_graph.py --nodes 1000000 --dim 16 --s 10 --backend ivf \
         --recall-sample 2000 --skip-baseline --output runs/pseudo_graph_1m_ivf.json
 
 ``--recall-sample N`` computes the exact top-s of N random rows only (so a million-row run needs
@@ -26,6 +26,7 @@ carry no structure and every approximate index has its worst recall.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -38,12 +39,12 @@ import faiss
 import numpy as np
 import torch
 
+from fedgl_secure.fedgl.approximate_knn import ivf_plan
 from fedgl_secure.fedgl.pseudo_graph import (
     BACKENDS,
     SIMILARITIES,
     PseudoGraph,
     discover_pseudo_graph,
-    ivf_parameters,
     resolve_backend,
 )
 
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--device", default=None, help="torch device for the torch/ivf backends (default: auto)")
     parser.add_argument("--similarity", choices=SIMILARITIES, default="dot")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each; the minimum is kept")
     parser.add_argument("--data", choices=("normal", "clustered"), default="normal", help="embedding distribution")
@@ -109,7 +111,9 @@ def faiss_exact_search(points: np.ndarray, k: int) -> float:
 
 def ours(embeddings: torch.Tensor, args: argparse.Namespace) -> tuple[float, PseudoGraph]:
     started = time.perf_counter()
-    graph = discover_pseudo_graph(embeddings, args.s, similarity=args.similarity, backend=args.backend)
+    graph = discover_pseudo_graph(
+        embeddings, args.s, similarity=args.similarity, backend=args.backend, device=args.device
+    )
     return time.perf_counter() - started, graph
 
 
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     threads = torch.get_num_threads()
     faiss.omp_set_num_threads(threads)  # the baseline gets exactly the threads ours uses
-    backend, device = resolve_backend(args.backend, num_nodes=args.nodes)
+    backend, device = resolve_backend(args.backend, args.device, num_nodes=args.nodes)
 
     warmup = random_embeddings(min(WARMUP_NODES, args.nodes), args.dim, args.seed + 1)
     faiss_exact_search(warmup.numpy(), min(args.s + 1, warmup.shape[0]))
@@ -160,9 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "exact_seconds_estimated": None
         if exact_sample_seconds is None
         else round(exact_sample_seconds * args.nodes / min(args.recall_sample, args.nodes), 1),
-        "ivf_nlist_nprobe_train": list(ivf_parameters(args.nodes, min(args.s, args.nodes - 1)))
-        if backend == "faiss-ivf"
-        else None,
+        "ivf_plan": dataclasses.asdict(ivf_plan(args.nodes, min(args.s, args.nodes - 1))) if backend == "ivf" else None,
         "seed": args.seed,
         "similarity": args.similarity,
         "backend_requested": args.backend,

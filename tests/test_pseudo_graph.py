@@ -253,11 +253,11 @@ def test_auto_backend_on_a_cpu_host_prefers_faiss():
 
 
 def test_public_constants():
-    assert BACKENDS == ("auto", "torch", "faiss", "faiss-ivf") and SIMILARITIES == ("dot", "cosine")
+    assert BACKENDS == ("auto", "torch", "faiss", "ivf") and SIMILARITIES == ("dot", "cosine")
 
 
 # --------------------------------------------------------------------------------------------
-# The approximate backend (faiss-ivf).
+# The approximate backend (ivf).
 
 
 def clustered_embeddings(m: int, d: int, seed: int, centres: int = 20) -> torch.Tensor:
@@ -272,14 +272,29 @@ def clustered_5k() -> torch.Tensor:
     return clustered_embeddings(5000, 16, seed=11)
 
 
+@pytest.fixture
+def small_lists(monkeypatch: pytest.MonkeyPatch):
+    """Lists of 64 rows, 4 probed: at 5,000 rows the index really partitions (78 lists) instead of
+    probing everything, as it does at the production list size below ~8,000 rows."""
+    from fedgl_secure.fedgl import approximate_knn
+
+    monkeypatch.setattr(approximate_knn, "LIST_SIZE", 64)
+    monkeypatch.setattr(approximate_knn, "MIN_NPROBE", 4)
+    return approximate_knn
+
+
 @pytest.mark.parametrize("similarity", SIMILARITIES)
-def test_ivf_returns_a_valid_deterministic_graph_with_high_recall(clustered_5k: torch.Tensor, similarity: str):
+def test_ivf_returns_a_valid_deterministic_graph_with_high_recall(
+    clustered_5k: torch.Tensor, similarity: str, small_lists
+):
     s = 20
-    graph = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss-ivf")
+    plan = small_lists.ivf_plan(5000, s)
+    assert plan.nlist == 78 and plan.nprobe == 4  # a real partition: 4 of 78 lists searched per row
+    graph = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="ivf")
     assert graph.neighbors.shape == graph.weights.shape == (5000, s)
     assert graph.neighbors.dtype == torch.int64 and graph.weights.dtype == torch.float32
     assert_invariants(graph)
-    again = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss-ivf")
+    again = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="ivf")
     assert torch.equal(graph.neighbors, again.neighbors) and torch.equal(graph.weights, again.weights)
 
     exact = discover_pseudo_graph(clustered_5k, s, similarity=similarity, backend="faiss")
@@ -287,10 +302,23 @@ def test_ivf_returns_a_valid_deterministic_graph_with_high_recall(clustered_5k: 
     assert hits / (5000 * s) >= 0.9
 
 
-def test_ivf_falls_back_to_exact_search_when_probed_lists_are_short():
-    """Tiny inputs: the probed lists hold fewer than s + 1 rows, so no -1 id may leak out."""
+def test_ivf_work_per_row_does_not_grow_with_the_index():
+    from fedgl_secure.fedgl.approximate_knn import ivf_plan
+
+    small, large = ivf_plan(256_000, 10), ivf_plan(2_560_000, 10)
+    assert small.candidates_per_query == large.candidates_per_query  # linear in M, unlike exact search
+    assert large.nlist == 10 * small.nlist
+    assert ivf_plan(250_000, 1000).candidates_per_query >= 4 * 1001  # enough candidates for a large s
+
+
+def test_ivf_searches_exactly_where_the_probed_lists_are_too_short(monkeypatch: pytest.MonkeyPatch, small_lists):
+    """Each row probes only its own list of ~8 rows, fewer than s = 50: every list falls back to exact
+    search, so the graph equals the reference (and no unset row can leak out)."""
+    monkeypatch.setattr(small_lists, "LIST_SIZE", 8)
+    monkeypatch.setattr(small_lists, "MIN_NPROBE", 1)
+    monkeypatch.setattr(small_lists, "CANDIDATES_PER_NEIGHBOR", 0)
     h = random_embeddings(60, 3, seed=12)
-    graph = discover_pseudo_graph(h, 50, similarity="cosine", backend="faiss-ivf", block_size=16)
+    graph = discover_pseudo_graph(h, 50, similarity="cosine", backend="ivf")
     assert_matches_reference(graph, h, 50, "cosine")
 
 
@@ -298,22 +326,23 @@ def test_auto_switches_to_ivf_above_the_threshold(monkeypatch: pytest.MonkeyPatc
     from fedgl_secure.fedgl import pseudo_graph
 
     assert pseudo_graph.APPROXIMATE_MIN_NODES >= 100_000
+    assert pseudo_graph.APPROXIMATE_MIN_NODES_CUDA >= pseudo_graph.APPROXIMATE_MIN_NODES
     cpu = torch.device("cpu")
     assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES) == ("faiss", cpu)
-    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES + 1) == ("faiss-ivf", cpu)
+    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES + 1) == ("ivf", cpu)
     assert resolve_backend("faiss", "cpu", num_nodes=10**7) == ("faiss", cpu)  # forcing wins
-    assert resolve_backend("faiss-ivf", "cpu", num_nodes=10) == ("faiss-ivf", cpu)
+    assert resolve_backend("ivf", "cpu", num_nodes=10) == ("ivf", cpu)
 
     h = clustered_embeddings(400, 8, seed=13)
     exact = discover_pseudo_graph(h, 10, device="cpu")
     assert_matches_reference(exact, h, 10, "dot")  # below the threshold auto stays exact
     monkeypatch.setattr(pseudo_graph, "APPROXIMATE_MIN_NODES", 399)
-    assert resolve_backend("auto", "cpu", num_nodes=400) == ("faiss-ivf", cpu)
+    assert resolve_backend("auto", "cpu", num_nodes=400) == ("ivf", cpu)
     switched = discover_pseudo_graph(h, 10, device="cpu")
-    ivf = discover_pseudo_graph(h, 10, backend="faiss-ivf")
+    ivf = discover_pseudo_graph(h, 10, backend="ivf", device="cpu")
     assert torch.equal(switched.neighbors, ivf.neighbors)
 
 
-def test_ivf_refuses_a_gpu_device():
+def test_faiss_refuses_a_gpu_device():
     with pytest.raises(ConfigError, match="^device"):
-        discover_pseudo_graph(torch.randn(10, 3), 3, backend="faiss-ivf", device="cuda:0")
+        discover_pseudo_graph(torch.randn(10, 3), 3, backend="faiss", device="cuda:0")

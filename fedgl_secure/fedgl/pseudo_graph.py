@@ -15,23 +15,20 @@ backends do the block work:
 Both give the same graph up to floating-point rounding (and the choice among tied entries).
 
 Exact search is still ``O(M² D)``: 19 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
-large ``M`` a third, **approximate** backend trades a little recall for near-linear time:
+large ``M`` a third, **approximate** backend trades a little recall for linear time:
 
-* ``faiss-ivf``: ``faiss.IndexIVFFlat`` inner-product search (on the L2-normalised rows for
-  ``cosine``). The coarse quantizer has ``nlist ≈ 4√M`` centroids, trained by faiss' spherical
-  k-means (fixed seed) on a sample of at most 40 rows per centroid drawn with
-  ``numpy.random.default_rng(0)`` from the row count, so the same input gives the same graph.
-  Each query scans its ``nprobe`` nearest lists (at least 32, and enough to expect ``4 (s + 1)``
-  candidates). The few rows whose probed lists hold fewer than ``s + 1`` nodes are searched
-  exactly. Recall of the exact top-s on clustered embeddings is ≥ 0.9 (docs/results/
+* ``ivf``: an inverted file of spherical k-means lists of fixed size, each list searched as one
+  dense product against the lists nearest to it (``approximate_knn``); torch, so it runs on a CPU
+  and on CUDA alike. Recall of the exact top-s on clustered embeddings ≈ 0.99 (docs/results/
   pseudo_graph_*_ivf.json); on unstructured isotropic noise it is lower, and there the kNN graph
   carries no structure anyway.
 
-``auto`` picks torch on a usable GPU, else exact faiss up to ``APPROXIMATE_MIN_NODES`` rows and
-``faiss-ivf`` above; any backend can be forced. Below the threshold results stay exact, so small
-runs (tests, the consortium-vs-simulation equality) are unaffected. All backends return the same
-``PseudoGraph`` structure: ``M x s`` neighbours (never the node itself) and ``rownorm``-ed
-clamped weights; none holds more than a block of rows' candidates besides that result.
+``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
+faiss) and ``ivf`` above (on the GPU when there is one); any backend can be forced. Below the
+threshold results stay exact, so small runs (tests, the consortium-vs-simulation equality) are
+unaffected. All backends return the same ``PseudoGraph`` structure: ``M x s`` neighbours (never
+the node itself) and ``rownorm``-ed clamped weights; none holds more than a block (or a list) of
+rows' candidates besides that result.
 """
 
 from __future__ import annotations
@@ -47,35 +44,35 @@ import torch
 from tqdm.auto import tqdm
 
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.fedgl.approximate_knn import ivf_plan, ivf_top_s
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
 SIMILARITIES = ("dot", "cosine")
-BACKENDS = ("auto", "torch", "faiss", "faiss-ivf")
-# Above this many rows ``auto`` (on a CPU) switches from exact faiss search to ``faiss-ivf``.
+BACKENDS = ("auto", "torch", "faiss", "ivf")
+# Above this many rows ``auto`` switches from exact search to ``ivf``.
 # Exact search grows as M²: ~19 s at 10^5 rows on 2 cores (docs/results/pseudo_graph_100k.json),
 # so ~75 s per round at 2·10^5, still tolerable for a server that runs a few hundred rounds, while
 # beyond it exact search soon dominates a round (the 3-bank consortium at M ≈ 2.5·10^5 timed out).
 # Up to here the graph stays exact, which every test and small consortium relies on.
 APPROXIMATE_MIN_NODES = 200_000
+# On a GPU exact search stays affordable further (the M x M products run at GPU speed); above
+# this it switches too. See docs/results/pseudo_graph_cuda.json.
+APPROXIMATE_MIN_NODES_CUDA = 2_000_000
 
 # Bound on one block of similarity scores (float32). A block of rows is the torch backend's
 # working set; 256 MB keeps it well inside a GPU and a modest CPU host while blocks stay large
 # enough (671 rows at M = 10^5) for the matmul to run at full speed.
 _BLOCK_SCORE_BYTES = 256 * 2**20
+# A GPU (tens of GB) takes larger blocks: fewer, longer kernels (512 rows per block at M = 10^6).
+_BLOCK_SCORE_BYTES_CUDA = 2 * 2**30
 # faiss computes distances in tiles of 4096 queries (``distance_compute_blas_query_bs``); feeding
 # it a multiple of that keeps its BLAS path as efficient as one call over all rows, while bounding
 # the (rows x (s+1)) candidate buffers we hold at once.
 _FAISS_BLOCK_ROWS = 4 * 4096
 # Fewer blocks than this finish quickly enough that a progress bar would only be noise.
 _PROGRESS_MIN_BLOCKS = 20
-# faiss-ivf parameters (see the module docstring; measured in benchmarks/pseudo_graph.py).
-_IVF_LISTS_PER_SQRT_M = 4  # nlist = 4 √M: ~80 rows per list at 10^5, ~250 at 10^6
-_IVF_TRAIN_PER_LIST = 40  # k-means sample: faiss warns below 39 points per centroid
-_IVF_MIN_NPROBE = 32  # recall ≥ 0.99 on clustered data at 10^5 (s = 100) and 10^6 (s = 10)
-_IVF_CANDIDATES_PER_NEIGHBOR = 4  # and probe enough lists to expect 4 (s + 1) candidates
-_IVF_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -212,15 +209,16 @@ def discover_pseudo_graph(
         similarity: ``"dot"`` (the paper's ``H̄ H̄ᵀ``) or ``"cosine"`` (rows L2-normalised first,
             zero rows stay zero), which avoids a few high-norm nodes becoming everybody's
             neighbours (DESIGN §3, pitfalls).
-        backend: ``"torch"``, ``"faiss"`` (CPU only), ``"faiss-ivf"`` (approximate, CPU only) or
-            ``"auto"``: torch on CUDA when a GPU is usable, else faiss when installed (exact up to
-            ``APPROXIMATE_MIN_NODES`` rows, ``faiss-ivf`` above), else torch on the CPU.
-        block_size: rows processed per block; by default as many as keep one block of scores
-            within ~256 MB (torch) or 16384 (faiss).
-        device: where the torch backend computes; a CPU device makes ``auto`` prefer faiss.
-            Results always come back on the CPU.
-        progress: show a progress bar over blocks; ``None`` shows one only for more than 20
-            blocks.
+        backend: ``"torch"`` (exact, any device), ``"faiss"`` (exact, CPU only), ``"ivf"``
+            (approximate, linear in M, any device; ``approximate_knn``) or ``"auto"``: exact up to
+            ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU), ``ivf``
+            above; exact means torch on a usable GPU, else faiss when installed, else torch.
+        block_size: rows processed per block by the exact backends; by default as many as keep
+            one block of scores within ~256 MB (torch on a CPU; 2 GB on a GPU) or 16384 (faiss).
+        device: where the torch and ivf backends compute; a CPU device makes ``auto`` prefer
+            faiss. Results always come back on the CPU.
+        progress: show a progress bar over blocks (lists, for ivf); ``None`` shows one only for
+            more than 20.
 
     Raises:
         ConfigError: an argument is invalid (the message names it).
@@ -247,35 +245,36 @@ def discover_pseudo_graph(
         # A short last block would fall below faiss' BLAS threshold onto its ~2x slower
         # one-query-at-a-time path, so the default blocking folds it into the previous block.
         bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS, fold_short_tail=block_size is None)
-        blocks = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds)
-    elif chosen == "faiss-ivf":
-        bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS)
-        blocks = _faiss_ivf_top_s(h.cpu().contiguous(), s_eff, bounds)
+        blocks, steps = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds), len(bounds)
+    elif chosen == "ivf":
+        plan = ivf_plan(m, s_eff)
+        blocks, steps = ivf_top_s(h.to(target), s_eff, plan), plan.nlist
     else:
-        bounds = _block_bounds(m, block_size or max(1, _BLOCK_SCORE_BYTES // (4 * m)))
-        blocks = _torch_top_s(h.to(target), s_eff, bounds)
+        budget = _BLOCK_SCORE_BYTES_CUDA if target.type == "cuda" else _BLOCK_SCORE_BYTES
+        bounds = _block_bounds(m, block_size or max(1, budget // (4 * m)))
+        blocks, steps = _torch_top_s(h.to(target), s_eff, bounds), len(bounds)
 
     neighbors = torch.empty((m, s_eff), dtype=torch.int64)
     weights = torch.empty((m, s_eff), dtype=torch.float32)
-    show = len(bounds) > _PROGRESS_MIN_BLOCKS if progress is None else progress
+    show = steps > _PROGRESS_MIN_BLOCKS if progress is None else progress
     # closing(): an error mid-way must still run the generator's cleanup (faiss thread count).
-    with closing(blocks), tqdm(total=len(bounds), desc="pseudo graph", unit="block", disable=not show) as bar:
-        for start, ids, top in blocks:
+    with closing(blocks), tqdm(total=steps, desc="pseudo graph", unit="block", disable=not show) as bar:
+        for rows, ids, top in blocks:
             if not torch.isfinite(top).all():
                 raise ConfigError(
                     "embeddings: similarities overflow float32; rescale the embeddings or use similarity='cosine'"
                 )
-            stop = start + ids.shape[0]
-            neighbors[start:stop] = ids
-            weights[start:stop] = pseudo_graph_weights(top)
+            rows = rows.cpu() if isinstance(rows, torch.Tensor) else rows
+            neighbors[rows] = ids.cpu()
+            weights[rows] = pseudo_graph_weights(top).cpu()
             bar.update(1)
     return PseudoGraph(neighbors, weights)
 
 
 def _torch_top_s(
     h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
-) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
-    """Yield ``(first row, ids, similarities)`` of each block's top s, self excluded."""
+) -> Generator[tuple[slice, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(rows, ids, similarities)`` of each block's top s, self excluded."""
     h_t = h.t().contiguous()  # one transposed copy, not one per block
     for start, stop in bounds:
         scores = h[start:stop] @ h_t
@@ -283,13 +282,13 @@ def _torch_top_s(
         scores[local, start + local] = float("-inf")  # self-similarity is not an edge
         values, ids = top_s(scores, s)
         del scores  # free the block before the next one is allocated
-        yield start, ids.cpu(), values.cpu()
+        yield slice(start, stop), ids.cpu(), values.cpu()
 
 
 def _faiss_top_s(
     h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
-) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
-    """Yield ``(first row, ids, similarities)`` of each block's top s via exact faiss search."""
+) -> Generator[tuple[slice, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(rows, ids, similarities)`` of each block's top s via exact faiss search."""
     faiss = _import_faiss()
     assert faiss is not None  # resolve_backend checked it
     points = h.numpy()
@@ -299,52 +298,7 @@ def _faiss_top_s(
         for start, stop in bounds:
             scores, ids = index.search(points[start:stop], s + 1)
             yield (
-                start,
-                *drop_self(torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)),
-            )
-
-
-def ivf_parameters(m: int, s: int) -> tuple[int, int, int]:
-    """``(nlist, nprobe, training rows)`` the ``faiss-ivf`` backend uses for ``M = m`` rows and ``s``."""
-    nlist = max(1, min(m, round(_IVF_LISTS_PER_SQRT_M * m**0.5)))
-    wanted = -(-_IVF_CANDIDATES_PER_NEIGHBOR * (s + 1) * nlist // m)  # lists holding ~4(s+1) rows
-    nprobe = min(nlist, max(_IVF_MIN_NPROBE, wanted))
-    return nlist, nprobe, min(m, _IVF_TRAIN_PER_LIST * nlist)
-
-
-def _faiss_ivf_top_s(
-    h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
-) -> Generator[tuple[int, torch.Tensor, torch.Tensor], None, None]:
-    """Yield ``(first row, ids, similarities)`` of each block's approximate top s (IVF search)."""
-    import numpy as np
-
-    faiss = _import_faiss()
-    assert faiss is not None  # resolve_backend checked it
-    points = h.numpy()
-    m, d = points.shape
-    nlist, nprobe, train_rows = ivf_parameters(m, s)
-    sample = np.sort(np.random.default_rng(_IVF_SEED).choice(m, size=train_rows, replace=False))
-    # Train on directions: list membership then depends on a row's direction only, so a few
-    # high-norm rows (``dot``) neither drag the centroids nor crowd one list.
-    train = points[sample]
-    norms = np.linalg.norm(train, axis=1, keepdims=True)
-    train = np.where(norms > 0, train / np.where(norms > 0, norms, 1), 0).astype(np.float32)
-    with _faiss_threads(faiss, torch.get_num_threads()):
-        quantizer = faiss.IndexFlatIP(d)
-        index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.spherical = True
-        index.cp.seed = 1234  # faiss' default, pinned: k-means must not change between versions
-        index.train(train)
-        index.add(points)
-        index.nprobe = nprobe
-        del train
-        for start, stop in bounds:
-            scores, ids = index.search(points[start:stop], s + 1)
-            short = np.flatnonzero((ids < 0).any(axis=1))
-            if short.size:  # probed lists held fewer than s + 1 rows: search those rows exactly
-                scores[short], ids[short] = faiss.knn(points[start + short], points, s + 1, faiss.METRIC_INNER_PRODUCT)
-            yield (
-                start,
+                slice(start, stop),
                 *drop_self(torch.from_numpy(ids), torch.from_numpy(scores), torch.arange(start, stop)),
             )
 
@@ -421,8 +375,9 @@ def resolve_backend(
 ) -> tuple[str, torch.device]:
     """The backend ``discover_pseudo_graph`` will run and its device (faiss: always the CPU).
 
-    ``num_nodes`` is ``M``: ``auto`` on a CPU picks ``faiss-ivf`` above ``APPROXIMATE_MIN_NODES``
-    (``None``: assume small). Public so callers can log or record what ``"auto"`` chose on this host.
+    ``num_nodes`` is ``M``: ``auto`` picks ``ivf`` above ``APPROXIMATE_MIN_NODES`` on a CPU and
+    above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU (``None``: assume small). Public so callers can
+    log or record what ``"auto"`` chose on this host.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -435,20 +390,20 @@ def resolve_backend(
             raise ConfigError(f"device {device!r} is not a valid torch device: {error}") from None
         if target.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but CUDA is not available")
-    if backend in ("faiss", "faiss-ivf"):
+    if backend == "faiss":
         if target is not None and target.type != "cpu":
-            raise ConfigError(f"device {device!r} needs backend 'torch': backend {backend!r} runs on the CPU")
+            raise ConfigError(f"device {device!r} needs backend 'torch' or 'ivf': backend 'faiss' runs on the CPU")
         if _import_faiss() is None:
-            raise ConfigError(f"backend {backend!r} needs the faiss-cpu package; install it or use backend 'torch'")
+            raise ConfigError("backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'")
         return backend, cpu
-    if backend == "torch":
-        if target is None:
-            target = torch.device("cuda") if torch.cuda.is_available() else cpu
-        return "torch", target
+    if target is None:
+        target = torch.device("cuda") if torch.cuda.is_available() else cpu
+    if backend in ("torch", "ivf"):
+        return backend, target
     # auto
-    if target is None and torch.cuda.is_available():
-        return "torch", torch.device("cuda")
-    if (target is None or target.type == "cpu") and _import_faiss() is not None:
-        large = num_nodes is not None and num_nodes > APPROXIMATE_MIN_NODES
-        return ("faiss-ivf" if large else "faiss"), cpu
+    threshold = APPROXIMATE_MIN_NODES_CUDA if target.type == "cuda" else APPROXIMATE_MIN_NODES
+    if num_nodes is not None and num_nodes > threshold:
+        return "ivf", target
+    if target.type == "cpu" and _import_faiss() is not None:
+        return "faiss", cpu
     return "torch", target or cpu
