@@ -22,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 import httpx
 import numpy as np
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -66,8 +66,8 @@ class _Schema(BaseModel):
 
 
 class EnrolRequest(_Schema):
-    num_features: int = Field(ge=1)
-    num_classes: int = Field(ge=2)
+    num_features: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
+    num_classes: wire.JsonInt = Field(ge=2, le=wire.MAX_JSON_INT)
     pseudonyms: list[str] = Field(min_length=1, max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
@@ -115,7 +115,7 @@ class WithdrawRequest(_Schema):
     """A bank leaves the run for good; ``round`` is the round it declined (for the record)."""
 
     reason: Literal["privacy-budget-exhausted"]
-    round: int = Field(ge=1)
+    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
 
 
 class WithdrawResponse(_Schema):
@@ -124,18 +124,20 @@ class WithdrawResponse(_Schema):
 
 
 class ReportRequest(_Schema):
-    version: int = Field(ge=0)
-    val_correct: int = Field(ge=0)
-    val_total: int = Field(ge=0)
-    test_correct: int = Field(ge=0)
-    test_total: int = Field(ge=0)
+    version: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
+    val_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
+    val_total: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
+    test_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
+    test_total: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
     # with a positive class: validation negatives, validation positives, test negatives, test positives,
     # each counted per score bin (fedgl/score_histograms.py)
-    histograms: list[list[int]] | None = Field(None, min_length=4, max_length=4)
+    histograms: list[list[wire.BoundedJsonInt]] | None = Field(None, min_length=4, max_length=4)
 
     def checked_histograms(self) -> np.ndarray | None:
         if self.histograms is None:
             return None
+        if any(len(row) != NUM_BINS for row in self.histograms):  # ragged rows make no array at all
+            raise ProtocolConflict("bad-report", f"histograms must be 4 x {NUM_BINS} non-negative counts")
         histograms = np.asarray(self.histograms, dtype=np.int64)
         if histograms.shape != (4, NUM_BINS) or (histograms < 0).any():
             raise ProtocolConflict("bad-report", f"histograms must be 4 x {NUM_BINS} non-negative counts")
@@ -164,29 +166,45 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     def status(caller: Caller = Depends(caller_identity)) -> dict:
         return coordinator.status()
 
-    @app.post("/v1/enrol")
+    @app.post("/v1/enrol", responses=wire.error_responses(409))
     def enrol(request: EnrolRequest, caller: Caller = Depends(bank_only)) -> dict:
         coordinator.enrol(caller.name, request.num_features, request.num_classes, request.checked_pseudonyms())
         return {"enrolled": True}
 
-    @app.get("/v1/index")
+    @app.get("/v1/index", responses=wire.error_responses(409))
     def index(caller: Caller = Depends(bank_only)) -> IndexResponse:
         size, positions = coordinator.index_for(caller.name)
         return IndexResponse(
             num_global_nodes=size, positions=positions.tolist(), max_bank_nodes=coordinator.max_bank_nodes()
         )
 
-    @app.get("/v1/round")
+    @app.get("/v1/round", responses=wire.error_responses(409))
     def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
         return RoundResponse.model_validate(dataclasses.asdict(coordinator.round_view(caller.name)))
 
-    @app.get("/v1/models/{version}")
-    def model(version: int, caller: Caller = Depends(bank_only)) -> Response:
-        return Response(coordinator.model(version), media_type="application/octet-stream")
+    @app.get(
+        "/v1/models/{version}",
+        response_class=Response,
+        responses={**wire.binary_response("W̄, Ȳ, Ā of the version as an .npz bundle"), **wire.error_responses(409)},
+    )
+    def model(
+        version: Annotated[int, Path(ge=0, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
+    ) -> Response:
+        return Response(coordinator.model(version), media_type=wire.OCTET_STREAM)
 
-    @app.put("/v1/rounds/{round_number}/uploads/{kind}")
+    @app.put(
+        "/v1/rounds/{round_number}/uploads/{kind}",
+        responses=wire.error_responses(400, 409),
+        openapi_extra=wire.binary_request(
+            "one kind's ciphertext chunks, framed by wire.encode_chunks",
+            headers={RECEIPT_HEADER: "the signed Receipt as base64url compact JSON (wire.encode_header)"},
+        ),
+    )
     async def upload(
-        round_number: int, kind: str, request: Request, caller: Caller = Depends(bank_only)
+        round_number: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        kind: str,
+        request: Request,
+        caller: Caller = Depends(bank_only),
     ) -> UploadResponse:
         receipt = wire.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
         body = await request.body()  # capped by the app's BodyLimitMiddleware (413)
@@ -199,13 +217,13 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         new = await run_in_threadpool(coordinator.accept_upload, caller.name, round_number, kind, chunks, receipt)
         return UploadResponse(accepted=True, duplicate=not new)
 
-    @app.post("/v1/reports")
+    @app.post("/v1/reports", responses=wire.error_responses(409))
     def report(request: ReportRequest, caller: Caller = Depends(bank_only)) -> dict:
         counts = (request.val_correct, request.val_total, request.test_correct, request.test_total)
         coordinator.accept_report(caller.name, request.version, counts, request.checked_histograms())
         return {"recorded": True}
 
-    @app.post("/v1/withdraw")
+    @app.post("/v1/withdraw", responses=wire.error_responses(409))
     def withdraw(request: WithdrawRequest, caller: Caller = Depends(bank_only)) -> WithdrawResponse:
         new = coordinator.withdraw(caller.name, request.reason, request.round)
         return WithdrawResponse(withdrawn=True, duplicate=not new)
@@ -260,7 +278,7 @@ class AggregatorClient:
             "PUT",
             f"/v1/rounds/{round_number}/uploads/{kind}",
             content=wire.encode_chunks(chunks),
-            headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": "application/octet-stream"},
+            headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": wire.OCTET_STREAM},
         )
 
     def report(self, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None) -> None:

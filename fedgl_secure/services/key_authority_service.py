@@ -48,7 +48,7 @@ from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole,
 
 FINGERPRINT_HEADER = "X-FedGL-Context-Fingerprint"
 DECRYPT_HEADER = "X-FedGL-Decrypt"
-OCTET_STREAM = "application/octet-stream"
+OCTET_STREAM = wire.OCTET_STREAM
 MAX_VALUES = 2**31 - 1
 MAX_RECEIPTS = 1024
 # A decryption request carries one kind's summed ciphertexts (M x C values, ~33 bytes each): 3 x 1,000,000
@@ -56,6 +56,7 @@ MAX_RECEIPTS = 1024
 # have the same cap).
 DECRYPT_MAX_BODY_BYTES = 1024 * 1024 * 1024
 _HEX64 = r"^[0-9a-f]{64}$"
+_HEX64_SCHEMA = {"type": "string", "pattern": _HEX64}
 
 # Who may call: the mTLS caller, checked against roles (module-level so FastAPI can resolve the names).
 # Any consortium node: pki.read_identity already refuses (401) a certificate without a known role.
@@ -76,7 +77,7 @@ class HealthResponse(_Schema):
 
 class OpenRoundRequest(_Schema):
     federation: str = Field(min_length=1, max_length=128)
-    round: int = Field(ge=1)
+    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
     nonce: str = Field(pattern=r"^[0-9a-f]{16,128}$")
     participants: list[str] = Field(min_length=1, max_length=MAX_RECEIPTS)
 
@@ -95,10 +96,10 @@ class DecryptRequest(_Schema):
     """
 
     federation: str = Field(min_length=1, max_length=128)
-    round: int = Field(ge=1)
+    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
     kind: str = Field(min_length=1, max_length=64)
     context_fingerprint: str = Field(pattern=_HEX64)
-    length: int = Field(ge=0, le=MAX_VALUES)
+    length: wire.JsonInt = Field(ge=0, le=MAX_VALUES)
     receipts: list[dict[str, Any]] = Field(max_length=MAX_RECEIPTS)
 
 
@@ -108,24 +109,6 @@ class AuditReport(_Schema):
     head: str
     broken_line: int | None = None
     problem: str | None = None
-
-
-_DECRYPT_OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "description": "the summed ciphertext chunks, framed by wire.encode_chunks",
-        "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}},
-    },
-    "parameters": [
-        {
-            "name": DECRYPT_HEADER,
-            "in": "header",
-            "required": True,
-            "description": "DecryptRequest as base64url compact JSON (wire.encode_header)",
-            "schema": {"type": "string"},
-        }
-    ],
-}
 
 
 def create_app(
@@ -149,14 +132,21 @@ def create_app(
     def health(caller: AnyCaller) -> HealthResponse:
         return HealthResponse(name=name, fingerprint=authority.fingerprint)
 
-    @app.get("/v1/context", response_class=Response, responses={200: {"content": {OCTET_STREAM: {}}}})
+    @app.get(
+        "/v1/context",
+        response_class=Response,
+        responses=wire.binary_response(
+            "the public CKKS context (no secret key)",
+            headers={FINGERPRINT_HEADER: {"description": "SHA-256 of the body", "schema": _HEX64_SCHEMA}},
+        ),
+    )
     def context(caller: AnyCaller) -> Response:
         log.debug("context.served", caller=caller.name)
         return Response(
             authority.public_context, media_type=OCTET_STREAM, headers={FINGERPRINT_HEADER: authority.fingerprint}
         )
 
-    @app.post("/v1/rounds/open", response_model=OpenRoundResponse)
+    @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=wire.error_responses(409))
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
         authority.open_round(request.federation, request.round, request.nonce, request.participants)
         log.info("round.opened", caller=caller.name, federation=request.federation, round=request.round)
@@ -165,8 +155,14 @@ def create_app(
     @app.post(
         "/v1/decrypt",
         response_class=Response,
-        responses={200: {"content": {OCTET_STREAM: {}}, "description": "the sum's values, little-endian float64"}},
-        openapi_extra=_DECRYPT_OPENAPI,
+        responses={
+            **wire.binary_response("the sum's values, little-endian float64"),
+            **wire.error_responses(400, 403),
+        },
+        openapi_extra=wire.binary_request(
+            "the summed ciphertext chunks, framed by wire.encode_chunks",
+            headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (wire.encode_header)"},
+        ),
     )
     async def decrypt(request: Request, caller: AnyCaller) -> Response:
         try:

@@ -151,6 +151,10 @@ def caller_identity(request: Request) -> Caller:
         raise HTTPException(401, detail=f"client certificate does not identify a consortium node: {error}") from None
 
 
+# What these dependencies can answer, so every route using them documents it (wire.ERROR_STATUSES_ATTRIBUTE).
+caller_identity.error_statuses = (401,)  # type: ignore[attr-defined]
+
+
 def require_roles(*roles: NodeRole) -> Callable[..., Caller]:
     """FastAPI dependency factory: the caller, if its role is one of ``roles``; 403 naming them otherwise."""
     if not roles:
@@ -169,6 +173,7 @@ def require_roles(*roles: NodeRole) -> Callable[..., Caller]:
             raise HTTPException(403, detail=detail)
         return caller
 
+    caller_with_role.error_statuses = (403,)  # type: ignore[attr-defined]
     return caller_with_role
 
 

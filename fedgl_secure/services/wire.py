@@ -13,9 +13,10 @@ What travels, and how:
 Every decoder assumes hostile input: anything malformed, truncated, oversized, non-finite or
 pickled raises :class:`WireError` naming what is wrong and where (byte offset, size, field).
 :func:`install_error_handlers` turns the package's typed errors into JSON
-``{"error": <code>, "detail": <message>}`` responses with a 4xx status, so bad input never takes a
-service down; :func:`raise_for_service_error` turns those responses back into exceptions on the
-client side, so an in-process call and the same call over HTTP fail the same way.
+``{"error": <code>, "detail": <message>}`` responses (:class:`ErrorBody`) with a 4xx status, so bad input
+never takes a service down, and documents every error status each route can send with that one model in
+the service's OpenAPI document; :func:`raise_for_service_error` turns those responses back into
+exceptions on the client side, so an in-process call and the same call over HTTP fail the same way.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ import struct
 import traceback
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import httpx
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -82,6 +86,44 @@ _HTTP_CODES = {
     500: "internal-error",
     503: "unavailable",
 }
+
+
+OCTET_STREAM = "application/octet-stream"
+BINARY_SCHEMA = {"type": "string", "format": "binary"}
+CHUNKS_FORMAT = "fedgl-chunks"
+"""OpenAPI ``format`` of a chunk-framed ciphertext body (:func:`encode_chunks`); JSON Schema cannot say more."""
+
+
+MAX_JSON_INT = 2**53 - 1
+"""The bound of every request integer: the largest that every JSON parser keeps exact (RFC 7493 §2.2; a
+double's mantissa), well inside what SQLite stores (an unbounded one crashed a store with OverflowError)."""
+
+
+def _json_integer(value: Any) -> Any:
+    if isinstance(value, str | bytes | bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+"""A request integer as JSON Schema means it: ``3`` or ``3.0``, never ``"3"`` or ``true`` (pydantic's lax mode takes
+both, strict mode refuses ``3.0``); give it bounds with ``Field(ge=..., le=...)`` where it is declared."""
+BoundedJsonInt = Annotated[int, Field(ge=-MAX_JSON_INT, le=MAX_JSON_INT), BeforeValidator(_json_integer)]
+"""A bounded :data:`JsonInt`, for list items (where a ``Field`` cannot be attached)."""
+
+
+class ErrorBody(BaseModel):
+    """The one error body of every service: a stable code to branch on and a message for a person.
+
+    Codes: a :class:`Refusal` reason (403; ``bad-ciphertext`` 400), a protocol conflict (409, e.g.
+    ``stale-round``), ``bad-wire-format``/``bad-receipt``/``bad-context`` (400), ``policy-conflict`` (409),
+    ``invalid-request`` (422), and for framework errors the status's name (``forbidden``, ``body-too-large``...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    error: str = Field(min_length=1, description="stable machine-readable code, e.g. 'stale-round'")
+    detail: str = Field(description="what was wrong, naming the field, header, byte offset or limit")
 
 
 class WireError(CiphertextError):
@@ -346,8 +388,123 @@ class BodyLimitMiddleware:
 
 
 def error_response(status: int, error: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """The one error body every service sends: ``{"error": <code>, "detail": <message>}``."""
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=dict(headers or {}))
+    """The one error body every service sends: ``{"error": <code>, "detail": <message>}`` (:class:`ErrorBody`)."""
+    body = ErrorBody(error=error, detail=detail)
+    return JSONResponse(body.model_dump(), status_code=status, headers=dict(headers or {}))
+
+
+# --- OpenAPI: every error a route can send -------------------------------------------------------
+
+_ERROR_DESCRIPTIONS = {
+    400: "malformed input: a bad wire format, receipt, context or Content-Length (the detail names it)",
+    401: "the client certificate names no consortium node",
+    403: "the caller's role may not call this, or the key authority refused (the code is the reason)",
+    404: "no such resource",
+    409: "the request conflicts with the protocol state or the policy (the code says which)",
+    413: "the body is larger than this route accepts",
+    422: "the parameters or JSON body do not match this document (every bad field is named)",
+    429: "too many requests",
+    500: "an unexpected error; the service logged it and keeps serving",
+}
+
+ERROR_STATUSES_ATTRIBUTE = "error_statuses"
+"""A FastAPI dependency may carry the error statuses it can answer (e.g. the mTLS role check: 401, 403); every
+route that depends on it documents them."""
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route: each status answered with :class:`ErrorBody`."""
+    return {status: {"model": ErrorBody, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+
+
+def binary_response(description: str, headers: Mapping[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entry of a route whose 200 answer is raw bytes (``application/octet-stream``)."""
+    ok: dict[str, Any] = {"description": description, "content": {OCTET_STREAM: {"schema": BINARY_SCHEMA}}}
+    if headers:
+        ok["headers"] = dict(headers)
+    return {200: ok}
+
+
+def binary_request(description: str, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads a chunk-framed binary body (:func:`encode_chunks`) and, for each
+    entry of ``headers`` (name → description), a required metadata header (:func:`encode_header`)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {OCTET_STREAM: {"schema": {**BINARY_SCHEMA, "x-fedgl-format": CHUNKS_FORMAT}}},
+        },
+        "parameters": [
+            {
+                "name": name,
+                "in": "header",
+                "required": True,
+                "description": text,
+                # the format alone: a pattern or length would also be true, but generators would then draw
+                # base64url strings of no model instead of asking for the format (fuzzing.py registers it)
+                "schema": {"type": "string", "format": header_format(name)},
+            }
+            for name, text in (headers or {}).items()
+        ],
+    }
+
+
+def header_format(name: str) -> str:
+    """The OpenAPI ``format`` of metadata header ``name``: ``X-FedGL-Receipt`` → ``fedgl-receipt``."""
+    return name.lower().removeprefix("x-")
+
+
+def _route_error_statuses(route: APIRoute, body_limits: bool) -> set[int]:
+    """Statuses any request to ``route`` can get besides its own: 500 (the safety net), 400/413 (body limits),
+    422 (FastAPI's validation of declared parameters or body), and what its dependencies declare."""
+    statuses = {500}
+    if body_limits:
+        statuses |= {400, 413}
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        pending.extend(dependant.dependencies)
+        statuses.update(getattr(dependant.call, ERROR_STATUSES_ATTRIBUTE, ()))
+        if dependant.path_params or dependant.query_params or dependant.header_params or dependant.body_params:
+            statuses.add(422)
+    return statuses
+
+
+def _documented_openapi(app: FastAPI, body_limits: bool) -> dict[str, Any]:
+    """FastAPI's document, with :class:`ErrorBody` for every error status each route can send (its own
+    ``responses`` plus :func:`_route_error_statuses`) in place of FastAPI's validation-error shape, which no
+    service sends, and the consortium's mutual TLS as the security scheme."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
+    components = document.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas[ErrorBody.__name__] = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    components["securitySchemes"] = {
+        "consortiumCertificate": {
+            "type": "mutualTLS",
+            "description": "a client certificate from the consortium CA; its role decides what may be called",
+        }
+    }
+    document["security"] = [{"consortiumCertificate": []}]
+    error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ErrorBody.__name__}"}}}
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        for method in route.methods:
+            operation = document["paths"][route.path_format][method.lower()]
+            responses = operation.setdefault("responses", {})
+            for status in _route_error_statuses(route, body_limits):
+                responses.setdefault(str(status), {"description": _ERROR_DESCRIPTIONS[status]})
+            for status, response in responses.items():
+                if status.isdigit() and int(status) >= 400:
+                    response["description"] = _ERROR_DESCRIPTIONS.get(int(status), response.get("description", ""))
+                    response["content"] = error
+            operation["responses"] = dict(sorted(responses.items()))
+    app.openapi_schema = document
+    return document
 
 
 _GENERIC_CONFLICTS = frozenset({"conflict", "config-conflict", "policy-conflict"})
@@ -424,6 +581,7 @@ def install_error_handlers(
     reason code (400 for ``bad-ciphertext``); ProtocolConflict → 409 with its code;
     PolicyError/ConfigError → 409; other FedGLError → 400; HTTP and validation errors keep their
     status. With ``max_body_bytes`` every request body is capped as well (see :class:`BodyLimitMiddleware`).
+    The app's OpenAPI document then declares :class:`ErrorBody` for every error status each route can send.
     """
     log = log if log is not None else get_logger()
 
@@ -450,6 +608,8 @@ def install_error_handlers(
     app.add_exception_handler(FedGLError, on_package_error)
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
+    # built on first request, once every route exists
+    app.openapi = lambda: _documented_openapi(app, body_limits=max_body_bytes is not None)
     if max_body_bytes is not None:
         app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, path_limits=path_limits)
     app.add_middleware(_InternalErrorMiddleware, log=log)

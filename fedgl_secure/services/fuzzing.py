@@ -1,0 +1,272 @@
+"""Property-based fuzzing of the services' OpenAPI documents with schemathesis (the ``dev`` extra).
+
+``run_schemathesis`` runs ``st run --checks all`` against one running service over mutual TLS, as a
+consortium node (its certificate decides which routes get past the role check), and reads back what
+happened: requests sent, responses by status, and every failed check (a 5xx, an undocumented status, a body
+that breaks its documented schema, valid data refused, invalid data accepted...).
+
+JSON Schema cannot describe a chunk-framed ciphertext body (:func:`wire.encode_chunks`) or a header that
+carries a pydantic model as base64url JSON (:func:`wire.encode_header`): the documents say ``format:
+binary`` and ``format: fedgl-receipt`` / ``fedgl-decrypt``. A generator that reads only the document sends
+bytes that every route must refuse as malformed (400), which schemathesis' ``positive_data_acceptance``
+check rightly counts as "valid data refused". So, as schemathesis provides for custom formats, the
+strategies here generate *well-formed* values of those formats with random content (framing right, header
+JSON valid for its model, numbers and names anything the model allows): positive cases then reach the
+protocol's own checks (role, federation, round, nonce, sender, receipts), negative cases are what
+schemathesis derives from the document. ``python -m fedgl_secure.services.fuzzing --sender NODE -- run ...``
+is ``st`` with these strategies registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import io
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedgl_secure.services import wire
+from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
+from fedgl_secure.services.config import PkiLayout
+from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
+
+if TYPE_CHECKING:  # hypothesis and schemathesis come with the dev extra only
+    from hypothesis.strategies import SearchStrategy
+
+_HEX = "0123456789abcdef"
+MAX_FUZZ_CHUNKS = 1
+"""Chunks in a generated body: one, so any ``length`` a decryption header announces admits it."""
+
+
+def _names(max_size: int) -> SearchStrategy[str]:
+    from hypothesis import strategies as st
+
+    return st.text(min_size=1, max_size=max_size)
+
+
+def _hex(min_size: int, max_size: int | None = None) -> SearchStrategy[str]:
+    from hypothesis import strategies as st
+
+    return st.text(alphabet=_HEX, min_size=min_size, max_size=min_size if max_size is None else max_size)
+
+
+def chunk_bodies() -> SearchStrategy[bytes]:
+    """Chunk-framed bodies of random bytes (none of them a real ciphertext)."""
+    from hypothesis import strategies as st
+
+    return st.lists(st.binary(max_size=512), max_size=MAX_FUZZ_CHUNKS).map(wire.encode_chunks)
+
+
+def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
+    """Receipt JSON any :class:`Receipt` accepts; the sender is often ``sender`` (the fuzzing node) so the
+    aggregator's later checks (round, nonce, signature) are reached, not only the sender check."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        {
+            "federation": _names(128),
+            "round": st.integers(min_value=1, max_value=wire.MAX_JSON_INT),
+            "nonce": _hex(16, 128),
+            "kind": _names(64),
+            "sender": st.one_of(st.just(sender), _names(128)),
+            "ciphertext_sha256": _hex(64),
+            "context_fingerprint": _hex(64),
+            "signature": _hex(128),
+        }
+    )
+
+
+def _as_header(value: dict[str, Any]) -> str:
+    """``value`` as :func:`wire.encode_header` writes a model: base64url of compact JSON, unpadded."""
+    raw = json.dumps(value, separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def receipt_headers(sender: str) -> SearchStrategy[str]:
+    return receipts(sender).map(_as_header)
+
+
+def decrypt_headers(sender: str) -> SearchStrategy[str]:
+    """:class:`DecryptRequest` headers: any values the model accepts, receipts shaped like real ones."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        {
+            "federation": _names(128),
+            "round": st.integers(min_value=1, max_value=wire.MAX_JSON_INT),
+            "kind": _names(64),
+            "context_fingerprint": _hex(64),
+            "length": st.integers(min_value=0, max_value=2**31 - 1),
+            "receipts": st.lists(receipts(sender), max_size=3),
+        }
+    ).map(_as_header)
+
+
+def register_strategies(sender: str) -> None:
+    """Teach schemathesis the custom formats of the services' documents (see the module docstring)."""
+    import schemathesis
+
+    schemathesis.openapi.format(wire.header_format(RECEIPT_HEADER), receipt_headers(sender))
+    schemathesis.openapi.format(wire.header_format(DECRYPT_HEADER), decrypt_headers(sender))
+    schemathesis.openapi.media_type(wire.OCTET_STREAM, chunk_bodies())
+
+
+# --- running schemathesis and reading its report -------------------------------------------------
+
+
+@dataclass
+class FuzzRun:
+    """What one ``st run`` against one service did."""
+
+    service: str
+    as_node: str
+    requests: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # one per failed check, deduplicated
+    errors: list[str] = field(default_factory=list)  # schemathesis could not run a case (network error...)
+    exit_code: int | None = None
+    output_tail: str = ""
+
+    @property
+    def server_errors(self) -> int:
+        return sum(count for status, count in self.statuses.items() if status >= 500)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "service": self.service,
+            "as_node": self.as_node,
+            "requests": self.requests,
+            "statuses": {str(status): count for status, count in sorted(self.statuses.items())},
+            "server_errors": self.server_errors,
+            "conformance_failures": self.failures,
+            "errors": self.errors,
+            "exit_code": self.exit_code,
+        }
+
+
+def schemathesis_arguments(
+    url: str, layout: PkiLayout, as_node: str, *, seed: int, max_examples: int, report: Path
+) -> list[str]:
+    """``st run --checks all`` against ``url``'s document with ``as_node``'s certificate."""
+    return [
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--seed",
+        str(seed),
+        "--max-examples",
+        str(max_examples),
+        "--workers",
+        "1",
+        "--request-cert",
+        str(layout.tls_cert(as_node)),
+        "--request-cert-key",
+        str(layout.tls_key(as_node)),
+        "--tls-verify",
+        str(layout.ca_cert),
+        "--request-timeout",
+        "30",
+        # a seeded run must not depend on examples an earlier run stored
+        "--generation-database",
+        "none",
+        "--report",
+        "ndjson",
+        "--report-ndjson-path",
+        str(report),
+    ]
+
+
+def run_schemathesis(
+    service: str, url: str, layout: PkiLayout, as_node: str, *, seed: int, max_examples: int, report: Path
+) -> FuzzRun:
+    """Fuzz one running service from this process (schemathesis' CLI, its output kept in ``output_tail``);
+    the NDJSON report is read back into a :class:`FuzzRun`.
+
+    In-process rather than ``st`` in a subprocess: a fresh interpreter spends seconds importing the
+    package (torch) before the first request, and the custom formats must be registered where it runs.
+    """
+    from schemathesis.cli import schemathesis
+
+    register_strategies(as_node)
+    arguments = schemathesis_arguments(url, layout, as_node, seed=seed, max_examples=max_examples, report=report)
+    output = io.StringIO()
+    exit_code: int | None = 0
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        try:
+            schemathesis.main(args=arguments, prog_name="st", standalone_mode=False)
+        except SystemExit as exit_:
+            exit_code = exit_.code if isinstance(exit_.code, int) else 1
+    run = read_report(report, service, as_node)
+    run.exit_code = exit_code
+    run.output_tail = output.getvalue()[-4000:]
+    if not report.exists():
+        run.errors.append(f"schemathesis wrote no report (exit {exit_code}): {run.output_tail[-800:]}")
+    return run
+
+
+def read_report(path: Path, service: str = "", as_node: str = "") -> FuzzRun:
+    """Count requests and statuses and collect failed checks from a schemathesis NDJSON report."""
+    run = FuzzRun(service, as_node)
+    if not path.exists():
+        return run
+    seen: set[tuple[str, str, str]] = set()
+    with path.open("rb") as lines:
+        for line in lines:
+            event = json.loads(line)
+            if "ScenarioFinished" in event:
+                _read_scenario(event["ScenarioFinished"].get("recorder") or {}, run, seen)
+            elif "NonFatalError" in event or "FatalError" in event:
+                problem = event.get("NonFatalError") or event.get("FatalError") or {}
+                run.errors.append(str(problem.get("info", problem))[:800])
+    return run
+
+
+def _read_scenario(recorder: dict[str, Any], run: FuzzRun, seen: set[tuple[str, str, str]]) -> None:
+    for interaction in (recorder.get("interactions") or {}).values():
+        response = interaction.get("response")
+        run.requests += 1
+        if response is not None:
+            run.statuses[int(response["status_code"])] += 1
+    for case_id, checks in (recorder.get("checks") or {}).items():
+        for check in checks:
+            if check.get("status") != "failure":
+                continue
+            failure = (check.get("failure_info") or {}).get("failure") or {}
+            key = (check.get("name", ""), failure.get("operation", recorder.get("label", "")), failure.get("title", ""))
+            if key in seen:
+                continue
+            seen.add(key)
+            run.failures.append(
+                {
+                    "check": key[0],
+                    "operation": key[1],
+                    "code": failure.get("code"),
+                    "title": key[2],
+                    "message": str(failure.get("message", ""))[:600],
+                    "case": case_id,
+                }
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``st`` with the services' custom formats registered: ``--sender NODE -- <st arguments>``."""
+    parser = argparse.ArgumentParser(description="schemathesis with fedgl-secure's custom formats")
+    parser.add_argument("--sender", required=True, help="the node whose certificate the run uses")
+    parser.add_argument("st_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    register_strategies(args.sender)
+    from schemathesis.cli import schemathesis
+
+    st_args = args.st_args[1:] if args.st_args[:1] == ["--"] else args.st_args
+    schemathesis.main(args=st_args, prog_name="st")  # exits with schemathesis' own code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
