@@ -311,6 +311,32 @@ def test_ivf_work_per_row_does_not_grow_with_the_index():
     assert ivf_plan(250_000, 1000).candidates_per_query >= 4 * 1001  # enough candidates for a large s
 
 
+def test_rows_of_one_direction_are_split_into_bounded_lists(small_lists):
+    """3,000 all-zero rows (a ReLU layer's dead rows) share one direction and so one list: it is cut
+    into pieces of at most LIST_SIZE rows instead of being searched as one 3,000 x 3,000 block."""
+    h = torch.cat([torch.zeros(3000, 16), clustered_embeddings(2000, 16, seed=14)])
+    lists = small_lists.build_inverted_lists(h, small_lists.ivf_plan(5000, 10))
+    sizes = [stop - first for first, stop in zip(lists.offsets, lists.offsets[1:], strict=False)]
+    assert max(sizes) <= 2 * small_lists.LIST_SIZE
+    assert sorted(lists.order.tolist()) == list(range(5000))  # every row in exactly one list
+    graph = discover_pseudo_graph(h, 10, similarity="cosine", backend="ivf")
+    assert_invariants(graph)
+    assert torch.all(graph.weights[:3000] == 0)  # zero rows are similar to nobody
+
+
+def test_split_oversized_lists_keeps_order_and_centroids():
+    from fedgl_secure.fedgl import approximate_knn
+
+    size = approximate_knn.LIST_SIZE
+    sorted_lists = torch.tensor([0] * 3 + [1] * (2 * size + 1) + [2] * 5)
+    centroids = torch.eye(3)
+    ids, per_list = approximate_knn.split_oversized_lists(sorted_lists, centroids)
+    counts = torch.bincount(ids).tolist()
+    assert counts == [3, size, size, 1, 5]  # list 1 (2 * size + 1 rows) cut into 3 pieces
+    assert torch.equal(ids, torch.sort(ids).values)
+    assert torch.equal(per_list, centroids[[0, 1, 1, 1, 2]])
+
+
 def test_ivf_searches_exactly_where_the_probed_lists_are_too_short(monkeypatch: pytest.MonkeyPatch, small_lists):
     """Each row probes only its own list of ~8 rows, fewer than s = 50: every list falls back to exact
     search, so the graph equals the reference (and no unset row can leak out)."""
