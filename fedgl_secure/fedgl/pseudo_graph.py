@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.approximate_knn import ivf_plan, ivf_top_s
+from fedgl_secure.fedgl.approximate_knn import build_inverted_lists, ivf_plan, search_lists
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -247,8 +247,9 @@ def discover_pseudo_graph(
         bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS, fold_short_tail=block_size is None)
         blocks, steps = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds), len(bounds)
     elif chosen == "ivf":
-        plan = ivf_plan(m, s_eff)
-        blocks, steps = ivf_top_s(h.to(target), s_eff, plan), plan.nlist
+        h = h.to(target)
+        lists = build_inverted_lists(h, ivf_plan(m, s_eff))
+        blocks, steps = search_lists(h, s_eff, lists), lists.count
     else:
         budget = _BLOCK_SCORE_BYTES_CUDA if target.type == "cuda" else _BLOCK_SCORE_BYTES
         bounds = _block_bounds(m, block_size or max(1, budget // (4 * m)))
