@@ -188,7 +188,7 @@ def run_experiment(
         if dataset is None:
             from fedgl_secure.data.registry import load_dataset
 
-            dataset = load_dataset(config.dataset, config.data_root, seed=config.seed)
+            dataset = load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
         federation = Federation.build(dataset, config, device)
     config.evaluation.check_classes(federation.merged.num_classes)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)

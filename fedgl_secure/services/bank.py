@@ -121,7 +121,7 @@ def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[G
     (slice k of the experiment's dataset for bank k). Real banks read their own tables
     (:func:`bank_graph`)."""
     # one proportion per bank is checked when the consortium file is loaded (ConsortiumConfig)
-    dataset = load_dataset(config.dataset, data_root, seed=config.seed)
+    dataset = load_dataset(config.dataset, data_root, seed=config.seed, split=config.data)
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
 
