@@ -2,31 +2,40 @@
 
     python benchmarks/secure_overhead.py --dataset cora --output runs/secure_overhead.json
 
-One process, one dataset load, the same seed and the same fixed number of rounds for both runs
-(early stopping is disabled by ``patience = rounds``). The secure run uses the policy file's HE
-parameters (default ``policies/baseline.toml``: N = 8192, moduli [60, 60], scale 2^40); its key
-authority, key generation, sealing and bank enrolment happen before round 1 and are not round
-time. Both paths are warmed up first (one round each).
+One process, one dataset load, the same seed and the same fixed number of rounds for every run
+(early stopping is disabled by ``patience = rounds``). The secure runs use the policy file's HE
+parameters (default ``policies/baseline.toml``: N = 4096, moduli [54, 54], quantised values packed
+three or four to a slot); their key authority, key generation, sealing and bank enrolment happen
+before round 1 and are not round time. Every path is warmed up first (one round each).
+
+Three runs: ``plain`` (plaintext sums), ``secure`` (CKKS, the banks of a round encrypting
+concurrently on a thread pool, as separate machines would) and ``secure_serial`` (the same, the
+banks encrypting one after another: ``encrypt_workers = 1``).
 
 **Interleaved timing.** On a shared machine the load drifts by more than the effect measured, so
-the two runs go in lockstep: each runs the unchanged engine (``run_experiment``) in its own
+the runs go in lockstep: each runs the unchanged engine (``run_experiment``) in its own
 thread, and a baton lets exactly one of them work at a time, handing over at every summation
-(plain round 1, secure round 1, plain round 2, ...). A run's *round time* k is its busy time
+(plain round 1, secure round 1, serial round 1, plain round 2, ...). A run's *round time* k is its busy time
 from the end of summation k-1 to the end of summation k: server update and evaluation of round
 k-1, training of round k, summation k — one whole round of work, never the other run's. The first
 one also holds the federation's construction, so rounds 2..R are compared.
 
 Reported:
 
-* ``round_ratio`` = secure / plain mean seconds per round over the same rounds (2..R);
+* ``round_ratio`` = secure / plain mean seconds per round over the same rounds (2..R), banks
+  encrypting concurrently; ``round_ratio_serial`` the same for the serial run;
 * ``round_ratio_paired``: the secure run's own non-summation time as the baseline (what the round
   would cost with the plaintext sum), insensitive to any load difference between the runs;
+* ``round_ratio_separate_machines_model``: a model, not a measurement: the concurrent run with its
+  encryption phase replaced by the busiest bank's own encryption seconds (one machine per bank);
 * ``bytes_per_value``: ciphertext bytes banks sent / values they encrypted, over every round;
 * ``bytes_per_value_common_params``: round 1's real contribution vectors of every bank encrypted
-  (not decrypted) under the common N = 8192, [60, 40, 40, 60], scale 2^40 context;
-* global test accuracy at the best validation round of each run and their difference.
+  (not decrypted, one float per slot) under the common N = 8192, [60, 40, 40, 60], scale 2^40
+  context; ``bytes_per_value_unpacked_default_params`` the same under the policy's N and primes;
+* global test accuracy at the best validation round of each run and the difference to plaintext
+  (quantisation is deterministic and CKKS noise is rounded away, so both secure runs agree).
 
-Targets (2 CPU cores): ``round_ratio <= 2.0``, ``bytes_per_value <= 36``, ``|Δ accuracy| <= 0.005``.
+Targets (2 CPU cores): ``round_ratio <= 1.3``, ``bytes_per_value <= 12``, ``|Δ accuracy| <= 0.005``.
 """
 
 from __future__ import annotations
@@ -58,9 +67,11 @@ from fedgl_secure.privacy.policy import HEParameters, Policy, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_POLICY = REPO / "policies" / "baseline.toml"
-COMMON_PARAMETERS = HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40)
-TARGETS = {"round_ratio": 2.0, "bytes_per_value": 36.0, "abs_accuracy_difference": 0.005}
-PLAIN, SECURE = "plain", "secure"
+COMMON_PARAMETERS = HEParameters(
+    poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40, packing="none"
+)
+TARGETS = {"round_ratio": 1.3, "bytes_per_value": 12.0, "abs_accuracy_difference": 0.005}
+PLAIN, SECURE, SERIAL = "plain", "secure", "secure_serial"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -153,10 +164,12 @@ def experiment_config(args: argparse.Namespace, rounds: int) -> ExperimentConfig
     )
 
 
-def new_secure_summation(policy: Policy, num_clients: int) -> tuple[SecureSummation, float]:
+def new_secure_summation(
+    policy: Policy, num_clients: int, encrypt_workers: int | None = None
+) -> tuple[SecureSummation, float]:
     """A fresh key authority and enrolled banks (setup, never counted as round time)."""
     started = time.perf_counter()
-    summation = SecureSummation(policy)
+    summation = SecureSummation(policy, encrypt_workers=encrypt_workers)
     summation.enrol(range(num_clients))
     return summation, time.perf_counter() - started
 
@@ -253,7 +266,8 @@ def profile_secure_run(config: ExperimentConfig, dataset, policy: Policy, path: 
     parts = {
         "secure summation (all)": "secure_summation.py:*(__call__)",
         "make_upload (bank: checks, encrypt, sign)": "(make_upload)",
-        "  check_magnitude": "(check_magnitude)",
+        "  encrypt_term (checks, quantise + pack)": "(encrypt_term)",
+        "    packing.encode": "packing.py*(encode)",
         "  encrypt_vector (encode + encrypt + serialise)": "(encrypt_vector)",
         "    TenSEAL ckks_vector (encode + encrypt)": "(ckks_vector)",
         "    serialize": "abstract_tensor.py*(serialize)",
@@ -285,20 +299,23 @@ def main(argv: list[str] | None = None) -> dict:
     num_clients = len(config.federation.proportions)
     load_before = os.getloadavg()
 
-    # warm-up of both paths (lazy imports, allocator and thread-pool start-up, TenSEAL's first calls)
+    # warm-up of every path (lazy imports, allocator and thread-pool start-up, TenSEAL's first calls)
     warmup = experiment_config(args, 1)
     run_experiment(warmup, dataset, progress=False)
-    warm_summation, _ = new_secure_summation(policy, num_clients)
-    try:
-        run_experiment(warmup, dataset, progress=False, summation=warm_summation)
-    finally:
-        warm_summation.close()
+    for workers in (None, 1):
+        warm_summation, _ = new_secure_summation(policy, num_clients, workers)
+        try:
+            run_experiment(warmup, dataset, progress=False, summation=warm_summation)
+        finally:
+            warm_summation.close()
 
     secure_summation, setup_seconds = new_secure_summation(policy, num_clients)
-    baton = Baton((PLAIN, SECURE))
+    serial_summation, _ = new_secure_summation(policy, num_clients, encrypt_workers=1)
+    baton = Baton((PLAIN, SECURE, SERIAL))
     wrappers = {
         PLAIN: LockstepSummation(PlaintextSummation(), PLAIN, baton),
         SECURE: LockstepSummation(secure_summation, SECURE, baton, keep_first_round=True),
+        SERIAL: LockstepSummation(serial_summation, SERIAL, baton),
     }
     started = time.perf_counter()
     try:
@@ -308,29 +325,37 @@ def main(argv: list[str] | None = None) -> dict:
         )
     finally:
         secure_summation.close()
+        serial_summation.close()
     lockstep_seconds = time.perf_counter() - started
 
-    plain, secure = wrappers[PLAIN], wrappers[SECURE]
-    plain_result, secure_result = results[PLAIN], results[SECURE]
+    plain, secure, serial = wrappers[PLAIN], wrappers[SECURE], wrappers[SERIAL]
+    plain_result, secure_result, serial_result = results[PLAIN], results[SECURE], results[SERIAL]
     plain_round, secure_round = mean(plain.round_seconds[1:]), mean(secure.round_seconds[1:])
+    serial_round = mean(serial.round_seconds[1:])
     plain_sum, secure_sum = mean(plain.summation_seconds[1:]), mean(secure.summation_seconds[1:])
     per_round_ratios = sorted(s / p for s, p in zip(secure.round_seconds[1:], plain.round_seconds[1:], strict=True))
     rounds_run = secure_result.rounds_run
     wire = secure_summation.wire
     common = encrypted_size(COMMON_PARAMETERS, secure.first_round)
-    default_same_vectors = encrypted_size(policy.he, secure.first_round)
+    unpacked_same_vectors = encrypted_size(policy.he.model_copy(update={"packing": "none"}), secure.first_round)
     accuracy_difference = abs(secure_result.global_test_accuracy - plain_result.global_test_accuracy)
+    serial_accuracy_difference = abs(serial_result.global_test_accuracy - plain_result.global_test_accuracy)
     phases = {  # over every round, round 1 included
         name: round(getattr(secure_summation.seconds, name) / rounds_run, 4)
-        for name in ("encrypt", "aggregate", "decrypt")
+        for name in ("encrypt", "encrypt_slowest_bank", "aggregate", "decrypt")
     }
+    serial_phases = {
+        name: round(getattr(serial_summation.seconds, name) / rounds_run, 4)
+        for name in ("encrypt", "encrypt_slowest_bank", "aggregate", "decrypt")
+    }
+    separate_machines = secure_round - phases["encrypt"] + phases["encrypt_slowest_bank"]
 
     result = {
         "dataset": args.dataset,
         "method": args.method,
         "seed": args.seed,
         "rounds": args.rounds,
-        "rounds_run": {PLAIN: plain_result.rounds_run, SECURE: rounds_run},
+        "rounds_run": {PLAIN: plain_result.rounds_run, SECURE: rounds_run, SERIAL: serial_result.rounds_run},
         "rounds_timed": f"2..{rounds_run} (interleaved round by round)",
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -339,29 +364,43 @@ def main(argv: list[str] | None = None) -> dict:
         "he": policy.he.model_dump(mode="json"),
         "plain_round_seconds": round(plain_round, 4),
         "secure_round_seconds": round(secure_round, 4),
+        "secure_serial_round_seconds": round(serial_round, 4),
         "round_ratio": round(secure_round / plain_round, 4),
+        "round_ratio_serial": round(serial_round / plain_round, 4),
+        "round_ratio_separate_machines_model": round(separate_machines / plain_round, 4),
+        "encrypt_workers": secure_summation.encrypt_workers,
         "round_ratio_median_of_rounds": round(per_round_ratios[len(per_round_ratios) // 2], 4),
         "round_ratio_paired": round(secure_round / (secure_round - secure_sum + plain_sum), 4),
         "plain_summation_seconds_per_round": round(plain_sum, 4),
         "secure_summation_seconds_per_round": round(secure_sum, 4),
         "secure_phase_seconds_per_round": phases,
+        "secure_serial_phase_seconds_per_round": serial_phases,
         "secure_setup_seconds": round(setup_seconds, 3),
         "plain_round_seconds_each": [round(s, 3) for s in plain.round_seconds],
         "secure_round_seconds_each": [round(s, 3) for s in secure.round_seconds],
+        "secure_serial_round_seconds_each": [round(s, 3) for s in serial.round_seconds],
         "lockstep_wall_seconds": round(lockstep_seconds, 1),
         "bytes_per_value": round(wire.bytes_per_value(), 3),
         "wire_bytes_by_kind": dict(wire.bytes_by_kind),
         "wire_values_by_kind": dict(wire.values_by_kind),
         "bytes_per_value_common_params": round(common["bytes_per_value"], 3),
-        "bytes_per_value_default_params_same_vectors": round(default_same_vectors["bytes_per_value"], 3),
+        "bytes_per_value_unpacked_default_params": round(unpacked_same_vectors["bytes_per_value"], 3),
+        "packing": {
+            kind: {"values_per_slot": layout.per_slot, "digit_bits": layout.digit_bits, "step": layout.step}
+            if (layout := policy.upload_layout(kind)) is not None
+            else None
+            for kind in policy.allowed_kinds
+        },
         "bytes_per_full_chunk_slot": {
-            "default": round(default_same_vectors["bytes_per_full_chunk_slot"], 3),
+            "default": round(unpacked_same_vectors["bytes_per_full_chunk_slot"], 3),
             "common": round(common["bytes_per_full_chunk_slot"], 3),
         },
         "common_params": COMMON_PARAMETERS.model_dump(mode="json"),
         "plain_accuracy": plain_result.global_test_accuracy,
         "secure_accuracy": secure_result.global_test_accuracy,
+        "secure_serial_accuracy": serial_result.global_test_accuracy,
         "abs_accuracy_difference": round(accuracy_difference, 6),
+        "abs_accuracy_difference_serial": round(serial_accuracy_difference, 6),
         "plain_best_round": plain_result.best_round,
         "secure_best_round": secure_result.best_round,
         "max_abs_val_accuracy_difference": max(

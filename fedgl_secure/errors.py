@@ -70,3 +70,8 @@ class DataSourceError(FedGLError):
 
     The message names the file or table, and where it can the (1-based) data row and the column.
     """
+
+
+class PackingOverflow(CiphertextError):
+    """A packed CKKS sum cannot be decoded safely: more contributors than its digits have headroom for,
+    or decrypted slots that are not packed sums (see ``crypto/packing.py``)."""

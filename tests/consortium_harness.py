@@ -126,10 +126,12 @@ def write_consortium(
     patience: int | None = None,
     method: str = "fedgl",
     policy_extra: dict | None = None,
+    he: HEParameters = SMALL_HE,
 ) -> LocalConsortium:
     """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned.
 
-    ``policy_extra`` adds to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget.
+    ``policy_extra`` adds to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget;
+    ``he`` the HE parameters (packed by default, as the baseline policy).
     """
     experiment = {
         "dataset": "synthetic",
@@ -146,7 +148,7 @@ def write_consortium(
         root,
         banks=BANKS,
         experiment=experiment,
-        he=SMALL_HE,
+        he=he,
         upload_seconds=upload_seconds,
         liveness_seconds=liveness_seconds,
         federation="test-federation",

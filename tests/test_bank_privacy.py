@@ -138,7 +138,7 @@ def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=No
     """One bank-a process over the scripted ``rounds`` ((round, nonce) pairs); returns what it would encrypt."""
     encrypted = []
 
-    def record(context, params, ticket, sender, key, kind, values):
+    def record(context, params, ticket, sender, key, kind, values, layout=None):
         encrypted.append((ticket.round, ticket.nonce, kind, np.array(values, dtype=np.float64)))
         return SimpleNamespace(kind=kind, chunks=[], receipt=None, wire_bytes=0)
 

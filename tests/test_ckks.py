@@ -69,7 +69,7 @@ def test_default_parameters_precision_at_engine_magnitudes(default_context):
 
 def test_default_parameters_fit_the_wire_budget(default_context):
     assert ckks.bytes_per_value(default_context) <= 36
-    common = ckks.create_secret_context(HEParameters(coeff_mod_bit_sizes=(60, 40, 40, 60)))
+    common = ckks.create_secret_context(HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60)))
     assert ckks.bytes_per_value(common) > 2 * ckks.bytes_per_value(default_context)
 
 

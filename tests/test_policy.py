@@ -9,7 +9,7 @@ import pytest
 from fedgl_secure.crypto.ckks_params import sum_bound, upload_bound
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.errors import PolicyError
-from fedgl_secure.privacy.policy import KNOWN_KINDS, load_policy, policy_from_dict
+from fedgl_secure.privacy.policy import KNOWN_KINDS, HEParameters, load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 BASELINE = POLICIES / "baseline.toml"
@@ -23,8 +23,9 @@ def _write(tmp_path, text: str):
 
 def test_baseline_policy_loads_with_the_design_defaults():
     policy = load_policy(BASELINE)
-    assert policy.he.poly_modulus_degree == 8192
-    assert policy.he.coeff_mod_bit_sizes == (60, 60) and policy.he.global_scale_bits == 40
+    assert policy.he.poly_modulus_degree == 4096
+    assert policy.he.coeff_mod_bit_sizes == (54, 54) and policy.he.global_scale_bits == 36
+    assert policy.he.packing == "quantised" and policy.he == HEParameters()  # the file states the defaults
     assert policy.quorum == 2 and set(policy.allowed_kinds) == set(KNOWN_KINDS)
     assert policy.timeouts.upload_seconds <= policy.timeouts.round_seconds
     assert policy.protection == "he" and not policy.has_dp and policy.budget is None
@@ -32,7 +33,8 @@ def test_baseline_policy_loads_with_the_design_defaults():
 
 def test_empty_file_gives_safe_defaults(tmp_path):
     policy = load_policy(_write(tmp_path, ""))
-    assert policy.he.coeff_mod_bit_sizes == (60, 60) and policy.quorum == 2
+    assert policy.he.coeff_mod_bit_sizes == (54, 54) and policy.quorum == 2
+    assert policy.he.packing == "quantised"
 
 
 @pytest.mark.parametrize(
@@ -46,7 +48,7 @@ def test_empty_file_gives_safe_defaults(tmp_path):
         # only N given: the default moduli (60, 60) must be checked against it, not skipped as defaults
         ("[he]\npoly_modulus_degree = 1024", "he.coeff_mod_bit_sizes", "128-bit"),
         ("[he]\npoly_modulus_degree = 2048", "he.coeff_mod_bit_sizes", "128-bit"),
-        ("[he]\npoly_modulus_degree = 4096", "he.coeff_mod_bit_sizes", "128-bit"),
+        ("[he]\npoly_modulus_degree = 2048", "he.coeff_mod_bit_sizes", "128-bit"),
         ("[he]\ncoeff_mod_bit_sizes = [60]", "he.coeff_mod_bit_sizes", "at least 2 primes"),
         ("[he]\ncoeff_mod_bit_sizes = [60, 40]", "he.coeff_mod_bit_sizes", "special"),
         ("[he]\ncoeff_mod_bit_sizes = [61, 61]", "he.coeff_mod_bit_sizes", "outside"),
@@ -103,7 +105,7 @@ def test_security_table_bound_is_inclusive(n, limit):
 
 
 def test_common_four_prime_chain_is_accepted(tmp_path):
-    policy = load_policy(_write(tmp_path, "[he]\ncoeff_mod_bit_sizes = [60, 40, 40, 60]"))
+    policy = load_policy(_write(tmp_path, "[he]\npoly_modulus_degree = 8192\ncoeff_mod_bit_sizes = [60, 40, 40, 60]"))
     assert sum(policy.he.coeff_mod_bit_sizes) == 200
 
 

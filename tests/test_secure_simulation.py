@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
-from fedgl_secure.crypto.secure_summation import SecureSummation
+from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.fedgl.aggregation import PlaintextSummation, fedavg
@@ -43,8 +43,10 @@ def dataset():
 
 
 def test_secure_run_gives_the_plaintext_global_model(dataset):
+    """The baseline packs values: its plaintext twin sums the same quantised integers (unpacked CKKS against
+    float sums: the next test; quantised against exact sums: test_packing.py)."""
     config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
-    plain = Recording(PlaintextSummation())
+    plain = Recording(QuantisedSummation(load_policy(BASELINE)))
     plain_result = run_experiment(config, dataset, progress=False, summation=plain)
     secure_summation = SecureSummation(load_policy(BASELINE))
     secure = Recording(secure_summation)
@@ -95,8 +97,13 @@ def test_kinds_outside_the_policy_never_get_encrypted(dataset, small_policy):
 
 
 def test_cli_secure_flag_runs_and_reports_wire_size(tmp_path):
+    # one float per slot: the synthetic banks' federated weights (up to |360|) leave the baseline's packed range,
+    # which the baseline refuses (fail closed; test_packing.py)
+    unpacked = tmp_path / "unpacked.toml"
+    unpacked.write_text('[he]\npacking = "none"\n')
     result = CliRunner().invoke(
-        app, ["simulate", "--secure", "--rounds", "1", "--method", "federated", "--no-progress"]
+        app,
+        ["simulate", "--secure", "--policy", str(unpacked), "--rounds", "1", "--method", "federated", "--no-progress"],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])

@@ -99,8 +99,11 @@ def max_chunk_bytes(params: HEParameters) -> int:
     return 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes) * 8 + 64 * 1024
 
 
-def encrypt_vector(context: ts.Context, values: np.ndarray) -> list[bytes]:
-    """Encrypt a flat float vector into serialised chunks of N/2 slots (the last one shorter)."""
+def encrypt_vector(context: ts.Context, values: np.ndarray, scale_bits: int | None = None) -> list[bytes]:
+    """Encrypt a flat float vector into serialised chunks of N/2 slots (the last one shorter).
+
+    ``scale_bits`` overrides the context's global scale (packed kinds use their guard bits,
+    ``crypto/packing.py``); ciphertexts carry their scale, so sums and decryption follow it."""
     flat = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
         raise CiphertextError("refusing to encrypt NaN or infinite values")
@@ -111,7 +114,11 @@ def encrypt_vector(context: ts.Context, values: np.ndarray) -> list[bytes]:
     for index in range(chunk_count(flat.size, slots)):
         part = flat[index * slots : (index + 1) * slots]
         try:  # TenSEAL takes the float64 array as it is (no Python list in between)
-            chunks.append(ts.ckks_vector(context, part).serialize())
+            if scale_bits is None:
+                vector = ts.ckks_vector(context, part)
+            else:
+                vector = ts.ckks_vector(context, part, 2.0**scale_bits)
+            chunks.append(vector.serialize())
         except ValueError as error:  # "encoded values are too large"
             raise CiphertextError(
                 f"chunk {index}: cannot encode values up to {np.abs(part).max():.4g} at this scale ({error})"

@@ -11,17 +11,22 @@ Statistical hiding, not perfect: for ``|s_i| ≤ S`` the key authority's view of
 total-variation distance ``S / R`` of a pure mask. Headroom keeps ``|s + r|`` below the wrap-around
 bound: banks keep their terms below ``sum_bound / (2 · participants)`` (``upload.check_magnitude``),
 so ``|s| ≤ sum_bound / 2``, and ``R = sum_bound / 4``.
+
+Packed kinds (``crypto/packing.py``) hold integers in ``[0, 2^T)`` per slot; their mask is uniform in
+``[−R, R)`` with ``R = 2^(T+κ−1)`` plus the public shift ``−2^(T−1)``, which hides a slot's packed sum up
+to total-variation distance ``2^−κ`` (``κ`` = ``he.mask_bits``; the lower digits of a slot far better).
+:func:`masked_decryption` is the whole aggregator side: mask, have the sum decrypted, unmask, unpack.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tenseal as ts
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.ckks_params import sum_bound
 from fedgl_secure.errors import CiphertextError
 
@@ -42,10 +47,11 @@ def draw_mask(length: int, bound: float) -> np.ndarray:
 
 
 def mask_sum(
-    context: ts.Context, summed_chunks: Sequence[bytes], length: int, bound: float
+    context: ts.Context, summed_chunks: Sequence[bytes], length: int, bound: float, shift: float = 0.0
 ) -> tuple[list[bytes], np.ndarray]:
-    """``(Enc(s) + r, r)``: the masked sum for the key authority and the mask the aggregator keeps."""
-    mask = draw_mask(length, bound)
+    """``(Enc(s) + r, r)``: the masked sum for the key authority and the mask the aggregator keeps
+    (``r`` uniform in ``[shift − bound, shift + bound)``)."""
+    mask = draw_mask(length, bound) + shift
     slots = ckks.slot_count(context)
     if len(summed_chunks) != ckks.chunk_count(length, slots):
         raise CiphertextError(f"{len(summed_chunks)} chunks cannot hold {length} values ({slots} per chunk)")
@@ -62,3 +68,20 @@ def mask_sum(
 def unmask(decrypted: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``s`` from the key authority's ``s + r``."""
     return np.asarray(decrypted, dtype=np.float64) - mask
+
+
+def masked_decryption(
+    context: ts.Context,
+    summed_chunks: Sequence[bytes],
+    length: int,
+    layout: packing.KindLayout | None,
+    unpacked_bound: float,
+    contributors: int,
+    decrypt: Callable[[list[bytes], int], np.ndarray],
+) -> np.ndarray:
+    """The aggregator's side of one kind's decryption: mask ``Enc(s)``, have ``decrypt(masked chunks,
+    slot values)`` (the key authority) decrypt it, unmask, and unpack ``length`` values when packed."""
+    slots = packing.slot_length(layout, length)
+    bound, shift = (layout.mask_bound, layout.mask_shift) if layout is not None else (unpacked_bound, 0.0)
+    masked, mask = mask_sum(context, summed_chunks, slots, bound, shift)
+    return packing.decode_sum(unmask(decrypt(masked, slots), mask), layout, length, contributors)

@@ -10,15 +10,25 @@ One process plays every party, but each keeps to its own keys and its own view (
 
 It implements :class:`fedgl_secure.fedgl.aggregation.Summation`, so ``run_experiment`` runs
 unchanged; the multi-process services reuse the same upload, check and decryption code.
+
+**Concurrency.** On separate machines every bank encrypts at the same time, so a round waits for the
+slowest bank, not for all of them in turn. The banks' encryption of a round therefore runs on a thread
+pool (``encrypt_workers``, default the CPU count; TenSEAL releases the GIL while it encodes, encrypts
+and serialises), one job per (bank, kind); ``encrypt_workers = 1`` is the serial baseline.
+
+:class:`QuantisedSummation` is the plaintext twin: the same quantisation and exact integer sums as the
+packed CKKS path, without encryption, so a plaintext simulation can be compared value for value.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +36,9 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
+from fedgl_secure.crypto.masking import mask_bound, masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, make_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
@@ -59,10 +69,12 @@ class WireStats:
 
 @dataclass
 class PhaseTimes:
-    """Seconds spent per party over all rounds: banks encrypting and signing, the aggregator
-    checking and adding, the key authority decrypting."""
+    """Seconds spent per party over all rounds: banks encrypting and signing (wall time of the
+    round's encryption phase, and the busiest bank's own time, which is what separate machines would
+    wait for), the aggregator checking, adding and masking, the key authority decrypting."""
 
     encrypt: float = 0.0
+    encrypt_slowest_bank: float = 0.0
     aggregate: float = 0.0
     decrypt: float = 0.0
 
@@ -95,8 +107,11 @@ class SecureSummation:
         state_dir: str | Path | None = None,
         operator_secret: bytes | str | None = None,
         federation: str | None = None,
+        encrypt_workers: int | None = None,
     ) -> None:
         self.policy = policy
+        self.encrypt_workers = max(1, encrypt_workers or os.cpu_count() or 1)
+        self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self._temporary = tempfile.TemporaryDirectory(prefix="fedgl-ka-") if state_dir is None else None
         self.state_dir = Path(self._temporary.name if self._temporary else state_dir)
         self.authority = KeyAuthority(self.state_dir, policy, operator_secret or secrets.token_bytes(32))
@@ -159,42 +174,106 @@ class SecureSummation:
         ticket = RoundTicket(self.federation, round_number, secrets.token_hex(16), len(banks), self.fingerprint)
         self.authority.open_round(self.federation, round_number, ticket.nonce, [b.name for b in banks.values()])
         log = self.log.bind(round=round_number)
+        uploads_by_kind = self._encrypt_round(ticket, banks, contributions, sorted(shapes))
         sums = {}
-        for kind in sorted(shapes):
-            uploads = []
+        for kind, uploads in uploads_by_kind.items():
             started = time.perf_counter()
-            for client_id, bank in banks.items():  # bank side: encrypt and sign
-                values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
-                upload = make_upload(
-                    self.public_context, self.policy.he, ticket, bank.name, bank.signing_key, kind, values
-                )
-                self.wire.add(upload)
-                uploads.append(upload)
-            encrypted = time.perf_counter()
             summed = self._aggregate(ticket, kind, banks, uploads)
-            masked, mask = mask_sum(self.public_context, summed, uploads[0].length, self._mask_bound)
-            aggregated = time.perf_counter()
-            masked_values = self.authority.decrypt_sum(
-                AGGREGATOR,
-                self.federation,
-                round_number,
-                kind,
-                masked,
-                [upload.receipt for upload in uploads],
-                self.fingerprint,
-                uploads[0].length,
+            receipts = [upload.receipt for upload in uploads]
+            decrypting = [0.0]
+
+            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, spent=decrypting) -> np.ndarray:
+                begun = time.perf_counter()
+                try:  # the key authority sees s + r only
+                    return self.authority.decrypt_sum(
+                        AGGREGATOR, self.federation, round_number, kind, masked, receipts, self.fingerprint, slots
+                    )
+                finally:
+                    spent[0] += time.perf_counter() - begun
+
+            layout, length = self._layouts[kind], uploads[0].length
+            values = masked_decryption(
+                self.public_context, summed, length, layout, self._mask_bound, len(uploads), decrypt
             )
-            values = unmask(masked_values, mask)  # the key authority saw s + r only
-            self.accepted_receipts.extend(upload.receipt for upload in uploads)
-            self.seconds.encrypt += encrypted - started
-            self.seconds.aggregate += aggregated - encrypted
-            self.seconds.decrypt += time.perf_counter() - aggregated
+            self.accepted_receipts.extend(receipts)
+            self.seconds.aggregate += time.perf_counter() - started - decrypting[0]
+            self.seconds.decrypt += decrypting[0]
             sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
             log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums
+
+    def _encrypt_round(
+        self,
+        ticket: RoundTicket,
+        banks: Mapping[int, _Bank],
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        kinds: list[str],
+    ) -> dict[str, list[Upload]]:
+        """Every bank's side of the round: encrypt and sign each kind, banks concurrently (module doc)."""
+        busy: dict[int, float] = defaultdict(float)
+
+        def encrypt(client_id: int, kind: str) -> Upload:
+            begun = time.perf_counter()
+            values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
+            bank = banks[client_id]
+            upload = make_upload(
+                self.public_context,
+                self.policy.he,
+                ticket,
+                bank.name,
+                bank.signing_key,
+                kind,
+                values,
+                layout=self._layouts[kind],
+            )
+            busy[client_id] += time.perf_counter() - begun  # one job per (bank, kind): no two threads share a key
+            return upload
+
+        jobs = [(client_id, kind) for kind in kinds for client_id in banks]
+        started = time.perf_counter()
+        if self.encrypt_workers == 1:
+            made = [encrypt(client_id, kind) for client_id, kind in jobs]
+        else:
+            with ThreadPoolExecutor(self.encrypt_workers, thread_name_prefix="bank-encrypt") as pool:
+                made = list(pool.map(lambda job: encrypt(*job), jobs))
+        self.seconds.encrypt += time.perf_counter() - started
+        self.seconds.encrypt_slowest_bank += max(busy.values(), default=0.0)
+        uploads: dict[str, list[Upload]] = {kind: [] for kind in kinds}
+        for (_, kind), upload in zip(jobs, made, strict=True):
+            self.wire.add(upload)
+            uploads[kind].append(upload)
+        return uploads
 
     def _aggregate(self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]) -> list:
         """The aggregator's part: check every receipt and digest, then add ciphertexts (no secret key)."""
         for bank, upload in zip(banks.values(), uploads, strict=True):
             check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
         return ckks.add_serialized(self.public_context, [upload.chunks for upload in uploads])
+
+
+class QuantisedSummation:
+    """Plaintext summation with the packed path's quantisation: each client's term of a packed kind is
+    quantised exactly as a bank quantises it (``packing.quantise``) and the integers are summed, so the
+    result equals what the CKKS path decodes (its encryption noise is rounded away); unpacked kinds are
+    summed in float64 as :class:`~fedgl_secure.fedgl.aggregation.PlaintextSummation` does."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
+
+    def __call__(
+        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        if not contributions:
+            raise PolicyError("quantised summation: no client contributed to this round")
+        ordered = [contributions[k] for k in sorted(contributions)]
+        sums = {}
+        for kind in sorted(ordered[0]):
+            terms = [c[kind].detach().to(torch.float64).cpu().numpy().reshape(-1) for c in ordered]
+            layout = self.layouts.get(kind)
+            if layout is None:
+                total = np.sum(terms, axis=0)
+            else:
+                digits = np.sum([packing.quantise(term, layout) for term in terms], axis=0)
+                total = packing.decode_sum(packing.pack(digits, layout), layout, terms[0].size, len(terms))
+            sums[kind] = torch.from_numpy(total.astype(np.float32)).reshape(ordered[0][kind].shape)
+        return sums

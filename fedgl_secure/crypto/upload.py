@@ -13,11 +13,11 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.ckks_params import sum_bound
 from fedgl_secure.crypto.masking import TERMS_SHARE
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
-from fedgl_secure.errors import CiphertextError, ReceiptError
+from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
 from fedgl_secure.privacy.policy import HEParameters
 
 
@@ -63,6 +63,25 @@ def check_magnitude(values: np.ndarray, participants: int, params: HEParameters,
         )
 
 
+_FROM_PARAMS = object()  # make_upload's default layout: whatever ``params`` say for the kind
+
+
+def encrypt_term(
+    context: ts.Context, params: HEParameters, layout: packing.KindLayout | None, participants: int, kind: str, flat
+) -> list[bytes]:
+    """The ciphertext chunks of one pre-weighted term: packed (quantised, at the layout's guard scale) or one
+    float per slot (magnitude-checked, at the global scale)."""
+    if layout is None:
+        check_magnitude(flat, participants, params, kind)
+        return ckks.encrypt_vector(context, flat)
+    if participants > layout.max_banks:  # the sum could carry across digits: refuse before encrypting
+        raise PackingOverflow(
+            f"{kind}: {participants} participants exceed he.max_banks = {layout.max_banks}, the headroom of the "
+            "packed digits; raise he.max_banks in the policy"
+        )
+    return ckks.encrypt_vector(context, packing.encode(flat, layout), scale_bits=layout.scale_bits)
+
+
 def make_upload(
     context: ts.Context,
     params: HEParameters,
@@ -71,13 +90,17 @@ def make_upload(
     signing_key: Ed25519PrivateKey,
     kind: str,
     values: np.ndarray,
+    layout: packing.KindLayout | None | object = _FROM_PARAMS,
 ) -> Upload:
-    """Encrypt one pre-weighted term and sign its receipt (the bank side)."""
+    """Encrypt one pre-weighted term and sign its receipt (the bank side).
+
+    ``layout`` is how the kind is packed (``Policy.upload_layout``: central-noise kinds travel unpacked);
+    by default ``params.layout(kind)``."""
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
         raise CiphertextError(f"{kind}: refusing to encrypt NaN or infinite values")
-    check_magnitude(flat, ticket.participants, params, kind)
-    chunks = ckks.encrypt_vector(context, flat)
+    chosen = params.layout(kind) if layout is _FROM_PARAMS else layout
+    chunks = encrypt_term(context, params, chosen, ticket.participants, kind, flat)  # type: ignore[arg-type]
     fields = ReceiptFields(
         federation=ticket.federation,
         round=ticket.round,

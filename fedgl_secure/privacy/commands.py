@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -33,7 +34,63 @@ def _number(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
-def render_text(path: Path, policy: Policy, guarantees: Guarantees) -> str:
+def wire_layout(policy: Policy) -> list[dict]:
+    """Per allowed kind: how it is packed, its wire bytes per value (a full ciphertext chunk under these
+    parameters, measured by encrypting one) and the worst-case error of a decoded sum over ``max_banks``
+    banks (packed: ``K·δ/2``; unpacked: the CKKS noise bound at the global scale)."""
+    from fedgl_secure.crypto import ckks, packing
+
+    he = policy.he
+    public = ckks.load_public_context(ckks.public_context_bytes(ckks.create_secret_context(he)))
+    bytes_per_slot = ckks.bytes_per_value(public)
+    rows = []
+    for kind in policy.allowed_kinds:
+        layout = policy.upload_layout(kind)
+        row = {
+            "kind": kind,
+            "packed": layout is not None,
+            "bytes_per_value": packing.bytes_per_value(layout, bytes_per_slot),
+        }
+        if layout is None:
+            noise = packing.noise_bound(he.poly_modulus_degree, he.max_banks) / 2.0**he.global_scale_bits
+            row |= {"worst_case_error": noise, "values_per_slot": 1}
+        else:
+            row |= {
+                "lower": layout.lower,
+                "upper": layout.upper,
+                "step": layout.step,
+                "digit_bits": layout.digit_bits,
+                "values_per_slot": layout.per_slot,
+                "worst_case_error": layout.error_bound,
+            }
+        rows.append(row)
+    return rows
+
+
+def _render_wire(policy: Policy, rows: list[dict]) -> list[str]:
+    he = policy.he
+    lines = [
+        f"packing: {he.packing}; sums over at most {he.max_banks} banks decode (more are refused); "
+        f"mask {he.mask_bits} bits (the key authority's view of a packed slot within TV distance 2^-{he.mask_bits})"
+    ]
+    header = (
+        f"{'kind':<12} {'range':<16} {'step':>8} {'bits':>5} {'per slot':>8} {'bytes/value':>11} {'worst error':>11}"
+    )
+    lines += [header, "-" * len(header)]
+    for row in rows:
+        packed = row["packed"]
+        span = f"[{row['lower']:g}, {row['upper']:g}]" if packed else "float"
+        step = f"2^{round(math.log2(row['step']))}" if packed else "-"
+        bits = str(row["digit_bits"]) if packed else "-"
+        lines.append(
+            f"{row['kind']:<12} {span:<16} {step:>8} {bits:>5} {row['values_per_slot']:>8} "
+            f"{row['bytes_per_value']:>11.2f} {row['worst_case_error']:>11.3g}"
+        )
+    lines.append(f"(worst error: |decoded sum - exact sum| per value over {he.max_banks} banks)")
+    return lines
+
+
+def render_text(path: Path, policy: Policy, guarantees: Guarantees, wire: list[dict] | None = None) -> str:
     """The guarantees as plain text for a risk officer: status, HE, channels, budget, assumptions."""
     lines = [f"policy: {path}"]
     if policy.description:
@@ -46,6 +103,8 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees) -> str:
             f"({sum(he.coeff_mod_bit_sizes)} bits, 128-bit security), scale 2^{he.global_scale_bits}; "
             f"key authority decrypts masked sums of at least {policy.quorum} banks"
         )
+        if wire is not None:
+            lines += _render_wire(policy, wire)
     lines.append(f"allowed kinds: {', '.join(policy.allowed_kinds)}")
     if guarantees.status == "dp":
         lines.append(f"released without DP: {', '.join(guarantees.released_without_dp) or 'none'}")
@@ -100,6 +159,7 @@ def check(
     try:
         policy = load_policy(file)
         guarantees = effective_guarantees(policy)
+        wire = wire_layout(policy) if policy.protection == "he" else None
     except FedGLError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from None
@@ -108,10 +168,11 @@ def check(
             "policy": str(file),
             "description": policy.description,
             "he": policy.he.model_dump(mode="json") if policy.protection == "he" else None,
+            "wire": wire,
             **guarantees.to_dict(),
         }
         typer.echo(json.dumps(document, indent=2))
     else:
-        typer.echo(render_text(file, policy, guarantees))
+        typer.echo(render_text(file, policy, guarantees, wire))
     if guarantees.budget_met is False:
         raise typer.Exit(code=1)

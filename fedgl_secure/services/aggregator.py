@@ -42,8 +42,8 @@ import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
+from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto.masking import mask_bound, masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
@@ -152,7 +152,8 @@ def decode_broadcast(
 
 
 def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind: str) -> None:
-    """Every chunk parses as a ciphertext of ``context`` and holds the right number of values."""
+    """Every chunk parses as a ciphertext of ``context`` and holds the right number of values (``length``
+    CKKS values: packed slots for a packed kind, ``packing.slot_length``)."""
     slots = ckks.slot_count(context)
     expected = ckks.chunk_count(length, slots)
     if len(chunks) != expected:
@@ -283,6 +284,7 @@ class Coordinator:
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
         self._mask_bound = mask_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits)
+        self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self.log = get_logger(role="aggregator", federation=federation)
         self._changed = threading.Condition()
         self._seen: dict[str, float] = {}
@@ -457,7 +459,7 @@ class Coordinator:
                     return False
                 raise ProtocolConflict("already-uploaded", f"{bank} already uploaded other {kind!r} for this round")
         # parsing ciphertexts is the slow part: outside the lock, then re-check the round
-        check_chunks(self.context, chunks, length, kind)
+        check_chunks(self.context, chunks, packing.slot_length(self._layouts.get(kind), length), kind)
         with self._changed:
             if self._open is not current:
                 raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
@@ -762,19 +764,22 @@ class Coordinator:
             length = int(np.prod(shape))
             with timer.phase("aggregation"):
                 summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
-                # the key authority decrypts s + r for a fresh mask r; only the aggregator can remove it
-                masked, mask = mask_sum(self.context, summed, length, self._mask_bound)
-            with timer.phase("decryption"):
-                masked_values = self.decryptor.decrypt(
-                    self.federation,
-                    current.round,
-                    kind,
-                    masked,
-                    [upload.receipt for upload in uploads],
-                    self.fingerprint,
-                    length,
-                )
-                values = unmask(masked_values, mask)
+            receipts = [upload.receipt for upload in uploads]
+            decrypting = PhaseTimer()
+
+            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, spent=decrypting) -> np.ndarray:
+                with spent.phase("decryption"):  # the key authority decrypts s + r for a fresh mask r
+                    return self.decryptor.decrypt(
+                        self.federation, current.round, kind, masked, receipts, self.fingerprint, slots
+                    )
+
+            started = time.perf_counter()  # masking, unmasking and unpacking count as aggregation
+            values = masked_decryption(
+                self.context, summed, length, self._layouts.get(kind), self._mask_bound, len(uploads), decrypt
+            )
+            spent = decrypting.seconds().get("decryption", 0.0)
+            timer.add("decryption", spent)
+            timer.add("aggregation", time.perf_counter() - started - spent)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums

@@ -37,8 +37,11 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import threading
 import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -402,16 +405,19 @@ class BankWorker:
         # conflicting second upload
         key = (view.round, view.nonce)
         try:
-            if key not in session.uploads:
-                uploads = self._prepare_uploads(session, view, log, timer)
-                if uploads is None:
+            if key in session.uploads:
+                uploaded = self._send(view.round, iter(session.uploads[key]), [], timer)
+            else:
+                encrypted = self._prepare_uploads(session, view, log, timer)
+                if encrypted is None:
                     return
-                session.uploads = {key: uploads}
-            uploaded = 0
-            with timer.phase("upload"):
-                for upload in session.uploads[key]:
-                    self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
-                    uploaded += upload.wire_bytes
+                sent: list[Upload] = []
+                try:  # each kind goes out as soon as it is encrypted, while later ones are still encrypting
+                    uploaded = self._send(view.round, encrypted, sent, timer)
+                finally:
+                    sent.extend(encrypted)  # a retry must resend these very bytes, never re-encrypt
+                    if len(sent) == len(view.shapes):
+                        session.uploads = {key: sent}
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
             session.done.add((view.round, view.nonce))
@@ -429,10 +435,12 @@ class BankWorker:
             phases=timer.seconds(),
         )
 
-    def _prepare_uploads(self, session: _Session, view: RoundResponse, log, timer: PhaseTimer) -> list[Upload] | None:
-        """Train from the round's base version and encrypt the (released) contribution; None once the
-        privacy budget is spent (the bank then withdraws). ``timer`` gets the download, evaluation,
-        training and encryption seconds."""
+    def _prepare_uploads(
+        self, session: _Session, view: RoundResponse, log, timer: PhaseTimer
+    ) -> Iterator[Upload] | None:
+        """Train from the round's base version and start encrypting the (released) contribution (an
+        iterator of uploads, :meth:`_encrypt_kinds`); None once the privacy budget is spent (the bank then
+        withdraws). ``timer`` gets the download, evaluation, training and encryption seconds."""
         with timer.phase("download"):
             broadcast = self._download(session, view.base_version)
         with timer.phase("evaluation"):
@@ -463,19 +471,48 @@ class BankWorker:
             self._withdraw()
             return None
         ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
-        with timer.phase("encryption"):
-            return [
-                make_upload(
-                    self.context,
-                    self.policy.he,
-                    ticket,
-                    self.name,
-                    self.signing_key,
-                    kind,
-                    contribution[kind].detach().to(torch.float64).cpu().numpy(),
-                )
-                for kind in sorted(contribution)
-            ]
+        return self._encrypt_kinds(ticket, contribution, timer)
+
+    def _encrypt_kinds(
+        self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor], timer: PhaseTimer
+    ) -> Iterator[Upload]:
+        """Each kind's upload, in the order the encryptions finish: kinds are encrypted concurrently on a
+        thread pool (TenSEAL releases the GIL while it encodes and encrypts), so the caller can send the
+        first while the rest are still being encrypted. ``timer`` gets the encryption phase's wall time."""
+        started = time.perf_counter()
+        finished = [started]
+
+        def encrypt(kind: str) -> Upload:
+            upload = make_upload(
+                self.context,
+                self.policy.he,
+                ticket,
+                self.name,
+                self.signing_key,
+                kind,
+                contribution[kind].detach().to(torch.float64).cpu().numpy(),
+                layout=self.policy.upload_layout(kind),
+            )
+            finished[0] = max(finished[0], time.perf_counter())
+            return upload
+
+        workers = max(1, min(len(contribution), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-encrypt") as pool:
+            try:
+                for future in as_completed([pool.submit(encrypt, kind) for kind in sorted(contribution)]):
+                    yield future.result()
+            finally:
+                timer.add("encryption", finished[0] - started)
+
+    def _send(self, round_number: int, uploads: Iterator[Upload], sent: list[Upload], timer: PhaseTimer) -> int:
+        """Upload each of ``uploads`` as it comes (appending it to ``sent``); the bytes sent."""
+        total = 0
+        for upload in uploads:
+            sent.append(upload)
+            with timer.phase("upload"):
+                self.aggregator.upload(round_number, upload.kind, upload.chunks, upload.receipt)
+            total += upload.wire_bytes
+        return total
 
 
 class _NotReady(FedGLError):

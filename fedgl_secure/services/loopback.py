@@ -59,11 +59,7 @@ def write_loopback_consortium(
     policy = {
         "description": "loopback consortium",
         "quorum": 2,
-        "he": {
-            "poly_modulus_degree": he.poly_modulus_degree,
-            "coeff_mod_bit_sizes": list(he.coeff_mod_bit_sizes),
-            "global_scale_bits": he.global_scale_bits,
-        },
+        "he": he.model_dump(mode="json"),  # every field, packing and precision included
         "timeouts": {"round_seconds": max(upload_seconds, 60.0), "upload_seconds": upload_seconds},
     }
     (root / "policy.toml").write_text(tomli_w.dumps(_merged(policy, policy_extra or {})))

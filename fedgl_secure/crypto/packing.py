@@ -1,0 +1,240 @@
+"""Quantised, packed CKKS slots: several fixed-point values per slot, summed exactly (pure functions).
+
+A CKKS slot holds a real number with an *absolute* error (the encryption noise); with one 60-bit
+data prime and a scale of 2^40 most of its bits carry that error's headroom, not data. Packing
+turns the slot into an exact integer register instead:
+
+1. **quantise** (fixed point, per kind): a bank's pre-weighted value ``x ∈ [lower, upper]`` becomes
+   ``u = rint((x − lower) / δ) ∈ [0, L]``, ``δ = 2^−step_bits``, ``L = ⌈(upper − lower)/δ⌉``.
+   The offset ``lower`` handles the sign: ``u`` is never negative. Out-of-range values are refused
+   (fail closed), never clipped.
+2. **pack** (base 2^b): ``m`` consecutive values go into one slot as ``P = Σ_j u_j · 2^(b·j)``, with
+   the digit width ``b = bit_length(K_max · L)`` so that the sum over up to ``K_max`` banks,
+   ``Σ_k u_{k,j} ≤ K_max · L < 2^b``, never carries into the next digit.
+3. the slot is encrypted at scale ``2^g`` (``g`` guard bits): the sum of ``K`` fresh ciphertexts
+   decrypts to ``P + e`` with ``|e| < 1/2`` (:func:`guard_bits`), so ``rint`` recovers ``P`` exactly.
+4. **unpack**: digits ``D_j = ⌊P / 2^(b·j)⌋ mod 2^b``, and the sum of the values is
+   ``Σ_k x_{k,j} ≈ D_j · δ + K · lower``.
+
+**Error bound** (the only error left; CKKS noise is rounded away): each bank's rounding is at most
+``δ/2``, so a decoded sum over ``K ≤ K_max`` banks is within ``K · δ/2`` of the exact sum
+(:attr:`KindLayout.error_bound` states it at ``K_max``). A sum over more than ``K_max`` banks could
+have carried across digits, so :func:`unpack` refuses it (:class:`~fedgl_secure.errors.PackingOverflow`).
+
+**Slot budget.** A slot must hold ``P`` plus the aggregator's one-time mask (``masking.py``): it
+adds ``r − 2^(T−1)`` with ``r`` uniform in ``[−R, R)``, ``R = 2^(T+κ−1)``, for ``T = m·b`` payload bits
+and ``κ`` = ``mask_bits`` (the public shift centres ``P ∈ [0, 2^T)`` on zero), so the key authority
+decrypts ``|P − 2^(T−1) + r| < 2^(T+κ)``. That must not wrap modulo the data primes (``q/2 ≈
+2^(log2 Q − 1)``): ``2^(T+κ) · 2^g + |e| < 2^(log2 Q − 1)``; :func:`slot_bits` keeps one bit spare,
+``T + κ ≤ log2 Q − 2 − g``, and ``T + κ ≤ 50`` so float64 holds the decrypted value exactly enough.
+The mask hides ``P`` from the key authority up to total-variation distance ``|P − P′| / 2^(T+κ) < 2^−κ``
+per slot; the lower digits of a slot are hidden far better
+(``2^−(b+κ)``), the top digit is what the bound is about.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedgl_secure.errors import CiphertextError, PackingOverflow
+
+# Per-slot standard deviation of the error of ONE fresh public-key CKKS encryption (times the scale),
+# divided by N. Measured with TenSEAL 0.3.18 (SEAL 4.x, σ = 3.2) over 20 x N/2 slots: the largest error
+# was 2^13.45 at N = 8192 and 2^12.38 at N = 4096, ≈ 4.3 standard deviations of ≈ 0.31·N; 0.35·N is the
+# model (tests/test_packing.py re-measures it). The error is a sum of thousands of small terms (Gaussian).
+NOISE_STD_PER_DEGREE = 0.35
+NOISE_SIGMAS = 8.0  # P(|N(0,1)| > 8) ≈ 1.2e-15 per slot
+MAX_EXACT_BITS = 50  # |P + r| < 2^50: float64 (53-bit mantissa) holds it with room for the noise's fraction
+
+
+def noise_bound(poly_modulus_degree: int, banks: int) -> float:
+    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions plus one plaintext mask.
+
+    Independent fresh errors add in variance (√K); the mask is a plaintext (encoding error ≪ 1)."""
+    return NOISE_SIGMAS * NOISE_STD_PER_DEGREE * poly_modulus_degree * math.sqrt(max(1, banks)) + 1.0
+
+
+def guard_bits(poly_modulus_degree: int, max_banks: int) -> int:
+    """Smallest ``g`` with ``noise_bound < 2^(g−1)``: the decrypted slot rounds to the exact integer."""
+    return math.ceil(math.log2(noise_bound(poly_modulus_degree, max_banks))) + 1
+
+
+def slot_bits(poly_modulus_degree: int, data_bits: int, max_banks: int) -> int:
+    """Bits a slot offers to payload plus mask: ``min(log2 Q − 2 − g, 50)`` (module docstring)."""
+    return min(data_bits - 2 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
+
+
+def quantisation_levels(lower: float, upper: float, step_bits: int) -> int:
+    """``L``: a bank's quantised value lies in ``[0, L]``."""
+    return math.ceil((upper - lower) * 2.0**step_bits)
+
+
+def digit_bits(levels: int, max_banks: int) -> int:
+    """``b``: the width that holds a sum of ``max_banks`` values of ``[0, levels]`` without carrying."""
+    return (max_banks * levels).bit_length()
+
+
+@dataclass(frozen=True)
+class KindLayout:
+    """How one kind's values are quantised and packed under given CKKS parameters."""
+
+    kind: str
+    lower: float
+    upper: float
+    step_bits: int
+    levels: int  # L
+    digit_bits: int  # b
+    per_slot: int  # m
+    max_banks: int  # K_max
+    scale_bits: int  # g: the ciphertexts' scale is 2^g
+    mask_bits: int  # κ
+
+    @property
+    def step(self) -> float:
+        """δ = 2^−step_bits."""
+        return 2.0**-self.step_bits
+
+    @property
+    def payload_bits(self) -> int:
+        """``T = m · b``: the packed sum is below ``2^T``."""
+        return self.per_slot * self.digit_bits
+
+    @property
+    def error_bound(self) -> float:
+        """Worst-case |decoded sum − exact sum| per value, over ``K_max`` banks: ``K_max · δ / 2``."""
+        return self.max_banks * self.step / 2
+
+    @property
+    def mask_bound(self) -> float:
+        """``R = 2^(T+κ−1)``: the one-time mask is uniform in ``[−R, R)``."""
+        return 2.0 ** (self.payload_bits + self.mask_bits - 1)
+
+    @property
+    def mask_shift(self) -> float:
+        """``−2^(T−1)``: added with the mask so the masked slot is centred on zero (public, removed with it)."""
+        return -(2.0 ** (self.payload_bits - 1))
+
+    def slots(self, length: int) -> int:
+        """CKKS slots that ``length`` values take: ``⌈length / m⌉`` (at least one)."""
+        return max(1, -(-length // self.per_slot))
+
+
+def kind_layout(
+    kind: str,
+    lower: float,
+    upper: float,
+    step_bits: int,
+    *,
+    poly_modulus_degree: int,
+    data_bits: int,
+    max_banks: int,
+    mask_bits: int,
+) -> KindLayout:
+    """The layout, or ``ValueError`` saying why one value of ``kind`` does not fit a slot."""
+    if not upper > lower:
+        raise ValueError(f"{kind}: upper ({upper}) must exceed lower ({lower})")
+    levels = quantisation_levels(lower, upper, step_bits)
+    width = digit_bits(levels, max_banks)
+    available = slot_bits(poly_modulus_degree, data_bits, max_banks) - mask_bits
+    if width > available:
+        raise ValueError(
+            f"{kind}: one value needs {width} bits ({levels + 1} levels x {max_banks} banks) but a slot offers "
+            f"{available} (data primes {data_bits} bits - 2 - {guard_bits(poly_modulus_degree, max_banks)} guard "
+            f"bits - {mask_bits} mask bits); lower step_bits, narrow [lower, upper], or lower max_banks/mask_bits"
+        )
+    return KindLayout(
+        kind=kind,
+        lower=float(lower),
+        upper=float(upper),
+        step_bits=step_bits,
+        levels=levels,
+        digit_bits=width,
+        per_slot=available // width,
+        max_banks=max_banks,
+        scale_bits=guard_bits(poly_modulus_degree, max_banks),
+        mask_bits=mask_bits,
+    )
+
+
+def quantise(values: np.ndarray, layout: KindLayout) -> np.ndarray:
+    """``u = rint((x − lower)/δ)`` as int64; refuses values outside ``[lower, upper]`` (never clips)."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(flat)):
+        raise CiphertextError(f"{layout.kind}: refusing to quantise NaN or infinite values")
+    if flat.size and (flat.min() < layout.lower or flat.max() > layout.upper):
+        raise CiphertextError(
+            f"{layout.kind}: values in [{flat.min():.6g}, {flat.max():.6g}] leave the packed range "
+            f"[{layout.lower:g}, {layout.upper:g}]; widen he.precision.{layout.kind} (lower/upper) in the policy "
+            "or set he.packing = 'none'"
+        )
+    return np.rint((flat - layout.lower) * 2.0**layout.step_bits).astype(np.int64)
+
+
+def dequantise_sum(digit_sums: np.ndarray, layout: KindLayout, contributors: int) -> np.ndarray:
+    """``Σ_k x_k ≈ D · δ + K · lower`` from the digit sums of ``K`` contributors."""
+    return np.asarray(digit_sums, dtype=np.float64) * layout.step + contributors * layout.lower
+
+
+def pack(quantised: np.ndarray, layout: KindLayout) -> np.ndarray:
+    """Slot values ``P = Σ_j u_j · 2^(b·j)`` (float64, exact: ``P < 2^T ≤ 2^50``), ``m`` values per slot."""
+    flat = np.asarray(quantised, dtype=np.int64).reshape(-1)
+    padded = np.zeros(layout.slots(flat.size) * layout.per_slot, dtype=np.int64)
+    padded[: flat.size] = flat
+    digits = padded.reshape(-1, layout.per_slot)
+    shifts = np.arange(layout.per_slot, dtype=np.int64) * layout.digit_bits
+    return (digits << shifts).sum(axis=1).astype(np.float64)
+
+
+def encode(values: np.ndarray, layout: KindLayout) -> np.ndarray:
+    """A bank's slot vector for ``values``: quantise, then pack."""
+    return pack(quantise(values, layout), layout)
+
+
+def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributors: int) -> np.ndarray:
+    """The decoded sums of ``length`` values from the (unmasked) decrypted slots of ``contributors`` banks.
+
+    Refuses (:class:`PackingOverflow`) a sum over more banks than the digits have headroom for — its
+    digits may have carried into each other — and slots outside ``[0, 2^T)`` or farther than 1/4 from
+    an integer, which only a wrong mask, wrong parameters or an overflow produce.
+    """
+    if contributors > layout.max_banks:
+        raise PackingOverflow(
+            f"{layout.kind}: a packed sum over {contributors} banks may have overflowed its digits (headroom for "
+            f"he.max_banks = {layout.max_banks}); refusing to decode it — raise he.max_banks in the policy"
+        )
+    slots = np.asarray(slot_values, dtype=np.float64).reshape(-1)
+    if slots.size != layout.slots(length):
+        raise CiphertextError(f"{layout.kind}: {slots.size} slots cannot hold {length} packed values")
+    rounded = np.rint(slots)
+    worst = float(np.abs(slots - rounded).max()) if slots.size else 0.0
+    top = 2.0**layout.payload_bits
+    if worst > 0.25 or (slots.size and (rounded.min() < 0 or rounded.max() >= top)):
+        raise PackingOverflow(
+            f"{layout.kind}: decrypted slots are not packed sums (off an integer by up to {worst:.3g}, range "
+            f"[{rounded.min():.6g}, {rounded.max():.6g}] vs [0, 2^{layout.payload_bits})): overflow, noise beyond "
+            "the guard bits, or a wrong mask"
+        )
+    packed = rounded.astype(np.int64)
+    shifts = np.arange(layout.per_slot, dtype=np.int64) * layout.digit_bits
+    digits = (packed[:, None] >> shifts) & ((1 << layout.digit_bits) - 1)
+    return dequantise_sum(digits.reshape(-1)[:length], layout, contributors)
+
+
+def slot_length(layout: KindLayout | None, length: int) -> int:
+    """CKKS values that ``length`` values of a kind take: packed slots, or ``length`` when unpacked."""
+    return layout.slots(length) if layout is not None else length
+
+
+def decode_sum(slot_values: np.ndarray, layout: KindLayout | None, length: int, contributors: int) -> np.ndarray:
+    """The sum of ``length`` values from unmasked decrypted slots (unchanged when unpacked)."""
+    if layout is None:
+        return np.asarray(slot_values, dtype=np.float64)
+    return unpack(slot_values, layout, length, contributors)
+
+
+def bytes_per_value(layout: KindLayout | None, bytes_per_slot: float) -> float:
+    """Wire bytes per value in full chunks: a slot's bytes over the values it carries (1 when unpacked)."""
+    return bytes_per_slot / (layout.per_slot if layout is not None else 1)

@@ -1,0 +1,170 @@
+"""Quantised, packed CKKS (crypto/packing.py): the stated error bound holds at the largest allowed number of
+banks through real encryption, masking and decryption; one bank more is refused; out-of-range values are
+refused; the policy validates the layout with every other HE field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto.masking import masked_decryption
+from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
+from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.errors import CiphertextError, PackingOverflow, PolicyError
+from fedgl_secure.privacy.policy import HEParameters, Policy, policy_from_dict
+
+KINDS = ("weights", "predictions", "embeddings", "node_weight")
+
+
+@pytest.fixture(scope="module")
+def default_keys():
+    """A key pair under the default (packed) parameters: the secret context and the public one."""
+    secret = ckks.create_secret_context(HEParameters())
+    return secret, ckks.load_public_context(ckks.public_context_bytes(secret))
+
+
+def random_terms(layout: packing.KindLayout, banks: int, length: int, seed: int) -> np.ndarray:
+    """``banks`` terms uniform over the whole accepted range, both ends included."""
+    rng = np.random.default_rng(seed)
+    terms = rng.uniform(layout.lower, layout.upper, (banks, length))
+    terms[0, :2] = layout.lower, layout.upper
+    return terms
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sums_at_max_banks_decode_within_the_stated_bound_through_ckks(default_keys, kind):
+    secret, public = default_keys
+    layout = HEParameters().layout(kind)
+    banks = layout.max_banks
+    length = 2 * layout.per_slot * ckks.slot_count(public) + 5  # three chunks, the last one partial
+    terms = random_terms(layout, banks, length, seed=KINDS.index(kind))
+    uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
+    summed = ckks.add_serialized(public, uploads)
+
+    def key_authority(masked: list[bytes], slots: int) -> np.ndarray:
+        return ckks.decrypt_vector(secret, masked, slots)
+
+    decoded = masked_decryption(public, summed, length, layout, 0.0, banks, key_authority)
+    error = np.abs(decoded - terms.sum(axis=0))
+    assert error.max() <= layout.error_bound
+    # the quantisation error is real (not a vacuous bound) and exactly the plaintext model's
+    assert error.max() > layout.error_bound / 10
+    exact = packing.decode_sum(
+        packing.pack(sum(packing.quantise(t, layout) for t in terms), layout), layout, length, banks
+    )
+    np.testing.assert_array_equal(decoded, exact)
+
+
+def test_one_bank_more_than_the_headroom_is_refused(default_keys):
+    secret, public = default_keys
+    layout = HEParameters().layout("weights")
+    banks = layout.max_banks + 1
+    terms = np.full((banks, 10), layout.upper)  # the worst case: every digit at its top
+    summed = ckks.add_serialized(
+        public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
+    )
+    with pytest.raises(PackingOverflow, match="max_banks = 7"):
+        masked_decryption(public, summed, 10, layout, 0.0, banks, lambda m, n: ckks.decrypt_vector(secret, m, n))
+    # and a bank refuses to encrypt into a round with more participants than the headroom
+    ticket = RoundTicket("fed", 1, "00" * 16, banks, "f" * 64)
+    with pytest.raises(PackingOverflow, match="exceed he.max_banks"):
+        make_upload(public, HEParameters(), ticket, "bank-0", Ed25519PrivateKey.generate(), "weights", terms[0])
+
+
+def test_values_outside_the_packed_range_are_refused_not_clipped():
+    layout = HEParameters().layout("predictions")
+    with pytest.raises(CiphertextError, match=r"he.precision.predictions"):
+        packing.quantise(np.array([0.5, -0.01]), layout)
+    with pytest.raises(CiphertextError, match="NaN"):
+        packing.quantise(np.array([np.nan]), layout)
+
+
+def test_decrypted_slots_that_are_not_packed_sums_are_refused():
+    layout = HEParameters().layout("weights")
+    with pytest.raises(PackingOverflow, match="not packed sums"):
+        packing.unpack(np.array([3.4]), layout, 1, 2)
+    with pytest.raises(PackingOverflow, match="not packed sums"):
+        packing.unpack(np.array([2.0**layout.payload_bits]), layout, 1, 2)
+
+
+def test_the_noise_model_covers_measured_fresh_encryption_error(default_keys):
+    """The guard bits rest on NOISE_STD_PER_DEGREE; re-measure the per-slot error of fresh encryptions."""
+    secret, public = default_keys
+    degree = HEParameters().poly_modulus_degree
+    values = np.random.default_rng(3).integers(0, 2**30, ckks.slot_count(public)).astype(np.float64)
+    errors = [
+        ckks.decrypt_vector(secret, ckks.encrypt_vector(public, values, 16), values.size) - values for _ in range(4)
+    ]
+    measured_std = float(np.std(np.concatenate(errors)) * 2**16)
+    assert measured_std <= packing.NOISE_STD_PER_DEGREE * degree
+    assert measured_std >= packing.NOISE_STD_PER_DEGREE * degree / 4  # the model is not wildly loose either
+
+
+def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():
+    policy = Policy()
+    assert policy.he.packing == "quantised"
+    layouts = {kind: policy.upload_layout(kind) for kind in KINDS}
+    assert all(layout is not None and layout.per_slot >= 3 for layout in layouts.values())
+    central = policy_from_dict(
+        {
+            "quorum": 2,
+            "dp": {"weights": {"clip": 1.0, "noise_multiplier": 1.0, "noise": "central"}},
+            "budget": {"epsilon": 10.0, "rounds": 2},
+            "allowed_kinds": ["weights"],
+        }
+    )
+    assert central.upload_layout("weights") is None
+    assert central.upload_layout("node_weight") is not None  # no DP channel of its own: packed
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "message"),
+    [
+        (
+            {"he": {"precision": {"weights": {"lower": -8, "upper": 8, "step_bits": 30}}}},
+            "he.precision.weights",
+            "bits",
+        ),
+        ({"he": {"precision": {"node_weight": {"lower": 1, "upper": 0, "step_bits": 4}}}}, "upper", "must exceed"),
+        ({"quorum": 8}, "he.max_banks", "below the quorum"),
+        ({"he": {"mask_bits": 30}}, "he.precision.weights", "mask bits"),
+        ({"he": {"poly_modulus_degree": 1024}}, "he.coeff_mod_bit_sizes", "128-bit security"),
+    ],
+)
+def test_inconsistent_packing_is_refused_naming_the_field(values, field, message):
+    with pytest.raises(PolicyError, match=field) as raised:
+        policy_from_dict(values)
+    assert message in str(raised.value)
+
+
+def test_unpacked_mode_is_still_available():
+    policy = policy_from_dict({"he": {"packing": "none", "poly_modulus_degree": 8192, "coeff_mod_bit_sizes": [60, 60]}})
+    assert policy.upload_layout("weights") is None
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_secure_summation_equals_the_quantised_plaintext_summation(workers):
+    policy = Policy()
+    rng = np.random.default_rng(workers)
+    contributions = {
+        k: {
+            "weights": torch.from_numpy(rng.uniform(-1, 1, 3000)).float(),
+            "predictions": torch.from_numpy(rng.uniform(0, 1, (500, 3))).float(),
+            "node_weight": torch.from_numpy(rng.uniform(0, 1, 500)).float(),
+        }
+        for k in range(3)
+    }
+    summation = SecureSummation(policy, encrypt_workers=workers)
+    try:
+        secure = summation(1, contributions)
+    finally:
+        summation.close()
+    plain = QuantisedSummation(policy)(1, contributions)
+    for kind, tensor in plain.items():
+        torch.testing.assert_close(secure[kind], tensor, rtol=0, atol=0)
+    exact = sum(c["weights"].double() for c in contributions.values())
+    assert float((secure["weights"].double() - exact).abs().max()) <= policy.he.layout("weights").error_bound
+    assert summation.seconds.encrypt_slowest_bank <= summation.seconds.encrypt * (1 if workers == 1 else 3)
