@@ -85,7 +85,7 @@ def test_values_outside_the_packed_range_are_refused_not_clipped():
 def test_decrypted_slots_that_are_not_packed_sums_are_refused():
     layout = HEParameters().layout("weights")
     with pytest.raises(PackingOverflow, match="not packed sums"):
-        packing.unpack(np.array([3.4]), layout, 1, 2)
+        packing.unpack(np.array([3.5]), layout, 1, 2)
     with pytest.raises(PackingOverflow, match="not packed sums"):
         packing.unpack(np.array([2.0**layout.payload_bits]), layout, 1, 2)
 
@@ -100,6 +100,7 @@ def test_the_noise_model_covers_measured_fresh_encryption_error(default_keys):
     ]
     measured_std = float(np.std(np.concatenate(errors)) * 2**16)
     assert measured_std <= packing.NOISE_STD_PER_DEGREE * degree
+    assert float(np.abs(np.concatenate(errors)).max()) * 2**16 <= packing.noise_bound(degree, 1)  # tails too
     assert measured_std >= packing.NOISE_STD_PER_DEGREE * degree / 4  # the model is not wildly loose either
 
 
