@@ -110,7 +110,16 @@ def base_run(tmp_path_factory) -> Path:
             authority.open_round(FEDERATION, round_number, nonce, BANKS)
             for kind in KINDS:
                 uploads = [
-                    make_upload(public, policy.he, ticket, bank, keys[bank], kind, np.full(LENGTH, 0.5))
+                    make_upload(  # packed or not as the policy says for the kind (banks do the same)
+                        public,
+                        policy.he,
+                        ticket,
+                        bank,
+                        keys[bank],
+                        kind,
+                        np.full(LENGTH, 0.5),
+                        policy.upload_layout(kind),
+                    )
                     for bank in BANKS
                 ]
                 receipts += [u.receipt for u in uploads]
