@@ -419,7 +419,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def binary_response(description: str, headers: Mapping[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entry of a route whose 200 answer is raw bytes (``application/octet-stream``)."""
-    ok: dict[str, Any] = {"description": description, "content": {OCTET_STREAM: {"schema": BINARY_SCHEMA}}}
+    ok: dict[str, Any] = {"description": description, "content": {OCTET_STREAM: {"schema": dict(BINARY_SCHEMA)}}}
     if headers:
         ok["headers"] = dict(headers)
     return {200: ok}
