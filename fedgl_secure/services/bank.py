@@ -57,7 +57,7 @@ from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
-from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fedgl.aggregation import client_weight, normalise_contribution
 from fedgl_secure.fedgl.client import LocalTrainer
 from fedgl_secure.fedgl.config import ExperimentConfig
@@ -418,6 +418,11 @@ class BankWorker:
                     sent.extend(encrypted)  # a retry must resend these very bytes, never re-encrypt
                     if len(sent) == len(view.shapes):
                         session.uploads = {key: sent}
+        except _EncryptionRefused as refused:  # deterministic (e.g. a value outside the packed range): retrying
+            # would fail again, after the kinds already sent: this bank sits the round out (fail closed)
+            log.error("round.encryption_refused", error=str(refused)[:300])
+            session.done.add((view.round, view.nonce))
+            return
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
             session.done.add((view.round, view.nonce))
@@ -471,19 +476,15 @@ class BankWorker:
             self._withdraw()
             return None
         ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
-        return self._encrypt_kinds(ticket, contribution, timer)
+        return self._encrypt_kinds(ticket, contribution)
 
-    def _encrypt_kinds(
-        self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor], timer: PhaseTimer
-    ) -> Iterator[Upload]:
+    def _encrypt_kinds(self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor]) -> Iterator[Upload]:
         """Each kind's upload, in the order the encryptions finish: kinds are encrypted concurrently on a
         thread pool (TenSEAL releases the GIL while it encodes and encrypts), so the caller can send the
-        first while the rest are still being encrypted. ``timer`` gets the encryption phase's wall time."""
-        started = time.perf_counter()
-        finished = [started]
+        first while the rest are still being encrypted (:meth:`_send` times the waiting)."""
 
         def encrypt(kind: str) -> Upload:
-            upload = make_upload(
+            return make_upload(
                 self.context,
                 self.policy.he,
                 ticket,
@@ -493,30 +494,37 @@ class BankWorker:
                 contribution[kind].detach().to(torch.float64).cpu().numpy(),
                 layout=self.policy.upload_layout(kind),
             )
-            finished[0] = max(finished[0], time.perf_counter())
-            return upload
 
         workers = max(1, min(len(contribution), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-encrypt") as pool:
-            try:
-                for future in as_completed([pool.submit(encrypt, kind) for kind in sorted(contribution)]):
-                    yield future.result()
-            finally:
-                timer.add("encryption", finished[0] - started)
+            for future in as_completed([pool.submit(encrypt, kind) for kind in sorted(contribution)]):
+                yield future.result()
 
     def _send(self, round_number: int, uploads: Iterator[Upload], sent: list[Upload], timer: PhaseTimer) -> int:
-        """Upload each of ``uploads`` as it comes (appending it to ``sent``); the bytes sent."""
+        """Upload each of ``uploads`` as it comes (appending it to ``sent``); the bytes sent. Encryption and
+        uploads overlap, so ``timer`` gets the parts of the round's time: ``encryption`` while it waited for
+        the next kind to be encrypted, ``upload`` while it sent one."""
         total = 0
-        for upload in uploads:
+        while True:
+            with timer.phase("encryption"):
+                try:
+                    upload = next(uploads, None)
+                except CiphertextError as error:  # raised by make_upload in the pool, not by the aggregator
+                    raise _EncryptionRefused(str(error)) from error
+            if upload is None:
+                return total
             sent.append(upload)
             with timer.phase("upload"):
                 self.aggregator.upload(round_number, upload.kind, upload.chunks, upload.receipt)
             total += upload.wire_bytes
-        return total
 
 
 class _NotReady(FedGLError):
     pass
+
+
+class _EncryptionRefused(FedGLError):
+    """The bank refused to encrypt a kind of its contribution (NaN, or a value outside the policy's range)."""
 
 
 @dataclass
