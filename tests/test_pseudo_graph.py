@@ -160,6 +160,17 @@ def test_faiss_and_torch_share_a_process():
     assert torch.equal(first.neighbors, last.neighbors)
 
 
+def test_faiss_tile_sizes_are_set_for_our_search_only():
+    """Exact search runs on cache-sized tiles, which must not leak into other faiss users of the process."""
+    import faiss
+
+    before = (faiss.cvar.distance_compute_blas_query_bs, faiss.cvar.distance_compute_blas_database_bs)
+    h = random_embeddings(3000, 8, seed=16)
+    graph = discover_pseudo_graph(h, 10, backend="faiss")
+    assert (faiss.cvar.distance_compute_blas_query_bs, faiss.cvar.distance_compute_blas_database_bs) == before
+    assert_matches_reference(graph, h, 10, "dot")
+
+
 def test_faiss_imported_before_torch_in_a_fresh_process():
     script = textwrap.dedent(
         """

@@ -67,10 +67,12 @@ APPROXIMATE_MIN_NODES_CUDA = 2_000_000
 _BLOCK_SCORE_BYTES = 256 * 2**20
 # A GPU (tens of GB) takes larger blocks: fewer, longer kernels (512 rows per block at M = 10^6).
 _BLOCK_SCORE_BYTES_CUDA = 2 * 2**30
-# faiss computes distances in tiles of 4096 queries (``distance_compute_blas_query_bs``); feeding
-# it a multiple of that keeps its BLAS path as efficient as one call over all rows, while bounding
-# the (rows x (s+1)) candidate buffers we hold at once.
+# faiss computes distances in tiles (``_faiss_tiles``); a block of rows that is a multiple of the
+# tile's queries keeps its BLAS path as efficient as one call over all rows, while bounding the
+# (rows x (s+1)) candidate buffers we hold at once.
 _FAISS_BLOCK_ROWS = 4 * 4096
+# (queries, database rows) per faiss distance tile; see ``_faiss_tiles``.
+_FAISS_TILE = (256, 65536)
 # Fewer blocks than this finish quickly enough that a progress bar would only be noise.
 _PROGRESS_MIN_BLOCKS = 20
 
@@ -293,7 +295,7 @@ def _faiss_top_s(
     faiss = _import_faiss()
     assert faiss is not None  # resolve_backend checked it
     points = h.numpy()
-    with _faiss_threads(faiss, torch.get_num_threads()):
+    with _faiss_threads(faiss, torch.get_num_threads()), _faiss_tiles(faiss):
         index = faiss.IndexFlatIP(points.shape[1])
         index.add(points)
         for start, stop in bounds:
@@ -314,6 +316,26 @@ def _block_bounds(m: int, rows: int, fold_short_tail: bool = False) -> list[tupl
         starts.pop()
     ends = starts[1:] + [m] if starts else []
     return list(zip(starts, ends, strict=True))
+
+
+@contextmanager
+def _faiss_tiles(faiss: ModuleType) -> Iterator[None]:
+    """Run faiss' exact search on tiles of ``_FAISS_TILE`` (queries x database rows), restoring its
+    global setting afterwards.
+
+    faiss scores 4096 queries x 1024 rows at a time by default: a 16 MB tile that leaves the
+    cache before its heap pass reads it back. A few hundred queries against tens of thousands of
+    rows keep the candidates' rows in cache instead: 14.8 s against 22.6 s for 10^5 rows, D = 16,
+    k = 101 on 2 cores (measured 2026-11-26; also 15.9 s at 256 x 16384, 17.3 s at 512 x 8192).
+    """
+    queries, rows = _FAISS_TILE
+    previous = (faiss.cvar.distance_compute_blas_query_bs, faiss.cvar.distance_compute_blas_database_bs)
+    faiss.cvar.distance_compute_blas_query_bs = queries
+    faiss.cvar.distance_compute_blas_database_bs = rows
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_query_bs, faiss.cvar.distance_compute_blas_database_bs = previous
 
 
 @contextmanager
