@@ -14,7 +14,7 @@ backends do the block work:
 
 Both give the same graph up to floating-point rounding (and the choice among tied entries).
 
-Exact search is still ``O(M² D)``: 19 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
+Exact search is still ``O(M² D)``: 12 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
 large ``M`` a third, **approximate** backend trades a little recall for linear time:
 
 * ``ivf``: an inverted file of spherical k-means lists of fixed size, each list searched as one
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 SIMILARITIES = ("dot", "cosine")
 BACKENDS = ("auto", "torch", "faiss", "ivf")
 # Above this many rows ``auto`` switches from exact search to ``ivf``.
-# Exact search grows as M²: ~19 s at 10^5 rows on 2 cores (docs/results/pseudo_graph_100k.json),
+# Exact search grows as M²: ~12 s at 10^5 rows on 2 cores (docs/results/pseudo_graph_100k.json),
 # so ~75 s per round at 2·10^5, still tolerable for a server that runs a few hundred rounds, while
 # beyond it exact search soon dominates a round (the 3-bank consortium at M ≈ 2.5·10^5 timed out).
 # Up to here the graph stays exact, which every test and small consortium relies on.
