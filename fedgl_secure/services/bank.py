@@ -87,7 +87,7 @@ from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole,
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key
 from fedgl_secure.services.pseudonyms import pseudonymise
-from fedgl_secure.services.retry import retry_until_ready
+from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
 
@@ -258,8 +258,15 @@ class BankWorker:
         """Enrol, then take part in every round this bank is invited to, until the federation finishes."""
         pseudonyms = pseudonymise(self.pseudonym_key, self.graph_data.node_ids.tolist())
         features, classes = int(self.graph_data.features.shape[1]), int(self.graph_data.num_classes)
-        retry_until_ready(lambda: self.aggregator.enrol(features, classes, pseudonyms), "the aggregator", self.log)
-        index = retry_until_ready(self._index_when_ready, "the union index", self.log, retry_on=(_NotReady,))
+        try:
+            retry_until_ready(
+                lambda: self.aggregator.enrol(features, classes, pseudonyms), "the aggregator", self.log, stop=stop
+            )
+            index = retry_until_ready(
+                self._index_when_ready, "the union index", self.log, retry_on=(_NotReady,), stop=stop
+            )
+        except StopRequested:
+            return  # told to stop before the federation started: nothing to save
         size, positions = index.num_global_nodes, index.positions
         if positions.shape != (self.graph_data.num_nodes,) or positions.min() < 0 or positions.max() >= size:
             raise ConfigError(
