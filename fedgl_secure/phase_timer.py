@@ -13,18 +13,34 @@ from contextlib import contextmanager
 
 
 class PhaseTimer:
-    """Accumulates seconds per phase; a phase entered twice adds up (e.g. one upload per kind)."""
+    """Accumulates seconds per phase; a phase entered twice adds up (e.g. one upload per kind).
+
+    Phases are exclusive: time spent in a phase entered inside another counts for the inner one
+    only, so the phases of a unit of work never add up to more than its wall time (the aggregator's
+    decryption happens inside its aggregation step, and is reported apart from it).
+    """
 
     def __init__(self) -> None:
         self._seconds: dict[str, float] = {}
+        self._open: list[str] = []
+        self._since = 0.0
+
+    def _credit_open_phase(self, now: float) -> None:
+        if self._open:
+            name = self._open[-1]
+            self._seconds[name] = self._seconds.get(name, 0.0) + now - self._since
+        self._since = now
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
+        self._credit_open_phase(time.perf_counter())
+        self._seconds.setdefault(name, 0.0)
+        self._open.append(name)
         try:
             yield
         finally:
-            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - started
+            self._credit_open_phase(time.perf_counter())
+            self._open.pop()
 
     def add(self, name: str, seconds: float) -> None:
         """Credit seconds measured elsewhere (e.g. by a library call that reports its own time)."""

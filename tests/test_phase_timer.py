@@ -26,3 +26,18 @@ def test_a_phase_that_raises_is_still_counted():
     except RuntimeError:
         pass
     assert "training" in timer.seconds()
+
+
+def test_a_nested_phase_counts_for_itself_only():
+    timer = PhaseTimer()
+    started = time.perf_counter()
+    with timer.phase("aggregation"):
+        time.sleep(0.02)
+        with timer.phase("decryption"):
+            time.sleep(0.05)
+        time.sleep(0.02)
+    wall = time.perf_counter() - started
+    seconds = timer.seconds()
+    assert 0.05 <= seconds["decryption"] < 0.09
+    assert 0.04 <= seconds["aggregation"] < 0.08  # the 0.05 s inside decryption is not counted twice
+    assert sum(seconds.values()) <= wall + 0.002

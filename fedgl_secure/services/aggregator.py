@@ -762,24 +762,19 @@ class Coordinator:
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
             length = int(np.prod(shape))
-            with timer.phase("aggregation"):
-                summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
             receipts = [upload.receipt for upload in uploads]
-            decrypting = PhaseTimer()
 
-            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, spent=decrypting) -> np.ndarray:
-                with spent.phase("decryption"):  # the key authority decrypts s + r for a fresh mask r
+            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts) -> np.ndarray:
+                with timer.phase("decryption"):  # the key authority decrypts s + r for a fresh mask r
                     return self.decryptor.decrypt(
                         self.federation, current.round, kind, masked, receipts, self.fingerprint, slots
                     )
 
-            started = time.perf_counter()  # masking, unmasking and unpacking count as aggregation
-            values = masked_decryption(
-                self.context, summed, length, self._layouts.get(kind), self._mask_bound, len(uploads), decrypt
-            )
-            spent = decrypting.seconds().get("decryption", 0.0)
-            timer.add("decryption", spent)
-            timer.add("aggregation", time.perf_counter() - started - spent)
+            with timer.phase("aggregation"):  # summing, masking, unmasking, unpacking; decryption apart
+                summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
+                values = masked_decryption(
+                    self.context, summed, length, self._layouts.get(kind), self._mask_bound, len(uploads), decrypt
+                )
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums
