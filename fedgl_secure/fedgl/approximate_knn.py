@@ -71,12 +71,7 @@ def ivf_plan(m: int, s: int) -> IvfPlan:
 
 def nearest_centroid(directions: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     """Index of the most similar centroid (inner product) of each row, in bounded blocks."""
-    assignment = torch.empty(directions.shape[0], dtype=torch.int64, device=directions.device)
-    step = max(1, _BLOCK_SCORES // max(1, centroids.shape[0]))
-    centroids_t = centroids.t().contiguous()
-    for start in range(0, directions.shape[0], step):
-        assignment[start : start + step] = (directions[start : start + step] @ centroids_t).argmax(dim=1)
-    return assignment
+    return top_centroids(directions, centroids, 1).squeeze(1)
 
 
 def spherical_kmeans(directions: torch.Tensor, k: int, iterations: int, generator: torch.Generator) -> torch.Tensor:
@@ -144,7 +139,7 @@ def build_inverted_lists(h: torch.Tensor, plan: IvfPlan) -> InvertedLists:
     first_list = [0, *torch.tensor([c.shape[0] for c in centroids]).cumsum(0).tolist()]
     # each row looks in its two most similar groups: a row near a group border then still finds the
     # list it is closest to (measured: with one group, recall of the top-100 fell as M grew)
-    row_groups = _top_centroids(directions, groups, min(2, groups.shape[0]))
+    row_groups = top_centroids(directions, groups, min(2, groups.shape[0]))
     assignment = torch.empty(m, dtype=torch.int64, device=device)
     best = torch.full((m,), float("-inf"), device=device)
     for g, sub_centroids in enumerate(centroids):
@@ -158,7 +153,7 @@ def build_inverted_lists(h: torch.Tensor, plan: IvfPlan) -> InvertedLists:
     assignment, centroids_per_list = split_oversized_lists(assignment[order], torch.cat(centroids))
     count = centroids_per_list.shape[0]
     offsets = [0, *torch.bincount(assignment, minlength=count).cpu().cumsum(0).tolist()]
-    probes = _top_centroids(centroids_per_list, centroids_per_list, min(plan.nprobe, count), own_first=True).cpu()
+    probes = top_centroids(centroids_per_list, centroids_per_list, min(plan.nprobe, count), own_first=True).cpu()
     return InvertedLists(order, offsets, probes)
 
 
@@ -184,7 +179,7 @@ def split_oversized_lists(sorted_lists: torch.Tensor, centroids: torch.Tensor) -
     return first_piece[sorted_lists] + piece, centroids.repeat_interleave(pieces, dim=0)
 
 
-def _top_centroids(rows: torch.Tensor, centroids: torch.Tensor, k: int, own_first: bool = False) -> torch.Tensor:
+def top_centroids(rows: torch.Tensor, centroids: torch.Tensor, k: int, own_first: bool = False) -> torch.Tensor:
     """The ``k`` most similar centroids of each row (inner product), in bounded blocks; with
     ``own_first`` row ``i`` is centroid ``i`` and comes first in its own list."""
     top = torch.empty((rows.shape[0], k), dtype=torch.int64, device=rows.device)
