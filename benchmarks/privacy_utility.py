@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 
 from fedgl_secure.data.registry import load_dataset
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.simulation import Federation, resolve_device, run_experiment
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
 from fedgl_secure.privacy.attacks import membership_inference_auc
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedgl_secure.fedgl.approximate_knn import ivf_plan
-from fedgl_secure.fedgl.pseudo_graph import (
+from fedgl_secure.engine.approximate_knn import ivf_plan
+from fedgl_secure.engine.pseudo_graph import (
     BACKENDS,
     SIMILARITIES,
     PseudoGraph,

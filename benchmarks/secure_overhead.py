@@ -59,9 +59,9 @@ import torch
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.registry import load_dataset
-from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation
-from fedgl_secure.fedgl.config import ExperimentConfig, build_config
-from fedgl_secure.fedgl.simulation import RunResult, run_experiment
+from fedgl_secure.engine.aggregation import PlaintextSummation, Summation
+from fedgl_secure.engine.config import ExperimentConfig, build_config
+from fedgl_secure.engine.simulation import RunResult, run_experiment
 from fedgl_secure.log import configure_logging
 from fedgl_secure.privacy.policy import HEParameters, Policy, load_policy
 

@@ -150,8 +150,8 @@ def simulate(
     ] = None,
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import run_experiment
 
     try:
         overrides = parse_assignments(set_ or [])
@@ -304,8 +304,8 @@ def reproduce_table2(
 ) -> None:
     """Run Table 2 of the FedGL paper and write table2.md / table2.json (resumable)."""
     from fedgl_secure.data.registry import DATASETS, load_dataset
-    from fedgl_secure.fedgl.config import METHODS, build_config
-    from fedgl_secure.fedgl.reproduce import run_table2
+    from fedgl_secure.engine.config import METHODS, build_config
+    from fedgl_secure.engine.reproduce import run_table2
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]

@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
-from fedgl_secure.fedgl.config import build_config
 from fedgl_secure.privacy.policy import Policy, Timeouts
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict

@@ -50,7 +50,7 @@ def _policy_text(name: str) -> str:
 
 def _run_record(rounds: int, *, secure: bool = True, banks=BANKS) -> dict:
     """run.json as fedgl_secure.privacy.run_record writes it, around a synthetic-data RunResult."""
-    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.engine.config import build_config
     from fedgl_secure.privacy.run_record import RUN_FORMAT
 
     config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"}).model_dump(mode="json")
@@ -383,8 +383,8 @@ def _reference_dir(root: Path, weights: np.ndarray, **config: object) -> Path:
 
 def _merged_synthetic():
     from fedgl_secure.data.registry import load_dataset
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import Federation, resolve_device
 
     config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"})
     return Federation.build(load_dataset("synthetic", None, 0), config, resolve_device("cpu")).merged
@@ -485,8 +485,8 @@ def test_a_high_reference_auc_is_information_not_a_failure(run_dir, tmp_path, mo
 
 def test_dp_run_retrains_its_reference_without_dp_for_the_rounds_it_ran(run_dir, monkeypatch):
     from fedgl_secure.data.registry import load_dataset
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import run_experiment
     from fedgl_secure.privacy.attacks import membership_inference_auc
 
     events: list[tuple[str, dict]] = []
@@ -717,8 +717,8 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
 
 
 def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(run_dir, monkeypatch):
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import initial_parameters
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import initial_parameters
     from fedgl_secure.privacy.attacks import membership_inference_auc
 
     _no_retraining(monkeypatch)

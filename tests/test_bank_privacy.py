@@ -17,11 +17,12 @@ from fedgl_secure.crypto import ckks
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
+from fedgl_secure.engine.aggregation import PlaintextSummation
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import initial_parameters, run_experiment
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.aggregation import PlaintextSummation
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.methods import Broadcast, build_method
-from fedgl_secure.fedgl.simulation import initial_parameters, run_experiment
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger

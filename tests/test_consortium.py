@@ -17,8 +17,8 @@ from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
 
 from fedgl_secure.crypto.receipts import ReceiptFields, ciphertext_digest, sign_receipt
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
+from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import DecryptionRefused
-from fedgl_secure.fedgl.simulation import run_experiment
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient

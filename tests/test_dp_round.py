@@ -16,11 +16,11 @@ from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.receipts import load_public_key, verify_receipt
 from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.engine.aggregation import PlaintextSummation
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.aggregation import PlaintextSummation
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.methods import NODE_WEIGHT, PREDICTIONS, WEIGHTS, weights_term
-from fedgl_secure.fedgl.simulation import run_experiment
+from fedgl_secure.methods.base import NODE_WEIGHT, PREDICTIONS, WEIGHTS, weights_term
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger, round_releases
@@ -166,7 +166,7 @@ def test_a_run_ends_with_a_reason_when_fewer_than_the_quorum_remain(dataset):
 
 
 def test_under_dp_each_bank_infers_once_per_round_and_a_spent_bank_stops_training(dataset, monkeypatch):
-    from fedgl_secure.fedgl.client import LocalTrainer
+    from fedgl_secure.engine.client import LocalTrainer
 
     policy = load_policy(POLICIES / "strict-dp.toml")
 

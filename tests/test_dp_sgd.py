@@ -13,9 +13,9 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch.func import functional_call, grad, vmap
 
 from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.simulation import run_experiment
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.losses import fedgl_loss

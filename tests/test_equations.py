@@ -7,9 +7,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from fedgl_secure.fedgl.aggregation import client_weight, fedavg, plaintext_sum
-from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
-from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+from fedgl_secure.engine.aggregation import client_weight, fedavg, plaintext_sum
+from fedgl_secure.engine.fusion import fuse_node_values, scatter_to_global
+from fedgl_secure.engine.pseudo_labels import global_pseudo_labels
 from fedgl_secure.model.adjacency import (
     fuse_pseudo_graph,
     gcn_normalize,

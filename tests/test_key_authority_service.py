@@ -30,8 +30,8 @@ from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import ConfigError, DecryptionRefused
-from fedgl_secure.fedgl.methods import PREDICTIONS, WEIGHTS
 from fedgl_secure.log import get_logger
+from fedgl_secure.methods.base import PREDICTIONS, WEIGHTS
 from fedgl_secure.services import tls, wire
 from fedgl_secure.services.config import KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import (

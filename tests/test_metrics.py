@@ -15,7 +15,7 @@ from sklearn.preprocessing import label_binarize
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
-from fedgl_secure.fedgl.metrics import (
+from fedgl_secure.engine.metrics import (
     RankingMetrics,
     binary_ranking_metrics,
     class_scores,
@@ -164,8 +164,8 @@ def _in_unit_interval(metrics: dict) -> bool:
 @pytest.mark.parametrize("method", ["fedgl", "centralized", "local"])
 def test_a_short_run_reports_the_metrics_at_its_best_round(method):
     from fedgl_secure.data.synthetic import synthetic_consortium
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import run_experiment
 
     config = build_config({"method": method, "device": "cpu", "federation": {"max_rounds": 2}})
     result = run_experiment(config, synthetic_consortium(seed=0), progress=False)
@@ -182,9 +182,9 @@ def test_a_short_run_reports_the_metrics_at_its_best_round(method):
 def test_best_round_roc_auc_agrees_with_a_fresh_evaluation_of_its_weights():
     """Recomputed independently: the best round's W̄ on the merged graph, softmax, scikit-learn's macro OvR."""
     from fedgl_secure.data.synthetic import synthetic_consortium
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.methods import build_method
-    from fedgl_secure.fedgl.simulation import Federation, run_experiment
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import Federation, run_experiment
+    from fedgl_secure.methods import build_method
     from fedgl_secure.model.gcn import GCN
 
     config = build_config({"method": "fedgl", "device": "cpu", "federation": {"max_rounds": 12}})
@@ -240,8 +240,8 @@ def test_bad_evaluation_settings_are_refused_naming_the_field(assignment, fragme
 
 def test_a_positive_class_scores_that_class_in_a_run():
     from fedgl_secure.data.synthetic import synthetic_consortium
-    from fedgl_secure.fedgl.config import build_config
-    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.engine.config import build_config
+    from fedgl_secure.engine.simulation import run_experiment
 
     values = {"method": "federated", "device": "cpu", "federation": {"max_rounds": 1}}
     config = build_config({**values, "evaluation": {"positive_class": 3, "top_fraction": 0.05}})

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from fedgl_secure.data.synthetic import synthetic_consortium
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.graph_tensors import GraphTensors
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
-from fedgl_secure.fedgl.simulation import Federation, run_experiment
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.simulation import Federation, run_experiment
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.privacy.attacks import (
     MEMBERSHIP_ATTACKS,

@@ -11,8 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.pseudo_graph import (
+from fedgl_secure.engine.pseudo_graph import (
     BACKENDS,
     SIMILARITIES,
     PseudoGraph,
@@ -20,6 +19,7 @@ from fedgl_secure.fedgl.pseudo_graph import (
     drop_self,
     resolve_backend,
 )
+from fedgl_secure.errors import ConfigError
 
 CPU_BACKENDS = ("torch", "faiss")
 
@@ -176,7 +176,7 @@ def test_faiss_imported_before_torch_in_a_fresh_process():
         """
         import faiss, numpy as np
         import torch
-        from fedgl_secure.fedgl.pseudo_graph import discover_pseudo_graph
+        from fedgl_secure.engine.pseudo_graph import discover_pseudo_graph
         h = torch.randn(500, 8)
         a = discover_pseudo_graph(h, 5, backend="faiss").neighbors
         _ = torch.randn(256, 256) @ torch.randn(256, 256)  # torch's OpenMP pool, after faiss's
@@ -288,7 +288,7 @@ def small_lists(monkeypatch: pytest.MonkeyPatch):
     """Lists of at most 64 rows, 8 probed: at 5,000 rows the index really partitions (78 k-means
     lists, cut into pieces of at most 64) instead of probing everything, as it does at the
     production list size below ~16,000 rows."""
-    from fedgl_secure.fedgl import approximate_knn
+    from fedgl_secure.engine import approximate_knn
 
     monkeypatch.setattr(approximate_knn, "LIST_SIZE", 64)
     monkeypatch.setattr(approximate_knn, "MIN_NPROBE", 8)
@@ -315,7 +315,7 @@ def test_ivf_returns_a_valid_deterministic_graph_with_high_recall(
 
 
 def test_ivf_work_per_row_does_not_grow_with_the_index():
-    from fedgl_secure.fedgl.approximate_knn import ivf_plan
+    from fedgl_secure.engine.approximate_knn import ivf_plan
 
     small, large = ivf_plan(256_000, 10), ivf_plan(2_560_000, 10)
     assert small.candidates_per_query == large.candidates_per_query  # linear in M, unlike exact search
@@ -337,7 +337,7 @@ def test_rows_of_one_direction_are_split_into_bounded_lists(small_lists):
 
 
 def test_split_oversized_lists_keeps_order_and_centroids():
-    from fedgl_secure.fedgl import approximate_knn
+    from fedgl_secure.engine import approximate_knn
 
     size = approximate_knn.LIST_SIZE
     sorted_lists = torch.tensor([0] * 3 + [1] * (2 * size + 1) + [2] * 5)
@@ -363,7 +363,7 @@ def test_ivf_searches_exactly_where_the_probed_lists_are_too_short(monkeypatch: 
 
 
 def test_auto_switches_to_ivf_above_the_threshold(monkeypatch: pytest.MonkeyPatch):
-    from fedgl_secure.fedgl import pseudo_graph
+    from fedgl_secure.engine import pseudo_graph
 
     assert pseudo_graph.APPROXIMATE_MIN_NODES >= 100_000
     assert pseudo_graph.APPROXIMATE_MIN_NODES_CUDA >= pseudo_graph.APPROXIMATE_MIN_NODES

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedgl_secure.engine.metrics import ranking_metrics
+from fedgl_secure.engine.score_histograms import EDGES, NUM_BINS, histogram_metrics, score_histogram
 from fedgl_secure.errors import ProtocolConflict
-from fedgl_secure.fedgl.metrics import ranking_metrics
-from fedgl_secure.fedgl.score_histograms import EDGES, NUM_BINS, histogram_metrics, score_histogram
 from fedgl_secure.services.aggregator_service import ReportRequest
 
 

@@ -6,17 +6,11 @@ import pytest
 import torch
 
 from fedgl_secure.data.synthetic import synthetic_consortium
-from fedgl_secure.fedgl.client import LocalTrainer
-from fedgl_secure.fedgl.config import build_config
-from fedgl_secure.fedgl.methods import (
-    EMBEDDINGS,
-    NODE_WEIGHT,
-    PREDICTIONS,
-    WEIGHTS,
-    Broadcast,
-    build_method,
-)
-from fedgl_secure.fedgl.simulation import Federation, initial_parameters, run_experiment
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import Federation, initial_parameters, run_experiment
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, WEIGHTS, Broadcast
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +142,7 @@ def test_federated_round_one_equals_fedavg_of_client_models(dataset):
         sizes.append(trainer.num_nodes)
     expected = sum(n * p for n, p in zip(sizes, params, strict=True)) / sum(sizes)
     fresh = [LocalTrainer(k, g, config.training, config.seed) for k, g in enumerate(federation.client_graphs)]
-    from fedgl_secure.fedgl.aggregation import plaintext_sum
+    from fedgl_secure.engine.aggregation import plaintext_sum
 
     broadcast = method.server_update(plaintext_sum([method.client_contribution(t, start) for t in fresh]), 1)
     torch.testing.assert_close(broadcast.weights.double(), expected, atol=1e-5, rtol=0)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError, create_model
 import fedgl_secure
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields
 from fedgl_secure.data.splits import SplitConfig
-from fedgl_secure.fedgl.config import (
+from fedgl_secure.engine.config import (
     EvaluationConfig,
     ExperimentConfig,
     FederationConfig,

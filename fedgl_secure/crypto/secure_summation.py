@@ -8,7 +8,7 @@ One process plays every party, but each keeps to its own keys and its own view (
   ciphertexts per kind (never decrypting) and asks the key authority to decrypt each sum;
 * the **key authority** (:class:`KeyAuthority`) holds the secret context and enforces its rules.
 
-It implements :class:`fedgl_secure.fedgl.aggregation.Summation`, so ``run_experiment`` runs
+It implements :class:`fedgl_secure.engine.aggregation.Summation`, so ``run_experiment`` runs
 unchanged; the multi-process services reuse the same upload, check and decryption code.
 
 **Concurrency.** On separate machines every bank encrypts at the same time, so a round waits for the
@@ -255,7 +255,7 @@ class QuantisedSummation:
     """Plaintext summation with the packed path's quantisation: each client's term of a packed kind is
     quantised exactly as a bank quantises it (``packing.quantise``) and the integers are summed, so the
     result equals what the CKKS path decodes (its encryption noise is rounded away); unpacked kinds are
-    summed in float64 as :class:`~fedgl_secure.fedgl.aggregation.PlaintextSummation` does."""
+    summed in float64 as :class:`~fedgl_secure.engine.aggregation.PlaintextSummation` does."""
 
     def __init__(self, policy: Policy) -> None:
         self.layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}

@@ -48,9 +48,9 @@ from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream
 
 if TYPE_CHECKING:
-    from fedgl_secure.fedgl.graph_tensors import GraphTensors
-    from fedgl_secure.fedgl.methods import Broadcast
-    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+    from fedgl_secure.engine.graph_tensors import GraphTensors
+    from fedgl_secure.engine.pseudo_graph import PseudoGraph
+    from fedgl_secure.methods.base import Broadcast
     from fedgl_secure.model.sparse import SparseOperator
 
 MEMBERSHIP_ATTACKS = ("loss", "entropy", "modified-entropy")

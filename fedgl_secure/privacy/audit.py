@@ -69,8 +69,8 @@ from fedgl_secure.privacy.run_record import (
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
-    from fedgl_secure.fedgl.config import ExperimentConfig
-    from fedgl_secure.fedgl.graph_tensors import GraphTensors
+    from fedgl_secure.engine.config import ExperimentConfig
+    from fedgl_secure.engine.graph_tensors import GraphTensors
     from fedgl_secure.privacy.attacks import LinkResult, MembershipResult
     from fedgl_secure.privacy.policy import Policy
     from fedgl_secure.privacy.reference import ReferenceModel, ReferencePlan
@@ -1051,7 +1051,7 @@ def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphT
     still reflects (degree, feature density), and the best of three variants is taken, so the floor
     is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
     """
-    from fedgl_secure.fedgl.simulation import initial_parameters
+    from fedgl_secure.engine.simulation import initial_parameters
 
     try:
         untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
@@ -1243,7 +1243,7 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
     """Link inference from the broadcast pseudo graph; the result, or None when there is none or it failed."""
     import torch
 
-    from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+    from fedgl_secure.engine.pseudo_graph import PseudoGraph
     from fedgl_secure.privacy.attacks import link_inference_auc, true_edge_index
 
     if "pseudo_graph_neighbors" not in files.directory.model or "pseudo_graph_weights" not in files.directory.model:
@@ -1274,7 +1274,7 @@ def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[Experime
     if not config_values:
         raise ValueError(f"{RUN_FILE} has no 'config' to rebuild the federation from")
     from fedgl_secure.data.registry import load_dataset
-    from fedgl_secure.fedgl.config import build_config
+    from fedgl_secure.engine.config import build_config
 
     values = dict(config_values)
     values["device"] = "cpu"
@@ -1286,7 +1286,7 @@ def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[Experime
 
 def _merged(config: ExperimentConfig, dataset: GraphDataset) -> GraphTensors:
     """The federation's merged client graph (on the CPU): what the simulation evaluates W̄ on."""
-    from fedgl_secure.fedgl.simulation import Federation, resolve_device
+    from fedgl_secure.engine.simulation import Federation, resolve_device
 
     return Federation.build(dataset, config, resolve_device("cpu")).merged
 

@@ -307,7 +307,7 @@ class FederationPrivacy:
         return bank.prepare_adjacency(adjacency, degree_rng) if self.active else sp.csr_matrix(adjacency)
 
     def attach_training(self, client_id: int, trainer) -> None:
-        """Give bank ``client_id``'s :class:`~fedgl_secure.fedgl.client.LocalTrainer` DP-SGD when the policy asks.
+        """Give bank ``client_id``'s :class:`~fedgl_secure.engine.client.LocalTrainer` DP-SGD when the policy asks.
 
         :func:`check_runnable` has already refused more local steps per round than the budget accounts for.
         """

@@ -29,7 +29,7 @@ from fedgl_secure.privacy.run_record import RUN_FILE, RunDirectoryError
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
-    from fedgl_secure.fedgl.config import ExperimentConfig
+    from fedgl_secure.engine.config import ExperimentConfig
 
 # The recorded configuration fields that make two runs the same experiment for the membership
 # attack: they fix the data, the split into banks (hence the member / non-member nodes) and the method.
@@ -135,7 +135,7 @@ def retrain_reference(
     configured, as it was for the run. Logs a line before and after (it can take minutes on a real
     dataset) besides the optional progress bar.
     """
-    from fedgl_secure.fedgl.simulation import run_experiment
+    from fedgl_secure.engine.simulation import run_experiment
 
     config = config.model_copy(update={"federation": config.federation.model_copy(update={"max_rounds": rounds})})
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)

@@ -47,13 +47,14 @@ from fedgl_secure.crypto.masking import mask_bound, masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
+from fedgl_secure.engine.config import ExperimentConfig
+from fedgl_secure.engine.evaluation import EarlyStopping, ratio
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.simulation import initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
-from fedgl_secure.fedgl.config import ExperimentConfig
-from fedgl_secure.fedgl.evaluation import EarlyStopping, ratio
-from fedgl_secure.fedgl.methods import Broadcast, build_method
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
-from fedgl_secure.fedgl.simulation import initial_parameters
 from fedgl_secure.log import get_logger
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
@@ -473,7 +474,7 @@ class Coordinator:
         self, bank: str, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None
     ) -> None:
         """A bank's evaluation of model ``version`` on its own validation and test nodes: counts, and with a
-        positive class its score histograms (:mod:`fedgl_secure.fedgl.score_histograms`)."""
+        positive class its score histograms (:mod:`fedgl_secure.engine.score_histograms`)."""
         self._bank_index(bank)
         val_correct, val_total, test_correct, test_total = counts
         if not (0 <= val_correct <= val_total and 0 <= test_correct <= test_total):

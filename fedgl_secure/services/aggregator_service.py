@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.fedgl.score_histograms import NUM_BINS
+from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import wire

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgl_secure.fedgl.evaluation import ratio
-from fedgl_secure.fedgl.score_histograms import histogram_metrics
+from fedgl_secure.engine.evaluation import ratio
+from fedgl_secure.engine.score_histograms import histogram_metrics
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

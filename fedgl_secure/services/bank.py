@@ -57,16 +57,17 @@ from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
+from fedgl_secure.engine.aggregation import client_weight, normalise_contribution
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import ExperimentConfig
+from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.score_histograms import score_histogram
+from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
-from fedgl_secure.fedgl.aggregation import client_weight, normalise_contribution
-from fedgl_secure.fedgl.client import LocalTrainer
-from fedgl_secure.fedgl.config import ExperimentConfig
-from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
-from fedgl_secure.fedgl.methods import Broadcast, build_method
-from fedgl_secure.fedgl.score_histograms import score_histogram
-from fedgl_secure.fedgl.simulation import protect_contributions, resolve_device
 from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.phase_timer import PhaseTimer

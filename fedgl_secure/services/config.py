@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedgl_secure.data.sources.declaration import DataSource
 from fedgl_secure.data.sources.schema import FeatureSchema
+from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.config import ExperimentConfig, build_config
 from fedgl_secure.tomlio import format_validation_error, read_toml
 
 NODE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"

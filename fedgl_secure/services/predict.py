@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from fedgl_secure.data.sources.scores import write_scores
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.simulation import resolve_device
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.graph_tensors import GraphTensors
-from fedgl_secure.fedgl.methods import build_method
-from fedgl_secure.fedgl.simulation import resolve_device
 from fedgl_secure.log import get_logger
+from fedgl_secure.methods import build_method
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.services.aggregator import decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient

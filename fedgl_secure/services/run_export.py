@@ -14,8 +14,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from fedgl_secure.engine.evaluation import ratio
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.evaluation import ratio
 from fedgl_secure.services.aggregator_store import (
     best_report,
     pooled_test_metrics,

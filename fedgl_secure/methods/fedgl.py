@@ -1,118 +1,32 @@
-"""Federated methods: what a client computes and uploads, what the server fuses and sends back.
-
-The engine (``simulation.py``, later the network services) is method-agnostic. A method
-declares its upload kinds; each client turns the current :class:`Broadcast` into a dict of
-*pre-weighted* terms ``w_k · X_k`` (one per kind, already in global index where per-node);
-the engine only sums them (in plaintext or under CKKS) and hands the sums back to the method.
-FedAvg and FedGL are two such methods; others (meta-learned FedAvg with self-training,
-neighbour reconstruction, edge-DP contrastive learning) plug in the same way.
-"""
+"""FedGL: FedAvg plus global pseudo labels (Eqs. 12-13) and a global pseudo graph (Eqs. 14-15)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from fedgl_secure.fedgl.aggregation import client_weight, fedavg
-from fedgl_secure.fedgl.client import LocalTrainer
-from fedgl_secure.fedgl.config import ExperimentConfig, SelfSupervisionConfig
-from fedgl_secure.fedgl.fusion import fuse_node_values, scatter_to_global
-from fedgl_secure.fedgl.graph_tensors import GraphTensors
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph, discover_pseudo_graph, resolve_backend
-from fedgl_secure.fedgl.pseudo_labels import global_pseudo_labels
+from fedgl_secure.engine.aggregation import client_weight, fedavg
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import ExperimentConfig, SelfSupervisionConfig
+from fedgl_secure.engine.fusion import fuse_node_values, scatter_to_global
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.pseudo_graph import discover_pseudo_graph, resolve_backend
+from fedgl_secure.engine.pseudo_labels import global_pseudo_labels
 from fedgl_secure.log import get_logger
+from fedgl_secure.methods.base import (
+    EMBEDDINGS,
+    NODE_WEIGHT,
+    PREDICTIONS,
+    WEIGHTS,
+    Broadcast,
+    split_weights_sum,
+    weights_term,
+)
+from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.sparse import SparseOperator
-
-# Upload kinds. Every kind is a sum of pre-weighted client terms.
-WEIGHTS = "weights"  # cat(w_k · W_k, [w_k]): flattened parameters, then the weight itself (for Σ_k w_k)
-PREDICTIONS = "predictions"  # w_k · P_k in global index (M x C)
-EMBEDDINGS = "embeddings"  # w_k · H_k in global index (M x D)
-NODE_WEIGHT = "node_weight"  # w_k · [i ∈ V_k] (M), the per-node normaliser of Eqs. 12/14
-
-
-def weights_term(weight: float, parameters: torch.Tensor) -> torch.Tensor:
-    """The WEIGHTS upload ``cat(w_k · W_k, [w_k])``: Eq. 10's numerator and denominator terms in one vector."""
-    return torch.cat([weight * parameters, torch.tensor([weight], dtype=parameters.dtype)])
-
-
-def split_weights_sum(summed: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """``(Σ_k w_k W_k, Σ_k w_k)`` from the summed WEIGHTS terms (the last entry is Σ_k w_k)."""
-    return summed[:-1], float(summed[-1])
-
-
-@dataclass(frozen=True)
-class Broadcast:
-    """What the server sends to the clients after a round (round 0: the initial model)."""
-
-    round_number: int
-    weights: torch.Tensor
-    pseudo_labels: torch.Tensor | None = None
-    pseudo_graph: PseudoGraph | None = None
-    # Server-side only (never sent to banks): fused values kept for diagnostics.
-    fused_predictions: torch.Tensor | None = field(default=None, repr=False)
-
-
-class FederatedMethod(Protocol):
-    name: str
-
-    @property
-    def upload_kinds(self) -> tuple[str, ...]: ...
-
-    def client_contribution(
-        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
-    ) -> dict[str, torch.Tensor]:
-        """The bank's pre-weighted terms. ``with_node_terms = False`` leaves out P_k and H_k (predictions,
-        embeddings), for a caller that computes them itself (under DP, with the public W̄: :meth:`node_terms`)."""
-        ...
-
-    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
-
-    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
-        """The exact shape of every kind ``client_contribution`` returns (a receiver refuses others)."""
-        ...
-
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator: ...
-
-
-class FedAvg:
-    """Federated averaging (Eq. 10), optionally with FedProx's proximal term; weights only."""
-
-    name = "federated"
-
-    def __init__(self, config: ExperimentConfig) -> None:
-        self.config = config
-        federation = config.federation
-        self.proximal_mu = federation.fedprox_mu if federation.aggregation == "fedprox" else 0.0
-
-    @property
-    def upload_kinds(self) -> tuple[str, ...]:
-        return (WEIGHTS,)
-
-    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
-        """``weights``: the flat parameters plus the folded weight w_k."""
-        return {WEIGHTS: (num_parameters + 1,)}
-
-    def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: SparseOperator, alpha: float) -> None:
-        pseudo_labels = trainer.graph.local_pseudo_labels(broadcast.pseudo_labels) if alpha > 0 else None
-        trainer.train(adjacency, broadcast.weights, pseudo_labels, alpha, self.proximal_mu)
-
-    def client_contribution(
-        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
-    ) -> dict[str, torch.Tensor]:
-        self._train(trainer, broadcast, self.evaluation_adjacency(trainer.graph, broadcast), alpha=0.0)
-        weight = client_weight(trainer.num_nodes)
-        return {WEIGHTS: weights_term(weight, trainer.model.flat_parameters().cpu())}
-
-    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
-        return Broadcast(round_number, fedavg(*split_weights_sum(sums[WEIGHTS])))
-
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
-        return graph.adjacency(None, 0.0, False)
 
 
 class FedGL(FedAvg):
@@ -220,12 +134,3 @@ class FedGL(FedAvg):
         if self.ssl.pseudo_graph_at_eval:
             return self._client_adjacency(graph, broadcast)
         return graph.adjacency(None, 0.0, False)
-
-
-def build_method(config: ExperimentConfig) -> FederatedMethod:
-    """The federated method for ``config.method`` (baselines are not federated methods)."""
-    if config.method == "federated":
-        return FedAvg(config)
-    if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
-        return FedGL(config)
-    raise ValueError(f"{config.method!r} is a baseline, not a federated method")

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fedgl_secure.fedgl.config import EvaluationConfig
-from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
-from fedgl_secure.fedgl.metrics import RankingMetrics, ranking_metrics
+from fedgl_secure.engine.config import EvaluationConfig
+from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.metrics import RankingMetrics, ranking_metrics
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sparse import SparseOperator
 
@@ -52,7 +52,7 @@ def evaluate_model(
 def split_ranking(
     logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, evaluation: EvaluationConfig
 ) -> RankingMetrics:
-    """:func:`~fedgl_secure.fedgl.metrics.ranking_metrics` of ``logits`` over ``mask`` under ``evaluation``."""
+    """:func:`~fedgl_secure.engine.metrics.ranking_metrics` of ``logits`` over ``mask`` under ``evaluation``."""
     return ranking_metrics(logits, labels, mask, evaluation.positive_class, evaluation.top_fraction, from_logits=True)
 
 

@@ -19,11 +19,10 @@ from tqdm.auto import tqdm
 from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.sampling import make_clients, select_participants
-from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
-from fedgl_secure.fedgl.client import LocalTrainer
-from fedgl_secure.fedgl.config import ExperimentConfig
-from fedgl_secure.fedgl.evaluation import (
+from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import ExperimentConfig
+from fedgl_secure.engine.evaluation import (
     EarlyStopping,
     SplitAccuracy,
     evaluate_model,
@@ -31,11 +30,13 @@ from fedgl_secure.fedgl.evaluation import (
     selection_value,
     split_ranking,
 )
-from fedgl_secure.fedgl.graph_tensors import GraphTensors, accuracy
-from fedgl_secure.fedgl.methods import EMBEDDINGS, PREDICTIONS, Broadcast, build_method
-from fedgl_secure.fedgl.metrics import RankingMetrics
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.metrics import RankingMetrics
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import EMBEDDINGS, PREDICTIONS, Broadcast
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream

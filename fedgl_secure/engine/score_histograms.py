@@ -3,11 +3,11 @@
 In the consortium no party sees another bank's per-customer scores; a bank reports, per model
 version, how many of its validation and test customers of each label fall in each score bin
 (:func:`score_histogram`). Summed over banks, the histograms give the pooled ROC-AUC, PR-AUC and
-recall at the top (:func:`histogram_metrics`) — exactly the metrics of :mod:`fedgl_secure.fedgl.metrics`
+recall at the top (:func:`histogram_metrics`) — exactly the metrics of :mod:`fedgl_secure.engine.metrics`
 when no two customers of different scores share a bin, and otherwise as if each bin's customers were
 tied (the same convention those functions use for tied scores).
 
-Scores are the positive class's log-odds ``log(p / (1 − p))`` (:func:`~fedgl_secure.fedgl.metrics.class_scores`),
+Scores are the positive class's log-odds ``log(p / (1 − p))`` (:func:`~fedgl_secure.engine.metrics.class_scores`),
 binned in steps of 0.05 over [−15, 15] (600 bins; a probability of 3e-7 or 1 − 3e-7 lands in an end bin):
 fine where the ranking of a rare class happens, and a fixed, public layout every bank shares.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgl_secure.fedgl.metrics import DEFAULT_TOP_FRACTION, RankingMetrics, class_scores, top_count
+from fedgl_secure.engine.metrics import DEFAULT_TOP_FRACTION, RankingMetrics, class_scores, top_count
 
 LOG_ODDS_RANGE = 15.0
 NUM_BINS = 600

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.data.graph import GraphDataset
-from fedgl_secure.fedgl.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.model.adjacency import (
     fuse_pseudo_graph,
     gcn_normalize,

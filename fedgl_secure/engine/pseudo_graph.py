@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from fedgl_secure.engine.approximate_knn import build_inverted_lists, ivf_plan, search_lists
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.fedgl.approximate_knn import build_inverted_lists, ivf_plan, search_lists
 
 if TYPE_CHECKING:
     import scipy.sparse as sp

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fedgl_secure.fedgl.config import TrainingConfig
-from fedgl_secure.fedgl.graph_tensors import GraphTensors
+from fedgl_secure.engine.config import TrainingConfig
+from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.model.gcn import GCN, GCNOutput
 from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator

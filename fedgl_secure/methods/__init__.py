@@ -1,0 +1,17 @@
+"""Federated methods, one module each, behind the interface of ``base.py``; :func:`build_method` picks one."""
+
+from __future__ import annotations
+
+from fedgl_secure.engine.config import ExperimentConfig
+from fedgl_secure.methods.base import FederatedMethod
+from fedgl_secure.methods.fedavg import FedAvg
+from fedgl_secure.methods.fedgl import FedGL
+
+
+def build_method(config: ExperimentConfig) -> FederatedMethod:
+    """The federated method for ``config.method`` (baselines are not federated methods)."""
+    if config.method == "federated":
+        return FedAvg(config)
+    if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
+        return FedGL(config)
+    raise ValueError(f"{config.method!r} is a baseline, not a federated method")
