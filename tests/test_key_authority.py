@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
-from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority, Refusal
-from fedgl_secure.crypto.masking import mask_bound, mask_sum, unmask
+from fedgl_secure.crypto.key_authority import AGGREGATOR, HE_PARAMETERS, KeyAuthority, Refusal
+from fedgl_secure.crypto.masking import mask_sum, masked_decryption
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
@@ -56,19 +56,27 @@ class Consortium:
             for name in senders
         ]
 
-    def decrypt(self, ticket, kind="weights", uploads=None, role=AGGREGATOR, fingerprint=None, receipts=None):
+    def decrypt(
+        self, ticket, kind="weights", uploads=None, role=AGGREGATOR, fingerprint=None, receipts=None, length=LENGTH
+    ):
+        """The aggregator's whole side: add, pad, have the authority decrypt, unpad and decode."""
         uploads = self.uploads(ticket, kind) if uploads is None else uploads
         summed = ckks.add_serialized(self.public, [u.chunks for u in uploads])
-        return self.authority.decrypt_sum(
-            role,
-            FEDERATION,
-            ticket.round,
-            kind,
-            summed,
-            [u.receipt for u in uploads] if receipts is None else receipts,
-            fingerprint or self.authority.fingerprint,
-            LENGTH,
-        )
+
+        def key_authority(padded: list[bytes], slots: int) -> np.ndarray:
+            return self.authority.decrypt_sum(
+                role,
+                FEDERATION,
+                ticket.round,
+                kind,
+                padded,
+                [u.receipt for u in uploads] if receipts is None else receipts,
+                fingerprint or self.authority.fingerprint,
+                slots,
+            )
+
+        layout = self.policy.upload_layout(kind)
+        return masked_decryption(self.public, summed, length, layout, len(uploads), key_authority)
 
 
 @pytest.fixture
@@ -152,6 +160,58 @@ def test_restart_under_other_he_parameters_is_refused(consortium, small_policy):
     with pytest.raises(ContextError, match="the key pair was made for HE parameters"):
         KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET)
     consortium.restart()
+
+
+def test_parameters_recorded_with_the_retired_mask_bits_still_match(consortium, small_policy):
+    """A state directory from before the ring pad recorded ``mask_bits``; the keys never depended on it."""
+    recorded = json.loads(consortium.authority.ledger.get_meta(HE_PARAMETERS))
+    consortium.authority.ledger.set_meta(HE_PARAMETERS, json.dumps({**recorded, "mask_bits": 0}))
+    consortium.restart()
+    np.testing.assert_allclose(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0), atol=1e-5)
+
+
+def test_unpadded_foreign_or_rescaled_ciphertexts_are_bad_ciphertext_and_consume_nothing(consortium):
+    c = consortium
+    ticket = c.open(1)
+    uploads = c.uploads(ticket)
+    summed = ckks.add_serialized(c.public, [u.chunks for u in uploads])
+    receipts = [u.receipt for u in uploads]
+
+    def ask(chunks, length=LENGTH):
+        return c.authority.decrypt_sum(
+            AGGREGATOR, FEDERATION, 1, "weights", chunks, receipts, c.authority.fingerprint, length
+        )
+
+    # the TenSEAL sum itself (no pad, not SEAL's format) is refused: the authority decrypts padded sums only
+    assert "no SEAL header" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(summed)).detail
+    assert "chunks cannot hold" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(summed * 2)).detail
+    # a ciphertext at another scale than the policy gives the kind (here 2^20, not 2^36)
+    rescaled = ckks.add_serialized(
+        c.public, [ckks.encrypt_vector(c.public, c.values[u.receipt.sender], 20) for u in uploads]
+    )
+    padded = mask_sum(c.public, rescaled, LENGTH)
+    assert "scale 2^20" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(padded.chunks)).detail
+    # nothing was consumed
+    np.testing.assert_allclose(c.decrypt(ticket, uploads=uploads), np.full(LENGTH, 6.0), atol=1e-5)
+
+
+def test_the_key_authority_returns_residues_not_values(consortium):
+    c = consortium
+    ticket = c.open(1)
+    uploads = c.uploads(ticket)
+    padded = mask_sum(c.public, ckks.add_serialized(c.public, [u.chunks for u in uploads]), LENGTH)
+    view = c.authority.decrypt_sum(
+        AGGREGATOR,
+        FEDERATION,
+        1,
+        "weights",
+        padded.chunks,
+        [u.receipt for u in uploads],
+        c.authority.fingerprint,
+        LENGTH,
+    )
+    assert view.dtype == np.uint64 and view.shape == (1, *c.authority.level.shape)
+    assert np.all(view < c.authority.level.column())
 
 
 def test_open_round_refusals(consortium):
@@ -314,18 +374,10 @@ def test_central_noise_is_added_to_what_the_key_authority_decrypts_and_audited(t
     ticket = c.open(1)
     observed = {}
     for kind in ("weights", "predictions", "node_weight"):
-        uploads = c.uploads(ticket, kind)
-        summed = ckks.add_serialized(c.public, [u.chunks for u in uploads])
-        masked, mask = mask_sum(
-            c.public, summed, n, mask_bound(small_he.coeff_mod_bit_sizes, small_he.global_scale_bits)
-        )
-        masked_values = c.authority.decrypt_sum(
-            AGGREGATOR, FEDERATION, 1, kind, masked, [u.receipt for u in uploads], c.authority.fingerprint, n
-        )
-        observed[kind] = unmask(masked_values, mask) - exact
+        observed[kind] = c.decrypt(ticket, kind, length=n) - exact
     c.authority.close()
 
-    # CKKS error at scale 2^36 under a mask of R = 2^15 stays far below 1e-3; the noise is σ ≥ 2
+    # CKKS error at scale 2^36 stays far below 1e-3 (the pad adds none); the noise is σ ≥ 2
     weights, predictions, node_weight = observed["weights"], observed["predictions"], observed["node_weight"]
     assert abs(weights[-1]) < 1e-3  # Σ ŵ_k: public, never noised
     assert np.max(np.abs(node_weight)) < 1e-3  # no DP channel: exact

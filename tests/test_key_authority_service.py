@@ -27,6 +27,7 @@ from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
+from fedgl_secure.crypto.masking import mask_sum, unmask
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import ConfigError, DecryptionRefused
@@ -86,11 +87,21 @@ class Service:
         return ticket
 
     def summed(self, ticket: RoundTicket, kind: str = WEIGHTS, senders=BANKS[:2]):
+        """The aggregator's padded sum (SEAL ciphertexts for the key authority) and the receipts; the pad is
+        kept in ``self.last`` for :meth:`opened`."""
         uploads = [
             make_upload(self.public, self.policy.he, ticket, name, self.keys[name], kind, self.values[name])
             for name in senders
         ]
-        return ckks.add_serialized(self.public, [u.chunks for u in uploads]), [u.receipt for u in uploads]
+        self.last = mask_sum(self.public, ckks.add_serialized(self.public, [u.chunks for u in uploads]), LENGTH)
+        return self.last.chunks, [u.receipt for u in uploads]
+
+    def opened(self, residues) -> np.ndarray:
+        """What the aggregator makes of a decryption reply (a response or residues): unpad and decode."""
+        if isinstance(residues, httpx.Response):
+            assert residues.headers["content-type"] == "application/octet-stream"
+            residues = wire.decode_uint64(residues.content)
+        return unmask(self.public, self.last, residues)
 
     def post_decrypt(self, ticket, kind=WEIGHTS, chunks=None, receipts=None, fingerprint=None, round_number=None):
         summed, signed = self.summed(ticket, kind)
@@ -174,11 +185,12 @@ def test_bank_is_refused_and_audited(service):
 def test_full_round_over_http(service):
     ticket = service.open(1)
     summed, receipts = service.summed(ticket, WEIGHTS)
-    values = service.client.decrypt(FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH)
-    np.testing.assert_allclose(values, service.expected(), atol=1e-6)
+    residues = service.client.decrypt(FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH)
+    assert residues.dtype == np.uint64 and residues.size == service.authority.level.size  # one chunk's, flat
+    np.testing.assert_allclose(service.opened(residues), service.expected(), atol=1e-6)
     response = service.post_decrypt(ticket, kind=PREDICTIONS)
     assert response.status_code == 200 and response.headers["content-type"] == "application/octet-stream"
-    np.testing.assert_allclose(wire.decode_float64(response.content, LENGTH), service.expected(), atol=1e-6)
+    np.testing.assert_allclose(service.opened(response), service.expected(), atol=1e-6)
     report = service.client.audit_report()
     assert report.ok and report.problem is None and report.records == len(service.audit_records())
 
@@ -209,7 +221,7 @@ def test_refusals_map_to_403_with_reason_and_service_keeps_serving(service):
     )
     response = service.post_decrypt(second, kind=PREDICTIONS)
     assert response.status_code == 200
-    np.testing.assert_allclose(wire.decode_float64(response.content, LENGTH), service.expected(), atol=1e-6)
+    np.testing.assert_allclose(service.opened(response), service.expected(), atol=1e-6)
     decisions = [(r["decision"], r.get("reason")) for r in service.audit_records() if r["event"] == "decrypt"]
     assert decisions.count(("allowed", None)) == 2 and len(decisions) == 10
     assert service.client.audit_report().ok
@@ -264,7 +276,7 @@ def test_bad_bodies_are_4xx_and_consume_nothing(service):
     # nothing was consumed: the same (round, kind) still decrypts
     response = service.post_decrypt(ticket)
     assert response.status_code == 200
-    np.testing.assert_allclose(wire.decode_float64(response.content, LENGTH), service.expected(), atol=1e-6)
+    np.testing.assert_allclose(service.opened(response), service.expected(), atol=1e-6)
 
 
 def _meta(service: Service) -> DecryptRequest:

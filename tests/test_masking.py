@@ -1,32 +1,110 @@
-"""The aggregator's one-time masks: the key authority decrypts s + r, the aggregator recovers s."""
+"""The aggregator's one-time pad over the plaintext ring: the key authority's view is uniform whatever the sum,
+the aggregator recovers the sum, and a wrong pad is refused rather than decoded into garbage."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.masking import draw_mask, mask_bound, mask_sum, unmask
+from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.crypto.masking import mask_sum, masked_decryption, unmask
+from fedgl_secure.errors import CiphertextError
+from tests.test_ring_mask import P_VALUE, uniformity_p_value
 
-
-def test_masks_are_uniform_fresh_and_bounded():
-    first, second = draw_mask(20_000, 10.0), draw_mask(20_000, 10.0)
-    assert np.all(np.abs(first) <= 10.0)
-    assert not np.array_equal(first, second)
-    # uniform on [-10, 10): mean 0 (sd of the mean 0.04) and variance 100/3 (sd ≈ 0.4); 5-sigma bounds
-    assert abs(first.mean()) < 0.2
-    assert abs(first.var() - 100 / 3) < 2.0
+LENGTH = 3000  # two chunks at N = 4096
 
 
-def test_the_key_authority_sees_a_masked_sum_and_the_aggregator_recovers_it(small_context, small_he):
+@pytest.fixture(scope="module")
+def parties(small_context):
+    """The key authority's secret context, the aggregator's public one, and a key authority as a function."""
     public = ckks.load_public_context(ckks.public_context_bytes(small_context))
-    rng = np.random.default_rng(1)
-    terms = [rng.uniform(-50, 50, 3000) for _ in range(3)]
-    summed = ckks.add_serialized(public, [ckks.encrypt_vector(public, term) for term in terms])
-    bound = mask_bound(small_he.coeff_mod_bit_sizes, small_he.global_scale_bits)
-    masked, mask = mask_sum(public, summed, 3000, bound)
-    seen_by_key_authority = ckks.decrypt_vector(small_context, masked, 3000)
-    truth = np.sum(terms, axis=0)
-    # what the key authority decrypts is far from the sum (the mask dominates) ...
-    assert np.median(np.abs(seen_by_key_authority - truth)) > bound / 10
-    # ... and the aggregator gets the sum back to CKKS precision
-    assert np.max(np.abs(unmask(seen_by_key_authority, mask) - truth)) < 1e-4
+    level = ring_mask.data_level(small_context)
+
+    def key_authority(padded: list[bytes], slots: int) -> np.ndarray:
+        views = [ring_mask.load_ciphertext(small_context, c, level, "chunk") for c in padded]
+        return np.stack([ring_mask.decrypt(small_context, view, level) for view in views])
+
+    return small_context, public, level, key_authority
+
+
+def summed(public, terms):
+    return ckks.add_serialized(public, [ckks.encrypt_vector(public, term) for term in terms])
+
+
+def test_the_key_authority_decrypts_exactly_the_sum_plus_the_pad(parties):
+    """The direct argument: view − r is the sum's true decryption, so view = Dec(sum) + r with r uniform."""
+    secret, public, level, key_authority = parties
+    terms = [np.random.default_rng(i).uniform(-50, 50, LENGTH) for i in range(3)]
+    total = summed(public, terms)
+    padded = mask_sum(public, total, LENGTH)
+    view = key_authority(padded.chunks, LENGTH)
+    unpadded = [
+        ring_mask.decrypt(secret, ring_mask.tenseal_ciphertext(public, chunk, "sum")[0], level) for chunk in total
+    ]
+    np.testing.assert_array_equal(ring_mask.sub_mod(view, padded.pads, level), np.stack(unpadded))
+    np.testing.assert_allclose(unmask(public, padded, view), np.sum(terms, axis=0), atol=1e-5)
+
+
+def test_the_key_authoritys_views_of_different_sums_are_both_uniform(parties):
+    """Perfect hiding, checked statistically: the views of a constant sum and of a ramp pass the same uniformity
+    test, and decoding a view (what a curious key authority would do) says nothing about the sum."""
+    _, public, level, key_authority = parties
+    prime = level.moduli[0]
+    sums = {"zeros": np.zeros(LENGTH), "ramp": np.linspace(-1000.0, 1000.0, LENGTH)}
+    views = {}
+    for name, values in sums.items():
+        padded = mask_sum(public, summed(public, [values]), LENGTH)
+        views[name] = key_authority(padded.chunks, LENGTH)
+        assert uniformity_p_value(views[name].reshape(-1), prime) > P_VALUE, name
+        decoded = np.concatenate([ring_mask.decode(public, level, v, 2.0**36) for v in views[name]])[:LENGTH]
+        assert np.median(np.abs(decoded)) > 100 * 1000.0  # nowhere near either sum (|values| ≤ 1000)
+        if name == "ramp":
+            assert abs(np.corrcoef(decoded, values)[0, 1]) < 6 / np.sqrt(LENGTH)
+    assert stats_same_distribution(views["zeros"].reshape(-1), views["ramp"].reshape(-1))
+
+
+def stats_same_distribution(first: np.ndarray, second: np.ndarray) -> bool:
+    from scipy import stats
+
+    return float(stats.ks_2samp(first.astype(np.float64), second.astype(np.float64)).pvalue) > P_VALUE
+
+
+def test_pads_are_fresh_for_every_sum(parties):
+    _, public, _, _ = parties
+    total = summed(public, [np.ones(10)])
+    first, second = mask_sum(public, total, 10), mask_sum(public, total, 10)
+    assert not np.array_equal(first.pads, second.pads)
+    assert first.chunks != second.chunks
+
+
+def test_the_aggregator_recovers_the_sum_through_masked_decryption(parties):
+    _, public, _, key_authority = parties
+    terms = [np.random.default_rng(10 + i).uniform(-100, 100, LENGTH) for i in range(4)]
+    values = masked_decryption(public, summed(public, terms), LENGTH, None, 4, key_authority)
+    np.testing.assert_allclose(values, np.sum(terms, axis=0), atol=1e-5)
+
+
+def test_a_wrong_pad_or_a_forged_reply_is_refused_not_decoded(parties):
+    _, public, level, key_authority = parties
+    padded = mask_sum(public, summed(public, [np.ones(LENGTH)]), LENGTH)
+    view = key_authority(padded.chunks, LENGTH)
+    wrong = mask_sum(public, summed(public, [np.ones(LENGTH)]), LENGTH)  # another sum's pads
+    with pytest.raises(CiphertextError, match="wrap-around bound"):
+        unmask(public, wrong, view)
+    with pytest.raises(CiphertextError, match="expected 2 ciphertexts"):
+        unmask(public, padded, view[:1])
+    with pytest.raises(CiphertextError, match="must be uint64"):
+        unmask(public, padded, view.astype(np.float64))
+    unreduced = view.copy()
+    unreduced[0, 0, 0] = level.moduli[0]
+    with pytest.raises(CiphertextError, match="at or above their prime"):
+        unmask(public, padded, unreduced)
+
+
+def test_a_sum_that_does_not_fill_its_chunks_is_refused(parties):
+    _, public, _, _ = parties
+    total = summed(public, [np.ones(LENGTH)])
+    with pytest.raises(CiphertextError, match="cannot hold"):
+        mask_sum(public, total, 10)
+    with pytest.raises(CiphertextError, match="holds 952 values, expected 900"):
+        mask_sum(public, total, 2948)

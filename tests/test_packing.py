@@ -1,6 +1,7 @@
 """Quantised, packed CKKS (crypto/packing.py): the stated error bound holds at the largest allowed number of
-banks through real encryption, masking and decryption; one bank more is refused; out-of-range values are
-refused; the policy validates the layout with every other HE field."""
+banks through real encryption, the ring pad and decryption; one bank more is refused; out-of-range values are
+refused; a payload filling every slot bit decodes exactly; the policy validates the layout with every other HE
+field."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto import ckks, packing, ring_mask
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
@@ -24,6 +25,18 @@ def default_keys():
     """A key pair under the default (packed) parameters: the secret context and the public one."""
     secret = ckks.create_secret_context(HEParameters())
     return secret, ckks.load_public_context(ckks.public_context_bytes(secret))
+
+
+def authority(secret):
+    """The key authority's decryption as ``masked_decryption`` calls it: padded chunks in, residues out."""
+    level = ring_mask.data_level(secret)
+
+    def decrypt(padded: list[bytes], slots: int) -> np.ndarray:
+        return np.stack(
+            [ring_mask.decrypt(secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level) for c in padded]
+        )
+
+    return decrypt
 
 
 def random_terms(layout: packing.KindLayout, banks: int, length: int, seed: int) -> np.ndarray:
@@ -44,10 +57,7 @@ def test_sums_at_max_banks_decode_within_the_stated_bound_through_ckks(default_k
     uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
     summed = ckks.add_serialized(public, uploads)
 
-    def key_authority(masked: list[bytes], slots: int) -> np.ndarray:
-        return ckks.decrypt_vector(secret, masked, slots)
-
-    decoded = masked_decryption(public, summed, length, layout, 0.0, banks, key_authority)
+    decoded = masked_decryption(public, summed, length, layout, banks, authority(secret))
     error = np.abs(decoded - terms.sum(axis=0))
     assert error.max() <= layout.error_bound
     # the quantisation error is real (not a vacuous bound) and exactly the plaintext model's
@@ -67,11 +77,40 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
         public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
     )
     with pytest.raises(PackingOverflow, match="max_banks = 7"):
-        masked_decryption(public, summed, 10, layout, 0.0, banks, lambda m, n: ckks.decrypt_vector(secret, m, n))
+        masked_decryption(public, summed, 10, layout, banks, authority(secret))
     # and a bank refuses to encrypt into a round with more participants than the headroom
     ticket = RoundTicket("fed", 1, "00" * 16, banks, "f" * 64)
     with pytest.raises(PackingOverflow, match="exceed he.max_banks"):
         make_upload(public, HEParameters(), ticket, "bank-0", Ed25519PrivateKey.generate(), "weights", terms[0])
+
+
+def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_keys):
+    """The slot budget T = log2 Q − 1 − g (the pad needs no slot bits): one 37-bit digit per slot at N = 4096,
+    [54, 54], 7 banks; sums of all-lowest and all-highest values (P = 0 and P close to 2^T) come back exact."""
+    secret, public = default_keys
+    he = HEParameters()
+    available = packing.slot_bits(he.poly_modulus_degree, 54, he.max_banks)
+    assert available == 54 - 1 - packing.guard_bits(he.poly_modulus_degree, he.max_banks) == 37
+    top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^37, so the digit is all 37 bits
+    layout = packing.kind_layout(
+        "wide", 0.0, float(top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=he.max_banks
+    )
+    assert (layout.per_slot, layout.digit_bits, layout.payload_bits) == (1, 37, 37)
+    for value in (0.0, float(top)):
+        terms = np.full((he.max_banks, 2100), value)  # two chunks
+        summed = ckks.add_serialized(
+            public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
+        )
+        decoded = masked_decryption(public, summed, 2100, layout, he.max_banks, authority(secret))
+        np.testing.assert_array_equal(decoded, terms.sum(axis=0))
+    with pytest.raises(ValueError, match="a slot offers 37"):
+        packing.kind_layout("wider", 0.0, float(2 * top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=7)
+
+
+def test_mask_bits_is_retired_with_a_reason():
+    with pytest.raises(PolicyError, match="he.mask_bits") as raised:
+        policy_from_dict({"he": {"mask_bits": 0}})
+    assert "retired" in str(raised.value) and "one-time pad" in str(raised.value)
 
 
 def test_values_outside_the_packed_range_are_refused_not_clipped():
@@ -125,13 +164,12 @@ def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():
     ("values", "field", "message"),
     [
         (
-            {"he": {"precision": {"weights": {"lower": -8, "upper": 8, "step_bits": 30}}}},
+            {"he": {"precision": {"weights": {"lower": -8, "upper": 8, "step_bits": 31}}}},
             "he.precision.weights",
             "bits",
         ),
         ({"he": {"precision": {"node_weight": {"lower": 1, "upper": 0, "step_bits": 4}}}}, "upper", "must exceed"),
         ({"quorum": 8}, "he.max_banks", "below the quorum"),
-        ({"he": {"mask_bits": 30}}, "he.precision.weights", "mask bits"),
         ({"he": {"poly_modulus_degree": 1024}}, "he.coeff_mod_bit_sizes", "128-bit security"),
     ],
 )

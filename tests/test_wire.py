@@ -120,6 +120,34 @@ def test_float64_length_checked(body, length, message):
         wire.decode_float64(body, length)
 
 
+# --- residue vectors -----------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=32))
+def test_uint64_round_trip_is_exact_to_the_last_bit(values):
+    array = np.array(values, dtype=np.uint64)
+    body = wire.encode_uint64(array)
+    assert body == array.astype("<u8").tobytes()
+    decoded = wire.decode_uint64(body, len(values))
+    assert decoded.dtype == np.uint64
+    np.testing.assert_array_equal(decoded, array)
+
+
+def test_uint64_is_little_endian_and_refuses_other_dtypes():
+    assert wire.encode_uint64(np.array([1], dtype=np.uint64)) == struct.pack("<Q", 1)
+    with pytest.raises(WireError, match="expected uint64 values, got float64"):
+        wire.encode_uint64(np.array([1.0]))
+
+
+def test_uint64_length_checked():
+    with pytest.raises(WireError, match="not a whole number of 8-byte values"):
+        wire.decode_uint64(b"\x00" * 23)
+    with pytest.raises(WireError, match="uint64 body of 3 values; expected exactly 4"):
+        wire.decode_uint64(b"\x00" * 24, 4)
+    assert wire.decode_uint64(b"").size == 0
+
+
 # --- array bundles -------------------------------------------------------------------------------
 
 

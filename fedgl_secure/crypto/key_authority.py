@@ -12,14 +12,24 @@ It decrypts a summed ciphertext only if
 6. this (federation, round, kind) was never decrypted before — the SQLite ledger survives
    restarts, which blocks differencing attacks across re-submissions.
 
+**What it decrypts.** The aggregator pads every summed ciphertext with a fresh uniform element r of
+the plaintext ring (``crypto/masking.py``); the authority decrypts ``m + e + r mod q`` and returns those
+residues (NTT form, uint64, one vector of N per data prime), never decoded to slots — a view that has
+the same distribution whatever the sum is. The ciphertexts must be SEAL ciphertexts of this context at
+the data level, at the scale the policy gives the kind (``Policy.upload_layout``); anything else is
+``bad-ciphertext``.
+
 **Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the
-authority adds Gaussian noise N(0, σ²) from the OS CSPRNG
+authority draws Gaussian noise N(0, σ²) from the OS CSPRNG
 (:func:`~fedgl_secure.privacy.guarantees.central_noise`), σ =
-:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), to the masked sum s + r it
-decrypted, before returning it — the same as noising s, which it never sees; the aggregator then
-removes its mask r and holds s + noise, never s. The last entry of ``weights`` (Σ ŵ_k, public) gets
-none. The allowed decision's audit record names it (``central_noise_std``, ``central_noise_values``).
-Banks add no share for a central channel and account for it as such (:mod:`fedgl_secure.privacy.dp_round`).
+:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), CKKS-encodes it at the
+ciphertext's scale and adds it to what it decrypted, ``m + e + r + Encode(n)`` — the same as
+adding the plaintext to the ciphertext before decrypting, and the same as noising the sum, which it
+never sees; the aggregator then removes its pad and decodes s + n + e, never s. The last entry of
+``weights`` (Σ ŵ_k, public) gets none. The allowed decision's audit record names it
+(``central_noise_std``, ``central_noise_values``). Banks add no share for a central channel and
+account for it as such (:mod:`fedgl_secure.privacy.dp_round`). The noise shares the sum's range with
+the banks' terms (``upload.TERMS_SHARE``): σ too large for it is refused when the authority starts.
 
 Every decision, allowed or refused, is appended to the hash-chained audit log. The secret key is
 only ever on disk sealed under the operator secret. The HTTP service is a thin shell over this.
@@ -30,6 +40,7 @@ never sees them); under the honest-but-curious aggregator of DESIGN §5.1 that i
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from enum import Enum
@@ -39,12 +50,21 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, ring_mask
 from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
+from fedgl_secure.crypto.ckks_params import sum_bound
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
-from fedgl_secure.errors import ContextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
+from fedgl_secure.crypto.upload import TERMS_SHARE
+from fedgl_secure.errors import (
+    CiphertextError,
+    ContextError,
+    CryptoError,
+    DecryptionRefused,
+    PolicyError,
+    ReceiptError,
+)
 from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
@@ -57,6 +77,14 @@ LEDGER_FILE = "ledger.sqlite3"
 AUDIT_FILE = "audit.jsonl"
 AUDIT_HEAD = "audit_head"
 HE_PARAMETERS = "he_parameters"
+NOISE_SIGMAS = 8.0  # central noise must fit the sum's spare range this many standard deviations out
+
+
+def _without_retired(recorded: str) -> dict:
+    """Recorded HE parameters minus ``mask_bits``: the retired slot mask never shaped the keys."""
+    parameters = json.loads(recorded)
+    parameters.pop("mask_bits", None)
+    return parameters
 
 
 class Refusal(str, Enum):
@@ -104,6 +132,16 @@ class KeyAuthority:
             raise
         self.fingerprint = ckks.fingerprint(self.public_context)
         self.central_noise_std = central_noise_stds(policy)
+        self.level = ring_mask.data_level(self._secret_context)
+        # the range left to central noise by the banks' terms, in value units (unpacked, at the global scale)
+        self._noise_room = sum_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits) * (1 - TERMS_SHARE)
+        too_wide = {k: s for k, s in self.central_noise_std.items() if NOISE_SIGMAS * s >= self._noise_room}
+        if too_wide:
+            self.ledger.close()
+            raise PolicyError(
+                f"central noise σ {too_wide} does not fit the range the HE parameters leave it ({self._noise_room:g} "
+                f"at {NOISE_SIGMAS:g} σ); enlarge he.coeff_mod_bit_sizes or lower he.global_scale_bits"
+            )
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
 
@@ -113,7 +151,7 @@ class KeyAuthority:
         recorded = self.ledger.get_meta(HE_PARAMETERS)
         if recorded is None:
             self.ledger.set_meta(HE_PARAMETERS, wanted)
-        elif recorded != wanted:
+        elif _without_retired(recorded) != json.loads(wanted):
             raise ContextError(
                 f"{self.state_dir}: the key pair was made for HE parameters {recorded}, the policy asks for {wanted}; "
                 "use a fresh state directory to generate keys for the new parameters"
@@ -205,7 +243,8 @@ class KeyAuthority:
         fingerprint: str,
         length: int,
     ) -> np.ndarray:
-        """Decrypt one fused sum if every rule holds; otherwise raise :class:`DecryptionRefused`."""
+        """Decrypt one padded fused sum of ``length`` slot values if every rule holds; otherwise raise
+        :class:`DecryptionRefused`. Returns the plaintext residues, shape (chunks, data primes, N), uint64."""
         log = self.log.bind(caller=caller_role, federation=federation, round=round_number, kind=kind)
         event = {
             "event": "decrypt",
@@ -222,11 +261,11 @@ class KeyAuthority:
                     raise DecryptionRefused(
                         Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
                     )
+                noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
                 try:
-                    values = ckks.decrypt_vector(self._secret_context, summed_chunks, length)
+                    view = self._decrypt_padded(kind, summed_chunks, length, noise)
                 except CryptoError as error:
                     raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
-                noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
                 if not self.ledger.record_decryption(federation, round_number, kind, open_round.nonce, senders):
                     raise DecryptionRefused(Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number}")
             except DecryptionRefused as refusal:
@@ -235,7 +274,6 @@ class KeyAuthority:
                 raise
             allowed = {**event, "decision": "allowed", "senders": list(senders), "values": length}
             if noise is not None:
-                values = values + noise
                 noised = central_noise_count(kind, length)
                 allowed |= {"central_noise_std": self.central_noise_std[kind], "central_noise_values": noised}
             self._record(allowed)
@@ -245,14 +283,39 @@ class KeyAuthority:
             values=length,
             central_noise_std=self.central_noise_std.get(kind),
         )
-        return values
+        return view
+
+    def _decrypt_padded(self, kind: str, chunks: Sequence[bytes], length: int, noise: np.ndarray | None) -> np.ndarray:
+        """The residues of every padded chunk's plaintext, plus the encoded central noise when there is any."""
+        slots = self.level.degree // 2
+        if len(chunks) != ckks.chunk_count(length, slots):
+            raise CiphertextError(f"{len(chunks)} chunks cannot hold {length} values ({slots} per chunk)")
+        layout = self.policy.upload_layout(kind)
+        scale = 2.0 ** (layout.scale_bits if layout is not None else self.policy.he.global_scale_bits)
+        view = np.empty((len(chunks), *self.level.shape), dtype=np.uint64)
+        for index, data in enumerate(chunks):
+            ciphertext = ring_mask.load_ciphertext(self._secret_context, data, self.level, f"chunk {index}")
+            if ciphertext.scale != scale:
+                raise CiphertextError(
+                    f"chunk {index}: scale 2^{np.log2(ciphertext.scale):.4g}, but {kind!r} is encrypted at "
+                    f"2^{np.log2(scale):.4g} under the policy"
+                )
+            view[index] = ring_mask.decrypt(self._secret_context, ciphertext, self.level)
+            if noise is not None:  # Dec(ct) + Encode(n) = Dec(ct + Encode(n)): decryption is linear
+                part = noise[index * slots : (index + 1) * slots]
+                encoded = ring_mask.encode(self._secret_context, self.level, part, ciphertext.scale)
+                view[index] = ring_mask.add_mod(view[index], encoded, self.level)
+        return view
 
     def _central_noise(self, kind: str, length: int) -> np.ndarray | None:
         """N(0, σ²) for every value of a kind whose DP channel is central (the weights' last entry: 0), else None."""
         std = self.central_noise_std.get(kind)
         if std is None or length == 0:
             return None
-        return central_noise(kind, length, std)
+        noise = central_noise(kind, length, std)
+        if float(np.abs(noise).max()) >= self._noise_room:  # beyond NOISE_SIGMAS σ: never in practice, never wrap
+            raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, "central noise draw beyond the sum's spare range")
+        return noise
 
     def _check_request(
         self, caller_role: str, federation: str, round_number: int, kind: str, fingerprint: str

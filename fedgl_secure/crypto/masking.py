@@ -1,73 +1,94 @@
-"""A one-time mask on every summed ciphertext, so the key authority never sees a sum in clear.
+"""A one-time pad on every summed ciphertext, so the key authority's view is independent of the sum.
 
-DESIGN §5.1 lets the key authority learn *ciphertexts of sums only*. Before asking for a
-decryption the aggregator adds a fresh mask ``r`` — drawn uniformly from ``[-R, R]`` per value
-with the operating system's CSPRNG — to the summed ciphertext as a CKKS *plaintext* (no
-encryption needed: the key authority only ever sees what it decrypts); it decrypts ``s + r``,
-and only the aggregator, which kept ``r``, can remove it. The mask costs one encoding per chunk
-and no precision (CKKS error is absolute, not relative).
+DESIGN §5.1 lets the key authority learn *ciphertexts of sums only*. Before asking for a decryption
+the aggregator adds a fresh polynomial ``r`` to the summed ciphertext as a plaintext (``c0 + r``), with
+every residue of ``r`` uniform in ``[0, q_i)`` from the OS CSPRNG (:func:`ring_mask.uniform_residues`).
+The key authority decrypts ``m + e + r mod q`` and returns those *residues* without decoding them;
+the aggregator subtracts ``r mod q`` and only then decodes the CKKS slots (and unpacks them when the kind
+is packed).
 
-Statistical hiding, not perfect: for ``|s_i| ≤ S`` the key authority's view of a value is within
-total-variation distance ``S / R`` of a pure mask. Headroom keeps ``|s + r|`` below the wrap-around
-bound: banks keep their terms below ``sum_bound / (2 · participants)`` (``upload.check_magnitude``),
-so ``|s| ≤ sum_bound / 2``, and ``R = sum_bound / 4``.
+**Perfect hiding.** For any fixed ``m + e``, adding an independent uniform element of the finite group
+``Z_Q[X]/(X^N + 1)`` gives a uniform element: the key authority's decryption has exactly the same
+distribution for every sum (statistical distance 0), and so does the ciphertext it receives, ``(c0 + r,
+c1)``, since ``c0 + r`` is uniform and ``c1`` comes from the banks' encryption randomness alone. Hiding
+needs no slot headroom: the mask never passes through the decoder, so it cannot wrap anything. What
+must not wrap is the sum itself (``crypto/upload.py`` and ``crypto/packing.py`` keep it below ``q/2``).
 
-Packed kinds (``crypto/packing.py``) hold integers in ``[0, 2^T)`` per slot; their mask is uniform in
-``[−R, R)`` with ``R = 2^(T+κ−1)`` plus the public shift ``−2^(T−1)``, which hides a slot's packed sum up
-to total-variation distance ``2^−κ`` (``κ`` = ``he.mask_bits``; the lower digits of a slot far better).
-:func:`masked_decryption` is the whole aggregator side: mask, have the sum decrypted, unmask, unpack.
+**Failing closed.** Unmasking with a wrong pad (or decrypting with a wrong key) gives uniform residues,
+whose slots are far outside any sum: packed kinds are refused by :func:`packing.unpack`, unpacked ones
+here, when a value reaches the wrap-around bound ``Q / (2·scale)``.
+
+**Central DP noise** is the key authority's: it adds the CKKS encoding of its noise to what it decrypts
+(``key_authority.py``), which the pad leaves uniform; the aggregator's result is ``s + noise``.
+
+:func:`masked_decryption` is the whole aggregator side: mask, have the sum decrypted, unmask, decode, unpack.
 """
 
 from __future__ import annotations
 
-import os
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import tenseal as ts
 
-from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.ckks_params import sum_bound
+from fedgl_secure.crypto import ckks, packing, ring_mask
 from fedgl_secure.errors import CiphertextError
 
-MASK_SHARE = 0.25  # R as a share of the sum bound; the banks' terms may use half of it
-TERMS_SHARE = 0.5
+
+@dataclass(frozen=True)
+class MaskedSum:
+    """A padded sum: the ciphertexts for the key authority and what only the aggregator keeps."""
+
+    chunks: list[bytes]  # SEAL ciphertexts (c0 + r, c1): all the key authority receives
+    pads: np.ndarray  # r: (chunks, data primes, N) residues, never sent or stored
+    scales: tuple[float, ...]
+    sizes: tuple[int, ...]  # slots each chunk holds
+    level: ring_mask.RingLevel
 
 
-def mask_bound(bit_sizes: Sequence[int], scale_bits: int) -> float:
-    """``R``: the largest mask value under these CKKS parameters."""
-    return sum_bound(bit_sizes, scale_bits) * MASK_SHARE
-
-
-def draw_mask(length: int, bound: float) -> np.ndarray:
-    """``length`` values uniform in ``[-bound, bound)`` from ``os.urandom`` (53 random bits each)."""
-    raw = np.frombuffer(os.urandom(8 * length), dtype=np.uint64)
-    unit = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return (2.0 * unit - 1.0) * bound
-
-
-def mask_sum(
-    context: ts.Context, summed_chunks: Sequence[bytes], length: int, bound: float, shift: float = 0.0
-) -> tuple[list[bytes], np.ndarray]:
-    """``(Enc(s) + r, r)``: the masked sum for the key authority and the mask the aggregator keeps
-    (``r`` uniform in ``[shift − bound, shift + bound)``)."""
-    mask = draw_mask(length, bound) + shift
-    slots = ckks.slot_count(context)
-    if len(summed_chunks) != ckks.chunk_count(length, slots):
-        raise CiphertextError(f"{len(summed_chunks)} chunks cannot hold {length} values ({slots} per chunk)")
-    masked = []
+def mask_sum(context: ts.Context, summed_chunks: Sequence[bytes], slots: int) -> MaskedSum:
+    """Pad every chunk of a summed ciphertext (``slots`` values in TenSEAL chunks) with a fresh uniform ``r``."""
+    per_chunk = ckks.slot_count(context)
+    if len(summed_chunks) != ckks.chunk_count(slots, per_chunk):
+        raise CiphertextError(f"{len(summed_chunks)} chunks cannot hold {slots} values ({per_chunk} per chunk)")
+    level = ring_mask.data_level(context)
+    pads = ring_mask.uniform_residues(level, len(summed_chunks))
+    masked, scales, sizes = [], [], []
     for index, chunk in enumerate(summed_chunks):
-        vector = ts.ckks_vector_from(context, bytes(chunk))
-        part = mask[index * slots : (index + 1) * slots]
-        if vector.size() != part.size:
-            raise CiphertextError(f"chunk {index}: holds {vector.size()} values, the mask {part.size}")
-        masked.append((vector + part).serialize())
-    return masked, mask
+        ciphertext, size = ring_mask.tenseal_ciphertext(context, chunk, f"chunk {index}")
+        expected = min(per_chunk, slots - index * per_chunk)
+        if size != expected:
+            raise CiphertextError(f"chunk {index}: holds {size} values, expected {expected}")
+        masked.append(ring_mask.ciphertext_bytes(ring_mask.add_residues(context, ciphertext, level, pads[index])))
+        scales.append(float(ciphertext.scale))
+        sizes.append(size)
+    return MaskedSum(masked, pads, tuple(scales), tuple(sizes), level)
 
 
-def unmask(decrypted: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """``s`` from the key authority's ``s + r``."""
-    return np.asarray(decrypted, dtype=np.float64) - mask
+def unmask(context: ts.Context, masked: MaskedSum, view: np.ndarray, offset: float = 0.0) -> np.ndarray:
+    """The slot values from the key authority's ``view`` (residues of ``m + e + r``): subtract ``r``, decode.
+
+    ``offset`` is a public constant the sum's slots are known to lie around (packed kinds: the middle of
+    ``[0, 2^T)``). It is subtracted in the ring before decoding — the NTT form of a constant polynomial is
+    that constant at every point — and added back after, so the decoder only meets centred coefficients."""
+    level = masked.level
+    observed = ring_mask.check_residues(level, view, len(masked.chunks), "the key authority's reply")
+    values = []
+    for index, (scale, size) in enumerate(zip(masked.scales, masked.sizes, strict=True)):
+        plain = ring_mask.sub_mod(observed[index], masked.pads[index], level)
+        if offset:
+            plain = ring_mask.sub_mod(plain, ring_mask.constant_residues(round(offset * scale), level), level)
+        slots = ring_mask.decode(context, level, plain, scale)[:size]
+        bound = math.prod(level.moduli) / (2.0 * scale)  # no sum decodes beyond it: it would have wrapped
+        if not np.all(np.abs(slots) < bound):
+            raise CiphertextError(
+                f"chunk {index}: decrypted values reach {float(np.abs(slots).max()):.3g}, beyond the wrap-around bound "
+                f"{bound:.3g}: a wrong mask, a wrong key, or a sum that wrapped"
+            )
+        values.append(slots + offset)
+    return np.concatenate(values) if values else np.zeros(0)
 
 
 def masked_decryption(
@@ -75,13 +96,14 @@ def masked_decryption(
     summed_chunks: Sequence[bytes],
     length: int,
     layout: packing.KindLayout | None,
-    unpacked_bound: float,
     contributors: int,
     decrypt: Callable[[list[bytes], int], np.ndarray],
 ) -> np.ndarray:
-    """The aggregator's side of one kind's decryption: mask ``Enc(s)``, have ``decrypt(masked chunks,
-    slot values)`` (the key authority) decrypt it, unmask, and unpack ``length`` values when packed."""
+    """The aggregator's side of one kind's decryption: pad ``Enc(s)``, have ``decrypt(padded chunks, slot
+    values)`` (the key authority) return the padded plaintext's residues, unmask, decode, and unpack
+    ``length`` values when packed."""
     slots = packing.slot_length(layout, length)
-    bound, shift = (layout.mask_bound, layout.mask_shift) if layout is not None else (unpacked_bound, 0.0)
-    masked, mask = mask_sum(context, summed_chunks, slots, bound, shift)
-    return packing.decode_sum(unmask(decrypt(masked, slots), mask), layout, length, contributors)
+    masked = mask_sum(context, summed_chunks, slots)
+    view = decrypt(masked.chunks, slots)
+    offset = layout.centre if layout is not None else 0.0
+    return packing.decode_sum(unmask(context, masked, view, offset), layout, length, contributors)

@@ -21,15 +21,16 @@ turns the slot into an exact integer register instead:
 (:attr:`KindLayout.error_bound` states it at ``K_max``). A sum over more than ``K_max`` banks could
 have carried across digits, so :func:`unpack` refuses it (:class:`~fedgl_secure.errors.PackingOverflow`).
 
-**Slot budget.** A slot must hold ``P`` plus the aggregator's one-time mask (``masking.py``): it
-adds ``r − 2^(T−1)`` with ``r`` uniform in ``[−R, R)``, ``R = 2^(T+κ−1)``, for ``T = m·b`` payload bits
-and ``κ`` = ``mask_bits`` (the public shift centres ``P ∈ [0, 2^T)`` on zero), so the key authority
-decrypts ``|P − 2^(T−1) + r| < 2^(T+κ)``. That must not wrap modulo the data primes (``q/2 ≈
-2^(log2 Q − 1)``): ``2^(T+κ) · 2^g + |e| < 2^(log2 Q − 1)``; :func:`slot_bits` keeps one bit spare,
-``T + κ ≤ log2 Q − 2 − g``, and ``T + κ ≤ 50`` so float64 holds the decrypted value exactly enough.
-The mask hides ``P`` from the key authority up to total-variation distance ``|P − P′| / 2^(T+κ) < 2^−κ``
-per slot; the lower digits of a slot are hidden far better
-(``2^−(b+κ)``), the top digit is what the bound is about.
+**Slot budget.** The key authority's one-time pad lives in the plaintext ring, not in the slots
+(``masking.py``), so a slot holds the packed sum alone: ``P ∈ [0, 2^T)``, ``T = m·b``. The aggregator
+decodes it after removing the pad, centred on the public ``2^(T−1)`` (:attr:`KindLayout.centre`), so the
+decoder meets ``|P − 2^(T−1)| ≤ 2^(T−1)``, i.e. coefficients of magnitude at most ``2^(T−1+g)`` plus the
+noise (a polynomial's coefficients are bounded by the scale times its largest slot). That must stay below
+``Q/2``, about ``2^(log2 Q − 1)`` for SEAL's primes (the largest below ``2^bits`` that are 1 mod 2N):
+:func:`slot_bits` keeps ``T ≤ log2 Q − 1 − g``, so the coefficients use at most half of it — room for the
+noise and for primes below their power of two — and ``T ≤ 50`` so float64 holds the decoded value
+exactly enough. (The slot mask this replaced cost a bit more, ``T + κ ≤ log2 Q − 2 − g``, and hid a slot
+from the key authority only up to total-variation distance ``2^−κ``.)
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ from fedgl_secure.errors import CiphertextError, PackingOverflow
 # worst seen. tests/test_packing.py decodes 7-bank sums through it (unpack refuses anything beyond it).
 NOISE_STD_PER_DEGREE = 0.35
 NOISE_SIGMAS = 8.0
-MAX_EXACT_BITS = 50  # |P + r| < 2^50: float64 (53-bit mantissa) holds it with room for the noise's fraction
+MAX_EXACT_BITS = 50  # P < 2^50: float64 (53-bit mantissa) holds it with room for the noise's fraction
 
 
 def noise_bound(poly_modulus_degree: int, banks: int) -> float:
-    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions plus one plaintext mask.
+    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions (+1: slack for decoding).
 
-    Independent fresh errors add in variance (√K); the mask is a plaintext (encoding error ≪ 1)."""
+    Independent fresh errors add in variance (√K); the one-time pad is added and removed exactly in the ring."""
     return NOISE_SIGMAS * NOISE_STD_PER_DEGREE * poly_modulus_degree * math.sqrt(max(1, banks)) + 1.0
 
 
@@ -64,8 +65,8 @@ def guard_bits(poly_modulus_degree: int, max_banks: int) -> int:
 
 
 def slot_bits(poly_modulus_degree: int, data_bits: int, max_banks: int) -> int:
-    """Bits a slot offers to payload plus mask: ``min(log2 Q − 2 − g, 50)`` (module docstring)."""
-    return min(data_bits - 2 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
+    """Bits a slot offers to the packed sum: ``min(log2 Q − 1 − g, 50)`` (module docstring)."""
+    return min(data_bits - 1 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
 
 
 def quantisation_levels(lower: float, upper: float, step_bits: int) -> int:
@@ -91,7 +92,6 @@ class KindLayout:
     per_slot: int  # m
     max_banks: int  # K_max
     scale_bits: int  # g: the ciphertexts' scale is 2^g
-    mask_bits: int  # κ
     noise_bound: float  # |CKKS error| of a sum over max_banks banks, in slot units (< 1/2 by the guard bits)
 
     @property
@@ -110,14 +110,9 @@ class KindLayout:
         return self.max_banks * self.step / 2
 
     @property
-    def mask_bound(self) -> float:
-        """``R = 2^(T+κ−1)``: the one-time mask is uniform in ``[−R, R)``."""
-        return 2.0 ** (self.payload_bits + self.mask_bits - 1)
-
-    @property
-    def mask_shift(self) -> float:
-        """``−2^(T−1)``: added with the mask so the masked slot is centred on zero (public, removed with it)."""
-        return -(2.0 ** (self.payload_bits - 1))
+    def centre(self) -> float:
+        """``2^(T−1)``: the middle of the packed range, subtracted before decoding and added back (public)."""
+        return 2.0 ** (self.payload_bits - 1)
 
     def slots(self, length: int) -> int:
         """CKKS slots that ``length`` values take: ``⌈length / m⌉`` (at least one)."""
@@ -133,19 +128,18 @@ def kind_layout(
     poly_modulus_degree: int,
     data_bits: int,
     max_banks: int,
-    mask_bits: int,
 ) -> KindLayout:
     """The layout, or ``ValueError`` saying why one value of ``kind`` does not fit a slot."""
     if not upper > lower:
         raise ValueError(f"{kind}: upper ({upper}) must exceed lower ({lower})")
     levels = quantisation_levels(lower, upper, step_bits)
     width = digit_bits(levels, max_banks)
-    available = slot_bits(poly_modulus_degree, data_bits, max_banks) - mask_bits
+    available = slot_bits(poly_modulus_degree, data_bits, max_banks)
     if width > available:
         raise ValueError(
             f"{kind}: one value needs {width} bits ({levels + 1} levels x {max_banks} banks) but a slot offers "
-            f"{available} (data primes {data_bits} bits - 2 - {guard_bits(poly_modulus_degree, max_banks)} guard "
-            f"bits - {mask_bits} mask bits); lower step_bits, narrow [lower, upper], or lower max_banks/mask_bits"
+            f"{available} (data primes {data_bits} bits - 1 - {guard_bits(poly_modulus_degree, max_banks)} guard "
+            f"bits, at most {MAX_EXACT_BITS}); lower step_bits, narrow [lower, upper], or lower max_banks"
         )
     return KindLayout(
         kind=kind,
@@ -157,7 +151,6 @@ def kind_layout(
         per_slot=available // width,
         max_banks=max_banks,
         scale_bits=guard_bits(poly_modulus_degree, max_banks),
-        mask_bits=mask_bits,
         noise_bound=noise_bound(poly_modulus_degree, max_banks) / 2.0 ** guard_bits(poly_modulus_degree, max_banks),
     )
 
@@ -197,11 +190,11 @@ def encode(values: np.ndarray, layout: KindLayout) -> np.ndarray:
 
 
 def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributors: int) -> np.ndarray:
-    """The decoded sums of ``length`` values from the (unmasked) decrypted slots of ``contributors`` banks.
+    """The decoded sums of ``length`` values from the (unmasked, decoded) slots of ``contributors`` banks.
 
     Refuses (:class:`PackingOverflow`) a sum over more banks than the digits have headroom for — its
     digits may have carried into each other — and slots outside ``[0, 2^T)`` or farther from an integer
-    than the noise bound allows, which only a wrong mask, wrong parameters or an overflow produce.
+    than the noise bound allows, which only a wrong pad, wrong parameters or an overflow produce.
     """
     if contributors > layout.max_banks:
         raise PackingOverflow(
@@ -218,7 +211,7 @@ def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributor
         raise PackingOverflow(
             f"{layout.kind}: decrypted slots are not packed sums (off an integer by up to {worst:.3g}, range "
             f"[{rounded.min():.6g}, {rounded.max():.6g}] vs [0, 2^{layout.payload_bits})): overflow, noise beyond "
-            "the guard bits, or a wrong mask"
+            "the guard bits, or a wrong one-time pad"
         )
     packed = rounded.astype(np.int64)
     shifts = np.arange(layout.per_slot, dtype=np.int64) * layout.digit_bits
@@ -232,7 +225,7 @@ def slot_length(layout: KindLayout | None, length: int) -> int:
 
 
 def decode_sum(slot_values: np.ndarray, layout: KindLayout | None, length: int, contributors: int) -> np.ndarray:
-    """The sum of ``length`` values from unmasked decrypted slots (unchanged when unpacked)."""
+    """The sum of ``length`` values from unmasked, decoded slots (unchanged when unpacked)."""
     if layout is None:
         return np.asarray(slot_values, dtype=np.float64)
     return unpack(slot_values, layout, length, contributors)

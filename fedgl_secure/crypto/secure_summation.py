@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-from fedgl_secure.crypto.masking import mask_bound, masked_decryption
+from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, make_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
@@ -96,7 +96,7 @@ class SecureSummation:
     For the audit: ``accepted_receipts`` keeps every receipt of every sum the key authority
     decrypted, and :meth:`bank_public_keys` the banks' receipt-signing keys. Central DP noise is the
     key authority's own (:meth:`~fedgl_secure.crypto.key_authority.KeyAuthority.decrypt_sum` adds it
-    to the masked sum s + r), so this summation never adds any itself (``adds_central_noise``).
+    to the padded sum s + r), so this summation never adds any itself (``adds_central_noise``).
     """
 
     adds_central_noise = True  # its key authority applies the policy's central channels
@@ -119,7 +119,6 @@ class SecureSummation:
         # what banks and the aggregator receive: the public context, checked to carry no secret
         self.public_context = ckks.load_public_context(self.authority.public_context)
         self.fingerprint = ckks.fingerprint(self.authority.public_context)
-        self._mask_bound = mask_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits)
         self._banks: dict[int, _Bank] = {}
         self.wire = WireStats()
         self.seconds = PhaseTimes()
@@ -184,7 +183,7 @@ class SecureSummation:
 
             def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, spent=decrypting) -> np.ndarray:
                 begun = time.perf_counter()
-                try:  # the key authority sees s + r only
+                try:  # the key authority sees s + r only, r uniform over the plaintext ring
                     return self.authority.decrypt_sum(
                         AGGREGATOR, self.federation, round_number, kind, masked, receipts, self.fingerprint, slots
                     )
@@ -192,9 +191,7 @@ class SecureSummation:
                     spent[0] += time.perf_counter() - begun
 
             layout, length = self._layouts[kind], uploads[0].length
-            values = masked_decryption(
-                self.public_context, summed, length, layout, self._mask_bound, len(uploads), decrypt
-            )
+            values = masked_decryption(self.public_context, summed, length, layout, len(uploads), decrypt)
             self.accepted_receipts.extend(receipts)
             self.seconds.aggregate += time.perf_counter() - started - decrypting[0]
             self.seconds.decrypt += decrypting[0]

@@ -15,10 +15,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.ckks_params import sum_bound
-from fedgl_secure.crypto.masking import TERMS_SHARE
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
 from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
 from fedgl_secure.privacy.policy import HEParameters
+
+# The round's sum of unpacked terms may use this share of the wrap-around bound; the rest is room for the key
+# authority's central DP noise and the encryption noise (the one-time pad needs none: masking.py).
+TERMS_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,8 @@ def check_magnitude(values: np.ndarray, participants: int, params: HEParameters,
     """Refuse a term that could make the round's sum wrap around modulo the data primes.
 
     A bank cannot see the others' terms, so it keeps its own below ``TERMS_SHARE · sum_bound /
-    participants``: the sum then uses at most half the range, and the aggregator's one-time mask
-    (``masking.py``) the rest, so any masked sum of the round stays decryptable (``ckks_params``).
+    participants``: the sum then uses at most half the range, which leaves the other half for central
+    DP noise, so any sum of the round decodes without wrapping (``ckks_params``).
     """
     bound = sum_bound(params.coeff_mod_bit_sizes, params.global_scale_bits) * TERMS_SHARE / max(1, participants)
     largest = float(np.abs(values).max()) if values.size else 0.0

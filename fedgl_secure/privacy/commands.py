@@ -71,7 +71,8 @@ def _render_wire(policy: Policy, rows: list[dict]) -> list[str]:
     he = policy.he
     lines = [
         f"packing: {he.packing}; sums over at most {he.max_banks} banks decode (more are refused); "
-        f"mask {he.mask_bits} bits (the key authority's view of a packed slot within TV distance 2^-{he.mask_bits})"
+        "the key authority decrypts each sum under a one-time pad over the plaintext ring (its view is uniform, "
+        "independent of the sum)"
     ]
     header = (
         f"{'kind':<12} {'range':<16} {'step':>8} {'bits':>5} {'per slot':>8} {'bytes/value':>11} {'worst error':>11}"

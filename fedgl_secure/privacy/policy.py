@@ -113,8 +113,18 @@ class HEParameters(BaseModel):
     global_scale_bits: int = 36
     packing: Literal["quantised", "none"] = "quantised"
     max_banks: int = Field(default=7, ge=2, le=1024)
-    mask_bits: int = Field(default=0, ge=0, le=40)
     precision: KindPrecisions = KindPrecisions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_bits_retired(cls, data: object) -> object:
+        if isinstance(data, dict) and "mask_bits" in data:
+            raise field_error(
+                "mask_bits",
+                "retired: the key authority now decrypts every sum under a one-time pad over the whole plaintext "
+                "ring (perfect hiding, crypto/masking.py), so no slot bits are spent on a mask; remove the key",
+            )
+        return data
 
     @field_validator("poly_modulus_degree")
     @classmethod
@@ -170,7 +180,6 @@ class HEParameters(BaseModel):
             poly_modulus_degree=self.poly_modulus_degree,
             data_bits=data_bits(self.coeff_mod_bit_sizes),
             max_banks=self.max_banks,
-            mask_bits=self.mask_bits,
         )
 
 
@@ -219,10 +228,11 @@ class GaussianChannel(_Section):
       sum knows its own share, so against a fellow bank the noise left is σ√((q−1)/q)
       (:func:`~fedgl_secure.privacy.mechanisms.residual_noise_std`); the guarantees account that.
     * ``"central"`` — the key authority adds N(0, σ²) once to what it decrypts. Since the aggregator
-      masks every sum, the key authority decrypts s + r and returns s + r + n; the aggregator
-      removes r and obtains s + n. Adding n to s + r is the same as adding it to s: the key
-      authority never sees s (only its mask-hidden form), the aggregator never sees n, and every
-      bank and the aggregator face the full σ. It relies on the key authority and the aggregator
+      pads every sum with a uniform element r of the plaintext ring, the key authority decrypts
+      s + r and returns s + r + n (n CKKS-encoded); the aggregator removes r and obtains s + n.
+      Adding n to s + r is the same as adding it to s: the key authority never sees s (its view is
+      uniform whatever s is), the aggregator never sees n, and every bank and the aggregator face
+      the full σ. It relies on the key authority and the aggregator
       not colluding — together they know s exactly.
     """
 

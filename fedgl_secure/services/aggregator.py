@@ -9,9 +9,9 @@ The aggregator holds the *public* CKKS context only. Per round it
    upload can never spoil the sum;
 3. at the deadline (or when every participant has uploaded every kind) adds the ciphertexts of
    the banks that uploaded *everything*; below the quorum it aborts the round and reopens it
-   with a fresh nonce; otherwise it masks each sum with a fresh one-time mask, asks the key
-   authority to decrypt it (so the key authority never sees a sum in clear), removes the mask
-   and stores each decrypted sum at once, and
+   with a fresh nonce; otherwise it pads each sum with a fresh one-time pad over the plaintext
+   ring (``crypto/masking.py``), asks the key authority to decrypt it (its view is uniform,
+   whatever the sum), removes the pad, decodes, and stores each decrypted sum at once, and
 4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
    stores the next model version together with the round, in one transaction.
 
@@ -43,7 +43,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.masking import mask_bound, masked_decryption
+from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
@@ -88,7 +88,7 @@ class Decryptor(Protocol):
         receipts: Sequence[Receipt],
         fingerprint: str,
         length: int,
-    ) -> np.ndarray: ...
+    ) -> np.ndarray: ...  # the padded plaintexts' residues (uint64), not values
 
 
 # --- the broadcast on the wire (numpy arrays, never pickles) ------------------------------------
@@ -284,7 +284,6 @@ class Coordinator:
         self.decryptor = decryptor
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
-        self._mask_bound = mask_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits)
         self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self.log = get_logger(role="aggregator", federation=federation)
         self._changed = threading.Condition()
@@ -766,16 +765,14 @@ class Coordinator:
             receipts = [upload.receipt for upload in uploads]
 
             def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts) -> np.ndarray:
-                with timer.phase("decryption"):  # the key authority decrypts s + r for a fresh mask r
+                with timer.phase("decryption"):  # the key authority decrypts s + r for a fresh ring pad r
                     return self.decryptor.decrypt(
                         self.federation, current.round, kind, masked, receipts, self.fingerprint, slots
                     )
 
-            with timer.phase("aggregation"):  # summing, masking, unmasking, unpacking; decryption apart
+            with timer.phase("aggregation"):  # summing, padding, unpadding, decoding; decryption apart
                 summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
-                values = masked_decryption(
-                    self.context, summed, length, self._layouts.get(kind), self._mask_bound, len(uploads), decrypt
-                )
+                values = masked_decryption(self.context, summed, length, self._layouts.get(kind), len(uploads), decrypt)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums

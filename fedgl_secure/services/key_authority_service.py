@@ -10,11 +10,13 @@ endpoint                  who         what
                                       ``X-FedGL-Context-Fingerprint``
 ``POST /v1/rounds/open``  aggregator  JSON :class:`OpenRoundRequest` → ``{"opened": true}``;
                                       a refused round is 409
-``POST /v1/decrypt``      (any node)  body: :func:`wire.encode_chunks` of the summed chunks;
+``POST /v1/decrypt``      (any node)  body: :func:`wire.encode_chunks` of the padded summed
+                                      ciphertexts (SEAL's serialisation, ``masking.py``);
                                       header ``X-FedGL-Decrypt``: :class:`DecryptRequest`;
-                                      → float64 values (octet-stream). The caller's mTLS
-                                      role goes to the library, so a bank is refused *and
-                                      audited* (403 ``not-aggregator``)
+                                      → the padded plaintexts' residues, uint64 (octet-stream;
+                                      chunks x data primes x N, NTT form), never decoded. The
+                                      caller's mTLS role goes to the library, so a bank is
+                                      refused *and audited* (403 ``not-aggregator``)
 ``GET /v1/audit/verify``  any node    :class:`AuditReport` of the hash-chained audit log
 ========================  ==========  =====================================================
 
@@ -156,11 +158,14 @@ def create_app(
         "/v1/decrypt",
         response_class=Response,
         responses={
-            **wire.binary_response("the sum's values, little-endian float64"),
+            **wire.binary_response(
+                "the residues of each padded plaintext m + e + r (NTT form, not decoded): little-endian uint64, "
+                "ciphertexts x data primes x N"
+            ),
             **wire.error_responses(400, 403),
         },
         openapi_extra=wire.binary_request(
-            "the summed ciphertext chunks, framed by wire.encode_chunks",
+            "the padded summed ciphertexts (SEAL serialisation, one per chunk), framed by wire.encode_chunks",
             headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (wire.encode_header)"},
         ),
     )
@@ -181,8 +186,8 @@ def create_app(
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         chunks = wire.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
         bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
-        values = await run_in_threadpool(_decrypt, authority, caller, meta, chunks)
-        return Response(wire.encode_float64(values), media_type=OCTET_STREAM)
+        residues = await run_in_threadpool(_decrypt, authority, caller, meta, chunks)
+        return Response(wire.encode_uint64(residues), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
     def audit_verify(caller: AnyCaller) -> AuditReport:
@@ -250,7 +255,8 @@ class KeyAuthorityClient:
         fingerprint: str,
         length: int,
     ) -> np.ndarray:
-        """Ask for one fused sum; raises :class:`DecryptionRefused` with the authority's reason."""
+        """Ask for one padded fused sum's residues (flat uint64; ``masking.unmask`` checks their count and
+        range); raises :class:`DecryptionRefused` with the authority's reason."""
         meta = DecryptRequest(
             federation=federation,
             round=round_number,
@@ -265,7 +271,7 @@ class KeyAuthorityClient:
             content=wire.encode_chunks(summed_chunks),
             headers={DECRYPT_HEADER: wire.encode_header(meta), "Content-Type": OCTET_STREAM},
         )
-        return wire.decode_float64(response.content, length)
+        return wire.decode_uint64(response.content)
 
     def audit_report(self) -> AuditReport:
         return AuditReport.model_validate_json(self._call("GET", "/v1/audit/verify").content)

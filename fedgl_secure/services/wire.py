@@ -5,6 +5,8 @@ What travels, and how:
 * **ciphertext chunks** — a binary body ``b"FGC1" | u32 count | (u64 length | bytes) * count``,
   big-endian (:func:`encode_chunks` / :func:`decode_chunks`);
 * **float vectors** — raw little-endian float64 (:func:`encode_float64` / :func:`decode_float64`);
+* **residue vectors** — raw little-endian uint64 (:func:`encode_uint64` / :func:`decode_uint64`): what
+  the key authority decrypts, the residues of a padded plaintext;
 * **array bundles** — an ``.npz`` archive loaded without pickle (:func:`encode_arrays` /
   :func:`decode_arrays`);
 * **metadata** next to a binary body — a pydantic model as base64url compact JSON in a header
@@ -64,6 +66,7 @@ CHUNKS_MAGIC = b"FGC1"
 _COUNT = struct.Struct(">I")
 _LENGTH = struct.Struct(">Q")
 _FLOAT64 = np.dtype("<f8")
+_UINT64 = np.dtype("<u8")
 _NPZ_MAGIC = b"PK\x03\x04"
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -218,6 +221,24 @@ def decode_float64(body: bytes, expected_length: int) -> np.ndarray:
     values = np.frombuffer(bytes(body), dtype=_FLOAT64).astype(np.float64)
     _check_finite(values, "float vector")
     return values
+
+
+def encode_uint64(values: np.ndarray) -> bytes:
+    """A flat array of unsigned 64-bit integers (ring residues) as little-endian bytes."""
+    flat = np.asarray(values)
+    if flat.dtype != np.uint64:
+        raise WireError(f"residue vector: expected uint64 values, got {flat.dtype}")
+    return flat.reshape(-1).astype(_UINT64, copy=False).tobytes()
+
+
+def decode_uint64(body: bytes, expected_length: int | None = None) -> np.ndarray:
+    """Parse :func:`encode_uint64` output: a whole number of values, exactly ``expected_length`` when given."""
+    if len(body) % _UINT64.itemsize:
+        raise WireError(f"uint64 body of {len(body)} bytes is not a whole number of 8-byte values")
+    count = len(body) // _UINT64.itemsize
+    if expected_length is not None and count != expected_length:
+        raise WireError(f"uint64 body of {count} values; expected exactly {expected_length}")
+    return np.frombuffer(bytes(body), dtype=_UINT64).astype(np.uint64)
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:

@@ -1,0 +1,268 @@
+"""CKKS plaintexts as residues of the plaintext ring: the one module that handles SEAL objects byte by byte.
+
+A ciphertext at the data level decrypts (``c0 + c1·s``, SEAL keeps both in NTT form) to the plaintext
+polynomial ``m + e`` of ``Z_Q[X]/(X^N + 1)``: one vector of ``N`` residues per data prime ``q_i``. The
+one-time pad of ``masking.py`` lives here, in that ring: a polynomial ``r`` whose residues are uniform in
+``[0, q_i)`` is added to ``c0`` (``Evaluator.add_plain``), so the key authority decrypts ``m + e + r mod q``
+— exactly uniform whatever ``m`` is — and returns it as residues, never decoded to slots; only the
+aggregator, which kept ``r``, subtracts it and decodes (:func:`decode`).
+
+TenSEAL 0.3.18's ``sealapi`` has no coefficient setters and no in-memory serialisation, so residues go in
+through SEAL's own format: :func:`_plaintext_bytes` writes an *uncompressed* ``Plaintext`` (the layout of
+SEAL 4's ``Plaintext::save_members``) to a private scratch file and SEAL loads it — and SEAL's loader checks
+it against the context (parameters id, coefficient count, every residue below its prime), so a corrupt or
+foreign buffer is refused, never half-read. Residues come out one coefficient at a time
+(``Plaintext.data(i)``). ``tests/test_ring_mask.py`` checks every assumption against TenSEAL itself.
+
+Scratch files live in a fresh 0700 directory (``/dev/shm`` when it exists, so nothing reaches a disk) and
+are removed at once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+import tenseal.sealapi as sealapi
+
+from fedgl_secure.errors import CiphertextError, ContextError
+
+_SEAL_FAILURES = (RuntimeError, ValueError, TypeError, IndexError, OverflowError)
+_HEADER = struct.Struct("<HBBBBHQ")  # SEALHeader: magic, header size, version major/minor, compression, reserved, size
+_COMPRESSION_NONE = 0
+_MEMORY_DIR = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class RingLevel:
+    """Where fresh ciphertexts live: SEAL's parameters id of the data level, its primes and the degree ``N``."""
+
+    parms_id: tuple[int, ...]
+    moduli: tuple[int, ...]
+    degree: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """One ciphertext's residues: (data primes, N)."""
+        return len(self.moduli), self.degree
+
+    @property
+    def size(self) -> int:
+        return len(self.moduli) * self.degree
+
+    def column(self) -> np.ndarray:
+        """The primes as a (k, 1) uint64 column, to broadcast against residues of shape (..., k, N)."""
+        return np.asarray(self.moduli, dtype=np.uint64).reshape(-1, 1)
+
+
+def data_level(context: ts.Context) -> RingLevel:
+    """The level TenSEAL encrypts at (SEAL's first data level: every prime but the special one)."""
+    seal = context.seal_context().data
+    parms_id = seal.first_parms_id()
+    parms = seal.get_context_data(parms_id).parms()
+    moduli = tuple(int(prime.value()) for prime in parms.coeff_modulus())
+    return RingLevel(tuple(int(word) for word in parms_id), moduli, int(parms.poly_modulus_degree()))
+
+
+def uniform_residues(level: RingLevel, count: int, random_bytes: Callable[[int], bytes] = os.urandom) -> np.ndarray:
+    """``count`` ring elements with every residue exactly uniform in ``[0, q_i)``: shape (count, k, N).
+
+    Rejection sampling on ``bit_length(q_i)``-bit words of the OS CSPRNG (``q_i > 2^(bits−1)``, so more than
+    half are kept): no modulo bias, so the pad is perfect. ``random_bytes`` replaces the CSPRNG in tests only."""
+    out = np.empty((count, *level.shape), dtype=np.uint64)
+    for row, prime in enumerate(level.moduli):
+        need = count * level.degree
+        keep = np.uint64((1 << prime.bit_length()) - 1)
+        drawn: list[np.ndarray] = []
+        have = 0
+        while have < need:
+            words = np.frombuffer(random_bytes(8 * (need - have) * 2 + 64), dtype="<u8") & keep
+            accepted = words[words < np.uint64(prime)]
+            drawn.append(accepted)
+            have += accepted.size
+        out[:, row, :] = np.concatenate(drawn)[:need].reshape(count, level.degree)
+    return out
+
+
+def check_residues(level: RingLevel, residues: np.ndarray, count: int, what: str) -> np.ndarray:
+    """``residues`` as (count, k, N) uint64, each below its prime; otherwise :class:`CiphertextError`."""
+    flat = np.asarray(residues)
+    if flat.dtype != np.uint64:
+        raise CiphertextError(f"{what}: residues must be uint64, got {flat.dtype}")
+    if flat.size != count * level.size:
+        raise CiphertextError(
+            f"{what}: {flat.size} residues, expected {count} ciphertexts x {len(level.moduli)} primes x {level.degree}"
+        )
+    shaped = flat.reshape(count, *level.shape)
+    if np.any(shaped >= level.column()):
+        raise CiphertextError(f"{what}: residues at or above their prime (not reduced modulo the data primes)")
+    return shaped
+
+
+def add_mod(a: np.ndarray, b: np.ndarray, level: RingLevel) -> np.ndarray:
+    """``(a + b) mod q_i`` for reduced residues (no overflow: SEAL's primes are below 2^61)."""
+    return (a + b) % level.column()
+
+
+def sub_mod(a: np.ndarray, b: np.ndarray, level: RingLevel) -> np.ndarray:
+    """``(a − b) mod q_i`` for reduced residues."""
+    return (a + (level.column() - b)) % level.column()
+
+
+def constant_residues(value: int, level: RingLevel) -> np.ndarray:
+    """The NTT form of the constant polynomial ``value``: ``value mod q_i`` at every evaluation point."""
+    return np.broadcast_to((np.asarray([value % q for q in level.moduli], dtype=np.uint64)).reshape(-1, 1), level.shape)
+
+
+# --- SEAL objects --------------------------------------------------------------------------------
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    base = _MEMORY_DIR if _MEMORY_DIR.is_dir() and os.access(_MEMORY_DIR, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="fedgl-ring-", dir=base) as directory:
+        yield Path(directory)
+
+
+def _header(body_size: int) -> bytes:
+    seal = sealapi.Serialization.SEALHeader()  # this SEAL build's magic and version
+    return _HEADER.pack(
+        seal.magic,
+        seal.header_size,
+        seal.version_major,
+        seal.version_minor,
+        _COMPRESSION_NONE,
+        0,
+        _HEADER.size + body_size,
+    )
+
+
+def _plaintext_bytes(level: RingLevel, residues: np.ndarray, scale: float) -> bytes:
+    """SEAL 4 ``Plaintext`` serialisation, uncompressed: parms_id, coeff_count, scale, then the DynArray."""
+    data = np.ascontiguousarray(residues, dtype="<u8").reshape(-1)
+    array = struct.pack("<Q", data.size) + data.tobytes()
+    body = struct.pack("<4QQd", *level.parms_id, data.size, float(scale)) + _header(len(array)) + array
+    return _header(len(body)) + body
+
+
+def _seal(context: ts.Context) -> sealapi.SEALContext:
+    return context.seal_context().data
+
+
+def plaintext(context: ts.Context, level: RingLevel, residues: np.ndarray, scale: float) -> sealapi.Plaintext:
+    """A SEAL plaintext (NTT form, data level, ``scale``) holding these residues, loaded and checked by SEAL."""
+    shaped = check_residues(level, residues, 1, "plaintext")
+    plain = sealapi.Plaintext()
+    with _scratch() as directory:
+        path = directory / "plaintext"
+        path.write_bytes(_plaintext_bytes(level, shaped, scale))
+        try:
+            plain.load(_seal(context), str(path))
+        except _SEAL_FAILURES as error:
+            raise CiphertextError(f"SEAL refused the plaintext built from residues: {error}") from None
+    return plain
+
+
+def residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray:
+    """A data-level NTT plaintext's residues, shape (k, N)."""
+    if not plain.is_ntt_form() or tuple(plain.parms_id()) != level.parms_id or plain.coeff_count() != level.size:
+        raise CiphertextError("the plaintext is not at the data level in NTT form")
+    return np.fromiter(map(plain.data, range(level.size)), dtype=np.uint64, count=level.size).reshape(level.shape)
+
+
+def ciphertext_bytes(ciphertext) -> bytes:
+    """SEAL's own serialisation of one ciphertext (what the key authority receives)."""
+    with _scratch() as directory:
+        path = directory / "ciphertext"
+        ciphertext.save(str(path))
+        return path.read_bytes()
+
+
+def load_ciphertext(context: ts.Context, data: bytes, level: RingLevel, where: str) -> sealapi.Ciphertext:
+    """A SEAL ciphertext of this context at the data level: two polynomials in NTT form; anything else is refused.
+
+    SEAL's loader checks the header, the parameters id and every residue against the context."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CiphertextError(f"{where}: expected ciphertext bytes, got {type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) < _HEADER.size or _HEADER.unpack_from(raw)[0] != sealapi.Serialization.SEALHeader().magic:
+        raise CiphertextError(f"{where}: not a CKKS ciphertext of this context ({len(raw)} bytes; no SEAL header)")
+    ciphertext = sealapi.Ciphertext()
+    with _scratch() as directory:
+        path = directory / "ciphertext"
+        path.write_bytes(raw)
+        try:
+            ciphertext.load(_seal(context), str(path))
+        except _SEAL_FAILURES as error:
+            raise CiphertextError(
+                f"{where}: not a CKKS ciphertext of this context ({len(raw)} bytes; malformed, truncated, or made "
+                f"under other parameters): {error}"
+            ) from None
+    if tuple(ciphertext.parms_id()) != level.parms_id or ciphertext.size() != 2 or not ciphertext.is_ntt_form():
+        raise CiphertextError(f"{where}: not a fresh-level two-polynomial CKKS ciphertext in NTT form")
+    return ciphertext
+
+
+def add_residues(context: ts.Context, ciphertext, level: RingLevel, values: np.ndarray) -> sealapi.Ciphertext:
+    """``ciphertext + values`` (a plaintext of these residues at the ciphertext's scale) as a new SEAL ciphertext."""
+    plain = plaintext(context, level, values, ciphertext.scale)
+    total = sealapi.Ciphertext()
+    try:
+        sealapi.Evaluator(_seal(context)).add_plain(ciphertext, plain, total)
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"cannot add the plaintext to the ciphertext: {error}") from None
+    return total
+
+
+def encode(context: ts.Context, level: RingLevel, values: np.ndarray, scale: float) -> np.ndarray:
+    """The residues of CKKS-encoding ``values`` (at most N/2) at ``scale``: the plaintext SEAL's encoder makes."""
+    plain = sealapi.Plaintext()
+    try:
+        sealapi.CKKSEncoder(_seal(context)).encode(
+            np.asarray(values, dtype=np.float64).tolist(), list(level.parms_id), float(scale), plain
+        )
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"cannot encode {np.size(values)} values at scale {scale:.4g}: {error}") from None
+    return residues(plain, level)
+
+
+def decrypt(secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: RingLevel) -> np.ndarray:
+    """The residues ``c0 + c1·s mod q_i`` of the ciphertext's plaintext — decrypted, not decoded."""
+    if not secret_context.has_secret_key():
+        raise ContextError("decryption needs the secret context; this one is public")
+    plain = sealapi.Plaintext()
+    try:
+        sealapi.Decryptor(_seal(secret_context), secret_context.secret_key().data).decrypt(ciphertext, plain)
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"SEAL could not decrypt the ciphertext: {error}") from None
+    return residues(plain, level)
+
+
+def decode(context: ts.Context, level: RingLevel, values: np.ndarray, scale: float) -> np.ndarray:
+    """The N/2 real slots of the plaintext with these residues at ``scale`` (SEAL's CKKS decoder)."""
+    plain = plaintext(context, level, values, scale)
+    try:
+        return np.asarray(sealapi.CKKSEncoder(_seal(context)).decode_double(plain), dtype=np.float64)
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"SEAL could not decode the plaintext: {error}") from None
+
+
+def tenseal_ciphertext(context: ts.Context, chunk: bytes, where: str) -> tuple[object, int]:
+    """The SEAL ciphertext inside one serialised TenSEAL CKKS vector, and how many slots it uses."""
+    if not isinstance(chunk, bytes | bytearray | memoryview):
+        raise CiphertextError(f"{where}: expected ciphertext bytes, got {type(chunk).__name__}")
+    try:
+        vector = ts.ckks_vector_from(context, bytes(chunk))
+        inner: Sequence = vector.ciphertext()
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"{where}: not a CKKS vector of this context ({len(chunk)} bytes): {error}") from None
+    if len(inner) != 1:
+        raise CiphertextError(f"{where}: a CKKS vector of {len(inner)} ciphertexts, expected one")
+    return inner[0], int(vector.size())

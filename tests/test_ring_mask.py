@@ -1,0 +1,172 @@
+"""crypto/ring_mask.py against TenSEAL itself: residues round-trip through SEAL's own loader, decrypting to
+residues and decoding them is exactly ``CKKSVector.decrypt()``, the pad arithmetic is exact, and corrupt or
+foreign buffers are refused with a CiphertextError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tenseal as ts
+from scipy import stats
+
+from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.errors import CiphertextError
+from fedgl_secure.privacy.policy import HEParameters
+
+P_VALUE = 1e-6  # a uniformity test fails by chance once in a million runs
+
+
+@pytest.fixture(scope="module")
+def keys(small_context):
+    public = ckks.load_public_context(ckks.public_context_bytes(small_context))
+    return small_context, public, ring_mask.data_level(small_context)
+
+
+@pytest.fixture(scope="module")
+def foreign_chunk():
+    """A ciphertext of another context (N = 8192)."""
+    other = ckks.create_secret_context(HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 60)))
+    [chunk] = ckks.encrypt_vector(other, np.ones(3))
+    return other, chunk
+
+
+def _seal_ciphertext(public, values, scale_bits=None):
+    [chunk] = ckks.encrypt_vector(public, np.asarray(values, dtype=np.float64), scale_bits)
+    ciphertext, size = ring_mask.tenseal_ciphertext(public, chunk, "test")
+    return chunk, ciphertext, size
+
+
+def uniformity_p_value(values: np.ndarray, prime: int, bins: int = 32) -> float:
+    """Chi-square p-value of ``values`` being uniform on ``[0, prime)`` (equal-width bins)."""
+    counts = np.bincount((values.astype(np.float64) / prime * bins).astype(np.int64), minlength=bins)
+    return float(stats.chisquare(counts).pvalue)
+
+
+def test_the_data_level_is_where_tenseal_encrypts(keys, small_he):
+    secret, public, level = keys
+    _, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0])
+    assert tuple(ciphertext.parms_id()) == level.parms_id
+    assert level.degree == small_he.poly_modulus_degree
+    assert [q.bit_length() for q in level.moduli] == list(small_he.coeff_mod_bit_sizes[:-1])  # special prime dropped
+    assert ring_mask.data_level(public) == level  # the public context agrees
+
+
+def test_decrypt_to_residues_then_decode_is_exactly_tensealsdecrypt(keys):
+    secret, public, level = keys
+    values = np.random.default_rng(0).uniform(-50, 50, 1500)
+    chunk, ciphertext, size = _seal_ciphertext(public, values)
+    residues = ring_mask.decrypt(secret, ciphertext, level)
+    assert residues.shape == level.shape and residues.dtype == np.uint64
+    assert np.all(residues < level.column())
+    decoded = ring_mask.decode(public, level, residues, ciphertext.scale)[:size]
+    np.testing.assert_array_equal(decoded, np.asarray(ts.ckks_vector_from(secret, chunk).decrypt()))
+    assert np.abs(decoded - values).max() < 1e-6
+
+
+def test_residues_round_trip_through_seals_loader(keys):
+    secret, public, level = keys
+    residues = ring_mask.uniform_residues(level, 1)[0]
+    plain = ring_mask.plaintext(public, level, residues, 2.0**36)
+    assert plain.is_ntt_form() and tuple(plain.parms_id()) == level.parms_id and plain.scale == 2.0**36
+    np.testing.assert_array_equal(ring_mask.residues(plain, level), residues)
+
+
+def test_encode_is_what_decode_inverts(keys):
+    _, public, level = keys
+    values = np.linspace(-3.0, 3.0, 700)
+    residues = ring_mask.encode(public, level, values, 2.0**30)
+    np.testing.assert_allclose(ring_mask.decode(public, level, residues, 2.0**30)[:700], values, atol=1e-6)
+
+
+def test_adding_residues_to_a_ciphertext_adds_them_to_its_decryption_exactly(keys):
+    secret, public, level = keys
+    _, ciphertext, _ = _seal_ciphertext(public, np.arange(10.0))
+    pad = ring_mask.uniform_residues(level, 1)[0]
+    padded = ring_mask.add_residues(public, ciphertext, level, pad)
+    reloaded = ring_mask.load_ciphertext(secret, ring_mask.ciphertext_bytes(padded), level, "padded")
+    np.testing.assert_array_equal(
+        ring_mask.decrypt(secret, reloaded, level),
+        ring_mask.add_mod(ring_mask.decrypt(secret, ciphertext, level), pad, level),
+    )
+    back = ring_mask.sub_mod(ring_mask.add_mod(pad, pad, level), pad, level)
+    np.testing.assert_array_equal(back, pad)
+
+
+def test_a_constant_polynomial_is_that_constant_at_every_ntt_point(keys):
+    secret, public, level = keys
+    residues = ring_mask.encode(public, level, np.full(level.degree // 2, 5.0), 2.0**20)
+    np.testing.assert_array_equal(residues, ring_mask.constant_residues(5 * 2**20, level))
+
+
+def test_pads_are_uniform_below_every_prime_and_fresh(keys):
+    _, _, level = keys
+    first, second = ring_mask.uniform_residues(level, 4), ring_mask.uniform_residues(level, 4)
+    assert first.shape == (4, *level.shape) and first.dtype == np.uint64
+    assert np.all(first < level.column())
+    assert not np.array_equal(first, second)
+    for row, prime in enumerate(level.moduli):
+        assert uniformity_p_value(first[:, row, :].reshape(-1), prime) > P_VALUE
+    # the top of the range is reached (a pad drawn from fewer bits would miss it)
+    assert first.max() > np.uint64(int(max(level.moduli) * 0.99))
+
+
+def test_rejection_sampling_discards_words_at_or_above_the_prime(keys):
+    _, _, level = keys
+    rng = np.random.default_rng(5)
+    calls = []
+
+    def biased(count: int) -> bytes:  # first call: only words above every prime; then honest bytes
+        calls.append(count)
+        return b"\xff" * count if len(calls) == 1 else rng.bytes(count)
+
+    pads = ring_mask.uniform_residues(level, 2, random_bytes=biased)
+    assert len(calls) > 1 and np.all(pads < level.column())
+
+
+def test_foreign_corrupt_and_truncated_ciphertexts_are_refused(keys, foreign_chunk):
+    secret, public, level = keys
+    chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0])
+    good = ring_mask.ciphertext_bytes(ciphertext)
+    assert ring_mask.load_ciphertext(secret, good, level, "good").size() == 2
+    with pytest.raises(CiphertextError, match="no SEAL header"):
+        ring_mask.load_ciphertext(secret, b"\x00" * 1000, level, "zeros")
+    with pytest.raises(CiphertextError, match="no SEAL header"):
+        ring_mask.load_ciphertext(secret, chunk, level, "tenseal")  # TenSEAL's own format is not accepted
+    with pytest.raises(CiphertextError, match="not a CKKS ciphertext of this context"):
+        ring_mask.load_ciphertext(secret, good[: len(good) // 2], level, "truncated")
+    with pytest.raises(CiphertextError, match="expected ciphertext bytes"):
+        ring_mask.load_ciphertext(secret, "text", level, "str")
+    other, chunk = foreign_chunk
+    foreign, _ = ring_mask.tenseal_ciphertext(other, chunk, "foreign")
+    with pytest.raises(CiphertextError, match="not a CKKS ciphertext of this context"):
+        ring_mask.load_ciphertext(secret, ring_mask.ciphertext_bytes(foreign), level, "foreign")
+
+
+def test_residues_that_are_not_reduced_or_misshapen_are_refused(keys):
+    _, public, level = keys
+    residues = ring_mask.uniform_residues(level, 1)[0]
+    unreduced = residues.copy()
+    unreduced[0, 7] = level.moduli[0]
+    with pytest.raises(CiphertextError, match="at or above their prime"):
+        ring_mask.plaintext(public, level, unreduced, 2.0**36)
+    with pytest.raises(CiphertextError, match="expected 1 ciphertexts"):
+        ring_mask.plaintext(public, level, residues[:, :-1], 2.0**36)
+    with pytest.raises(CiphertextError, match="must be uint64"):
+        ring_mask.check_residues(level, residues.astype(np.int64), 1, "signed")
+    # a serialised plaintext whose residue is out of range is refused by SEAL's own loader, too
+    raw = bytearray(ring_mask._plaintext_bytes(level, residues, 2.0**36))
+    raw[-8:] = int(level.moduli[0]).to_bytes(8, "little")
+    plain = ring_mask.sealapi.Plaintext()
+    with ring_mask._scratch() as directory:
+        (directory / "p").write_bytes(bytes(raw))
+        with pytest.raises(RuntimeError, match="invalid"):
+            plain.load(public.seal_context().data, str(directory / "p"))
+
+
+def test_a_tenseal_vector_of_another_context_is_refused(keys, foreign_chunk):
+    _, public, _ = keys
+    _, chunk = foreign_chunk
+    with pytest.raises(CiphertextError, match="not a CKKS vector of this context"):
+        ring_mask.tenseal_ciphertext(public, chunk, "foreign")
+    with pytest.raises(CiphertextError, match="not a CKKS vector of this context"):
+        ring_mask.tenseal_ciphertext(public, b"garbage", "garbage")
