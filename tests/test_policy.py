@@ -183,7 +183,7 @@ def test_a_disabled_channel_needs_no_settings_but_counts_as_no_noise():
             "dp.sgd.noise_multiplier",
             "greater than 0",
         ),
-        ({"dp": {"edges": {"mechanism": "laplace", "epsilon": 1}}}, "dp.edges.mechanism", "not implemented"),
+        ({"dp": {"unit": "edge", "edges": {"mechanism": "laplace", "epsilon": 1}}}, "dp.unit", "'laplace' hides"),
         ({"dp": {"edges": {"mechanism": "coin"}}}, "dp.edges.mechanism", "unknown mechanism"),
         ({"dp": {"edges": {"mechanism": "randomized-response"}}}, "dp.edges.epsilon", "required with"),
         ({"dp": {"edges": {"epsilon": 1.0}}}, "dp.edges.epsilon", "only with mechanism"),

@@ -6,7 +6,6 @@ parameter, so a secure backend can replace the plaintext sum without touching an
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,7 +36,6 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import EMBEDDINGS, PREDICTIONS, Broadcast
-from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
@@ -279,7 +277,7 @@ def _run_federated(
             # a bank whose budget is spent refuses every later round: it does not train either; under DP,
             # P_k and H_k are computed once, with the public W̄, by protect_contributions
             contributions = {
-                k: method.client_contribution(trainers[k], broadcast, with_node_terms=not privacy.active)
+                k: method.client_contribution(trainers[k], broadcast, with_node_terms=not privacy.recomputes_node_terms)
                 for k in participants
                 if privacy.banks[k].stopped_round is None
             }
@@ -351,8 +349,8 @@ def _private_client_graphs(
     if not privacy.active:
         return graphs
     return [
-        dataclasses.replace(graph, base_adjacency=gcn_normalize(adjacency))
-        for graph, adjacency in zip(graphs, adjacencies, strict=True)
+        privacy.private_graph(k, graph, adjacency)
+        for k, (graph, adjacency) in enumerate(zip(graphs, adjacencies, strict=True))
     ]
 
 
@@ -379,7 +377,7 @@ def protect_contributions(
         trainer = trainers[k]
         weight = client_weight(trainer.num_nodes)
         stopped = privacy.banks[k].stopped_round is not None  # it will refuse: no outputs to compute
-        if privacy.active and not stopped and node_kinds:
+        if privacy.recomputes_node_terms and not stopped and node_kinds:
             # never on the pseudo graph: under DP-SGD (which trains on it) β > 0 was refused at set-up
             output = public_model_outputs(trainer, broadcast.weights, trainer.own_adjacency())
             merged = {**contribution, **method.node_terms(trainer, output, weight)}

@@ -39,7 +39,8 @@ PREDICTIONS = "predictions"
 EMBEDDINGS = "embeddings"
 DP_SGD = "dp_sgd"
 EDGES = "edges"
-CHANNELS: tuple[str, ...] = (WEIGHTS, PREDICTIONS, EMBEDDINGS, DP_SGD, EDGES)
+LABELS = "labels"
+CHANNELS: tuple[str, ...] = (WEIGHTS, PREDICTIONS, EMBEDDINGS, DP_SGD, EDGES, LABELS)
 
 LEDGER_FORMAT = "fedgl-secure/privacy-ledger/1"
 

@@ -97,6 +97,11 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees, wire: list[d
     if policy.description:
         lines.append(f"description: {policy.description}")
     lines.append(f"status: {_STATUS[guarantees.status]}")
+    lines.append(f"unit of privacy: {guarantees.unit}")
+    if guarantees.status == "dp":
+        lines.append(f"epsilon: {guarantees.epsilon:.4g}, delta: {guarantees.delta:g} (per bank, whole run)")
+    lines.append(f"protected: {guarantees.protects}")
+    lines.append(f"not protected: {guarantees.does_not_protect}")
     if policy.protection == "he":
         he = policy.he
         lines.append(

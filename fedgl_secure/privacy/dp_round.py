@@ -63,9 +63,10 @@ import torch
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy import mechanisms
-from fedgl_secure.privacy.accounting import WEIGHTS, PrivacyLedger
+from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
+from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
 from fedgl_secure.privacy.policy import DATA_KINDS, Policy
@@ -166,11 +167,32 @@ class BankPrivacy:
         """
         graph = sp.csr_matrix(adjacency, dtype=np.float64)
         for release in setup_releases(self.policy):
-            graph = mechanisms.randomized_response_edges(graph, release.epsilon, _random_bytes=self._random_bytes)
+            if release.channel != EDGES:
+                continue
+            if self.policy.dp.edges.mechanism == "laplace":
+                graph = mechanisms.laplace_edge_weights(graph, release.epsilon, _random_bytes=self._random_bytes)
+            else:
+                graph = mechanisms.randomized_response_edges(graph, release.epsilon, _random_bytes=self._random_bytes)
             self.ledger.extend([release])
         if self.policy.dp.needs_degree_bound:
             graph = mechanisms.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
         return graph
+
+    def prepare_labels(self, labels: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:
+        """The bank's labels as it will use them: k-ary randomised response once on ``mask`` (recorded at round 0).
+
+        ``mask`` is every label the bank trains or selects models with (training and validation nodes).
+        Without label DP the labels are returned unchanged.
+        """
+        labels = np.asarray(labels, dtype=np.int64)
+        for release in setup_releases(self.policy):
+            if release.channel != LABELS:
+                continue
+            labels = mechanisms.randomized_response_labels(
+                labels, release.epsilon, num_classes, mask, _random_bytes=self._random_bytes
+            )
+            self.ledger.extend([release])
+        return labels
 
     # --- a round -------------------------------------------------------------------------------
 
@@ -191,6 +213,14 @@ class BankPrivacy:
             return dict(contribution)
         if self.stopped_round is not None:
             return None
+        if self.policy.dp.source_only:
+            # edge / label unit: everything uploaded is post-processing of the one-off release; normalised only
+            budget = self.policy.budget
+            if self.ledger.would_exceed(budget.epsilon, budget.delta, [], budget.accountant):
+                self.stopped_round = round_number
+                self.log.warning("privacy.budget_exhausted", round=round_number, budget=budget.epsilon)
+                return None
+            return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
         kinds_without_dp = [k for k in contribution if k in DATA_KINDS and not self.policy.dp.protects(k)]
         if kinds_without_dp:
             raise PolicyError(f"{self.bank}: {kinds_without_dp} would leave the bank without a DP channel; refusing")
@@ -268,6 +298,12 @@ class FederationPrivacy:
     def active(self) -> bool:
         return self.policy.has_dp
 
+    @property
+    def recomputes_node_terms(self) -> bool:
+        """Whether P_k and H_k must be computed with the public W̄ (their Gaussian channels' sensitivity assumes
+        it). Under a source-only unit (edge, label) they are post-processing and come from the trained model."""
+        return self.active and not self.policy.dp.source_only
+
     def setup(
         self,
         names: Sequence[str],
@@ -311,6 +347,11 @@ class FederationPrivacy:
 
         :func:`check_runnable` has already refused more local steps per round than the budget accounts for.
         """
+        labels = self.policy.dp.labels
+        if labels.enabled and labels.correction == "forward":
+            trainer.private_training = ForwardCorrectedTraining(
+                mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes)
+            )
         sgd = self.policy.dp.sgd
         if not self.policy.dp.sgd_enabled:
             return
@@ -348,6 +389,20 @@ class FederationPrivacy:
         if getattr(summation, "adds_central_noise", False):
             return summation
         return _CentrallyNoised(summation, self.central_noise)
+
+    def private_graph(self, client_id: int, graph, adjacency: sp.spmatrix):
+        """Bank ``client_id``'s :class:`~fedgl_secure.engine.graph_tensors.GraphTensors` with its prepared
+        adjacency and, under label DP, its randomised training and validation labels."""
+        import dataclasses
+
+        from fedgl_secure.model.adjacency import gcn_normalize
+
+        changes = {"base_adjacency": gcn_normalize(adjacency)}
+        if self.policy.dp.labels.enabled:
+            mask = (graph.train_mask | graph.val_mask).cpu().numpy()
+            released = self.banks[client_id].prepare_labels(graph.labels.cpu().numpy(), mask, graph.num_classes)
+            changes["labels"] = torch.as_tensor(released, dtype=torch.int64, device=graph.device)
+        return dataclasses.replace(graph, **changes)
 
     def ledgers(self) -> dict[str, PrivacyLedger]:
         return {bank.bank: bank.ledger for bank in self.banks.values()}

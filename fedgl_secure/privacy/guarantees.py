@@ -35,6 +35,7 @@ from fedgl_secure.privacy.accounting import (
     DP_SGD,
     EDGES,
     EMBEDDINGS,
+    LABELS,
     PREDICTIONS,
     WEIGHTS,
     GaussianRelease,
@@ -55,6 +56,44 @@ _UNIT_OF_PRIVACY = {
     "node": "one customer (node) with all its features, its label and all its links",
     "edge": "one link (edge) between two customers",
     "features": "the features of one customer (node), the graph fixed",
+    "label": "one customer's label (e.g. its default or fraud flag)",
+    "bank": "a bank's whole data (every customer, label and link it holds)",
+}
+
+# What each unit (dp.unit) protects and what it leaves open: printed by `policy check`, recorded in the audit.
+UNIT_PROTECTS = {
+    "edge": (
+        "whether any one link (transaction) between two customers of a bank exists, in everything the bank "
+        "releases in every round: ε-edge-DP, paid once at the source, the same after any number of rounds"
+    ),
+    "label": (
+        "any one customer's label (training and validation labels) in everything the bank releases: ε-label-DP, "
+        "paid once at the source, the same after any number of rounds"
+    ),
+    "node": "one customer with all its features, its label and its links, under the degree bound",
+    "features": "one customer's features, the graph fixed (a weaker unit than node)",
+    "bank": (
+        "a bank's whole data in the released model: whatever a bank holds, the model sum moves by at most 2C "
+        "(sensitivity of the weights channel), hidden by the noise against other banks and the aggregator"
+    ),
+    "none": "nothing beyond what HE hides from the aggregator: decrypted sums are exact",
+}
+UNIT_DOES_NOT_PROTECT = {
+    "edge": (
+        "customers' features, labels and membership; roughly how many links a bank has (the released graph's "
+        "size); a link's weight or amount beyond its existence"
+    ),
+    "label": "customers' features and links; which customers are labelled and how many; the class frequencies "
+    "up to the noise",
+    "node": "a bank's size and which (pseudonymous) global nodes it holds; anything above the degree bound is "
+    "protected for the trimmed graph only",
+    "features": "customers' links, labels and membership",
+    "bank": (
+        "nothing per customer beyond the bank-level bound; with six banks the noise that hides a whole bank is "
+        "as large as the signal of the whole federation, so the model learns little; which banks take part and "
+        "their sizes are public; predictions and embeddings may not leave a bank under this unit"
+    ),
+    "none": "everything the decrypted sums reveal",
 }
 
 
@@ -70,7 +109,7 @@ class ChannelGuarantee:
     """
 
     channel: str
-    mechanism: Literal["gaussian", "dp-sgd", "randomized-response"]
+    mechanism: Literal["gaussian", "dp-sgd", "randomized-response", "laplace"]
     noise: Literal["distributed", "central", "local"]
     clip: float | None
     sensitivity: float | None
@@ -98,6 +137,9 @@ class Guarantees:
     quorum: int
     allowed_kinds: tuple[str, ...]
     released_without_dp: tuple[str, ...]
+    unit: str = "none"
+    protects: str = ""
+    does_not_protect: str = ""
     channels: tuple[ChannelGuarantee, ...] = ()
     budget_epsilon: float | None = None
     delta: float | None = None
@@ -216,9 +258,16 @@ def round_releases(policy: Policy, round_number: int) -> list[GaussianRelease]:
 
 
 def setup_releases(policy: Policy) -> list[PureRelease]:
-    """Releases made once before round 1 (round 0): randomised response on the adjacency, if enabled."""
-    edges = policy.dp.edges
-    return [PureRelease(round=0, channel=EDGES, epsilon=edges.epsilon)] if edges.enabled else []
+    """Releases made once before round 1 (round 0): the adjacency's and the labels' perturbation, if enabled.
+
+    These are the whole cost of a source-only unit (``edge``, ``label``): every later upload is
+    post-processing of the released graph and labels, so nothing is recorded per round.
+    """
+    edges, labels = policy.dp.edges, policy.dp.labels
+    releases = [PureRelease(round=0, channel=EDGES, epsilon=edges.epsilon)] if edges.enabled else []
+    if labels.enabled:
+        releases.append(PureRelease(round=0, channel=LABELS, epsilon=labels.epsilon))
+    return releases
 
 
 def planned_ledger(policy: Policy, rounds: int, bank: str = "bank") -> PrivacyLedger:
@@ -263,10 +312,22 @@ def _assumptions(policy: Policy) -> list[str]:
     dp, budget = policy.dp, policy.budget
     graph = dp.graph
     q = policy.quorum
+    unit = dp.effective_unit
+    if dp.source_only:
+        first = (
+            f"Unit of privacy (dp.unit = {unit!r}): {_UNIT_OF_PRIVACY[unit]}. ε is per bank and paid once, at the "
+            "source, before round 1: every upload of every round (weights, predictions, embeddings) is computed "
+            "from the released graph and labels and is post-processing, so ε does not grow with rounds "
+            f"(δ = 0 for randomised response; the budget's δ = {budget.delta:g} is not used)."
+        )
+    else:
+        first = (
+            f"Unit of privacy (dp.unit = {unit!r}): {_UNIT_OF_PRIVACY.get(unit, _UNIT_OF_PRIVACY['node'])}. ε is per "
+            f"bank over {budget.rounds} rounds at δ = {budget.delta:g}, Gaussian releases composed with Opacus' "
+            f"{budget.accountant.upper()} accountant, one-off releases added by basic composition."
+        )
     lines = [
-        f"Unit of privacy: {_UNIT_OF_PRIVACY[graph.neighbouring]}. ε is per bank over {budget.rounds} rounds at "
-        f"δ = {budget.delta:g}, Gaussian releases composed with Opacus' {budget.accountant.upper()} accountant, "
-        "edge DP added by basic composition.",
+        first,
         f"Before every release a bank checks its ledger; once the next release would exceed ε = "
         f"{budget.epsilon:g} it stops contributing for the rest of the run (on_exhausted = "
         f"{budget.on_exhausted!r}: fail closed, never continue silently).",
@@ -329,11 +390,27 @@ def _assumptions(policy: Policy) -> list[str]:
                 "Weights under DP-SGD: a bank's weights are computed from the public W̄ and the noisy gradients only, "
                 "so releasing them is post-processing and needs no noise of its own (no [dp.weights])."
             )
-    if dp.edges.enabled:
+    if dp.edges.enabled and dp.edges.mechanism == "randomized-response":
         lines.append(
             f"Edge DP: randomised response on each bank's adjacency once before round 1 (ε = {dp.edges.epsilon:g}); "
             "it protects links only — not node features, labels or membership; training on the released graph is "
-            "post-processing for links."
+            "post-processing for links. Non-edges are never materialised (a binomial count of new pairs is drawn). "
+            "The degree bound, when there is one, is applied to the released graph (post-processing). Links between "
+            "customers of different banks are in no bank's graph and are not released at all."
+        )
+    if dp.edges.enabled and dp.edges.mechanism == "laplace":
+        lines.append(
+            f"Edge weights: Laplace(1/{dp.edges.epsilon:g}) noise on each existing edge's weight once before round 1 "
+            "(the FGCL paper's mechanism): ε-DP for one edge's weight changing by at most 1; which pairs are edges "
+            "is released as is, so a link's existence is NOT hidden."
+        )
+    if dp.labels.enabled:
+        lines.append(
+            f"Label DP: {'k'}-ary randomised response on each bank's training and validation labels once before "
+            f"round 1 (ε = {dp.labels.epsilon:g}; a label is kept with e^ε/(e^ε + C − 1)). Training with the forward "
+            "correction uses only ε and the number of classes C, both public: post-processing. Test labels are "
+            "used by the simulation to measure accuracy only (a deployment has none). Which customers are labelled "
+            "is not hidden."
         )
     lines.append(
         "Noise comes from the OS CSPRNG (mechanisms.secure_gaussian): floating-point Gaussians with tails cut at "
@@ -390,11 +467,29 @@ def _sgd_guarantee(policy: Policy) -> ChannelGuarantee:
     )
 
 
+def _label_guarantee(policy: Policy) -> ChannelGuarantee:
+    epsilon = float(policy.dp.labels.epsilon)
+    return ChannelGuarantee(
+        channel=LABELS,
+        mechanism="randomized-response",
+        noise="local",
+        clip=None,
+        sensitivity=None,
+        noise_multiplier=None,
+        noise_std=None,
+        share_std=None,
+        accounted_noise_multiplier=None,
+        steps_per_round=0,
+        epsilon_per_round=epsilon,
+        epsilon_total=epsilon,
+    )
+
+
 def _edge_guarantee(policy: Policy) -> ChannelGuarantee:
     epsilon = float(policy.dp.edges.epsilon)
     return ChannelGuarantee(
         channel=EDGES,
-        mechanism="randomized-response",
+        mechanism=policy.dp.edges.mechanism,
         noise="local",
         clip=None,
         sensitivity=None,
@@ -414,10 +509,14 @@ def effective_guarantees(policy: Policy) -> Guarantees:
     Pure: the same policy gives the same figures. Imports Opacus (and torch) on first use when the
     policy has DP.
     """
+    unit = policy.dp.effective_unit if policy.protection == "he" else "none"
     common = {
         "protection": policy.protection,
         "quorum": policy.quorum,
         "allowed_kinds": policy.allowed_kinds,
+        "unit": unit,
+        "protects": UNIT_PROTECTS.get(unit, "") if policy.protection == "he" else "nothing: uploads leave in clear",
+        "does_not_protect": UNIT_DOES_NOT_PROTECT.get(unit, "") if policy.protection == "he" else "everything",
     }
     if policy.protection == "none":
         return Guarantees(
@@ -474,8 +573,13 @@ def effective_guarantees(policy: Policy) -> Guarantees:
         )
     if policy.dp.edges.enabled:
         filled.append(_edge_guarantee(policy))
+    if policy.dp.labels.enabled:
+        filled.append(_label_guarantee(policy))
     released_without_dp = tuple(
-        kind for kind in policy.allowed_kinds if kind not in DATA_KINDS or not policy.dp.protects(kind)
+        kind
+        for kind in policy.allowed_kinds
+        # under a source-only unit every data kind is post-processing of the released graph and labels
+        if kind not in DATA_KINDS or not (policy.dp.protects(kind) or policy.dp.source_only)
     )
     return Guarantees(
         status="dp",

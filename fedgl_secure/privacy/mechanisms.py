@@ -462,3 +462,107 @@ def graph_dp_sgd_noise_multiplier(
     k = affected_rows(max_degree, num_layers, neighbouring)
     factor = 2 * k - 1 if neighbouring == "node" else 2 * k
     return float(noise_multiplier) / factor
+
+
+# --- edge weights: the FGCL paper's Laplace mechanism ----------------------------------------
+
+
+def secure_laplace(size: int, scale: float, *, _random_bytes: RandomBytes | None = None) -> np.ndarray:
+    r"""``size`` i.i.d. Laplace(0, b) variates from the OS CSPRNG: :math:`-b\,\mathrm{sgn}(u)\ln(1 - 2|u|)`.
+
+    u ∈ (−½, ½); inverse-CDF sampling on the 52-bit uniforms of :func:`secure_uniform` (never exactly ±½, so the
+    logarithm is finite). ``_random_bytes`` replaces the OS CSPRNG, for tests only.
+    """
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"Laplace scale must be a positive finite number, got {scale}")
+    u = secure_uniform(size, _random_bytes=_random_bytes) - 0.5
+    return -scale * np.sign(u) * np.log1p(-2.0 * np.abs(u))
+
+
+def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
+    """Scale b = Δ/ε of the Laplace mechanism (ε-DP for an L1 sensitivity Δ)."""
+    epsilon = float(epsilon)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+    return _check_bound(sensitivity) / epsilon
+
+
+def laplace_edge_weights(
+    adjacency: sp.spmatrix | sp.sparray, epsilon: float, *, _random_bytes: RandomBytes | None = None
+) -> sp.csr_matrix:
+    r"""FGCL's edge perturbation: :math:`\tilde A_{ij} = \max(0, A_{ij} + \mathrm{Lap}(1/\varepsilon))` on the edges.
+
+    Yang et al., "Mitigating the performance sacrifice in DP-satisfied federated settings through graph
+    contrastive learning" (Information Sciences 2023, arXiv 2207.11836), perturb the adjacency's values
+    with Laplace noise. One noise draw per unordered pair (the result stays symmetric); clamping at 0
+    is post-processing. It is ε-DP for a change of **one edge's weight** by at most 1; it releases
+    *which* pairs are edges as they are, so it does not hide an edge's existence (that is
+    :func:`randomized_response_edges`). Used as a view augmentation by FGCL, and as the ``laplace``
+    option of ``[dp.edges]``. Pairs whose weight falls to 0 are dropped from the sparse result.
+    """
+    n, i, j = _upper_edges(adjacency)
+    matrix = sp.csr_matrix(adjacency, dtype=np.float64)
+    weights = np.asarray(matrix[i, j]).ravel() if i.size else np.empty(0)
+    noisy = np.maximum(weights + secure_laplace(i.size, laplace_scale(epsilon), _random_bytes=_random_bytes), 0.0)
+    keep = noisy > 0
+    rows = np.concatenate([i[keep], j[keep]])
+    cols = np.concatenate([j[keep], i[keep]])
+    return sp.csr_matrix((np.concatenate([noisy[keep], noisy[keep]]), (rows, cols)), shape=(n, n))
+
+
+# --- label-level DP: k-ary randomised response -----------------------------------------------
+
+
+def label_keep_probability(epsilon: float, num_classes: int) -> float:
+    r"""k-ary randomised response: keep the true label with :math:`e^\varepsilon / (e^\varepsilon + k - 1)`.
+
+    Every other class is reported with :math:`1/(e^\varepsilon + k - 1)`, so the likelihood ratio of any
+    output under two labels is at most :math:`e^\varepsilon` (Warner 1965; Ghazi et al., NeurIPS 2021, §3).
+    """
+    if num_classes < 2:
+        raise ValueError(f"randomised response needs at least 2 classes, got {num_classes}")
+    epsilon = float(epsilon)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"label-DP epsilon must be a positive finite number, got {epsilon}")
+    # e^ε / (e^ε + k − 1) written with e^−ε, so a large ε does not overflow
+    return 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon))
+
+
+def label_noise_matrix(epsilon: float, num_classes: int) -> np.ndarray:
+    """T[i, j] = P(reported j | true i) of :func:`randomized_response_labels` (public: depends on ε and k only)."""
+    keep = label_keep_probability(epsilon, num_classes)
+    other = (1.0 - keep) / (num_classes - 1)
+    matrix = np.full((num_classes, num_classes), other)
+    np.fill_diagonal(matrix, keep)
+    return matrix
+
+
+def randomized_response_labels(
+    labels: np.ndarray,
+    epsilon: float,
+    num_classes: int,
+    mask: np.ndarray | None = None,
+    *,
+    _random_bytes: RandomBytes | None = None,
+) -> np.ndarray:
+    r"""k-ary randomised response on every label where ``mask`` is true: ε-label-DP, paid once.
+
+    A label is kept with :func:`label_keep_probability`, else replaced by one of the other k − 1
+    classes uniformly. Labels outside ``mask`` (and negative ones, "unlabelled") are returned
+    unchanged; the input is not modified. Randomness from the OS CSPRNG (``_random_bytes``: tests only).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    chosen = np.ones(labels.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool).copy()
+    chosen &= labels >= 0
+    if (labels[chosen] >= num_classes).any():
+        raise ValueError(f"labels must be in [0, {num_classes}), got {int(labels[chosen].max())}")
+    keep = label_keep_probability(epsilon, num_classes)
+    index = np.flatnonzero(chosen)
+    flip = secure_uniform(index.size, _random_bytes=_random_bytes) >= keep
+    flipped = index[flip]
+    # one of the k − 1 other classes, uniformly: shift by 1..k−1 modulo k
+    shift = 1 + secure_integers(flipped.size, num_classes - 1, _random_bytes=_random_bytes)
+    released = labels.copy()
+    released[flipped] = (labels[flipped] + shift) % num_classes
+    return released

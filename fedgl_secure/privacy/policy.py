@@ -12,7 +12,9 @@ Schema (TOML keys; every table is optional and unknown keys are errors)::
     [dp.predictions] enabled, clip, noise_multiplier, noise
     [dp.embeddings]  enabled, clip, noise_multiplier, noise
     [dp.sgd]         enabled, max_grad_norm, noise_multiplier, local_epochs
-    [dp.edges]       mechanism = "none" | "randomized-response", epsilon
+    [dp]             unit = "edge" | "label" | "node" | "bank" | "none"   # what one protected change is
+    [dp.edges]       mechanism = "none" | "randomized-response" | "laplace", epsilon
+    [dp.labels]      mechanism = "none" | "randomized-response", epsilon, correction = "forward" | "none"
     [dp.graph]       max_degree, neighbouring = "node" | "edge" | "features", num_layers
     [budget]         epsilon, delta, accountant = "rdp" | "prv", rounds, on_exhausted = "stop-contributing"
 
@@ -33,6 +35,15 @@ Cross-field rules, and why (each error names the field to change):
   treats node membership and w_k as public, and says so in its assumptions.
 * DP on predictions, embeddings or DP-SGD needs ``dp.graph.max_degree``: their sensitivity
   depends on how many GCN rows one node moves (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
+* ``dp.unit`` names what one protected change is, and each unit has its own mechanism
+  (:data:`UNIT_MECHANISMS`): ``"edge"`` (one link) — randomised response on each bank's adjacency,
+  once at the source, after which every upload of every round is post-processing (no per-round
+  channel needed, ε does not grow with rounds); ``"label"`` (one customer's label) — randomised
+  response on the labels, once at the source, likewise; ``"node"`` (one customer with its features,
+  label and links) — Gaussian channels and/or DP-SGD under a degree bound, composed per round;
+  ``"bank"`` (a bank's whole data) — the weights channel only (sensitivity 2C for any change of a
+  bank's data), so predictions and embeddings may not leave a bank. A policy without DP has unit
+  ``"none"``. A file that omits ``unit`` gets the one its channels imply (:meth:`DPSettings.effective_unit`).
 * ``noise = "distributed"`` splits the noise over the *quorum* (the fewest banks a decrypted sum can
   hold); ``quorum >= 2`` is already enforced for every policy, so a sum always carries at least two
   shares.
@@ -202,7 +213,18 @@ class Timeouts(BaseModel):
 
 DATA_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS)  # the kinds with a DP channel of their own
 DEGREE_BOUND_CHANNELS = (PREDICTIONS, EMBEDDINGS, "sgd")  # channels whose sensitivity needs dp.graph.max_degree
-EDGE_MECHANISMS = ("none", "randomized-response")
+EDGE_MECHANISMS = ("none", "randomized-response", "laplace")
+LABEL_MECHANISMS = ("none", "randomized-response")
+UNITS = ("edge", "label", "node", "bank", "none")
+Unit = Literal["edge", "label", "node", "bank", "none"]
+# Which mechanism each unit is protected by (dp.unit's validator refuses the others).
+UNIT_MECHANISMS = {
+    "edge": "dp.edges (randomised response once at the source; uploads are post-processing)",
+    "label": "dp.labels (randomised response once at the source; uploads are post-processing)",
+    "node": "Gaussian channels dp.weights / dp.predictions / dp.embeddings and/or dp.sgd, degree-bounded",
+    "bank": "dp.weights only (bank-level sensitivity 2C); predictions and embeddings may not leave a bank",
+    "none": "no differential privacy",
+}
 ON_EXHAUSTED = ("stop-contributing",)
 MAX_DELTA = 1e-3
 
@@ -282,6 +304,12 @@ class EdgeDP(_Section):
     (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_edges`); everything computed from the
     released graph afterwards is post-processing *for edges*. It protects edges only, not node
     features, labels or membership.
+
+    ``"laplace"`` is the FGCL paper's mechanism (Yang et al., Information Sciences 2023,
+    arXiv 2207.11836): Laplace(1/ε) noise on the weight of every existing edge
+    (:func:`~fedgl_secure.privacy.mechanisms.laplace_edge_weights`). It is ε-DP for a change of one
+    edge's weight by at most 1, and hides nothing about *whether* an edge exists (the set of pairs
+    is released as is); ``unit = "edge"`` therefore needs randomised response.
     """
 
     mechanism: str = "none"
@@ -290,16 +318,49 @@ class EdgeDP(_Section):
     @field_validator("mechanism")
     @classmethod
     def _known_mechanism(cls, value: str) -> str:
-        if value == "laplace":
-            raise ValueError(
-                "'laplace' on edges is not implemented; use 'randomized-response' (pure ε-edge-DP) or 'none'"
-            )
         if value not in EDGE_MECHANISMS:
             raise ValueError(f"unknown mechanism {value!r}; choose one of {list(EDGE_MECHANISMS)}")
         return value
 
     @model_validator(mode="after")
     def _epsilon_with_mechanism(self) -> EdgeDP:
+        if self.mechanism == "none" and self.epsilon is not None:
+            raise field_error(
+                "epsilon", "set only with mechanism = 'randomized-response' or 'laplace'; here nothing spends it"
+            )
+        if self.mechanism != "none" and self.epsilon is None:
+            raise field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"
+
+
+class LabelDP(_Section):
+    """Label-level DP: k-ary randomised response on each bank's labels, once before round 1 (pure ε, paid once).
+
+    Every label a bank trains or selects models with (training and validation nodes) is kept with
+    probability e^ε / (e^ε + C − 1) and otherwise replaced by one of the C − 1 other classes uniformly
+    (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_labels`). Everything computed from the
+    released labels is post-processing *for labels*; features, links and membership are not covered.
+    ``correction = "forward"`` trains with the known noise matrix T (loss on softmax(H)·T, Patrini et
+    al., CVPR 2017), which uses only the public ε and C: still post-processing.
+    """
+
+    mechanism: str = "none"
+    epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    correction: Literal["forward", "none"] = "forward"
+
+    @field_validator("mechanism")
+    @classmethod
+    def _known_mechanism(cls, value: str) -> str:
+        if value not in LABEL_MECHANISMS:
+            raise ValueError(f"unknown mechanism {value!r}; choose one of {list(LABEL_MECHANISMS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _epsilon_with_mechanism(self) -> LabelDP:
         if self.mechanism == "none" and self.epsilon is not None:
             raise field_error("epsilon", "set only with mechanism = 'randomized-response'; here nothing spends it")
         if self.mechanism != "none" and self.epsilon is None:
@@ -332,13 +393,15 @@ class GraphBound(_Section):
 
 
 class DPSettings(_Section):
-    """``[dp]``: one optional table per channel; an absent table means no DP on that channel."""
+    """``[dp]``: the unit of privacy and one optional table per channel; an absent table means no DP on that channel."""
 
+    unit: Unit | None = None
     weights: GaussianChannel | None = None
     predictions: GaussianChannel | None = None
     embeddings: GaussianChannel | None = None
     sgd: DPSGD | None = None
     edges: EdgeDP = EdgeDP()
+    labels: LabelDP = LabelDP()
     graph: GraphBound = GraphBound()
 
     def upload_channel(self, kind: str) -> GaussianChannel | None:
@@ -359,13 +422,38 @@ class DPSettings(_Section):
         return self.upload_channel(kind) is not None or (kind == "weights" and self.sgd_enabled)
 
     def enabled_channels(self) -> tuple[str, ...]:
-        """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges."""
+        """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges, labels."""
+        names = list(self.round_channels())
+        if self.edges.enabled:
+            names.append("edges")
+        if self.labels.enabled:
+            names.append("labels")
+        return tuple(names)
+
+    def round_channels(self) -> tuple[str, ...]:
+        """Enabled channels that release something every round (Gaussian uploads, DP-SGD): composed per round."""
         names = [kind for kind in DATA_KINDS if self.upload_channel(kind) is not None]
         if self.sgd_enabled:
             names.append("sgd")
-        if self.edges.enabled:
-            names.append("edges")
         return tuple(names)
+
+    @property
+    def source_only(self) -> bool:
+        """Whether every DP mechanism acts once at the source (edges, labels): uploads are post-processing."""
+        return bool(self.enabled_channels()) and not self.round_channels()
+
+    @property
+    def effective_unit(self) -> str:
+        """``unit`` as written, else the one the enabled channels imply (a file written before units existed)."""
+        if self.unit is not None:
+            return self.unit
+        if self.round_channels():
+            return "node"
+        if self.labels.enabled:
+            return "label"
+        if self.edges.enabled:
+            return "edge"
+        return "none"
 
     def central_kinds(self) -> tuple[str, ...]:
         """Data kinds whose enabled channel asks for central noise (added once by the key authority)."""
@@ -380,6 +468,57 @@ class DPSettings(_Section):
     def needs_degree_bound(self) -> bool:
         """Whether any release's sensitivity rests on ``graph.max_degree`` (banks then bound their graph's degree)."""
         return bool(self.degree_bound_channels())
+
+    @model_validator(mode="after")
+    def _mechanisms_fit_unit(self) -> DPSettings:
+        """Each unit is protected by its own mechanism (:data:`UNIT_MECHANISMS`); a mismatch names ``unit``."""
+        unit, enabled, per_round = self.unit, self.enabled_channels(), self.round_channels()
+        if unit is None:
+            return self
+        wanted = f"unit = {unit!r} is protected by {UNIT_MECHANISMS[unit]}"
+        if unit == "none" and enabled:
+            raise field_error("unit", f"'none' (no DP) but {list(enabled)} are enabled; name the unit they protect")
+        if unit == "edge":
+            if self.edges.mechanism != "randomized-response":
+                raise field_error(
+                    "unit",
+                    f"{wanted}; set [dp.edges] mechanism = 'randomized-response' ('laplace' hides an edge's weight, "
+                    "not whether the edge exists)",
+                )
+            if per_round or self.labels.enabled:
+                raise field_error(
+                    "unit",
+                    f"{wanted}; {list(per_round) + (['labels'] if self.labels.enabled else [])} protect "
+                    "another unit — one unit per policy",
+                )
+        if unit == "label":
+            if not self.labels.enabled:
+                raise field_error("unit", f"{wanted}; set [dp.labels] mechanism = 'randomized-response' and epsilon")
+            if per_round or self.edges.enabled:
+                raise field_error(
+                    "unit",
+                    f"{wanted}; {list(per_round) + (['edges'] if self.edges.enabled else [])} protect "
+                    "another unit — one unit per policy",
+                )
+        if unit in ("node", "bank"):
+            if not per_round:
+                raise field_error("unit", f"{wanted}; no such channel is enabled")
+            if self.labels.enabled:
+                raise field_error("labels", f"label DP protects unit 'label', not {unit!r}; remove [dp.labels]")
+        if unit == "node" and self.graph.neighbouring != "node":
+            raise field_error(
+                "graph.neighbouring",
+                f"{self.graph.neighbouring!r} contradicts unit = 'node'; set neighbouring = 'node'",
+            )
+        if unit == "bank":
+            extra = [name for name in per_round if name != WEIGHTS]
+            if extra:
+                raise field_error(
+                    "unit",
+                    f"'bank' hides a bank's whole data through the weights channel (sensitivity 2C); {extra} are "
+                    "calibrated to one customer, not a bank — remove them (and their kinds from allowed_kinds)",
+                )
+        return self
 
     @model_validator(mode="after")
     def _degree_bound_when_needed(self) -> DPSettings:
@@ -495,7 +634,11 @@ class Policy(BaseModel):
     @model_validator(mode="after")
     def _claims_match_protection(self) -> Policy:
         if self.protection == "none":
-            for name in ("he", "dp", "budget"):
+            # [dp] with only unit = "none" states "no DP" and is allowed; anything more is a claim
+            dp_claims = "dp" in self.model_fields_set and (
+                self.dp.enabled_channels() or self.dp.model_fields_set - {"unit"}
+            )
+            for name in ("he", *(("dp",) if dp_claims else ()), "budget"):
                 if name in self.model_fields_set:
                     raise field_error(
                         name,
@@ -516,7 +659,15 @@ class Policy(BaseModel):
                 "no DP channel is enabled, so nothing would enforce this budget; enable a [dp.*] channel "
                 "or remove [budget]",
             )
-        if self.budget is not None:
+        if self.budget is not None and self.dp.effective_unit == "bank":
+            node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
+            if node_kinds:
+                raise field_error(
+                    "allowed_kinds",
+                    f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
+                    f"remove them (FedAvg uploads weights only)",
+                )
+        if self.budget is not None and not self.dp.source_only:
             for kind in DATA_KINDS:
                 if kind in self.allowed_kinds and not self.dp.protects(kind):
                     also = " (or [dp.sgd], which covers weights)" if kind == "weights" else ""

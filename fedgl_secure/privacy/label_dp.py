@@ -1,0 +1,71 @@
+"""Training on randomised-response labels (``dp.unit = "label"``): the forward-corrected loss.
+
+The labels a bank trains on were released once by k-ary randomised response
+(:func:`~fedgl_secure.privacy.mechanisms.randomized_response_labels`); whatever is computed from them is
+post-processing, so the bank may train on them however it likes. Plain cross-entropy treats every
+flipped label as true. The forward correction (Patrini et al., "Making deep neural networks robust to
+label noise: a loss correction approach", CVPR 2017, Eq. 4) instead fits the *noisy* label
+distribution ``softmax(H) · T``, with ``T`` the randomised-response matrix
+(:func:`~fedgl_secure.privacy.mechanisms.label_noise_matrix`), which depends only on the public ε
+and the number of classes; the clean posterior is then ``softmax(H)``. Pseudo labels (FedGL's Eq. 13)
+are the consortium's, not randomised, so their term stays plain cross-entropy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedgl_secure.model.losses import proximal_term
+from fedgl_secure.model.sparse import SparseOperator
+
+
+def forward_corrected_loss(
+    logits: torch.Tensor, noisy_labels: torch.Tensor, noise_matrix: torch.Tensor
+) -> torch.Tensor:
+    r"""Patrini et al. (CVPR 2017) Eq. 4: :math:`-\frac1n\sum_i \log\,(\mathrm{softmax}(h_i)\,T)_{\tilde y_i}`.
+
+    ``noise_matrix[i, j]`` = P(reported j | true i). With ``T = I`` it is cross-entropy.
+    """
+    probabilities = torch.softmax(logits, dim=1) @ noise_matrix.to(logits.dtype)
+    return F.nll_loss(torch.log(probabilities.clamp_min(1e-12)), noisy_labels)
+
+
+class ForwardCorrectedTraining:
+    """A :class:`~fedgl_secure.engine.client.LocalTrainer`'s ``private_training`` hook under label DP.
+
+    Full-batch Adam as the trainer's own loop, with the training-label term replaced by
+    :func:`forward_corrected_loss` (the pseudo-label term of Eq. 8 unchanged).
+    """
+
+    def __init__(self, noise_matrix: np.ndarray) -> None:
+        self.noise_matrix = torch.as_tensor(noise_matrix, dtype=torch.float32)
+
+    def train(
+        self,
+        trainer,
+        adjacency: SparseOperator,
+        pseudo_labels: torch.Tensor | None,
+        alpha: float,
+        proximal_mu: float,
+        epochs: int,
+    ) -> float:
+        graph, model = trainer.graph, trainer.model
+        matrix = self.noise_matrix.to(graph.device)
+        anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+        model.train()
+        loss = torch.zeros(())
+        for _ in range(epochs):
+            trainer.optimizer.zero_grad(set_to_none=True)
+            logits = model(graph.features, adjacency, trainer.generator).logits
+            loss = forward_corrected_loss(logits[graph.train_mask], graph.labels[graph.train_mask], matrix)
+            if pseudo_labels is not None and alpha > 0:
+                pseudo_mask = (pseudo_labels >= 0) & ~graph.train_mask
+                if bool(pseudo_mask.any()):
+                    loss = loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask])
+            if anchor is not None:
+                loss = loss + proximal_term(list(model.parameters()), anchor, proximal_mu)
+            loss.backward()
+            trainer.optimizer.step()
+        return float(loss.detach())
