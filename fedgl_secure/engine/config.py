@@ -11,8 +11,8 @@ from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.tomlio import format_validation_error
 
-METHODS = ("fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local")
-Method = Literal["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local"]
+METHODS = ("fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl")
+Method = Literal["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl"]
 
 
 class _Section(BaseModel):
@@ -80,6 +80,36 @@ class SelfSupervisionConfig(_Section):
     backend: Literal["auto", "torch", "faiss", "ivf"] = "auto"
 
 
+class FGCLConfig(_Section):
+    """FGCL's graph contrastive learning on edge-DP views (methods/fgcl.py; Yang et al., arXiv 2207.11836).
+
+    Each local epoch a bank draws two views of the graph it trains on (Laplace noise of scale 1/ε₀ and
+    1/ε₁ on the edge weights, or randomised response at ε₀ / ε₁) and adds γ · InfoNCE between the two
+    views' node embeddings (temperature τ) to the supervised loss on both views. The views are drawn
+    from the bank's released graph, so under an edge-unit policy they are post-processing: ε₀ and ε₁
+    shape the augmentation and cost no budget.
+    """
+
+    enabled: bool = Field(False, description="on FedGL methods: add the contrastive term (method fgcl: always on)")
+    view_epsilons: tuple[float, float] = Field((1.0, 2.0), description="ε₀, ε₁ of the two views")
+    view_mechanism: Literal["laplace", "randomized-response"] = "laplace"
+    temperature: float = Field(0.5, gt=0.0, description="τ of InfoNCE")
+    weight: float = Field(0.5, ge=0.0, description="γ: weight of the contrastive term")
+    negatives: Literal["batch", "queue"] = Field(
+        "batch", description="batch: the other anchors' positives; queue: a fixed-size queue of past embeddings"
+    )
+    batch_size: int = Field(256, ge=2, description="anchors per local epoch (sampled nodes)")
+    queue_size: int = Field(1024, ge=1, description="negatives kept with negatives = 'queue'")
+    embedding: Literal["hidden", "output"] = Field("hidden", description="which GCN layer is contrasted")
+
+    @field_validator("view_epsilons")
+    @classmethod
+    def _positive(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(v > 0 and v < float("inf") for v in value):
+            raise ValueError(f"both view epsilons must be positive and finite, got {value}")
+        return value
+
+
 class EvaluationConfig(BaseModel):
     """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
 
@@ -133,11 +163,12 @@ class ExperimentConfig(_Section):
     federation: FederationConfig = FederationConfig()
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    fgcl: FGCLConfig = FGCLConfig()
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in ("federated", "centralized", "local"):
+        if self.method in ("federated", "centralized", "local", "fgcl"):
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0

@@ -6,12 +6,15 @@ from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.methods.base import FederatedMethod
 from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.methods.fedgl import FedGL
+from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive
 
 
 def build_method(config: ExperimentConfig) -> FederatedMethod:
     """The federated method for ``config.method`` (baselines are not federated methods)."""
     if config.method == "federated":
         return FedAvg(config)
+    if config.method == "fgcl":
+        return FGCL(config)
     if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
-        return FedGL(config)
+        return FedGLContrastive(config) if config.fgcl.enabled else FedGL(config)
     raise ValueError(f"{config.method!r} is a baseline, not a federated method")
