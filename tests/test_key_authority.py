@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, ring_mask
 from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
 from fedgl_secure.crypto.key_authority import AGGREGATOR, HE_PARAMETERS, KeyAuthority, Refusal
-from fedgl_secure.crypto.masking import mask_sum, masked_decryption
+from fedgl_secure.crypto.masking import mask_sum, masked_decryption, unmask
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
@@ -212,6 +212,43 @@ def test_the_key_authority_returns_residues_not_values(consortium):
     )
     assert view.dtype == np.uint64 and view.shape == (1, *c.authority.level.shape)
     assert np.all(view < c.authority.level.column())
+
+
+def _solve_for_key(reply: np.ndarray, padded: bytes, secret, level) -> list[int]:
+    """What an aggregator would try: it knows the ciphertext (c0 + r, c1) it sent, and c0 + r + c1·s is linear
+    in s, so s = (reply − c0 − r) / c1 point by point in NTT form (first data prime)."""
+    ciphertext = ring_mask.load_ciphertext(secret, padded, level, "padded")
+    words = ciphertext.dyn_array()
+    prime, n = level.moduli[0], level.degree
+    c0, c1 = [int(words[i]) for i in range(n)], [int(words[n * len(level.moduli) + i]) for i in range(n)]
+    return [(int(reply[0, i]) - c0[i]) * pow(c1[i], -1, prime) % prime for i in range(n)]
+
+
+def test_a_reply_does_not_hand_the_aggregator_the_secret_key(consortium):
+    """An exact decryption of a known ciphertext gives the key away; each reply carries a fresh RLWE error, so the
+    aggregator holds (c1, c1·s − e), one RLWE sample, and solving as above yields garbage."""
+    c = consortium
+    secret, level = c.authority._secret_context, c.authority.level
+    key = secret.secret_key().data.data()
+    key_residues = [key.data(i) for i in range(level.degree)]  # the key's NTT form modulo the data prime
+    ticket = c.open(1)
+    uploads = c.uploads(ticket)
+    padded = mask_sum(c.public, ckks.add_serialized(c.public, [u.chunks for u in uploads]), LENGTH)
+    exact = ring_mask.decrypt(secret, ring_mask.load_ciphertext(secret, padded.chunks[0], level, "p"), level)
+    assert _solve_for_key(exact, padded.chunks[0], secret, level) == key_residues  # why the error is needed
+    reply = c.authority.decrypt_sum(
+        AGGREGATOR,
+        FEDERATION,
+        1,
+        "weights",
+        padded.chunks,
+        [u.receipt for u in uploads],
+        c.authority.fingerprint,
+        LENGTH,
+    )
+    solved = _solve_for_key(reply[0], padded.chunks[0], secret, level)
+    assert sum(a == b for a, b in zip(solved, key_residues, strict=True)) < level.degree // 100
+    np.testing.assert_allclose(unmask(c.public, padded, reply), np.full(LENGTH, 6.0), atol=1e-5)
 
 
 def test_open_round_refusals(consortium):

@@ -22,7 +22,7 @@ def parties(small_context):
 
     def key_authority(padded: list[bytes], slots: int) -> np.ndarray:
         views = [ring_mask.load_ciphertext(small_context, c, level, "chunk") for c in padded]
-        return np.stack([ring_mask.decrypt(small_context, view, level) for view in views])
+        return np.stack([ring_mask.decrypt_rerandomised(small_context, view, level) for view in views])
 
     return small_context, public, level, key_authority
 
@@ -32,16 +32,24 @@ def summed(public, terms):
 
 
 def test_the_key_authority_decrypts_exactly_the_sum_plus_the_pad(parties):
-    """The direct argument: view − r is the sum's true decryption, so view = Dec(sum) + r with r uniform."""
+    """The direct argument: the padded ciphertext decrypts to Dec(sum) + r exactly, r uniform; the reply adds only
+    a fresh small RLWE error on top (its slots are within 8 σ√(N/2) / scale)."""
     secret, public, level, key_authority = parties
     terms = [np.random.default_rng(i).uniform(-50, 50, LENGTH) for i in range(3)]
     total = summed(public, terms)
     padded = mask_sum(public, total, LENGTH)
+    unpadded = np.stack(
+        [ring_mask.decrypt(secret, ring_mask.tenseal_ciphertext(public, chunk, "sum")[0], level) for chunk in total]
+    )
+    exact = np.stack(
+        [ring_mask.decrypt(secret, ring_mask.load_ciphertext(secret, c, level, "c"), level) for c in padded.chunks]
+    )
+    np.testing.assert_array_equal(ring_mask.sub_mod(exact, padded.pads, level), unpadded)
     view = key_authority(padded.chunks, LENGTH)
-    unpadded = [
-        ring_mask.decrypt(secret, ring_mask.tenseal_ciphertext(public, chunk, "sum")[0], level) for chunk in total
-    ]
-    np.testing.assert_array_equal(ring_mask.sub_mod(view, padded.pads, level), np.stack(unpadded))
+    error = ring_mask.sub_mod(view, exact, level)
+    assert np.count_nonzero(error) > level.size  # fresh in every chunk...
+    reply_error = np.concatenate([ring_mask.decode(public, level, e, 2.0**36) for e in error])
+    assert np.abs(reply_error).max() < 8 * 3.2 * np.sqrt(level.degree / 2) / 2.0**36  # ... and small
     np.testing.assert_allclose(unmask(public, padded, view), np.sum(terms, axis=0), atol=1e-5)
 
 

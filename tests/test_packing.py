@@ -28,12 +28,16 @@ def default_keys():
 
 
 def authority(secret):
-    """The key authority's decryption as ``masked_decryption`` calls it: padded chunks in, residues out."""
+    """The key authority's decryption as ``masked_decryption`` calls it: padded chunks in, residues (with the
+    reply's fresh error) out."""
     level = ring_mask.data_level(secret)
 
     def decrypt(padded: list[bytes], slots: int) -> np.ndarray:
         return np.stack(
-            [ring_mask.decrypt(secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level) for c in padded]
+            [
+                ring_mask.decrypt_rerandomised(secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level)
+                for c in padded
+            ]
         )
 
     return decrypt

@@ -15,9 +15,11 @@ It decrypts a summed ciphertext only if
 **What it decrypts.** The aggregator pads every summed ciphertext with a fresh uniform element r of
 the plaintext ring (``crypto/masking.py``); the authority decrypts ``m + e + r mod q`` and returns those
 residues (NTT form, uint64, one vector of N per data prime), never decoded to slots — a view that has
-the same distribution whatever the sum is. The ciphertexts must be SEAL ciphertexts of this context at
-the data level, at the scale the policy gives the kind (``Policy.upload_layout``); anything else is
-``bad-ciphertext``.
+the same distribution whatever the sum is. Each reply carries a fresh RLWE error
+(:func:`~fedgl_secure.crypto.ring_mask.decrypt_rerandomised`): an exact decryption ``c0 + c1·s`` of a
+ciphertext the aggregator knows would hand it the secret key. The ciphertexts must be SEAL
+ciphertexts of this context at the data level, at the scale the policy gives the kind
+(``Policy.upload_layout``); anything else is ``bad-ciphertext``.
 
 **Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the
 authority draws Gaussian noise N(0, σ²) from the OS CSPRNG
@@ -300,7 +302,7 @@ class KeyAuthority:
                     f"chunk {index}: scale 2^{np.log2(ciphertext.scale):.4g}, but {kind!r} is encrypted at "
                     f"2^{np.log2(scale):.4g} under the policy"
                 )
-            view[index] = ring_mask.decrypt(self._secret_context, ciphertext, self.level)
+            view[index] = ring_mask.decrypt_rerandomised(self._secret_context, ciphertext, self.level)
             if noise is not None:  # Dec(ct) + Encode(n) = Dec(ct + Encode(n)): decryption is linear
                 part = noise[index * slots : (index + 1) * slots]
                 encoded = ring_mask.encode(self._secret_context, self.level, part, ciphertext.scale)

@@ -49,14 +49,20 @@ from fedgl_secure.errors import CiphertextError, PackingOverflow
 # worst seen. tests/test_packing.py decodes 7-bank sums through it (unpack refuses anything beyond it).
 NOISE_STD_PER_DEGREE = 0.35
 NOISE_SIGMAS = 8.0
+# The key authority's fresh RLWE error on every reply (ring_mask.decrypt_rerandomised): SEAL's σ = 3.2 per
+# coefficient, so 3.2·√(N/2) per slot, independent of the banks' errors.
+REPLY_ERROR_STD = 3.2
 MAX_EXACT_BITS = 50  # P < 2^50: float64 (53-bit mantissa) holds it with room for the noise's fraction
 
 
 def noise_bound(poly_modulus_degree: int, banks: int) -> float:
-    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions (+1: slack for decoding).
+    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions and the key authority's reply
+    error (+1: slack for decoding).
 
-    Independent fresh errors add in variance (√K); the one-time pad is added and removed exactly in the ring."""
-    return NOISE_SIGMAS * NOISE_STD_PER_DEGREE * poly_modulus_degree * math.sqrt(max(1, banks)) + 1.0
+    Independent errors add in variance (√K); the one-time pad is added and removed exactly in the ring."""
+    encryptions = (NOISE_STD_PER_DEGREE * poly_modulus_degree) ** 2 * max(1, banks)
+    reply = REPLY_ERROR_STD**2 * poly_modulus_degree / 2
+    return NOISE_SIGMAS * math.sqrt(encryptions + reply) + 1.0
 
 
 def guard_bits(poly_modulus_degree: int, max_banks: int) -> int:

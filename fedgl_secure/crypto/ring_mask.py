@@ -245,6 +245,29 @@ def decrypt(secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: R
     return residues(plain, level)
 
 
+def decrypt_rerandomised(secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: RingLevel) -> np.ndarray:
+    """The residues of ``c0 + c1·s − e``, with ``e`` a fresh RLWE error (SEAL's sampler, σ ≈ 3.2): what the key
+    authority returns.
+
+    Without ``e`` the reply would be exactly ``c0 + c1·s``, and whoever knows the ciphertext (the aggregator:
+    it computed the sum and chose the pad) would solve for the secret key ``s = (reply − c0) / c1`` in one
+    decryption. With it, the aggregator learns ``(c1, c1·s − e)``: one RLWE sample per reply, as hard as the
+    public key itself. ``e`` is the decryption of a fresh symmetric encryption of zero under the secret key,
+    added to the ciphertext before decrypting; its cost in precision is ≈ 3.2·√(N/2) in scale units per slot
+    (``packing.noise_bound`` counts it)."""
+    if not secret_context.has_secret_key():
+        raise ContextError("decryption needs the secret context; this one is public")
+    seal = _seal(secret_context)
+    zero, total = sealapi.Ciphertext(), sealapi.Ciphertext()
+    try:
+        sealapi.Encryptor(seal, secret_context.secret_key().data).encrypt_zero_symmetric(list(level.parms_id), zero)
+        zero.scale = ciphertext.scale
+        sealapi.Evaluator(seal).add(ciphertext, zero, total)
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"cannot re-randomise the ciphertext: {error}") from None
+    return decrypt(secret_context, total, level)
+
+
 def decode(context: ts.Context, level: RingLevel, values: np.ndarray, scale: float) -> np.ndarray:
     """The N/2 real slots of the plaintext with these residues at ``scale`` (SEAL's CKKS decoder)."""
     plain = plaintext(context, level, values, scale)
