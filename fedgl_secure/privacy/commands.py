@@ -107,7 +107,7 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees, wire: list[d
         lines.append(
             f"encryption: CKKS N={he.poly_modulus_degree}, moduli {list(he.coeff_mod_bit_sizes)} "
             f"({sum(he.coeff_mod_bit_sizes)} bits, 128-bit security), scale 2^{he.global_scale_bits}; "
-            f"key authority decrypts masked sums of at least {policy.quorum} banks"
+            f"key authority decrypts padded sums of at least {policy.quorum} banks"
         )
         if wire is not None:
             lines += _render_wire(policy, wire)
