@@ -157,10 +157,8 @@ def test_residues_that_are_not_reduced_or_misshapen_are_refused(keys):
     raw = bytearray(ring_mask._plaintext_bytes(level, residues, 2.0**36))
     raw[-8:] = int(level.moduli[0]).to_bytes(8, "little")
     plain = ring_mask.sealapi.Plaintext()
-    with ring_mask._scratch() as directory:
-        (directory / "p").write_bytes(bytes(raw))
-        with pytest.raises(RuntimeError, match="invalid"):
-            plain.load(public.seal_context().data, str(directory / "p"))
+    with ring_mask._scratch_file(bytes(raw)) as path, pytest.raises(RuntimeError, match="invalid"):
+        plain.load(public.seal_context().data, path)
 
 
 def test_a_tenseal_vector_of_another_context_is_refused(keys, foreign_chunk):

@@ -14,8 +14,7 @@ it against the context (parameters id, coefficient count, every residue below it
 foreign buffer is refused, never half-read. Residues come out one coefficient at a time
 (``Plaintext.data(i)``). ``tests/test_ring_mask.py`` checks every assumption against TenSEAL itself.
 
-Scratch files live in a fresh 0700 directory (``/dev/shm`` when it exists, so nothing reaches a disk) and
-are removed at once.
+Scratch files are private (0600, ``/dev/shm`` when it exists, so nothing reaches a disk) and removed at once.
 """
 
 from __future__ import annotations
@@ -83,7 +82,8 @@ def uniform_residues(level: RingLevel, count: int, random_bytes: Callable[[int],
         drawn: list[np.ndarray] = []
         have = 0
         while have < need:
-            words = np.frombuffer(random_bytes(8 * (need - have) * 2 + 64), dtype="<u8") & keep
+            short = need - have  # SEAL's primes sit just below 2^bits: almost every word is kept
+            words = np.frombuffer(random_bytes(8 * (short + short // 8 + 64)), dtype="<u8") & keep
             accepted = words[words < np.uint64(prime)]
             drawn.append(accepted)
             have += accepted.size
@@ -125,10 +125,17 @@ def constant_residues(value: int, level: RingLevel) -> np.ndarray:
 
 
 @contextmanager
-def _scratch() -> Iterator[Path]:
+def _scratch_file(data: bytes | None = None) -> Iterator[str]:
+    """A private (0600) scratch file holding ``data``, removed on exit; SEAL's bindings read and write paths only."""
     base = _MEMORY_DIR if _MEMORY_DIR.is_dir() and os.access(_MEMORY_DIR, os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="fedgl-ring-", dir=base) as directory:
-        yield Path(directory)
+    handle, path = tempfile.mkstemp(prefix="fedgl-ring-", dir=base)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            if data is not None:
+                out.write(data)
+        yield path
+    finally:
+        os.unlink(path)
 
 
 def _header(body_size: int) -> bytes:
@@ -160,11 +167,9 @@ def plaintext(context: ts.Context, level: RingLevel, residues: np.ndarray, scale
     """A SEAL plaintext (NTT form, data level, ``scale``) holding these residues, loaded and checked by SEAL."""
     shaped = check_residues(level, residues, 1, "plaintext")
     plain = sealapi.Plaintext()
-    with _scratch() as directory:
-        path = directory / "plaintext"
-        path.write_bytes(_plaintext_bytes(level, shaped, scale))
+    with _scratch_file(_plaintext_bytes(level, shaped, scale)) as path:
         try:
-            plain.load(_seal(context), str(path))
+            plain.load(_seal(context), path)
         except _SEAL_FAILURES as error:
             raise CiphertextError(f"SEAL refused the plaintext built from residues: {error}") from None
     return plain
@@ -179,10 +184,9 @@ def residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray:
 
 def ciphertext_bytes(ciphertext) -> bytes:
     """SEAL's own serialisation of one ciphertext (what the key authority receives)."""
-    with _scratch() as directory:
-        path = directory / "ciphertext"
-        ciphertext.save(str(path))
-        return path.read_bytes()
+    with _scratch_file() as path:
+        ciphertext.save(path)
+        return Path(path).read_bytes()
 
 
 def load_ciphertext(context: ts.Context, data: bytes, level: RingLevel, where: str) -> sealapi.Ciphertext:
@@ -195,11 +199,9 @@ def load_ciphertext(context: ts.Context, data: bytes, level: RingLevel, where: s
     if len(raw) < _HEADER.size or _HEADER.unpack_from(raw)[0] != sealapi.Serialization.SEALHeader().magic:
         raise CiphertextError(f"{where}: not a CKKS ciphertext of this context ({len(raw)} bytes; no SEAL header)")
     ciphertext = sealapi.Ciphertext()
-    with _scratch() as directory:
-        path = directory / "ciphertext"
-        path.write_bytes(raw)
+    with _scratch_file(raw) as path:
         try:
-            ciphertext.load(_seal(context), str(path))
+            ciphertext.load(_seal(context), path)
         except _SEAL_FAILURES as error:
             raise CiphertextError(
                 f"{where}: not a CKKS ciphertext of this context ({len(raw)} bytes; malformed, truncated, or made "
