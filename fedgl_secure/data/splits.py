@@ -30,11 +30,15 @@ class SplitConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    split: Literal["standard", "random"] = Field(
+    split: Literal["standard", "random", "fraction"] = Field(
         "standard",
         description="standard: the dataset's own split (Planetoid public split, ACM train20/test20, Wiki 20 per "
         "class drawn with the seed); random: train_per_class per class, val_size and test_size from the rest, "
-        "drawn with the run's seed (the FedGL paper's Table 3)",
+        "drawn with the run's seed (the FedGL paper's Table 3); fraction: the labelled nodes shuffled with the "
+        "run's seed and cut at `fractions` (Fed²GNN's 40/30/30)",
+    )
+    fractions: tuple[float, float, float] = Field(
+        (0.4, 0.3, 0.3), description="split = 'fraction': train, validation and test shares of the labelled nodes"
     )
     train_per_class: int = Field(
         20, ge=1, description="random split: training labels per class (at most half of a class's nodes)"
@@ -46,10 +50,16 @@ class SplitConfig(BaseModel):
     def _sizes_need_the_random_split(self) -> SplitConfig:
         # Refused rather than ignored: `--set data.train_per_class=5` without `data.split=random`
         # would otherwise run on the standard split and be reported as a 5-label experiment.
-        if self.split == "standard":
+        if self.split != "random":
             for name in _RANDOM_SPLIT_FIELDS:
                 if getattr(self, name) != type(self).model_fields[name].default:
-                    raise field_error(name, "applies only to split = 'random' (the standard split fixes its sizes)")
+                    raise field_error(name, f"applies only to split = 'random', not {self.split!r}")
+        if self.split != "fraction" and self.fractions != type(self).model_fields["fractions"].default:
+            raise field_error("fractions", f"applies only to split = 'fraction', not {self.split!r}")
+        if any(f < 0 for f in self.fractions) or not 0 < sum(self.fractions) <= 1 + 1e-9 or self.fractions[0] <= 0:
+            raise field_error(
+                "fractions", f"need a positive train share and shares summing to at most 1: {self.fractions}"
+            )
         return self
 
 
@@ -168,10 +178,28 @@ def random_split(
     )
 
 
+def fraction_split(
+    labels: np.ndarray, seed: int, fractions: tuple[float, float, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train/val/test masks from the labelled nodes shuffled with the seed's "split"/"fraction" stream and cut
+    at ``round(f · n)`` (Fed²GNN's random 40/30/30 split; no per-class quota)."""
+    labels = np.asarray(labels)
+    labelled = np.flatnonzero(labels >= 0)
+    order = numpy_stream(seed, "split", "fraction").permutation(labelled)
+    n_train, n_val = int(round(fractions[0] * order.size)), int(round(fractions[1] * order.size))
+    n_test = min(int(round(fractions[2] * order.size)), order.size - n_train - n_val)
+    cuts = np.cumsum([n_train, n_val, n_test])
+    parts = (order[: cuts[0]], order[cuts[0] : cuts[1]], order[cuts[1] : cuts[2]])
+    return tuple(index_mask(labels.shape[0], part) for part in parts)
+
+
 def apply_split(dataset: GraphDataset, split: SplitConfig, seed: int) -> GraphDataset:
     """``dataset`` with the split ``split`` asks for: unchanged for ``standard``, redrawn for ``random``."""
     if split.split == "standard":
         return dataset
+    if split.split == "fraction":
+        train, val, test = fraction_split(dataset.labels, seed, split.fractions)
+        return dataclasses.replace(dataset, train_mask=train, val_mask=val, test_mask=test)
     train, val, test = random_split(
         dataset.labels,
         seed,

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.tomlio import format_validation_error
 
-METHODS = ("fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl")
-Method = Literal["fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl"]
+METHODS = (
+    "fedgl",
+    "federated",
+    "fedgl-no-gpg",
+    "fedgl-no-gpl",
+    "centralized",
+    "local",
+    "fgcl",
+    "fed2gnn",
+    "fedavg-full",
+)
+Method = Literal[
+    "fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full"
+]
 
 
 class _Section(BaseModel):
@@ -48,6 +60,21 @@ class FederationConfig(_Section):
     patience: int = Field(30, ge=1, description="early stopping: rounds without validation improvement")
     aggregation: Literal["fedavg", "fedprox"] = "fedavg"
     fedprox_mu: float = Field(0.01, ge=0.0)
+
+    partition: Literal["sampled", "louvain"] = Field(
+        "sampled",
+        description="sampled: each client samples `proportions` of the nodes (overlapping, DESIGN §4); louvain: "
+        "num_clients disjoint clients from Louvain communities (FedSage+/Fed²GNN, data/partition.py)",
+    )
+    num_clients: int | None = Field(None, ge=1, description="M for partition = 'louvain'")
+
+    @model_validator(mode="after")
+    def _louvain_needs_clients(self) -> FederationConfig:
+        if self.partition == "louvain" and self.num_clients is None:
+            raise ValueError("num_clients: partition = 'louvain' needs the number of clients M")
+        if self.partition == "sampled" and self.num_clients is not None:
+            raise ValueError("num_clients: applies only to partition = 'louvain' (sampled clients follow proportions)")
+        return self
 
     @field_validator("proportions")
     @classmethod
@@ -110,6 +137,21 @@ class FGCLConfig(_Section):
         return value
 
 
+class Fed2GNNConfig(_Section):
+    """Fed²GNN's neighbourhood reconstruction (methods/fed2gnn.py): rooted trees from the passive banks' sums."""
+
+    hops: int = Field(2, ge=1, le=5, description="K: levels of the rooted tree sent (one exchange per level)")
+    max_degree: int = Field(5, ge=1, description="d: at most d decoded nodes per tree level and node")
+    projection_dim: int = Field(
+        128, ge=0, description="width of the public random projection of the features summed (0: raw features)"
+    )
+    decoder_hidden: int = Field(256, ge=1, description="hidden width of the set decoder")
+    decoder_epochs: int = Field(200, ge=1, description="full-batch Adam epochs of the decoder on the local graph")
+    decoder_learning_rate: float = Field(0.005, gt=0.0)
+    decoder: Literal["local"] = Field("local", description="each bank trains its own decoder (the paper's local form)")
+    secure: bool = Field(True, description="bank-to-bank sums travel under pairwise masks (crypto/pairwise_masks.py)")
+
+
 class EvaluationConfig(BaseModel):
     """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
 
@@ -162,13 +204,14 @@ class ExperimentConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     federation: FederationConfig = FederationConfig()
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()
+    fed2gnn: Fed2GNNConfig = Fed2GNNConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in ("federated", "centralized", "local", "fgcl"):
+        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full"):
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.sampling import make_clients, select_participants
 from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
 from fedgl_secure.engine.client import LocalTrainer
@@ -34,7 +35,7 @@ from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
-from fedgl_secure.methods import build_method
+from fedgl_secure.methods import build_method, prepare_clients
 from fedgl_secure.methods.base import EMBEDDINGS, PREDICTIONS, Broadcast
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream
@@ -63,7 +64,11 @@ class Federation:
     def build(cls, dataset: GraphDataset, config: ExperimentConfig, device: torch.device) -> Federation:
         """Benchmark slices: client k samples ``proportions[k]`` of ``dataset`` (DESIGN §4)."""
         federation = config.federation
-        clients = make_clients(dataset, federation.proportions, config.seed, federation.overlap)
+        if federation.partition == "louvain":  # disjoint clients; cross-client edges known by id only
+            clients = louvain_clients(dataset, federation.num_clients, config.seed)
+        else:
+            clients = make_clients(dataset, federation.proportions, config.seed, federation.overlap)
+        clients = prepare_clients(config, dataset, clients)  # a method's one-off set-up (Fed²GNN's trees)
         return cls.from_clients(clients, config, device)
 
     @classmethod

@@ -1,0 +1,306 @@
+"""Fed²GNN: each bank rebuilds its customers' cross-bank neighbourhoods as rooted trees, then FedAvg.
+
+Before round 1 (a one-off set-up exchange, :func:`reconstruct_clients`):
+
+1. every bank projects its (row-normalised) features with a public random matrix R and appends a count
+   channel: ``S_0 = [X̄ R, 1]``;
+2. the banks run the K level exchanges of ``fed2gnn_exchange.py`` under pairwise masks: for each
+   boundary node i the active bank receives ``E_k(i)``, the level-k sum of i's rooted tree over the
+   walks that leave the bank on their first step (its count channel counts them);
+3. the η correction (``rooted_tree.eta_correction``) removes the walks that step straight back to i:
+   ``E_2(i) − d_ext(i) S_0(i)``; the count channel then gives the size of each level exactly (the
+   paper's neighbour-count predictor ϕ_d is not needed: the count travels in the sum);
+4. the bank trains a set decoder ϕ per level on its *own* graph — input: a node's local level sum (mean
+   and log count), target: at most d sampled nodes of that level, loss: mean squared error under the
+   best (Hungarian, ``scipy.optimize.linear_sum_assignment``) matching of generated to true nodes;
+5. it decodes each received ``E_k(i)`` into ``min(count, d)`` nodes and grafts the tree onto i: level-1
+   nodes as i's neighbours, level-2 nodes dealt round robin under them.
+
+The GNN is then trained by FedAvg on the augmented graphs (generated nodes carry no label), and
+evaluated on them. ``fedavg-full`` is the same FedAvg on each bank's true K-hop neighbourhood (the
+upper target), ``federated`` on the Louvain clients the lower one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+from tqdm.auto import tqdm
+
+from fedgl_secure.data.graph import GraphDataset, canonical_edge_index, induced_subgraph
+from fedgl_secure.data.partition import partition_owner
+from fedgl_secure.engine.config import ExperimentConfig, Fed2GNNConfig
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.log import get_logger
+from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, ExchangeResult, exchange_level_sums
+from fedgl_secure.methods.fedavg import FedAvg
+from fedgl_secure.methods.rooted_tree import eta_correction, nonbacktracking_sums
+from fedgl_secure.model.adjacency import row_normalize_features
+from fedgl_secure.seeding import numpy_stream, torch_stream
+
+GENERATED_ID_STRIDE = 10_000_000  # generated node ids: n + client · stride + t (never a real row number)
+
+
+class Fed2GNN(FedAvg):
+    """FedAvg on the reconstructed graphs (the reconstruction runs before round 1: :func:`prepare_clients`)."""
+
+    name = "fed2gnn"
+
+
+class FedAvgFull(FedAvg):
+    """FedAvg with every bank seeing its nodes' true K-hop neighbourhoods (no information loss)."""
+
+    name = "fedavg-full"
+
+
+def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]) -> list[GraphDataset]:
+    """The clients a method trains on: reconstructed (``fed2gnn``), expanded (``fedavg-full``), else as given."""
+    if config.method not in ("fed2gnn", "fedavg-full"):
+        return clients
+    if config.federation.partition != "louvain":
+        raise ConfigError(
+            f"invalid configuration: federation.partition: method {config.method!r} needs disjoint clients "
+            "(partition = 'louvain'); sampled clients overlap"
+        )
+    node_sets = [np.asarray(c.node_ids, dtype=np.int64) for c in clients]
+    if config.method == "fedavg-full":
+        return full_neighbourhood_clients(dataset, node_sets, config.fed2gnn.hops)
+    return reconstruct_clients(dataset, node_sets, config)[0]
+
+
+def full_neighbourhood_clients(dataset: GraphDataset, node_sets: list[np.ndarray], hops: int) -> list[GraphDataset]:
+    """Each client's nodes plus every node within ``hops`` hops (features and edges as they are), with the
+    split masks of the added nodes cleared: FedAvg-Full's clients."""
+    adjacency = dataset.adjacency().tocsr()
+    clients = []
+    for k, nodes in enumerate(node_sets):
+        reach = np.zeros(dataset.num_nodes, dtype=bool)
+        reach[nodes] = True
+        frontier = reach.copy()
+        for _ in range(hops):
+            frontier = (adjacency @ frontier.astype(np.float32)) > 0
+            reach |= frontier
+        expanded = induced_subgraph(dataset, np.flatnonzero(reach), name=f"{dataset.name}/client-{k}-full")
+        own = np.isin(expanded.node_ids, nodes)
+        clients.append(
+            GraphDataset(
+                name=expanded.name,
+                features=expanded.features,
+                labels=expanded.labels,
+                edge_index=expanded.edge_index,
+                train_mask=expanded.train_mask & own,
+                val_mask=expanded.val_mask & own,
+                test_mask=expanded.test_mask & own,
+                num_classes=expanded.num_classes,
+                node_ids=expanded.node_ids,
+            )
+        )
+    return clients
+
+
+def projection_matrix(num_features: int, dim: int, seed: int) -> np.ndarray:
+    """The public projection R (``F x dim``, Gaussian / √dim, from the seed's "fed2gnn" stream); identity for 0."""
+    if dim == 0:
+        return np.eye(num_features)
+    return numpy_stream(seed, "fed2gnn", "projection").standard_normal((num_features, dim)) / np.sqrt(dim)
+
+
+def node_signals(features: np.ndarray, projection: np.ndarray) -> np.ndarray:
+    """``S_0 = [X̄ R, 1]``: the projected features and the count channel."""
+    return np.hstack([features @ projection, np.ones((features.shape[0], 1))])
+
+
+def decoder_input(level_sums: np.ndarray) -> torch.Tensor:
+    """What ϕ reads from a level sum: the mean of the projected part and log(1 + count)."""
+    count = np.maximum(level_sums[:, -1:], 0.0)
+    mean = level_sums[:, :-1] / np.maximum(count, 1.0)
+    return torch.as_tensor(np.hstack([mean, np.log1p(count)]), dtype=torch.float32)
+
+
+class SetDecoder(nn.Module):
+    """ϕ: a level sum → d generated feature vectors (an MLP; the first ``min(count, d)`` slots are used)."""
+
+    def __init__(self, in_dim: int, hidden: int, slots: int, out_dim: int) -> None:
+        super().__init__()
+        self.slots, self.out_dim = slots, out_dim
+        self.body = nn.Sequential(
+            nn.Linear(in_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, slots * out_dim),
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.body(inputs).view(-1, self.slots, self.out_dim)
+
+
+def matched_loss(generated: torch.Tensor, targets: torch.Tensor, sizes: np.ndarray) -> torch.Tensor:
+    """Eqs. 5-8 in matched form: mean squared error between generated and true sets after the best one-to-one
+    matching (Hungarian) of the first ``sizes[b]`` slots of row b with its ``sizes[b]`` targets."""
+    cost = torch.cdist(generated, targets).pow(2).detach().cpu().numpy()  # (B, d, d)
+    rows, cols, batch = [], [], []
+    for b, size in enumerate(sizes):
+        r, c = linear_sum_assignment(cost[b, :size, :size])
+        rows.append(r)
+        cols.append(c)
+        batch.append(np.full(size, b))
+    b_idx = torch.as_tensor(np.concatenate(batch))
+    r_idx, c_idx = torch.as_tensor(np.concatenate(rows)), torch.as_tensor(np.concatenate(cols))
+    return (generated[b_idx, r_idx] - targets[b_idx, c_idx]).pow(2).sum(dim=1).mean()
+
+
+def level_targets(
+    adjacency: sp.csr_matrix, level: int, max_degree: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Nodes of the local graph with a non-empty level ``level`` (1 or 2) and, for each, at most d sampled nodes
+    of that level of its tree without backtracking (level 2: the off-diagonal of A², with multiplicity)."""
+    walks = adjacency if level == 1 else (adjacency @ adjacency).tocsr()
+    if level == 2:
+        walks.setdiag(0)
+        walks.eliminate_zeros()
+    roots, samples = [], []
+    for u in range(walks.shape[0]):
+        ends = walks.indices[walks.indptr[u] : walks.indptr[u + 1]]
+        if ends.size == 0:
+            continue
+        weights = walks.data[walks.indptr[u] : walks.indptr[u + 1]].astype(np.int64)
+        multiset = np.repeat(ends, weights)
+        take = min(max_degree, multiset.size)
+        roots.append(u)
+        samples.append(rng.choice(multiset, size=take, replace=False))
+    return np.asarray(roots, dtype=np.int64), samples
+
+
+def train_decoder(
+    inputs: torch.Tensor,
+    features: torch.Tensor,
+    samples: list[np.ndarray],
+    config: Fed2GNNConfig,
+    generator: torch.Generator,
+) -> SetDecoder:
+    """ϕ trained full batch with Adam on the matched loss (the bank's own graph only)."""
+    d, out_dim = config.max_degree, features.shape[1]
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))  # nn.Linear's init
+    decoder = SetDecoder(inputs.shape[1], config.decoder_hidden, d, out_dim)
+    sizes = np.asarray([s.size for s in samples])
+    targets = torch.zeros(len(samples), d, out_dim)
+    for b, sample in enumerate(samples):
+        targets[b, : sample.size] = features[torch.as_tensor(sample)]
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=config.decoder_learning_rate)
+    for _ in range(config.decoder_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        loss = matched_loss(decoder(inputs), targets, sizes)
+        loss.backward()
+        optimizer.step()
+    decoder.eval()
+    return decoder
+
+
+def reconstruct_clients(
+    dataset: GraphDataset, node_sets: list[np.ndarray], config: ExperimentConfig, progress: bool = False
+) -> tuple[list[GraphDataset], ExchangeResult]:
+    """Every bank's graph with its boundary nodes' rooted trees grafted on (the module's steps 1-5)."""
+    settings = config.fed2gnn
+    if settings.hops > 2:
+        raise ConfigError("invalid configuration: fed2gnn.hops: trees deeper than 2 levels are not implemented")
+    owner = partition_owner(dataset.num_nodes, node_sets)
+    normalised = row_normalize_features(dataset.features) if config.training.normalize_features else dataset.features
+    features = np.asarray(normalised.todense(), dtype=np.float32)
+    projection = projection_matrix(dataset.num_features, settings.projection_dim, config.seed)
+    adjacency = dataset.adjacency().tocsr()
+    src, dst = dataset.edge_index
+    banks = []
+    for k, nodes in enumerate(node_sets):
+        outgoing = (owner[src] == k) & (owner[dst] != k)
+        banks.append(
+            ExchangeBank(
+                index=k,
+                nodes=nodes,
+                adjacency=adjacency[nodes][:, nodes].tocsr(),
+                signals=node_signals(features[nodes], projection),
+                cross=np.stack([src[outgoing], dst[outgoing]]),
+                foreign_owner=owner[dst[outgoing]],
+            )
+        )
+    nonce = numpy_stream(config.seed, "fed2gnn", "nonce").bytes(16)
+    exchange = exchange_level_sums(banks, settings.hops, settings.secure, nonce)
+    log = get_logger(dataset=dataset.name, method="fed2gnn")
+    log.info("fed2gnn.exchanged", bytes_per_bank=exchange.bytes_sent, boundary=[b.size for b in exchange.boundaries])
+    clients = []
+    for bank in tqdm(banks, desc="fed2gnn: rooted trees", unit="bank", disable=not progress, leave=False):
+        clients.append(_augment_bank(dataset, bank, exchange, features, config))
+    return clients, exchange
+
+
+def _augment_bank(
+    dataset: GraphDataset, bank: ExchangeBank, exchange: ExchangeResult, features: np.ndarray, config: ExperimentConfig
+) -> GraphDataset:
+    """One bank's steps 3-5: η-correct its received sums, train ϕ per level on its own graph, graft the trees."""
+    settings = config.fed2gnn
+    k = bank.index
+    local = induced_subgraph(dataset, bank.nodes, name=f"{dataset.name}/client-{k}")
+    own_features = torch.as_tensor(features[bank.nodes])
+    boundary = exchange.boundaries[k]
+    rows = bank.local_rows(boundary)
+    received = exchange.sums[k]
+    d_ext = received[0][:, -1]
+    level_sums = [received[0]]
+    if settings.hops >= 2:  # η_2: the walks i → j → i, one per foreign neighbour j
+        level_sums.append(received[1] - eta_correction(d_ext, bank.signals[rows], 2))
+    local_sums = nonbacktracking_sums(bank.adjacency, bank.signals, settings.hops)
+    rng = numpy_stream(config.seed, "fed2gnn", "decoder", k)
+    generator = torch_stream(config.seed, "fed2gnn", "decoder", k)
+    generated: list[list[np.ndarray]] = []  # per level: decoded feature rows of each boundary node
+    for level, sums in enumerate(level_sums, start=1):
+        roots, samples = level_targets(bank.adjacency, level, settings.max_degree, rng)
+        counts = np.minimum(np.rint(np.maximum(sums[:, -1], 0)).astype(np.int64), settings.max_degree)
+        if roots.size == 0:  # nothing to learn from: this level stays empty
+            generated.append([np.zeros((0, features.shape[1]), np.float32) for _ in counts])
+            continue
+        decoder = train_decoder(decoder_input(local_sums[level][roots]), own_features, samples, settings, generator)
+        with torch.no_grad():
+            decoded = decoder(decoder_input(sums)).clamp_min(0.0).numpy()
+        generated.append([decoded[b, : counts[b]] for b in range(counts.shape[0])])
+    return _graft(local, rows, generated, dataset.num_nodes + k * GENERATED_ID_STRIDE)
+
+
+def _graft(local: GraphDataset, roots: np.ndarray, generated: list[list[np.ndarray]], first_id: int) -> GraphDataset:
+    """``local`` plus, for each root, its decoded level-1 nodes as neighbours and level-2 nodes under them."""
+    n = local.num_nodes
+    rows_added: list[np.ndarray] = []
+    src, dst = [local.edge_index[0]], [local.edge_index[1]]
+    next_index = n
+    for b, root in enumerate(roots):
+        children = generated[0][b]
+        child_ids = np.arange(next_index, next_index + children.shape[0])
+        next_index += children.shape[0]
+        rows_added.append(children)
+        src.append(np.full(child_ids.size, root))
+        dst.append(child_ids)
+        if len(generated) > 1 and child_ids.size:
+            grandchildren = generated[1][b]
+            grand_ids = np.arange(next_index, next_index + grandchildren.shape[0])
+            next_index += grandchildren.shape[0]
+            rows_added.append(grandchildren)
+            src.append(child_ids[np.arange(grand_ids.size) % child_ids.size])
+            dst.append(grand_ids)
+    added = next_index - n
+    extra = sp.csr_matrix(np.vstack(rows_added)) if added else sp.csr_matrix((0, local.num_features))
+    total = n + added
+    src_all, dst_all = np.concatenate(src), np.concatenate(dst)
+    no = np.zeros(added, dtype=bool)
+    return GraphDataset(
+        name=f"{local.name}-fed2gnn",
+        features=sp.vstack([local.features, extra.astype(np.float32)]).tocsr(),
+        labels=np.concatenate([local.labels, np.full(added, -1, dtype=np.int64)]),
+        edge_index=canonical_edge_index(src_all, dst_all, total),
+        train_mask=np.concatenate([local.train_mask, no]),
+        val_mask=np.concatenate([local.val_mask, no]),
+        test_mask=np.concatenate([local.test_mask, no]),
+        num_classes=local.num_classes,
+        node_ids=np.concatenate([local.node_ids, first_id + np.arange(added, dtype=np.int64)]),
+    )

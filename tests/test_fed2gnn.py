@@ -1,0 +1,247 @@
+"""Fed²GNN: rooted trees (Proposition 1, Appendix A), level sums (Algorithm 1), the masked bank-to-bank
+exchange, and the method end to end on a small graph."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.crypto import pairwise_masks
+from fedgl_secure.data.partition import louvain_partition
+from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.methods import fed2gnn_exchange
+from fedgl_secure.methods.fed2gnn import matched_loss, prepare_clients, reconstruct_clients
+from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, exchange_level_sums
+from fedgl_secure.methods.rooted_tree import nonbacktracking_sums, rooted_tree, tree_propagation, walk_sums
+from fedgl_secure.model.adjacency import gcn_normalize
+
+
+def small_graph(seed: int = 0, n: int = 9, p: float = 0.35) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    upper = np.triu(rng.random((n, n)) < p, 1)
+    return sp.csr_matrix((upper | upper.T).astype(np.float64))
+
+
+def walks(adjacency: sp.csr_matrix, start: int, length: int):
+    """Every walk of ``length`` steps from ``start`` (brute force)."""
+    dense = adjacency.toarray() > 0
+    paths = [[start]]
+    for _ in range(length):
+        paths = [p + [v] for p in paths for v in np.flatnonzero(dense[p[-1]])]
+    return paths
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recursive_sums_equal_brute_force_k_hop_sums(seed):
+    adjacency = small_graph(seed)
+    features = np.random.default_rng(seed).normal(size=(adjacency.shape[0], 3))
+    recursive = walk_sums(adjacency, features, 3)
+    nonbacktracking = nonbacktracking_sums(adjacency, features, 3)
+    for i in range(adjacency.shape[0]):
+        for k in range(4):
+            paths = walks(adjacency, i, k)
+            brute = sum((features[p[-1]] for p in paths), np.zeros(3))
+            assert np.allclose(recursive[k][i], brute)
+            no_back = [p for p in paths if all(p[t] != p[t + 2] for t in range(len(p) - 2))]
+            assert np.allclose(nonbacktracking[k][i], sum((features[p[-1]] for p in no_back), np.zeros(3)))
+
+
+def gcn_layers(operator: sp.spmatrix, features: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+    h = torch.as_tensor(features)
+    op = torch.as_tensor(sp.csr_matrix(operator).toarray())
+    for layer, weight in enumerate(weights):
+        h = op @ h @ torch.as_tensor(weight)
+        if layer < len(weights) - 1:
+            h = torch.relu(h)
+    return h.numpy()
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_rooted_tree_gives_the_ego_graph_gcn_embedding(layers):
+    """Proposition 1 with Appendix A's weights; without the correction (the tree's own degrees) it differs."""
+    adjacency = small_graph(4, n=10, p=0.3)
+    rng = np.random.default_rng(layers)
+    features = rng.normal(size=(10, 4))
+    weights = [rng.normal(size=(4, 4)) for _ in range(layers)]
+    on_graph = gcn_layers(gcn_normalize(adjacency), features, weights)
+    for root in range(10):
+        tree = rooted_tree(adjacency, root, layers)
+        on_tree = gcn_layers(tree_propagation(adjacency, tree), features[tree.node], weights)
+        assert np.allclose(on_tree[0], on_graph[root])
+    # the uncorrected tree (a plain GCN on the tree as a graph) gives another embedding
+    tree = rooted_tree(adjacency, 0, layers)
+    edges = sp.csr_matrix(
+        (np.ones(tree.size - 1), (np.arange(1, tree.size), tree.parent[1:])), shape=(tree.size, tree.size)
+    )
+    plain = gcn_layers(gcn_normalize(edges + edges.T), features[tree.node], weights)
+    assert not np.allclose(plain[0], on_graph[0])
+
+
+def test_matched_loss_ignores_the_order_of_the_set():
+    target = torch.randn(1, 3, 5)
+    shuffled = target[:, [2, 0, 1]]
+    assert float(matched_loss(shuffled, target, np.array([3]))) == pytest.approx(0.0, abs=1e-9)
+    assert float(matched_loss(shuffled, target, np.array([2]))) > 0  # only the first 2 slots count
+
+
+def test_pairwise_masks_cancel_exactly_and_hide_each_term():
+    rng = np.random.default_rng(0)
+    keys = [pairwise_masks.new_private_key() for _ in range(4)]
+    publics = [pairwise_masks.public_bytes(k) for k in keys]
+    active, passive = 0, [1, 2, 3]
+    terms = {p: rng.normal(size=50) for p in passive}
+    uploads = []
+    for p in passive:
+        seeds = {q: pairwise_masks.pair_seed(keys[p], publics[q], b"ctx") for q in passive if q != p}
+        uploads.append(
+            pairwise_masks.masked_upload(
+                pairwise_masks.quantise(terms[p]), p, seeds, pairwise_masks.pair_seed(keys[p], publics[active], b"ctx")
+            )
+        )
+    relayed = pairwise_masks.relay_sum(uploads)
+    seeds = [pairwise_masks.pair_seed(keys[active], publics[p], b"ctx") for p in passive]
+    recovered = pairwise_masks.unmask_sum(relayed, seeds)
+    exact = sum(pairwise_masks.quantise(terms[p]).view(np.int64) for p in passive)
+    assert np.array_equal(recovered.view(np.int64), exact)  # bit for bit
+    assert np.allclose(pairwise_masks.dequantise(recovered), sum(terms.values()), atol=1e-6)
+    # the relay's sum is not the sum, nor is any upload a term (each is off by 64-bit uniform masks)
+    assert not np.allclose(pairwise_masks.dequantise(relayed), sum(terms.values()), atol=1.0)
+    for p, upload in zip(passive, uploads, strict=True):
+        assert not np.allclose(pairwise_masks.dequantise(upload), terms[p], atol=1.0)
+    # the active bank removing its own mask from one upload still faces the pairwise masks
+    alone = pairwise_masks.unmask_sum(uploads[0], [seeds[0]])
+    assert not np.allclose(pairwise_masks.dequantise(alone), terms[1], atol=1.0)
+    # another context gives other masks (fresh per exchange)
+    assert pairwise_masks.pair_seed(keys[1], publics[0], b"ctx") != pairwise_masks.pair_seed(keys[1], publics[0], b"x")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return synthetic_consortium(seed=5, num_nodes=500, num_val=100, num_test=150)
+
+
+def _banks(graph, num_clients=4, width=3):
+    node_sets = louvain_partition(graph, num_clients, seed=0)
+    owner = np.empty(graph.num_nodes, dtype=np.int64)
+    for k, nodes in enumerate(node_sets):
+        owner[nodes] = k
+    adjacency = graph.adjacency().tocsr()
+    signals = np.hstack(
+        [np.random.default_rng(1).normal(size=(graph.num_nodes, width - 1)), np.ones((graph.num_nodes, 1))]
+    )
+    src, dst = graph.edge_index
+    banks = []
+    for k, nodes in enumerate(node_sets):
+        out = (owner[src] == k) & (owner[dst] != k)
+        banks.append(
+            ExchangeBank(
+                k,
+                nodes,
+                adjacency[nodes][:, nodes].tocsr(),
+                signals[nodes],
+                np.stack([src[out], dst[out]]),
+                owner[dst[out]],
+            )
+        )
+    return banks, adjacency, signals, owner
+
+
+def test_exchange_gives_each_bank_the_foreign_part_of_its_level_sums(graph):
+    """E_k(i) = Σ over foreign neighbours j of S_{k−1}(j) with S from the whole graph (what no bank holds)."""
+    banks, adjacency, signals, owner = _banks(graph)
+    full = walk_sums(adjacency, signals, 2)
+    result = exchange_level_sums(banks, 2, secure=True, nonce=b"test")
+    for bank in banks:
+        boundary = result.boundaries[bank.index]
+        foreign = adjacency[boundary].multiply(owner[None, :] != bank.index).tocsr()
+        for k in (1, 2):
+            assert np.allclose(result.sums[bank.index][k - 1], foreign @ full[k - 1], atol=1e-5)
+        # the count channel of E_1 is the number of foreign neighbours
+        assert np.allclose(result.sums[bank.index][0][:, -1], np.asarray(foreign.sum(axis=1)).ravel())
+    plain = exchange_level_sums(banks, 2, secure=False, nonce=b"test")
+    for a in range(len(banks)):
+        for k in range(2):
+            assert np.allclose(plain.sums[a][k], result.sums[a][k], atol=1e-5)
+
+
+def test_relay_view_reveals_nothing_and_changes_with_fresh_masks(graph):
+    banks, *_ = _banks(graph)
+    boundary = banks[0].boundary()
+    terms = {b.index: b.passive_term(b.signals, 0, boundary) for b in banks[1:]}
+    total, view = fed2gnn_exchange._secure_sum(banks, terms, 0, b"round-a")
+    again, view_b = fed2gnn_exchange._secure_sum(banks, terms, 0, b"round-b")
+    truth = sum(terms.values())
+    assert np.allclose(total, truth, atol=1e-6) and np.allclose(again, truth, atol=1e-6)
+    relay_sum = pairwise_masks.dequantise(pairwise_masks.relay_sum(view)).reshape(truth.shape)
+    assert not np.allclose(relay_sum, truth, atol=1.0)
+    for upload, term in zip(view, terms.values(), strict=True):
+        assert not np.allclose(pairwise_masks.dequantise(upload).reshape(term.shape), term, atol=1.0)
+    # same values, fresh context: every upload the relay holds changes entirely
+    for first, second in zip(view, view_b, strict=True):
+        assert np.mean(first == second) < 0.01
+    # the upload bits look uniform: about half of them set
+    bits = np.unpackbits(view[0].view(np.uint8))
+    assert 0.45 < bits.mean() < 0.55
+
+
+def test_reconstruction_grafts_trees_on_boundary_nodes_only(graph):
+    config = build_config(
+        {
+            "method": "fed2gnn",
+            "federation": {"partition": "louvain", "num_clients": 3},
+            "fed2gnn": {"decoder_epochs": 5, "projection_dim": 16},
+        }
+    )
+    node_sets = louvain_partition(graph, 3, seed=0)
+    clients, exchange = reconstruct_clients(graph, node_sets, config)
+    for k, (client, nodes) in enumerate(zip(clients, node_sets, strict=True)):
+        own = np.isin(client.node_ids, nodes)
+        assert own.sum() == nodes.size
+        assert np.all(client.labels[~own] == -1)
+        assert not np.any((client.train_mask | client.val_mask | client.test_mask)[~own])
+        # each boundary node gets min(foreign degree, d) decoded neighbours
+        local_of = {int(v): i for i, v in enumerate(client.node_ids)}
+        generated = ~own
+        adjacency = client.adjacency().tocsr()
+        for i, degree in zip(exchange.boundaries[k], exchange.sums[k][0][:, -1], strict=True):
+            row = adjacency[local_of[int(i)]]
+            assert int(generated[row.indices].sum()) == min(int(round(degree)), 5)
+        assert exchange.bytes_sent[k] > 0
+
+
+def test_methods_refuse_overlapping_clients(graph):
+    config = build_config({"method": "fed2gnn"})
+    with pytest.raises(ConfigError, match="partition"):
+        prepare_clients(config, graph, [graph])
+
+
+def test_fed2gnn_and_fedavg_full_run_end_to_end(graph):
+    results = {}
+    for method in ("fedavg-full", "fed2gnn"):
+        config = build_config(
+            {
+                "method": method,
+                "federation": {"partition": "louvain", "num_clients": 3, "max_rounds": 2},
+                "fed2gnn": {"decoder_epochs": 5, "projection_dim": 16},
+            }
+        )
+        results[method] = run_experiment(config, graph, progress=False)
+    assert results["fedavg-full"].num_global_nodes == graph.num_nodes  # the halos are real nodes
+    assert results["fed2gnn"].num_global_nodes > graph.num_nodes  # the decoded tree nodes
+    for result in results.values():
+        assert 0.0 <= result.global_test_accuracy <= 1.0 and result.rounds_run == 2
+
+
+def test_brute_force_walks_helper_counts():
+    """The test's own brute force: a triangle has 2^k walks of length k from each node."""
+    triangle = sp.csr_matrix(np.ones((3, 3)) - np.eye(3))
+    for k in range(4):
+        assert len(walks(triangle, 0, k)) == 2**k
+    assert list(itertools.islice(walks(triangle, 0, 1), 2)) == [[0, 1], [0, 2]]
