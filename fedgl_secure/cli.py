@@ -52,6 +52,8 @@ class MethodName(str, Enum):
     fedgl_no_gpl = "fedgl-no-gpl"
     centralized = "centralized"
     local = "local"
+    fed2gnn = "fed2gnn"
+    fedavg_full = "fedavg-full"
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:
@@ -286,6 +288,41 @@ def _secure_summation(policy):
     from fedgl_secure.crypto.secure_summation import SecureSummation
 
     return SecureSummation(policy)
+
+
+@reproduce_app.command("fed2gnn")
+def reproduce_fed2gnn(
+    datasets: Annotated[str, typer.Option(help="comma-separated datasets")] = "cora",
+    clients: Annotated[str, typer.Option(help="comma-separated numbers of Louvain clients M")] = "5,10,15",
+    seeds: Annotated[int, typer.Option(min=1, help="seeds 0..N-1 per cell")] = 10,
+    output_dir: Annotated[Path, typer.Option(help="where fed2gnn.md, fed2gnn.json and runs/ go")] = Path(
+        "results/fed2gnn"
+    ),
+    data_root: Annotated[Path | None, typer.Option(help="directory holding <dataset>/raw/")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = 1,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override: section.field=value")] = None,
+) -> None:
+    """Run Table 1 of the Fed²GNN paper (FedAvg, FedAvg-Full, Fed²GNN, Central; GCN) and write fed2gnn.md / .json."""
+    from fedgl_secure.data.registry import DATASETS
+    from fedgl_secure.engine.reproduce_fed2gnn import run_table1
+
+    try:
+        dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
+        for name in dataset_list:
+            if name not in DATASETS:
+                raise ConfigError(f"--datasets: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+        try:
+            client_list = [int(m) for m in clients.split(",") if m.strip()]
+        except ValueError as error:
+            raise ConfigError(f"--clients: not a comma-separated list of integers: {clients!r}") from error
+        if not client_list or min(client_list) < 2:
+            raise ConfigError(f"--clients: every M must be at least 2, got {clients!r}")
+        root = str(data_root) if data_root else None
+        run_table1(dataset_list, client_list, seeds, output_dir, root, workers, parse_assignments(set_ or []))
+    except FedGLError as error:
+        _fail(error)
+    typer.echo((output_dir / "fed2gnn.md").read_text())
+    typer.echo(f"wrote {output_dir / 'fed2gnn.md'} and {output_dir / 'fed2gnn.json'}")
 
 
 @reproduce_app.command("table2")

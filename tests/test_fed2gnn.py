@@ -165,6 +165,8 @@ def test_exchange_gives_each_bank_the_foreign_part_of_its_level_sums(graph):
             assert np.allclose(result.sums[bank.index][k - 1], foreign @ full[k - 1], atol=1e-5)
         # the count channel of E_1 is the number of foreign neighbours
         assert np.allclose(result.sums[bank.index][0][:, -1], np.asarray(foreign.sum(axis=1)).ravel())
+    values = fed2gnn_exchange.upload_values([b.size for b in result.boundaries], 3, 2)
+    assert [8 * v for v in values] == result.bytes_sent
     plain = exchange_level_sums(banks, 2, secure=False, nonce=b"test")
     for a in range(len(banks)):
         for k in range(2):
@@ -245,3 +247,39 @@ def test_brute_force_walks_helper_counts():
     for k in range(4):
         assert len(walks(triangle, 0, k)) == 2**k
     assert list(itertools.islice(walks(triangle, 0, 1), 2)) == [[0, 1], [0, 2]]
+
+
+def test_table1_summary_keeps_cells_apart_and_shows_the_paper():
+    from fedgl_secure.engine.reproduce_fed2gnn import render_markdown, summarize, table1_specs
+
+    def run(method, seed, accuracy):
+        return {"dataset": "cora", "method": method, "seed": seed, "global_test_accuracy": accuracy}
+
+    results = [
+        (10, run("fed2gnn", 0, 0.80)),
+        (10, run("fed2gnn", 1, 0.84)),
+        (15, run("fed2gnn", 0, 0.70)),
+        (0, run("centralized", 0, 0.88)),
+    ]
+    for _, result in results:
+        result.update(best_val_accuracy=0.5, best_round=3)
+    table = summarize(results)
+    assert table["cora"]["fed2gnn"]["10"]["mean"] == pytest.approx(82.0)
+    assert table["cora"]["fed2gnn"]["10"]["paper"] == 83.30
+    assert table["cora"]["fed2gnn"]["15"]["mean"] == pytest.approx(70.0)
+    text = render_markdown(table)
+    assert "82.00 ± 2.00 [83.30]" in text and "| Central | 88.00 ± 0.00 [87.88] | 88.00 ± 0.00 [87.88] |" in text
+    specs = table1_specs("cora", [5, 10], 2, None)
+    assert len(specs) == 2 * (1 + 2 * 3)
+    louvain = [spec.config for m, spec in specs if m == 10]
+    assert {c.method for c in louvain} == {"federated", "fedavg-full", "fed2gnn"}
+    assert all(c.federation.num_clients == 10 and c.data.split == "fraction" for c in louvain)
+
+
+def test_reproduce_command_refuses_bad_client_counts():
+    from typer.testing import CliRunner
+
+    from fedgl_secure.cli import app
+
+    result = CliRunner().invoke(app, ["reproduce", "fed2gnn", "--clients", "1,5"])
+    assert result.exit_code != 0 and "--clients" in result.output

@@ -124,6 +124,13 @@ def exchange_level_sums(banks: list[ExchangeBank], hops: int, secure: bool, nonc
     return ExchangeResult(boundaries, sums, bytes_sent)
 
 
+def upload_values(boundary_sizes: list[int], width: int, hops: int) -> list[int]:
+    """Values each bank uploads over the K exchanges: for every other bank a, one ``width``-vector per boundary node of
+    a and level (zeros included, so the count depends on the boundaries only)."""
+    total = sum(boundary_sizes)
+    return [hops * width * (total - own) for own in boundary_sizes]
+
+
 def _next_level(bank: ExchangeBank, previous: np.ndarray, boundary: np.ndarray, foreign: np.ndarray) -> np.ndarray:
     following = bank.adjacency @ previous
     following[bank.local_rows(boundary)] += foreign
