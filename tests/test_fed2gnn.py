@@ -283,3 +283,16 @@ def test_reproduce_command_refuses_bad_client_counts():
 
     result = CliRunner().invoke(app, ["reproduce", "fed2gnn", "--clients", "1,5"])
     assert result.exit_code != 0 and "--clients" in result.output
+
+
+def test_consortium_services_refuse_fed2gnn_with_a_clear_error():
+    from pathlib import Path
+
+    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.services.aggregator import check_consortium_can_run
+
+    policy = load_policy(Path(__file__).parent.parent / "policies" / "baseline.toml")
+    for method in ("fed2gnn", "fedavg-full"):
+        config = build_config({"method": method, "federation": {"partition": "louvain", "num_clients": 3}})
+        with pytest.raises(ConfigError, match="only in the in-process simulation"):
+            check_consortium_can_run(config, policy, 3)

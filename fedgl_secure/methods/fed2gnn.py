@@ -71,6 +71,18 @@ def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: li
     return reconstruct_clients(dataset, node_sets, config)[0]
 
 
+def refuse_in_services(config: ExperimentConfig) -> None:
+    """The consortium services cannot run ``fed2gnn`` / ``fedavg-full`` yet: their set-up exchange (bank to bank,
+    masked, relayed by the aggregator) exists only in the in-process simulation. Refused with a clear error
+    rather than run as plain FedAvg on unreconstructed graphs."""
+    if config.method in ("fed2gnn", "fedavg-full"):
+        raise ConfigError(
+            f"invalid configuration: method: {config.method!r} runs only in the in-process simulation "
+            "(fedgl-secure simulate / reproduce fed2gnn); the consortium services do not carry its bank-to-bank "
+            "set-up exchange yet"
+        )
+
+
 def full_neighbourhood_clients(dataset: GraphDataset, node_sets: list[np.ndarray], hops: int) -> list[GraphDataset]:
     """Each client's nodes plus every node within ``hops`` hops (features and edges as they are), with the
     split masks of the added nodes cleared: FedAvg-Full's clients."""

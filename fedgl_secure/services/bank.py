@@ -68,6 +68,7 @@ from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast
+from fedgl_secure.methods.fed2gnn import refuse_in_services
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.phase_timer import PhaseTimer
@@ -175,6 +176,7 @@ class BankWorker:
         self.signing_key = signing_key
         self.pseudonym_key = pseudonym_key
         self.poll_seconds = poll_seconds
+        refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
         self.method = build_method(config)
         self.log = get_logger(node=name, role="bank")
         self.rounds_done: list[int] = []
