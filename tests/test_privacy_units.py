@@ -147,7 +147,8 @@ def test_a_unit_without_its_mechanism_is_refused_naming_the_field(change, field)
 def test_a_source_only_unit_needs_no_channel_per_upload_kind():
     policy = policy_from_dict(edge_policy())
     assert policy.dp.source_only and policy.dp.effective_unit == "edge"
-    assert effective_guarantees(policy).released_without_dp == ("node_weight",)
+    released = effective_guarantees(policy).released_without_dp
+    assert "node_weight" in released and not {"weights", "predictions", "embeddings"} & set(released)
 
 
 # --- accounting per unit -----------------------------------------------------------------------
@@ -234,3 +235,31 @@ def test_an_edge_unit_run_with_negligible_flips_is_the_plain_run(small):
     _, plain = final_weights(small)
     assert torch.equal(private[2].weights, plain[2].weights)
     assert torch.equal(private[2].pseudo_labels, plain[2].pseudo_labels)
+
+
+def test_the_released_graph_is_weighted_by_the_posterior_of_a_true_edge():
+    n, pairs = 1900, 1900 * 1899 // 2
+    for epsilon, true_edges in ((8.0, 2600), (1.0, 2600)):
+        p = mechanisms.flip_probability(epsilon)
+        released = round((1 - p) * true_edges + p * (pairs - true_edges))
+        prior = true_edges / pairs
+        expected = (1 - p) * prior / ((1 - p) * prior + p * (1 - prior))
+        assert mechanisms.randomized_response_posterior(n, released, epsilon) == pytest.approx(expected, rel=1e-3)
+    assert mechanisms.randomized_response_posterior(n, 3203, 8.0) > 0.7
+    assert mechanisms.randomized_response_posterior(n, 486_385, 1.0) < 0.01
+    bank = BankPrivacy("bank-0", policy_from_dict(edge_policy(2.0)), 1.0, random_bytes=seeded_bytes(0))
+    ring = sp.csr_matrix(sp.diags([np.ones(199), np.ones(199)], [1, -1], shape=(200, 200)))
+    released = bank.prepare_adjacency(ring, np.random.default_rng(0))
+    weights = np.unique(released.data)
+    assert weights.size == 1 and weights[0] == pytest.approx(
+        mechanisms.randomized_response_posterior(200, released.nnz // 2, 2.0)
+    )
+    unweighted = BankPrivacy(
+        "bank-1",
+        policy_from_dict(
+            edge_policy(2.0, edges={"mechanism": "randomized-response", "epsilon": 2.0, "weighting": "none"})
+        ),
+        1.0,
+        random_bytes=seeded_bytes(0),
+    )
+    assert np.all(unweighted.prepare_adjacency(ring, np.random.default_rng(0)).data == 1.0)

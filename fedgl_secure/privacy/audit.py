@@ -363,6 +363,12 @@ def check_policy(files: RunFiles) -> Section:
     except (FedGLError, ValueError) as error:
         section.add("guarantees", RED, f"cannot compute the policy's guarantees: {error}")
         return section
+    section.add(
+        "unit",
+        GREEN,
+        f"unit of privacy: {guarantees.unit} — protected: {guarantees.protects}; not protected: "
+        f"{guarantees.does_not_protect}",
+    )
     if guarantees.status == "he-only":
         section.add(
             "guarantees",
@@ -472,6 +478,9 @@ def _budget_checks(section: Section, files: RunFiles, expected_banks: Iterable[s
         where = f"bank {bank}: ε = {total:.4g} of budget {budget.epsilon:g} at δ = {delta:g} ({accountant.upper()})"
         if not total <= budget.epsilon:  # NaN fails closed
             section.add(f"budget:{bank}", RED, f"{where}: BUDGET EXCEEDED")
+        elif policy.dp.source_only:  # edge / label unit: paid once at the source, nothing more is ever spent
+            unit = policy.dp.effective_unit
+            section.add(f"budget:{bank}", GREEN, f"{where}: paid once at the source (unit {unit!r})")
         elif fraction >= BUDGET_WARNING_FRACTION:
             section.add(f"budget:{bank}", AMBER, f"{where}: within {1 - BUDGET_WARNING_FRACTION:.0%} of the budget")
         else:
@@ -1098,10 +1107,13 @@ def _membership(
         return None
     auc, se = membership.auc, membership.auc_stderr
     status = GREEN if auc <= MEMBERSHIP_AUC_GREEN else AMBER if auc <= MEMBERSHIP_AUC_RED else RED
+    unit = files.policy.dp.effective_unit if files.policy.protection == "he" else "none"
+    outside = unit in ("edge", "label")  # a customer's membership is not what these units protect
     section.add(
         "membership",
-        status,
-        f"membership inference on the final global model ({_dp_phrase(files)}): AUC {auc:.3f} ± {se:.3f} "
+        INFO if outside else status,
+        (f"not covered by unit {unit!r} (information only): " if outside else "")
+        + f"membership inference on the final global model ({_dp_phrase(files)}): AUC {auc:.3f} ± {se:.3f} "
         f"(best of {', '.join(membership.variants)}: {membership.attack}; {membership.members} members vs "
         f"{membership.nonmembers} non-members; green ≤ {MEMBERSHIP_AUC_GREEN}, red > {MEMBERSHIP_AUC_RED})",
     )

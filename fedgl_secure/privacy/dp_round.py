@@ -176,6 +176,12 @@ class BankPrivacy:
             self.ledger.extend([release])
         if self.policy.dp.needs_degree_bound:
             graph = mechanisms.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
+        edges = self.policy.dp.edges
+        if edges.mechanism == "randomized-response" and edges.weighting == "posterior":
+            # post-processing of the release: one weight from n, the released count and ε (all public)
+            weight = mechanisms.randomized_response_posterior(graph.shape[0], graph.nnz // 2, edges.epsilon)
+            graph = graph * weight
+            self.log.info("privacy.edges_released", edges=graph.nnz // 2, posterior_weight=round(weight, 6))
         return graph
 
     def prepare_labels(self, labels: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:

@@ -566,3 +566,25 @@ def randomized_response_labels(
     released = labels.copy()
     released[flipped] = (labels[flipped] + shift) % num_classes
     return released
+
+
+def randomized_response_posterior(num_nodes: int, released_edges: int, epsilon: float) -> float:
+    r"""P(true edge | released edge) after :func:`randomized_response_edges`, from public quantities only.
+
+    With P = n(n−1)/2 pairs, flip probability p and m' released edges, the true edge count is estimated
+    without bias by :math:`\hat m = (m' - pP)/(1 - 2p)` (clipped to [1, P]); with the density
+    :math:`\pi = \hat m / P` as prior, Bayes gives
+    :math:`w = (1-p)\pi / ((1-p)\pi + p(1-\pi))`. Weighting every released edge by w is post-processing
+    of the release (it uses n, m', ε only), so it costs no budget; it keeps a graph whose released edges
+    are mostly random from drowning the node's own features (at small ε, w → 0 and the GCN tends to an
+    MLP; at ε = 8 on a Cora-sized bank w ≈ 0.7). The same idea, with per-node degree priors, is Blink
+    (Zhu et al., "Blink: link local differential privacy in graph neural networks via Bayesian
+    estimation", CCS 2023).
+    """
+    if num_nodes < 2:
+        return 1.0
+    p = flip_probability(epsilon)
+    pairs = num_nodes * (num_nodes - 1) / 2
+    estimate = min(max((released_edges - p * pairs) / (1.0 - 2.0 * p), 1.0), pairs)
+    prior = estimate / pairs
+    return (1.0 - p) * prior / ((1.0 - p) * prior + p * (1.0 - prior))

@@ -314,6 +314,9 @@ class EdgeDP(_Section):
 
     mechanism: str = "none"
     epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # "posterior": weight each released edge by P(true edge | released), estimated from n, the released
+    # count and ε only (post-processing, mechanisms.randomized_response_posterior); "none": weight 1
+    weighting: Literal["posterior", "none"] = "posterior"
 
     @field_validator("mechanism")
     @classmethod

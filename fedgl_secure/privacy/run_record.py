@@ -139,7 +139,10 @@ def write_run_dir(
         record["federation"] = secure.federation
         record["context_fingerprint"] = secure.fingerprint
     if policy_path is not None:
+        from fedgl_secure.privacy.policy import load_policy
+
         shutil.copyfile(policy_path, run_dir / POLICY_FILE)
+        record["privacy_unit"] = load_policy(policy_path).dp.effective_unit  # what one protected change is
     if final_broadcast is not None:
         (run_dir / MODEL_FILE).write_bytes(encode_broadcast(final_broadcast))
     if ledgers is not None:
