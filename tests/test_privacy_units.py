@@ -263,3 +263,16 @@ def test_the_released_graph_is_weighted_by_the_posterior_of_a_true_edge():
         random_bytes=seeded_bytes(0),
     )
     assert np.all(unweighted.prepare_adjacency(ring, np.random.default_rng(0)).data == 1.0)
+
+
+def test_a_consortium_refuses_the_label_unit_and_accepts_the_edge_unit():
+    from fedgl_secure.errors import ConfigError
+    from fedgl_secure.privacy.dp_round import check_consortium
+
+    config = build_config({"method": "fedgl"})
+    with pytest.raises(ConfigError, match="dp.unit = 'label' runs in the simulation only"):
+        check_consortium(policy_from_dict(label_policy(2.0)), config)
+    check_consortium(load_policy(POLICIES / "strict-edge-dp.toml"), config)
+    # under a source-only unit the bank service uploads P_k and H_k of its trained model, as the simulation
+    assert not FederationPrivacy(load_policy(POLICIES / "strict-edge-dp.toml")).recomputes_node_terms
+    assert FederationPrivacy(load_policy(POLICIES / "strict-dp.toml")).recomputes_node_terms

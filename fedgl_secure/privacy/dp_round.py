@@ -123,6 +123,12 @@ def check_consortium(policy: Policy, config) -> None:
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
         )
+    if policy.dp.labels.enabled:
+        raise ConfigError(
+            "dp.unit = 'label' runs in the simulation only: a consortium bank does not yet apply and keep its "
+            "randomised labels across restarts, and would train on its true labels; use `simulate --secure`, or "
+            "another unit"
+        )
     check_runnable(policy, config)
 
 

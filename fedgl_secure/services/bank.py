@@ -466,7 +466,7 @@ class BankWorker:
         else:
             session.snapshots = {view.base_version: _snapshot(session.trainer)}
         # under DP the predictions and embeddings are computed once, with W̄, by the DP step (protect_contributions)
-        private = self.privacy is not None and self.privacy.active
+        private = self.privacy is not None and self.privacy.recomputes_node_terms
         with timer.phase("training"):
             contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=not private)
             contribution = self._release(session, view, broadcast, contribution)
