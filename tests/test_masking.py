@@ -116,3 +116,24 @@ def test_a_sum_that_does_not_fill_its_chunks_is_refused(parties):
         mask_sum(public, total, 10)
     with pytest.raises(CiphertextError, match="holds 952 values, expected 900"):
         mask_sum(public, total, 2948)
+
+
+def test_several_data_primes_pad_and_decode_per_prime():
+    """Under [60, 40, 40, 60] the data level has three primes: one uniform residue vector each, same recovery."""
+    from fedgl_secure.privacy.policy import HEParameters
+
+    he = HEParameters(
+        poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40, packing="none"
+    )
+    secret = ckks.create_secret_context(he)
+    public = ckks.load_public_context(ckks.public_context_bytes(secret))
+    level = ring_mask.data_level(secret)
+    assert [q.bit_length() for q in level.moduli] == [60, 40, 40]
+
+    def key_authority(padded: list[bytes], slots: int) -> np.ndarray:
+        views = [ring_mask.load_ciphertext(secret, c, level, "chunk") for c in padded]
+        return np.stack([ring_mask.decrypt_rerandomised(secret, view, level) for view in views])
+
+    terms = [np.random.default_rng(20 + i).uniform(-1e6, 1e6, 5000) for i in range(2)]
+    values = masked_decryption(public, summed(public, terms), 5000, None, 2, key_authority)
+    np.testing.assert_allclose(values, np.sum(terms, axis=0), atol=1e-4)
