@@ -30,6 +30,18 @@ target "within 3 points of non-DP FedGL".
         --output docs/results/privacy_utility_cora.json --seeds 3 --rounds 30
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora \
         --policy policies/strict-dp-sgd.toml --output docs/results/privacy_utility_cora_dpsgd.json
+
+Units of privacy (``--units edge,label``, issue 10): for each unit, ε and method (``--methods
+fedgl,fgcl``) the policy is the unit's shipped template (``policies/strict-edge-dp.toml``,
+``policies/label-dp.toml``) with its one-off ε set; ε = inf is the run without DP (shared by the
+units). ``--units mlp`` adds the features-only baseline (the GCN on a graph without edges,
+centralised: what a model learns with no graph at all). Each run records accuracy, the MIA AUC on
+the final W̄ and, when the final broadcast carries a pseudo graph, the link-inference AUC
+(:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph).
+
+    FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora --units edge,label \
+        --methods fedgl,fgcl --epsilons 0.5,1,2,4,8,inf --seeds 1 --rounds 20 \
+        --output docs/results/privacy_units_cora.json
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ import torch
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
-from fedgl_secure.privacy.attacks import membership_inference_auc
+from fedgl_secure.privacy.attacks import link_inference_auc, membership_inference_auc, true_edge_index
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.policy import DATA_KINDS, Policy, load_policy, policy_from_dict
@@ -125,15 +137,36 @@ def calibrate(
     return high, guarantees
 
 
-def run_one(config_values: dict, policy, dataset) -> dict:
-    """One run: accuracy at the best validation round, MIA on the final broadcast W̄."""
+def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | None = None) -> dict:
+    """One run: accuracy at the best validation round, MIA on the final broadcast W̄ (and link AUC on its
+    pseudo graph, if any)."""
     config = build_config(config_values)
     broadcasts = []
-    privacy = FederationPrivacy(policy) if policy is not None else None
+    if privacy is None:
+        privacy = FederationPrivacy(policy) if policy is not None else None
     result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
     federation = Federation.build(dataset, config, resolve_device(config.device))
+    if not broadcasts:  # a baseline (centralized, local): no broadcast to attack
+        return {
+            "seed": config.seed,
+            "accuracy": result.global_test_accuracy,
+            "best_round": result.best_round,
+            "mia_auc": None,
+            "link_auc": None,
+            "wall_seconds": round(result.wall_seconds, 2),
+        }
     final = broadcasts[-1]
     mia = membership_inference_auc(final.weights, federation.merged, seed=config.seed)
+    link = None
+    if final.pseudo_graph is not None:
+        merged = federation.merged
+        link = link_inference_auc(
+            final.pseudo_graph,
+            true_edge_index(merged),
+            merged.num_nodes,
+            config.seed,
+            embeddings=final.fused_predictions,
+        )
     spent = None
     if privacy is not None and privacy.active:
         budget = policy.budget
@@ -148,6 +181,8 @@ def run_one(config_values: dict, policy, dataset) -> dict:
         "mia_auc_stderr": mia.auc_stderr,
         "mia_attack": mia.attack,
         "mia_members": mia.members,
+        "link_auc": None if link is None else link.auc,
+        "link_attack": None if link is None else link.attack,
         "epsilon_spent_max_bank": spent,
         "wall_seconds": round(result.wall_seconds, 2),
     }
@@ -175,6 +210,116 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
+UNIT_TEMPLATES = {"edge": POLICIES / "strict-edge-dp.toml", "label": POLICIES / "label-dp.toml"}
+
+
+def unit_policy(unit: str, epsilon: float):
+    """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``."""
+    path = UNIT_TEMPLATES[unit]
+    values = tomllib.loads(path.read_text(encoding="utf-8"))
+    values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
+    values["budget"]["epsilon"] = float(epsilon)
+    return policy_from_dict(values, source=f"{path.name} (ε = {epsilon:g})")
+
+
+def features_only(dataset):
+    """The dataset without its edges: a GCN on it is an MLP on the features (Â = I)."""
+    import dataclasses
+
+    import numpy as np
+
+    return dataclasses.replace(dataset, edge_index=np.zeros((2, 0), dtype=np.int64))
+
+
+def run_units(args) -> int:
+    """Accuracy / MIA / link AUC per unit, ε, method and seed (module doc); JSON rewritten after every run."""
+    datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
+    started = time.perf_counter()
+    rows: list[dict] = []
+
+    def config_values(method: str, seed: int) -> dict:
+        values = {
+            "dataset": args.dataset,
+            "method": method,
+            "seed": seed,
+            "data_root": args.data_root,
+            "device": args.device,
+            "federation": {"max_rounds": args.rounds, "patience": args.rounds},
+        }
+        return values
+
+    def write(complete: bool) -> None:
+        output = {
+            "dataset": args.dataset,
+            "rounds": args.rounds,
+            "patience": args.rounds,
+            "seeds": args.seeds,
+            "accuracy": "global test accuracy at the best validation round (merged client graph, clean)",
+            "mia": "membership_inference_auc on the final W̄; link: link_inference_auc on the final pseudo graph",
+            "torch_threads": torch.get_num_threads(),
+            "complete": complete,
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "command": "python benchmarks/privacy_utility.py " + " ".join(sys.argv[1:]),
+            "results": rows,
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
+
+    def record(unit: str, epsilon: float, method: str, policy, dataset_of) -> None:
+        runs = []
+        for seed in range(args.seeds):
+            privacy = FederationPrivacy(policy) if policy is not None else None
+            config = build_config(config_values(method, seed))
+            if privacy is None:
+                run = run_one(config_values(method, seed), None, dataset_of(seed))
+            else:
+                run = _run_private(config, privacy, dataset_of(seed))
+            runs.append(run)
+            print(
+                f"  {unit} ε = {epsilon:g} {method} seed {seed}: acc {run['accuracy']:.4f} MIA {run['mia_auc']} "
+                f"link {run['link_auc']} ({run['wall_seconds']:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        accuracies = [r["accuracy"] for r in runs]
+        links = [r["link_auc"] for r in runs if r["link_auc"] is not None]
+        rows.append(
+            {
+                "unit": unit,
+                "epsilon": "inf" if math.isinf(epsilon) else epsilon,
+                "method": method,
+                "accuracy_mean": statistics.fmean(accuracies),
+                "accuracy_std": statistics.stdev(accuracies) if len(runs) > 1 else 0.0,
+                "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
+                "link_auc_mean": statistics.fmean(links) if links else None,
+                "runs": runs,
+            }
+        )
+        write(complete=False)
+
+    for unit in args.units:
+        if unit == "mlp":
+            record("mlp", math.inf, "centralized", None, lambda seed: features_only(datasets[seed]))
+            continue
+        for epsilon in args.epsilons:
+            for method in args.methods:
+                if math.isinf(epsilon):
+                    if any(r["epsilon"] == "inf" and r["method"] == method for r in rows):
+                        continue  # no DP: the same run for every unit
+                    record("none", epsilon, method, None, datasets.__getitem__)
+                else:
+                    record(unit, epsilon, method, unit_policy(unit, epsilon), datasets.__getitem__)
+    write(complete=True)
+    print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
+    return 0
+
+
+def _run_private(config, privacy, dataset) -> dict:
+    """run_one with a ready FederationPrivacy (a unit policy)."""
+    values = config.model_dump(mode="json")
+    return run_one(values, privacy.policy, dataset, privacy=privacy)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="cora")
@@ -193,7 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--units", default=None, help="edge,label,mlp: the units-of-privacy table (module doc)")
+    parser.add_argument("--methods", default="fedgl,fgcl", help="methods of the units table")
     args = parser.parse_args(argv)
+    if args.units is not None:
+        args.units = [u.strip() for u in args.units.split(",") if u.strip()]
+        unknown = [u for u in args.units if u not in (*UNIT_TEMPLATES, "mlp")]
+        if unknown:
+            parser.error(f"--units: unknown {unknown}; choose from {[*UNIT_TEMPLATES, 'mlp']}")
+        args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        return run_units(args)
 
     template_policy = load_policy(args.policy)  # validated, defaults filled, errors naming the file's fields
     if not template_policy.has_dp:
