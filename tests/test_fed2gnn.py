@@ -91,6 +91,20 @@ def test_matched_loss_ignores_the_order_of_the_set():
     assert float(matched_loss(shuffled, target, np.array([2]))) > 0  # only the first 2 slots count
 
 
+@pytest.mark.parametrize("size", [1, 2, 4, 5, 7])
+def test_best_matching_is_the_hungarian_optimum(size):
+    from scipy.optimize import linear_sum_assignment
+
+    from fedgl_secure.methods.fed2gnn import best_matching
+
+    cost = np.random.default_rng(size).random((20, size, size))
+    columns = best_matching(cost)
+    for b in range(20):
+        rows, cols = linear_sum_assignment(cost[b])
+        assert cost[b, np.arange(size), columns[b]].sum() == pytest.approx(cost[b, rows, cols].sum())
+        assert sorted(columns[b]) == list(range(size))
+
+
 def test_pairwise_masks_cancel_exactly_and_hide_each_term():
     rng = np.random.default_rng(0)
     keys = [pairwise_masks.new_private_key() for _ in range(4)]

@@ -23,6 +23,8 @@ upper target), ``federated`` on the Louvain clients the lower one.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -150,18 +152,32 @@ class SetDecoder(nn.Module):
         return self.body(inputs).view(-1, self.slots, self.out_dim)
 
 
+def best_matching(cost: np.ndarray) -> np.ndarray:
+    """For each row b of ``cost`` (B x s x s), the column matched to each generated slot under the cheapest
+    one-to-one matching: ``scipy.optimize.linear_sum_assignment``'s optimum. For s ≤ 5 every permutation is
+    scored at once (at most 120, vectorised over the batch, the same optimum without a Python loop per node);
+    beyond, Hungarian row by row."""
+    batch, size = cost.shape[0], cost.shape[1]
+    if size > 5:
+        return np.stack([linear_sum_assignment(c)[1] for c in cost]) if batch else np.zeros((0, size), np.int64)
+    permutations = np.asarray(list(itertools.permutations(range(size))), dtype=np.int64)  # (P, s)
+    totals = cost[:, np.arange(size)[None, :], permutations].sum(axis=2)  # (B, P)
+    return permutations[np.argmin(totals, axis=1)]
+
+
 def matched_loss(generated: torch.Tensor, targets: torch.Tensor, sizes: np.ndarray) -> torch.Tensor:
     """Eqs. 5-8 in matched form: mean squared error between generated and true sets after the best one-to-one
     matching (Hungarian) of the first ``sizes[b]`` slots of row b with its ``sizes[b]`` targets."""
     cost = torch.cdist(generated, targets).pow(2).detach().cpu().numpy()  # (B, d, d)
-    rows, cols, batch = [], [], []
-    for b, size in enumerate(sizes):
-        r, c = linear_sum_assignment(cost[b, :size, :size])
-        rows.append(r)
-        cols.append(c)
-        batch.append(np.full(size, b))
-    b_idx = torch.as_tensor(np.concatenate(batch))
-    r_idx, c_idx = torch.as_tensor(np.concatenate(rows)), torch.as_tensor(np.concatenate(cols))
+    batch_parts, slot_parts, target_parts = [], [], []
+    for size in np.unique(sizes):
+        rows = np.flatnonzero(sizes == size)
+        columns = best_matching(cost[rows][:, :size, :size])
+        batch_parts.append(np.repeat(rows, size))
+        slot_parts.append(np.tile(np.arange(size), rows.size))
+        target_parts.append(columns.ravel())
+    b_idx = torch.as_tensor(np.concatenate(batch_parts))
+    r_idx, c_idx = torch.as_tensor(np.concatenate(slot_parts)), torch.as_tensor(np.concatenate(target_parts))
     return (generated[b_idx, r_idx] - targets[b_idx, c_idx]).pow(2).sum(dim=1).mean()
 
 
