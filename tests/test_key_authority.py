@@ -450,3 +450,19 @@ def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, sma
     assert c.authority.central_noise_std == {}
     np.testing.assert_allclose(c.decrypt(c.open(1)), np.full(LENGTH, 6.0), atol=1e-5)
     c.authority.close()
+
+
+def test_central_noise_too_wide_for_the_sums_range_is_refused_at_start(tmp_path, small_he):
+    """The noise is added in the ring, so it must fit beside the banks' terms: 8σ below half the wrap-around bound."""
+    policy = policy_from_dict(
+        {
+            "he": small_he.model_dump(),
+            "allowed_kinds": ["weights", "node_weight"],
+            "dp": {"weights": {"clip": 1.0, "noise_multiplier": 5000.0, "noise": "central"}},
+            "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
+        }
+    )
+    assert noise_std(policy, "weights") == 10000.0  # 8σ = 80,000 > 2^(54 − 36 − 1) / 2 = 65,536
+    with pytest.raises(PolicyError, match="does not fit the range"):
+        KeyAuthority(tmp_path / "ka", policy, OPERATOR_SECRET)
+    assert not (tmp_path / "ka").exists()  # refused before any key was made

@@ -118,6 +118,15 @@ class KeyAuthority:
     def __init__(
         self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str, federation: str | None = None
     ) -> None:
+        # the range left to central noise by the banks' terms, in value units (unpacked, at the global scale);
+        # checked before any key or ledger exists
+        self._noise_room = sum_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits) * (1 - TERMS_SHARE)
+        too_wide = {k: s for k, s in central_noise_stds(policy).items() if NOISE_SIGMAS * s >= self._noise_room}
+        if too_wide:
+            raise PolicyError(
+                f"central noise σ {too_wide} does not fit the range the HE parameters leave it ({self._noise_room:g} "
+                f"at {NOISE_SIGMAS:g} σ); enlarge he.coeff_mod_bit_sizes or lower he.global_scale_bits"
+            )
         self.state_dir = Path(state_dir)
         self.federation = federation  # when set, every other federation id is refused
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -135,15 +144,6 @@ class KeyAuthority:
         self.fingerprint = ckks.fingerprint(self.public_context)
         self.central_noise_std = central_noise_stds(policy)
         self.level = ring_mask.data_level(self._secret_context)
-        # the range left to central noise by the banks' terms, in value units (unpacked, at the global scale)
-        self._noise_room = sum_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits) * (1 - TERMS_SHARE)
-        too_wide = {k: s for k, s in self.central_noise_std.items() if NOISE_SIGMAS * s >= self._noise_room}
-        if too_wide:
-            self.ledger.close()
-            raise PolicyError(
-                f"central noise σ {too_wide} does not fit the range the HE parameters leave it ({self._noise_room:g} "
-                f"at {NOISE_SIGMAS:g} σ); enlarge he.coeff_mod_bit_sizes or lower he.global_scale_bits"
-            )
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
 
