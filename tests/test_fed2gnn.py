@@ -212,7 +212,7 @@ def test_reconstruction_grafts_trees_on_boundary_nodes_only(graph):
         {
             "method": "fed2gnn",
             "federation": {"partition": "louvain", "num_clients": 3},
-            "fed2gnn": {"decoder_epochs": 5, "projection_dim": 16},
+            "fed2gnn": {"decoder_epochs": 2, "projection_dim": 16, "decoder_hidden": 32},
         }
     )
     node_sets = louvain_partition(graph, 3, seed=0)
@@ -245,7 +245,7 @@ def test_fed2gnn_and_fedavg_full_run_end_to_end(graph):
             {
                 "method": method,
                 "federation": {"partition": "louvain", "num_clients": 3, "max_rounds": 2},
-                "fed2gnn": {"decoder_epochs": 5, "projection_dim": 16},
+                "fed2gnn": {"decoder_epochs": 2, "projection_dim": 16, "decoder_hidden": 32},
             }
         )
         results[method] = run_experiment(config, graph, progress=False)
