@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from fedgl_secure.engine.config import TrainingConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
@@ -21,11 +22,15 @@ class LocalTrainer:
     :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`) replaces the full-batch steps with DP-SGD steps.
     """
 
-    def __init__(self, client_id: int, graph: GraphTensors, config: TrainingConfig, seed: int) -> None:
+    def __init__(
+        self, client_id: int, graph: GraphTensors, config: TrainingConfig, seed: int, model: nn.Module | None = None
+    ) -> None:
         self.client_id = client_id
         self.graph = graph
         self.config = config
-        self.model = GCN(graph.features.shape[1], config.hidden, graph.num_classes, config.dropout).to(graph.device)
+        # the method's backbone when it brings one (e.g. GraphFL's SGC), else the 2-layer GCN
+        model = model or GCN(graph.features.shape[1], config.hidden, graph.num_classes, config.dropout)
+        self.model = model.to(graph.device)
         self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
         self.optimizer = self._new_optimizer()
         self.private_training = None

@@ -21,9 +21,19 @@ METHODS = (
     "fgcl",
     "fed2gnn",
     "fedavg-full",
+    "graphfl",
 )
 Method = Literal[
-    "fedgl", "federated", "fedgl-no-gpg", "fedgl-no-gpl", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full"
+    "fedgl",
+    "federated",
+    "fedgl-no-gpg",
+    "fedgl-no-gpl",
+    "centralized",
+    "local",
+    "fgcl",
+    "fed2gnn",
+    "fedavg-full",
+    "graphfl",
 ]
 
 
@@ -152,6 +162,29 @@ class Fed2GNNConfig(_Section):
     secure: bool = Field(True, description="bank-to-bank sums travel under pairwise masks (crypto/pairwise_masks.py)")
 
 
+class GraphFLConfig(_Section):
+    """GraphFL (methods/graphfl.py): MAML-style federated training (Algorithm 1), first-order.
+
+    Defaults follow the authors' code where the paper is silent (inner SGD at 0.01, Adam as the meta
+    optimiser at 0.02 with weight decay 5e-4) and the paper's T_e = 15; docs/reproduction.md says
+    what validation accuracy chose.
+    """
+
+    inner_steps: int = Field(15, ge=1, description="T_e: gradient steps on the support set (meta and fine-tuning)")
+    inner_learning_rate: float = Field(0.01, gt=0.0, description="α: step size of the support-set steps")
+    inner_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="sgd: θ ← θ − α∇L (the paper); adam: the client's own Adam (moments kept across rounds)"
+    )
+    meta_learning_rate: float = Field(0.02, gt=0.0, description="β: step size of the server's meta step")
+    meta_optimizer: Literal["sgd", "adam"] = Field(
+        "adam", description="sgd: θ̂ = θ − β·ḡ (the paper's equation); adam: an Adam step on ḡ (the authors' code)"
+    )
+    meta_weight_decay: float = Field(5e-4, ge=0.0, description="L2 weight decay of the meta step")
+    query_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="a client's labelled share in its query set")
+    backbone: Literal["gcn", "sgc"] = "gcn"
+    sgc_hops: int = Field(2, ge=1, description="K of SGC's Â^K X W")
+
+
 class EvaluationConfig(BaseModel):
     """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
 
@@ -205,13 +238,14 @@ class ExperimentConfig(_Section):
     federation: FederationConfig = FederationConfig()
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()
     fed2gnn: Fed2GNNConfig = Fed2GNNConfig()
+    graphfl: GraphFLConfig = GraphFLConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full"):
+        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full", "graphfl"):
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0

@@ -36,7 +36,15 @@ from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method, prepare_clients
-from fedgl_secure.methods.base import EMBEDDINGS, PREDICTIONS, Broadcast
+from fedgl_secure.methods.base import (
+    EMBEDDINGS,
+    PREDICTIONS,
+    Broadcast,
+    method_model,
+    method_stages,
+    stage_contribution,
+    stage_update,
+)
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
@@ -164,6 +172,37 @@ def pseudo_graph_homophily(pseudo_graph: PseudoGraph, labels: torch.Tensor) -> t
     return int((pseudo_graph.weights > 0).sum()), ratio(int(same.sum()), int(keep.sum()))
 
 
+def method_initial_parameters(method, config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
+    """W̄ of round 0 for ``method``'s model: :func:`initial_parameters` (the GCN) unless the method brings its
+    own model (``build_model``), which is then initialised from the same "init" stream."""
+    if not hasattr(method, "build_model"):
+        return initial_parameters(config, num_features, num_classes)
+    model = method.build_model(num_features, num_classes)
+    model.reset_parameters(torch_stream(config.seed, "init"))
+    return model.flat_parameters()
+
+
+def run_round_stages(
+    method,
+    trainers: list[LocalTrainer],
+    participants: list[int],
+    broadcast: Broadcast,
+    round_number: int,
+    summation: Summation,
+    weight_normaliser: float,
+) -> Broadcast:
+    """One round of ``method``: each of its stages in turn (one for most methods), the same participants in
+    each; every stage's uploads are ``ŵ_k·X_k`` (``w_max`` public, as a bank's), summed by ``summation``
+    under the round's number, and the stage's server update gives the broadcast the next stage starts from."""
+    for stage in method_stages(method):
+        contributions = {
+            k: normalise_contribution(stage_contribution(method, stage, trainers[k], broadcast), weight_normaliser)
+            for k in participants
+        }
+        broadcast = stage_update(method, stage, summation(round_number, contributions), round_number, broadcast)
+    return broadcast
+
+
 def run_experiment(
     config: ExperimentConfig,
     dataset: GraphDataset | None = None,
@@ -256,15 +295,30 @@ def _run_federated(
     method = build_method(config)
     merged = federation.merged
     client_graphs = federation.client_graphs
+    staged = len(method_stages(method)) > 1
+    if staged and privacy is not None and privacy.active:
+        raise ConfigError(
+            f"method {config.method!r} has {len(method_stages(method))} stages per round; the DP step (clipping, "
+            "noise, accounting) is defined for single-stage methods only: use a policy without [dp.*]"
+        )
     if privacy is not None:
         client_graphs = _private_client_graphs(config, federation, privacy)
         summation = privacy.with_central_noise(summation)
-    trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
+    num_features = merged.features.shape[1]
+    if hasattr(method, "build_model"):
+        trainers = [
+            LocalTrainer(k, graph, config.training, config.seed, method.build_model(num_features, graph.num_classes))
+            for k, graph in enumerate(client_graphs)
+        ]
+        evaluator = method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0)
+        evaluator = evaluator.to(merged.device)
+    else:
+        trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
+        evaluator = GCN(num_features, config.training.hidden, merged.num_classes).to(merged.device)
     if privacy is not None:
         for k, trainer in enumerate(trainers):
             privacy.attach_training(k, trainer)
-    evaluator = GCN(merged.features.shape[1], config.training.hidden, merged.num_classes).to(merged.device)
-    broadcast = Broadcast(0, initial_parameters(config, merged.features.shape[1], merged.num_classes))
+    broadcast = Broadcast(0, method_initial_parameters(method, config, num_features, merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
     weight_normaliser = max(client_weight(graph.num_nodes) for graph in federation.client_graphs)
@@ -273,11 +327,10 @@ def _run_federated(
     for round_number in bar:
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
-        if privacy is None:  # uploads are ŵ_k·X_k with the public w_max, as a bank's (the DP step normalises alike)
-            contributions = {
-                k: normalise_contribution(method.client_contribution(trainers[k], broadcast), weight_normaliser)
-                for k in participants
-            }
+        if privacy is None or staged:  # uploads are ŵ_k·X_k with the public w_max, as a bank's (so does the DP step)
+            broadcast = run_round_stages(
+                method, trainers, participants, broadcast, round_number, summation, weight_normaliser
+            )
         else:
             # a bank whose budget is spent refuses every later round: it does not train either; under DP,
             # P_k and H_k are computed once, with the public W̄, by protect_contributions
@@ -297,7 +350,7 @@ def _run_federated(
                 )
                 break
             participants = sorted(contributions)
-        broadcast = method.server_update(summation(round_number, contributions), round_number)
+            broadcast = method.server_update(summation(round_number, contributions), round_number)
         if observer is not None:
             observer(broadcast)
         evaluator.load_flat_parameters(broadcast.weights)

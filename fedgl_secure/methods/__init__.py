@@ -9,6 +9,7 @@ from fedgl_secure.methods.fed2gnn import prepare_clients as prepare_clients
 from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.methods.fedgl import FedGL
 from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive
+from fedgl_secure.methods.graphfl import GraphFL
 
 
 def build_method(config: ExperimentConfig) -> FederatedMethod:
@@ -23,4 +24,6 @@ def build_method(config: ExperimentConfig) -> FederatedMethod:
         return FGCL(config)
     if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
         return FedGLContrastive(config) if config.fgcl.enabled else FedGL(config)
+    if config.method == "graphfl":
+        return GraphFL(config)
     raise ValueError(f"{config.method!r} is a baseline, not a federated method")

@@ -6,26 +6,38 @@ declares its upload kinds; each client turns the current :class:`Broadcast` into
 the engine only sums them (in plaintext or under CKKS) and hands the sums back to the method.
 FedAvg and FedGL are two such methods; others (meta-learned FedAvg with self-training,
 neighbour reconstruction, edge-DP contrastive learning) plug in the same way.
+
+A round may have several stages (:class:`MultiStageMethod`, e.g. GraphFL's meta step and then its
+fine-tuning and FedAvg), each one upload and one server update; a method that declares none has
+one. The engine goes through :func:`method_stages` and the ``stage_*`` helpers, never a method's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.errors import ConfigError
 from fedgl_secure.model.sparse import SparseOperator
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # Upload kinds. Every kind is a sum of pre-weighted client terms.
 WEIGHTS = "weights"  # cat(w_k · W_k, [w_k]): flattened parameters, then the weight itself (for Σ_k w_k)
 PREDICTIONS = "predictions"  # w_k · P_k in global index (M x C)
 EMBEDDINGS = "embeddings"  # w_k · H_k in global index (M x D)
 NODE_WEIGHT = "node_weight"  # w_k · [i ∈ V_k] (M), the per-node normaliser of Eqs. 12/14
+META_GRADIENTS = "meta_gradients"  # cat(w_k · g_k, [w_k]): a query-loss gradient (GraphFL's meta stage)
+
+# The name of the one stage of a method that declares no ``stages``.
+SINGLE_STAGE = "round"
 
 
 def weights_term(weight: float, parameters: torch.Tensor) -> torch.Tensor:
@@ -70,3 +82,95 @@ class FederatedMethod(Protocol):
         ...
 
     def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator: ...
+
+
+class MultiStageMethod(Protocol):
+    """A method whose round has several stages (e.g. GraphFL: a meta step, then fine-tuning and FedAvg).
+
+    Each stage is one upload and one server update: the clients of the round (the same participants in
+    every stage) compute their pre-weighted terms from the broadcast the stage starts from, the engine
+    sums them, and :meth:`stage_update` turns the sums into the broadcast the next stage (or round)
+    starts from. Kind names are unique within a round (the key authority decrypts each (round, kind) at
+    most once). A method without ``stages`` is one stage, :data:`SINGLE_STAGE`, made of
+    ``client_contribution`` and ``server_update``; the helpers below hide the difference from the engine.
+    """
+
+    name: str
+    stages: tuple[str, ...]
+
+    @property
+    def upload_kinds(self) -> tuple[str, ...]:
+        """Every kind of every stage, in stage order."""
+        ...
+
+    def stage_upload_kinds(self, stage: str) -> tuple[str, ...]: ...
+
+    def stage_contribution(self, stage: str, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
+        """The bank's pre-weighted terms of ``stage``, from the broadcast the stage starts from."""
+        ...
+
+    def stage_update(
+        self, stage: str, sums: Mapping[str, torch.Tensor], round_number: int, broadcast: Broadcast
+    ) -> Broadcast:
+        """The broadcast after ``stage``, from its sums and the broadcast the stage started from."""
+        ...
+
+
+def method_stages(method: FederatedMethod | MultiStageMethod) -> tuple[str, ...]:
+    """The stages of one round, in order (one, :data:`SINGLE_STAGE`, unless the method declares ``stages``)."""
+    stages = tuple(getattr(method, "stages", (SINGLE_STAGE,)))
+    if not stages or len(set(stages)) != len(stages):
+        raise ValueError(f"method {method.name!r}: stages must be a non-empty list of distinct names, got {stages}")
+    return stages
+
+
+def check_single_stage(method: FederatedMethod | MultiStageMethod, where: str) -> None:
+    """Refuse a multi-stage method where only single-stage rounds are run yet (``where``: who refuses)."""
+    stages = method_stages(method)
+    if len(stages) > 1:
+        raise ConfigError(
+            f"invalid configuration: method: {method.name!r} runs {len(stages)} stages per round {list(stages)}, "
+            f"but {where} runs single-stage methods only so far; run it with `fedgl-secure simulate` "
+            "(plaintext, or CKKS with --secure)"
+        )
+
+
+def stage_upload_kinds(method: FederatedMethod | MultiStageMethod, stage: str) -> tuple[str, ...]:
+    """The kinds a client uploads in ``stage``."""
+    if hasattr(method, "stage_upload_kinds"):
+        return tuple(method.stage_upload_kinds(stage))
+    return tuple(method.upload_kinds)
+
+
+def stage_contribution(
+    method: FederatedMethod | MultiStageMethod, stage: str, trainer: LocalTrainer, broadcast: Broadcast
+) -> dict[str, torch.Tensor]:
+    """A client's pre-weighted terms of ``stage`` (``client_contribution`` for a single-stage method)."""
+    if hasattr(method, "stage_contribution"):
+        return method.stage_contribution(stage, trainer, broadcast)
+    return method.client_contribution(trainer, broadcast)
+
+
+def stage_update(
+    method: FederatedMethod | MultiStageMethod,
+    stage: str,
+    sums: Mapping[str, torch.Tensor],
+    round_number: int,
+    broadcast: Broadcast,
+) -> Broadcast:
+    """The server's update after ``stage`` (``server_update`` for a single-stage method)."""
+    if hasattr(method, "stage_update"):
+        return method.stage_update(stage, sums, round_number, broadcast)
+    return method.server_update(sums, round_number)
+
+
+def method_model(
+    method: FederatedMethod | MultiStageMethod, num_features: int, hidden: int, num_classes: int, dropout: float
+) -> nn.Module:
+    """The model a method trains and the engine evaluates: the method's ``build_model`` when it has one
+    (e.g. GraphFL's SGC backbone), else the 2-layer GCN every other method uses."""
+    if hasattr(method, "build_model"):
+        return method.build_model(num_features, num_classes)
+    from fedgl_secure.model.gcn import GCN
+
+    return GCN(num_features, hidden, num_classes, dropout)

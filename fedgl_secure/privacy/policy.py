@@ -60,10 +60,10 @@ from fedgl_secure.crypto.ckks_params import data_bits, moduli_problems, scale_pr
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.crypto.packing import KindLayout, kind_layout
 from fedgl_secure.errors import PolicyError
-from fedgl_secure.methods.base import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
+from fedgl_secure.methods.base import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
-KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT)
+KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT, META_GRADIENTS)
 # Kinds that no longer exist, and where their values went. Σ_k w_k was its own one-value kind, which
 # cost a whole ciphertext (N/2 slots) per bank and round; it is now the last entry of "weights".
 RETIRED_KINDS = {"sample_weight": WEIGHTS}
@@ -101,6 +101,8 @@ class KindPrecisions(BaseModel):
     predictions: KindPrecision = KindPrecision(lower=0.0, upper=1.0, step_bits=6)
     embeddings: KindPrecision = KindPrecision(lower=-24.0, upper=24.0, step_bits=3)
     node_weight: KindPrecision = KindPrecision(lower=0.0, upper=1.0, step_bits=6)
+    # GraphFL's ŵ_k·g_k, a query-loss gradient: small values that the meta step scales by β, so finer steps
+    meta_gradients: KindPrecision = KindPrecision(lower=-2.0, upper=2.0, step_bits=16)
 
 
 class HEParameters(BaseModel):

@@ -54,7 +54,7 @@ from fedgl_secure.engine.simulation import initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
-from fedgl_secure.methods.base import Broadcast
+from fedgl_secure.methods.base import Broadcast, check_single_stage
 from fedgl_secure.methods.fed2gnn import refuse_in_services
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
@@ -182,6 +182,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     """
     refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
     check_consortium(policy, config)
+    check_single_stage(build_method(config), "the consortium's aggregator")
     kinds = build_method(config).upload_kinds
     refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
     if refused:

@@ -67,7 +67,7 @@ from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
-from fedgl_secure.methods.base import Broadcast
+from fedgl_secure.methods.base import Broadcast, check_single_stage
 from fedgl_secure.methods.fed2gnn import refuse_in_services
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
@@ -178,6 +178,7 @@ class BankWorker:
         self.poll_seconds = poll_seconds
         refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
         self.method = build_method(config)
+        check_single_stage(self.method, "a consortium bank")
         self.log = get_logger(node=name, role="bank")
         self.rounds_done: list[int] = []
         self.finished = threading.Event()

@@ -1,0 +1,141 @@
+"""GraphFL's clients and splits (Wang et al., §5.1): labelled nodes spread over clients that all see the
+whole graph, support/query halves, and the new-label-domain split of the classes.
+
+Pure functions of the dataset and a seed; every draw comes from a named stream (``seeding``), so any
+party can rebuild the same clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.seeding import numpy_stream
+
+
+def support_query_split(
+    nodes: np.ndarray, query_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """A client's labelled nodes cut at random into a support set and a query set (sorted, disjoint).
+
+    The query set gets ``round(query_fraction · n)`` nodes, at least one and at most n − 1 when n ≥ 2
+    (both sets non-empty); a single labelled node is support only.
+    """
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if not 0.0 < query_fraction < 1.0:
+        raise ConfigError(f"graphfl.query_fraction = {query_fraction}: must be in (0, 1)")
+    if nodes.size < 2:
+        return np.sort(nodes), np.zeros(0, dtype=np.int64)
+    size = min(max(1, int(round(query_fraction * nodes.size))), nodes.size - 1)
+    shuffled = rng.permutation(nodes)
+    return np.sort(shuffled[size:]), np.sort(shuffled[:size])
+
+
+def _masked(dataset: GraphDataset, name: str, train: np.ndarray, val: np.ndarray, test: np.ndarray) -> GraphDataset:
+    masks = []
+    for nodes in (train, val, test):
+        mask = np.zeros(dataset.num_nodes, dtype=bool)
+        mask[nodes] = True
+        masks.append(mask)
+    return dataclasses.replace(dataset, name=name, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+
+
+def graphfl_clients(
+    dataset: GraphDataset,
+    num_clients: int,
+    labels_per_class: int,
+    seed: int,
+    test_size: int = 1000,
+    val_size: int = 500,
+) -> list[GraphDataset]:
+    """The paper's non-IID clients: every client sees the whole graph; ``labels_per_class`` labelled nodes
+    of each class, drawn at random, are spread evenly over the clients (each holds ~C·n/K of them, a
+    random mix of classes); ``test_size`` random nodes are every client's test set.
+
+    The paper has no validation set (the authors' code reports the best test accuracy over rounds); we
+    draw ``val_size`` random nodes, disjoint from the test and training nodes, to pick the reported
+    round and settle options. Nodes without a label (``-1``) are never drawn.
+    """
+    if num_clients < 1:
+        raise ConfigError(f"num_clients = {num_clients}: at least one client is needed")
+    rng = numpy_stream(seed, "graphfl", "split")
+    labelled = np.flatnonzero(dataset.labels >= 0)
+    if test_size + val_size >= labelled.size:
+        raise ConfigError(
+            f"test_size + val_size = {test_size + val_size} leaves no training nodes among {labelled.size} labelled"
+        )
+    shuffled = rng.permutation(labelled)
+    test, val, rest = shuffled[:test_size], shuffled[test_size : test_size + val_size], shuffled[test_size + val_size :]
+    train = []
+    for c in range(dataset.num_classes):
+        pool = rest[dataset.labels[rest] == c]
+        if pool.size < labels_per_class:
+            raise ConfigError(
+                f"labels_per_class = {labels_per_class}: class {c} has only {pool.size} nodes outside the test "
+                "and validation sets"
+            )
+        train.append(rng.choice(pool, size=labels_per_class, replace=False))
+    spread = np.array_split(rng.permutation(np.concatenate(train)), num_clients)
+    return [_masked(dataset, f"{dataset.name}/client-{k}", nodes, val, test) for k, nodes in enumerate(spread)]
+
+
+def split_label_domains(num_classes: int, new_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training classes, new classes): ``new_classes`` (K₀) classes held out at random for the new label
+    domain (Algorithm 2); the clients never see a node of them during federated training."""
+    if not 1 <= new_classes < num_classes:
+        raise ConfigError(f"new_classes = {new_classes}: must be in [1, {num_classes - 1}]")
+    order = numpy_stream(seed, "graphfl", "label-domains").permutation(num_classes)
+    return np.sort(order[new_classes:]), np.sort(order[:new_classes])
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A K₀-way task: ``nodes`` with their task-local labels ``0..K₀-1`` (``classes[j]`` is label j)."""
+
+    classes: np.ndarray
+    nodes: np.ndarray
+    labels: np.ndarray
+
+
+def sample_task(
+    labels: np.ndarray,
+    classes: np.ndarray,
+    ways: int,
+    shots: int,
+    rng: np.random.Generator,
+    exclude: np.ndarray | None = None,
+) -> Task:
+    """``ways`` classes drawn from ``classes``, ``shots`` nodes of each (never from ``exclude``)."""
+    chosen = np.sort(rng.choice(classes, size=ways, replace=False))
+    allowed = np.ones(labels.shape[0], dtype=bool)
+    if exclude is not None:
+        allowed[exclude] = False
+    nodes, task_labels = [], []
+    for j, c in enumerate(chosen):
+        pool = np.flatnonzero((labels == c) & allowed)
+        if pool.size < shots:
+            raise ConfigError(f"class {c} has {pool.size} nodes, a task needs {shots}")
+        nodes.append(rng.choice(pool, size=shots, replace=False))
+        task_labels.append(np.full(shots, j, dtype=np.int64))
+    return Task(chosen, np.concatenate(nodes), np.concatenate(task_labels))
+
+
+def task_client(
+    dataset: GraphDataset, task: Task, name: str, val: Task | None = None, test: Task | None = None
+) -> GraphDataset:
+    """The whole graph with only ``task``'s nodes labelled (task-local labels) as training nodes, and the
+    optional validation and test tasks' nodes (same classes) as its validation and test sets."""
+    labels = np.full(dataset.num_nodes, -1, dtype=np.int64)
+    parts = [task] + [t for t in (val, test) if t is not None]
+    for part in parts:
+        if not np.array_equal(part.classes, task.classes):
+            raise ValueError("a client's validation and test tasks must have its training task's classes")
+        labels[part.nodes] = part.labels
+    empty = np.zeros(0, dtype=np.int64)
+    client = _masked(
+        dataset, name, task.nodes, val.nodes if val is not None else empty, test.nodes if test is not None else empty
+    )
+    return dataclasses.replace(client, labels=labels, num_classes=int(task.classes.size))

@@ -1,0 +1,266 @@
+"""GraphFL (methods/graphfl.py): its meta step by hand, its splits, self-training, and its two stages in the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.crypto.secure_summation import SecureSummation
+from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.data.graphfl_split import (
+    graphfl_clients,
+    sample_task,
+    split_label_domains,
+    support_query_split,
+    task_client,
+)
+from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.engine.aggregation import PlaintextSummation
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.self_training import most_confident_per_class
+from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.methods import build_method
+from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method_stages, stage_upload_kinds
+from fedgl_secure.methods.graphfl import FINETUNE, META, meta_step
+from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.seeding import numpy_stream
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return synthetic_consortium(seed=0, num_nodes=400, num_features=40, num_val=80, num_test=100)
+
+
+class Recording:
+    """Keeps the kinds of every summation call, in order."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __call__(self, round_number, contributions):
+        sums = self.inner(round_number, contributions)
+        self.calls.append((round_number, tuple(sorted(sums)), sums))
+        return sums
+
+
+def test_meta_step_by_hand():
+    """θ̂ = θ − β Σ w_k g_k / Σ w_k: θ = (1, −2), two clients with w = 1 and 3, g = (4, 0) and (0, 8), β = 0.5:
+    Σ w g = (4, 24), Σ w = 4, mean (1, 6), θ̂ = (0.5, −5)."""
+    theta = torch.tensor([1.0, -2.0])
+    gradient_sum = 1.0 * torch.tensor([4.0, 0.0]) + 3.0 * torch.tensor([0.0, 8.0])
+    assert torch.allclose(meta_step(theta, gradient_sum, 4.0, 0.5), torch.tensor([0.5, -5.0]))
+
+
+def _linear_softmax_gradient(x: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.ndarray):
+    """∂/∂(W, b) of the mean cross-entropy of softmax(xW + b): (xᵀ(P − Y)/n, Σ(P − Y)/n)."""
+    logits = x @ w + b
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    residual = p - np.eye(w.shape[1])[y]
+    return x.T @ residual / len(y), residual.sum(axis=0) / len(y)
+
+
+def test_one_client_round_of_the_meta_stage_by_hand():
+    """A 1-hop SGC on a graph without edges (Â = I) is softmax(XW + b): one support step, the query gradient
+    at the adapted parameters, and the plain meta step, all recomputed with numpy's closed form."""
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.5], [0.5, 2.0], [1.5, 1.0]], dtype=np.float32)
+    labels = np.array([0, 1, 1, 0, 1, 0])
+    graph = GraphDataset(
+        "hand",
+        sp.csr_matrix(x),
+        labels,
+        np.zeros((2, 0), dtype=np.int64),
+        np.ones(6, dtype=bool),
+        np.zeros(6, dtype=bool),
+        np.zeros(6, dtype=bool),
+        2,
+        np.arange(6),
+    )
+    config = build_config(
+        {
+            "method": "graphfl",
+            "device": "cpu",
+            "training": {"normalize_features": False},
+            "graphfl": {
+                "backbone": "sgc",
+                "sgc_hops": 1,
+                "inner_steps": 1,
+                "inner_learning_rate": 0.3,
+                "meta_optimizer": "sgd",
+                "meta_learning_rate": 0.7,
+                "meta_weight_decay": 0.0,
+            },
+        }
+    )
+    method = build_method(config)
+    tensors = GraphTensors.from_graph(graph, np.arange(6), 6, torch.device("cpu"), normalize_features=False)
+    trainer = LocalTrainer(0, tensors, config.training, 0, method.build_model(2, 2))
+    w0 = np.array([[0.2, -0.1], [0.4, 0.3]], dtype=np.float64)
+    b0 = np.array([0.05, -0.05])
+    theta = torch.tensor(np.concatenate([w0.ravel(), b0]), dtype=torch.float32)
+    support, query = (s.numpy() for s in method.support_query(trainer))
+    assert len(support) == len(query) == 3
+
+    contribution = method.stage_contribution(META, trainer, Broadcast(0, theta))
+    gw, gb = _linear_softmax_gradient(x[support], w0, b0, labels[support])
+    w1, b1 = w0 - 0.3 * gw, b0 - 0.3 * gb
+    qw, qb = _linear_softmax_gradient(x[query], w1, b1, labels[query])
+    weight = 6.0  # w_k = N_k
+    expected = np.concatenate([weight * qw.ravel(), weight * qb, [weight]])
+    assert np.allclose(contribution[META_GRADIENTS].numpy(), expected, atol=1e-6)
+
+    updated = method.stage_update(META, contribution, 1, Broadcast(0, theta))
+    expected_theta = np.concatenate([w0.ravel(), b0]) - 0.7 * np.concatenate([qw.ravel(), qb])
+    assert np.allclose(updated.weights.numpy(), expected_theta, atol=1e-6)
+
+
+def test_support_query_split_halves_the_labelled_nodes():
+    nodes = np.arange(100, 111)
+    support, query = support_query_split(nodes, 0.5, numpy_stream(0, "t"))
+    assert np.intersect1d(support, query).size == 0
+    assert np.array_equal(np.sort(np.concatenate([support, query])), nodes)
+    assert abs(len(support) - len(query)) <= 1 and len(query) == 6  # round(5.5) = 6
+    again = support_query_split(nodes, 0.5, numpy_stream(0, "t"))
+    assert np.array_equal(support, again[0]) and np.array_equal(query, again[1])
+    other = support_query_split(nodes, 0.5, numpy_stream(1, "t"))
+    assert not np.array_equal(query, other[1])
+    lone, empty = support_query_split(np.array([7]), 0.5, numpy_stream(0, "t"))
+    assert lone.tolist() == [7] and empty.size == 0
+    with pytest.raises(ConfigError, match="query_fraction"):
+        support_query_split(nodes, 1.0, numpy_stream(0, "t"))
+
+
+def test_graphfl_clients_spread_the_labelled_nodes(dataset):
+    clients = graphfl_clients(dataset, 8, 10, seed=3, test_size=100, val_size=50)
+    assert len(clients) == 8
+    train = np.concatenate([np.flatnonzero(c.train_mask) for c in clients])
+    assert train.size == 10 * dataset.num_classes and np.unique(train).size == train.size  # disjoint
+    assert np.bincount(dataset.labels[train], minlength=dataset.num_classes).tolist() == [10] * dataset.num_classes
+    sizes = [int(c.train_mask.sum()) for c in clients]
+    assert max(sizes) - min(sizes) <= 1
+    for client in clients:  # the whole graph, the same validation and test nodes, never a training node
+        assert client.num_nodes == dataset.num_nodes and client.edge_index.shape == dataset.edge_index.shape
+        assert client.test_mask.sum() == 100 and client.val_mask.sum() == 50
+        assert np.array_equal(client.test_mask, clients[0].test_mask)
+        assert not (client.test_mask & client.val_mask).any()
+        assert not (clients[0].test_mask | clients[0].val_mask)[train].any()
+
+
+def test_self_training_picks_the_most_confident_per_class():
+    probabilities = torch.tensor(
+        [
+            [0.9, 0.1, 0.0],  # 0: class 0, 0.9
+            [0.6, 0.4, 0.0],  # 1: class 0, 0.6
+            [0.8, 0.2, 0.0],  # 2: class 0, 0.8
+            [0.1, 0.7, 0.2],  # 3: class 1, 0.7
+            [0.95, 0.05, 0.0],  # 4: class 0, 0.95 — but labelled already (not a candidate)
+            [0.0, 0.2, 0.8],  # 5: class 2, 0.8
+            [0.3, 0.5, 0.2],  # 6: class 1, 0.5
+            [0.1, 0.9, 0.0],  # 7: class 1, 0.9
+            [0.8, 0.1, 0.1],  # 8: class 0, 0.8 (ties node 2: the lower index wins)
+        ]
+    )
+    candidates = torch.ones(9, dtype=torch.bool)
+    candidates[4] = False
+    nodes, labels = most_confident_per_class(probabilities, candidates, 2)
+    assert nodes.tolist() == [0, 2, 7, 3, 5] and labels.tolist() == [0, 0, 1, 1, 2]
+    nodes, labels = most_confident_per_class(probabilities, candidates, 0)
+    assert nodes.numel() == 0
+
+
+def test_new_label_domain_split_has_no_class_leakage(dataset):
+    for seed in range(5):
+        old, new = split_label_domains(dataset.num_classes, 2, seed)
+        assert np.intersect1d(old, new).size == 0 and np.union1d(old, new).tolist() == list(range(dataset.num_classes))
+        rng = numpy_stream(seed, "tasks")
+        train_task = sample_task(dataset.labels, old, 2, 5, rng)
+        assert set(dataset.labels[train_task.nodes]) <= set(old.tolist())
+        fine_tune = sample_task(dataset.labels, new, 2, 3, rng)
+        test = sample_task(dataset.labels, fine_tune.classes, 2, 20, rng, exclude=fine_tune.nodes)
+        assert set(dataset.labels[test.nodes]) == set(new.tolist())
+        assert np.intersect1d(test.nodes, fine_tune.nodes).size == 0
+        client = task_client(dataset, train_task, "c")
+        labelled = np.flatnonzero(client.labels >= 0)
+        assert np.array_equal(np.sort(labelled), np.sort(train_task.nodes)) and client.num_classes == 2
+        assert not np.isin(dataset.labels[labelled], new).any()
+    with pytest.raises(ConfigError, match="new_classes"):
+        split_label_domains(dataset.num_classes, dataset.num_classes, 0)
+
+
+def _graphfl_config(**graphfl):
+    return build_config(
+        {
+            "method": "graphfl",
+            "device": "cpu",
+            "federation": {"participation": 0.5, "max_rounds": 2},
+            "graphfl": {"inner_steps": 3, **graphfl},
+        }
+    )
+
+
+def test_graphfl_round_is_two_stages_with_their_own_kinds(dataset):
+    method = build_method(_graphfl_config())
+    assert method_stages(method) == (META, FINETUNE)
+    assert stage_upload_kinds(method, META) == (META_GRADIENTS,) and stage_upload_kinds(method, FINETUNE) == (WEIGHTS,)
+    clients = graphfl_clients(dataset, 6, 10, seed=0, test_size=100, val_size=50)
+    summation = Recording(PlaintextSummation())
+    result = run_experiment(_graphfl_config(), clients=clients, progress=False, summation=summation)
+    assert [(r, kinds) for r, kinds, _ in summation.calls] == [
+        (1, (META_GRADIENTS,)),
+        (1, (WEIGHTS,)),
+        (2, (META_GRADIENTS,)),
+        (2, (WEIGHTS,)),
+    ]
+    assert result.rounds_run == 2 and len(result.history[0].participants) == 3
+    again = run_experiment(_graphfl_config(), clients=clients, progress=False)
+    assert [h.val_accuracy for h in again.history] == [h.val_accuracy for h in result.history]
+
+
+def test_graphfl_secure_summation_gives_the_plaintext_run(dataset, small_policy):
+    clients = graphfl_clients(dataset, 6, 10, seed=0, test_size=100, val_size=50)
+    plain = Recording(PlaintextSummation())
+    plain_result = run_experiment(_graphfl_config(), clients=clients, progress=False, summation=plain)
+    secure_summation = SecureSummation(small_policy)
+    secure = Recording(secure_summation)
+    try:
+        secure_result = run_experiment(_graphfl_config(), clients=clients, progress=False, summation=secure)
+    finally:
+        secure_summation.close()
+    assert [c[:2] for c in secure.calls] == [c[:2] for c in plain.calls]
+    for (_, kinds, plain_sums), (_, _, secure_sums) in zip(plain.calls, secure.calls, strict=True):
+        for kind in kinds:
+            assert float((secure_sums[kind] - plain_sums[kind]).abs().max()) <= 1e-4, kind
+    assert secure_summation.wire.bytes_by_kind[META_GRADIENTS] > 0
+    assert [h.val_accuracy for h in secure_result.history] == [h.val_accuracy for h in plain_result.history]
+
+
+def test_graphfl_refuses_a_dp_policy(dataset):
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
+
+    policy = Policy.model_validate(
+        {
+            "dp": {"weights": {"enabled": True, "clip": 1.0, "noise_multiplier": 1.0}},
+            "budget": {"epsilon": 10.0, "delta": 1e-5, "rounds": 2},
+            "allowed_kinds": ["weights", "node_weight", "meta_gradients"],
+        }
+    )
+    clients = graphfl_clients(dataset, 6, 10, seed=0, test_size=100, val_size=50)
+    with pytest.raises(ConfigError, match="single-stage"):
+        run_experiment(_graphfl_config(), clients=clients, progress=False, privacy=FederationPrivacy(policy))
+
+
+def test_consortium_refuses_multi_stage_methods_clearly():
+    """The services run single-stage rounds only so far: the aggregator refuses graphfl before any key is used."""
+    from pathlib import Path
+
+    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.services.aggregator import check_consortium_can_run
+
+    baseline = load_policy(Path(__file__).resolve().parents[1] / "policies" / "baseline.toml")
+    with pytest.raises(ConfigError, match="2 stages per round.*single-stage methods only"):
+        check_consortium_can_run(_graphfl_config(), baseline, 6)
