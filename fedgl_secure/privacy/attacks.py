@@ -305,7 +305,9 @@ def membership_inference_auc(
     finally:
         model.train(was_training)
     log_probs = torch.log_softmax(logits.detach().cpu().double(), dim=1)
-    scores = membership_scores(log_probs, labels)
+    # only members and non-members (all labelled, checked above) are scored; unlabelled rows (-1, e.g. Citeseer's
+    # isolated test nodes) get a placeholder class so the gather over every row stays in range
+    scores = membership_scores(log_probs, labels.clamp(min=0))
     member_t, nonmember_t = torch.as_tensor(member_index), torch.as_tensor(pool_index)
     variants = {name: roc_auc(score[member_t], score[nonmember_t]) for name, score in scores.items()}
     attack, auc = _best(variants)
