@@ -276,3 +276,19 @@ def test_a_consortium_refuses_the_label_unit_and_accepts_the_edge_unit():
     # under a source-only unit the bank service uploads P_k and H_k of its trained model, as the simulation
     assert not FederationPrivacy(load_policy(POLICIES / "strict-edge-dp.toml")).recomputes_node_terms
     assert FederationPrivacy(load_policy(POLICIES / "strict-dp.toml")).recomputes_node_terms
+
+
+@pytest.mark.parametrize(
+    ("name", "unit", "epsilon"), [("strict-edge-dp.toml", "edge", "8"), ("label-dp.toml", "label", "2")]
+)
+def test_policy_check_prints_the_unit_epsilon_delta_and_what_is_and_is_not_protected(name, unit, epsilon):
+    from typer.testing import CliRunner
+
+    from fedgl_secure.cli import app
+
+    result = CliRunner().invoke(app, ["policy", "check", str(POLICIES / name)])
+    assert result.exit_code == 0, result.output
+    assert f"unit of privacy: {unit}" in result.output
+    assert f"epsilon: {epsilon}, delta: 1e-05" in result.output
+    assert "\nprotected: " in result.output and "\nnot protected: " in result.output
+    assert "does not grow with rounds" in result.output
