@@ -84,6 +84,14 @@ def test_rooted_tree_gives_the_ego_graph_gcn_embedding(layers):
     assert not np.allclose(plain[0], on_graph[0])
 
 
+def test_sparsify_keeps_the_largest_entries():
+    from fedgl_secure.methods.fed2gnn import sparsify
+
+    rows = torch.tensor([[0.1, 0.5, 0.0, 0.3], [0.4, 0.1, 0.2, 0.0]])
+    assert torch.equal(sparsify(rows, 2), torch.tensor([[0.0, 0.5, 0.0, 0.3], [0.4, 0.0, 0.2, 0.0]]))
+    assert torch.equal(sparsify(rows, 4), rows)
+
+
 def test_matched_loss_ignores_the_order_of_the_set():
     target = torch.randn(1, 3, 5)
     shuffled = target[:, [2, 0, 1]]
