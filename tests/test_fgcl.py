@@ -15,7 +15,8 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import WEIGHTS
-from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive, info_nce, perturbed_view
+from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive, info_nce, perturbed_view, released_adjacency
+from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.policy import load_policy
 
@@ -57,6 +58,17 @@ def test_views_are_perturbed_differently_and_stay_symmetric():
     assert abs(first - first.T).max() == 0 and (first != second).nnz > 0
     flipped = perturbed_view(adjacency, "randomized-response", 2.0, stream)
     assert abs(flipped - flipped.T).max() == 0 and (flipped != adjacency).nnz > 0
+
+
+def test_views_keep_the_weights_of_the_graph_the_bank_trains_on():
+    rng = np.random.default_rng(2)
+    upper = sp.triu(sp.random(60, 60, 0.1, random_state=rng), k=1)
+    weighted = sp.csr_matrix((upper + upper.T) * 0.01)  # e.g. a posterior-weighted edge-DP release
+    recovered = released_adjacency(gcn_normalize(weighted))
+    assert abs(recovered - weighted).max() < 1e-12  # Â inverts exactly
+    view = perturbed_view(weighted, "laplace", 4.0, np.random.default_rng(3))
+    assert view.max() < 0.1  # multiplicative noise: the 0.01 scale survives (additive Lap(1/4) would not)
+    assert ((view != 0).astype(int) - (view != 0).multiply(weighted != 0)).nnz == 0
 
 
 @pytest.fixture(scope="module")

@@ -138,6 +138,9 @@ class FGCLConfig(_Section):
     batch_size: int = Field(256, ge=2, description="anchors per local epoch (sampled nodes)")
     queue_size: int = Field(1024, ge=1, description="negatives kept with negatives = 'queue'")
     embedding: Literal["hidden", "output"] = Field("hidden", description="which GCN layer is contrasted")
+    views_per: Literal["round", "epoch"] = Field(
+        "round", description="draw the two views once per round (cheaper on a dense edge-DP release) or every epoch"
+    )
 
     @field_validator("view_epsilons")
     @classmethod

@@ -66,22 +66,36 @@ def info_nce(
 
 
 def perturbed_view(adjacency: sp.spmatrix, mechanism: str, epsilon: float, rng: np.random.Generator) -> sp.csr_matrix:
-    """One FGCL view of a (binary, symmetric) adjacency: Laplace(1/ε) on the edge weights, or randomised response.
+    """One FGCL view of a symmetric adjacency: Laplace(1/ε) on the edge weights, or randomised response.
 
-    ``rng`` is a seeded augmentation stream (module doc: the views are post-processing of the released graph).
+    For a binary graph the Laplace view is the paper's ``max(0, A_ij + Lap(1/ε))``; a weighted graph (e.g. the
+    posterior-weighted edge-DP release) keeps its scale: ``A_ij · max(0, 1 + Lap(1/ε))``. Randomised response
+    flips the pattern and gives every edge of the view the graph's mean weight. ``rng`` is a seeded
+    augmentation stream (module doc: the views are post-processing of the released graph).
     """
-    if mechanism == "laplace":
-        return mechanisms.laplace_edge_weights(adjacency, epsilon, _random_bytes=rng.bytes)
-    return mechanisms.randomized_response_edges(adjacency, epsilon, _random_bytes=rng.bytes)
-
-
-def _plain_adjacency(normalized: sp.csr_matrix) -> sp.csr_matrix:
-    """The binary adjacency behind a GCN-normalised Â (its off-diagonal pattern)."""
-    pattern = sp.csr_matrix(normalized, copy=True)
-    pattern.setdiag(0)
-    pattern.eliminate_zeros()
+    weighted = sp.csr_matrix(adjacency, dtype=np.float64)
+    pattern = weighted.copy()
     pattern.data[:] = 1.0
-    return pattern
+    if mechanism == "laplace":
+        factors = mechanisms.laplace_edge_weights(pattern, epsilon, _random_bytes=rng.bytes)
+        return sp.csr_matrix(weighted.multiply(factors))
+    mean = float(weighted.data.mean()) if weighted.nnz else 1.0
+    return mechanisms.randomized_response_edges(pattern, epsilon, _random_bytes=rng.bytes) * mean
+
+
+def released_adjacency(normalized: sp.csr_matrix) -> sp.csr_matrix:
+    r"""The (weighted) adjacency A behind a GCN-normalised :math:`\hat A = D^{-1/2}(A + I)D^{-1/2}`, exactly.
+
+    :math:`\hat A_{ii} = 1/d_i`, so :math:`d_i = 1/\hat A_{ii}` and :math:`A_{ij} = \hat A_{ij}\sqrt{d_i d_j}`
+    off the diagonal: the views keep the weights of the graph the bank trains on (a weighted edge-DP release
+    stays weighted).
+    """
+    matrix = sp.csr_matrix(normalized, dtype=np.float64, copy=True)
+    root = np.sqrt(1.0 / matrix.diagonal())
+    adjacency = sp.csr_matrix(sp.diags(root) @ matrix @ sp.diags(root))
+    adjacency.setdiag(0)
+    adjacency.eliminate_zeros()
+    return adjacency
 
 
 class _Contrastive:
@@ -103,7 +117,7 @@ class _Contrastive:
         graph = trainer.graph
         cached = self._plain.get(trainer.client_id)
         if cached is None or cached[0] is not graph.base_adjacency:
-            cached = (graph.base_adjacency, _plain_adjacency(graph.base_adjacency))
+            cached = (graph.base_adjacency, released_adjacency(graph.base_adjacency))
             self._plain[trainer.client_id] = cached
         plain = cached[1]
         projected = None
@@ -155,7 +169,7 @@ class _Contrastive:
         return loss
 
     def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: SparseOperator, alpha: float) -> None:
-        """E local epochs on two fresh views each: ½(sup(view 0) + sup(view 1)) + γ · InfoNCE(z0, z1)."""
+        """E local epochs on two views (fresh each round or epoch): ½(sup(v0) + sup(v1)) + γ · InfoNCE(z0, z1)."""
         from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
 
         if trainer.private_training is not None and not isinstance(trainer.private_training, ForwardCorrectedTraining):
@@ -171,8 +185,10 @@ class _Contrastive:
             trainer.optimizer = trainer._new_optimizer()
         anchor = [p.detach().clone() for p in model.parameters()] if self.proximal_mu > 0 else None
         model.train()
+        views = None
         for _ in range(trainer.config.local_epochs):
-            views = self._views(trainer, broadcast, rng)
+            if views is None or self.fgcl.views_per == "epoch":  # "round": one pair per round (cheaper)
+                views = self._views(trainer, broadcast, rng)
             trainer.optimizer.zero_grad(set_to_none=True)
             outputs = [model(graph.features, view, trainer.generator) for view in views]
             supervised = sum(self._supervised(trainer, out.logits, pseudo_labels, alpha) for out in outputs) / 2
