@@ -80,10 +80,16 @@ def run_table1(
     runs_dir = output_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     specs = [spec for dataset in datasets for spec in table1_specs(dataset, clients, seeds, data_root, overrides)]
+    # a stored run counts when its recorded configuration is the spec's, whatever its file name: the name's hash
+    # changes with the serialisation of the config model (e.g. a section added for another method)
+    stored = {_canonical(json.loads(path.read_text()).get("config", {})): path for path in runs_dir.glob("*.json")}
+    paths = [
+        stored.get(_canonical(spec.config.model_dump(mode="json")), runs_dir / f"{spec.key}.json") for _, spec in specs
+    ]
     jobs = [
-        (spec.config.model_dump(mode="json"), str(runs_dir / f"{spec.key}.json"))
-        for _, spec in specs
-        if not (runs_dir / f"{spec.key}.json").exists()
+        (spec.config.model_dump(mode="json"), str(path))
+        for (_, spec), path in zip(specs, paths, strict=True)
+        if not path.exists()
     ]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -91,7 +97,7 @@ def run_table1(
     else:
         for job in tqdm(jobs, desc="fed2gnn table 1", unit="run"):
             _run_one(job)
-    results = [(m, json.loads((runs_dir / f"{spec.key}.json").read_text())) for m, spec in specs]
+    results = [(m, json.loads(path.read_text())) for (m, _), path in zip(specs, paths, strict=True)]
     table = summarize(results)
     for dataset in datasets:
         config = next(spec.config for m, spec in specs if m > 0 and spec.config.dataset == dataset)
@@ -99,6 +105,15 @@ def run_table1(
     (output_dir / "fed2gnn.json").write_text(json.dumps(table, indent=2))
     (output_dir / "fed2gnn.md").write_text(render_markdown(table))
     return table
+
+
+def _canonical(config: dict) -> str | None:
+    """A stored run's configuration as today's model reads it (fields added since take their defaults), as a
+    key; None when it no longer validates."""
+    try:
+        return json.dumps(ExperimentConfig.model_validate(config).model_dump(mode="json"), sort_keys=True)
+    except ValueError:
+        return None
 
 
 def communication(dataset: str, data_root: str | None, clients: Sequence[int], config: ExperimentConfig) -> dict:
