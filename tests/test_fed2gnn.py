@@ -318,3 +318,14 @@ def test_consortium_services_refuse_fed2gnn_with_a_clear_error():
         config = build_config({"method": method, "federation": {"partition": "louvain", "num_clients": 3}})
         with pytest.raises(ConfigError, match="only in the in-process simulation"):
             check_consortium_can_run(config, policy, 3)
+
+
+def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
+    from fedgl_secure.engine.reproduce_fed2gnn import _canonical
+
+    config = build_config({"method": "fed2gnn", "federation": {"partition": "louvain", "num_clients": 3}})
+    recorded = config.model_dump(mode="json")
+    older = {key: value for key, value in recorded.items() if key != "fed2gnn"}  # as written before the section
+    assert _canonical(older) == _canonical(recorded) is not None
+    assert _canonical({**recorded, "seed": 1}) != _canonical(recorded)
+    assert _canonical({"no_such_field": 1}) is None
