@@ -55,6 +55,7 @@ class MethodName(str, Enum):
     fed2gnn = "fed2gnn"
     fedavg_full = "fedavg-full"
     graphfl = "graphfl"
+    fgcl = "fgcl"
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:
