@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthority
+from fedgl_secure.crypto.masking import mask_sum
+from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.privacy.accounting import PrivacyLedger
@@ -123,16 +125,18 @@ def base_run(tmp_path_factory) -> Path:
                     for bank in BANKS
                 ]
                 receipts += [u.receipt for u in uploads]
-                summed = ckks.add_serialized(public, [u.chunks for u in uploads])
+                # padded as the aggregator pads every sum (the authority decrypts nothing else)
+                slots = slot_length(policy.upload_layout(kind), LENGTH)
+                summed = mask_sum(public, ckks.add_serialized(public, [u.chunks for u in uploads]), slots)
                 authority.decrypt_sum(
                     AGGREGATOR,
                     FEDERATION,
                     round_number,
                     kind,
-                    summed,
+                    summed.chunks,
                     [u.receipt for u in uploads],
                     authority.fingerprint,
-                    LENGTH,
+                    slots,
                 )
         head = authority.ledger.get_meta(AUDIT_HEAD)
     finally:
