@@ -161,7 +161,13 @@ def test_simulate_runs_on_the_random_split(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args + _random_synthetic_args())
     assert result.exit_code == 0, result.output
     record = json.loads(output.read_text())
-    assert record["config"]["data"] == {"split": "random", "train_per_class": 5, "val_size": 300, "test_size": 500}
+    assert record["config"]["data"] == {
+        "split": "random",
+        "train_per_class": 5,
+        "val_size": 300,
+        "test_size": 500,
+        "fractions": [0.4, 0.3, 0.3],  # the default, used only by split = "fraction"
+    }
     # the same run in the library on the same split gives the same accuracies, the standard split others
     config = build_config(record["config"])
     split_data = load_dataset("synthetic", seed=0, split=config.data)

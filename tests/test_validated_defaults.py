@@ -101,7 +101,7 @@ CASES = [
         ("local_epochs", 0),
         ({"max_grad_norm": 1.0, "noise_multiplier": 1.0}, "local_epochs"),
     ),
-    Case(EdgeDP, {}, ("mechanism", "laplace"), ({"epsilon": 1.0}, "epsilon")),
+    Case(EdgeDP, {}, ("mechanism", "exponential"), ({"epsilon": 1.0}, "epsilon")),
     Case(GraphBound, {}, ("num_layers", 0)),
     Case(DPSettings, {}, ("graph", {"max_degree": 0}), ({"predictions": CHANNEL}, "graph.max_degree")),
     Case(Budget, {"epsilon": 1.0, "rounds": 1}, ("on_exhausted", "continue")),
