@@ -111,9 +111,12 @@ def _canonical(config: dict) -> str | None:
     """A stored run's configuration as today's model reads it (fields added since take their defaults), as a
     key; None when it no longer validates."""
     try:
-        return json.dumps(ExperimentConfig.model_validate(config).model_dump(mode="json"), sort_keys=True)
+        dumped = ExperimentConfig.model_validate(config).model_dump(mode="json")
     except ValueError:
         return None
+    if dumped["method"] != "fed2gnn":  # the other methods read only the tree depth (FedAvg-Full's halo)
+        dumped["fed2gnn"] = {"hops": dumped["fed2gnn"]["hops"]}
+    return json.dumps(dumped, sort_keys=True)
 
 
 def communication(dataset: str, data_root: str | None, clients: Sequence[int], config: ExperimentConfig) -> dict:
