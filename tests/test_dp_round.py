@@ -19,10 +19,10 @@ from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
-from fedgl_secure.errors import ConfigError
-from fedgl_secure.methods.base import NODE_WEIGHT, PREDICTIONS, WEIGHTS, weights_term
+from fedgl_secure.errors import ConfigError, PolicyError
+from fedgl_secure.methods.base import META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS, weights_term
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, noise_std
+from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, check_upload_kinds, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger, round_releases
 from fedgl_secure.privacy.mechanisms import clip_vector, gaussian_share, noise_share_std
 from fedgl_secure.privacy.policy import load_policy, policy_from_dict
@@ -213,6 +213,19 @@ def test_without_dp_the_run_is_the_plain_run(dataset):
 
 
 # --- what cannot be honoured is refused ---------------------------------------------------------
+
+
+def test_a_kind_without_a_dp_channel_is_refused_under_per_round_dp_and_never_released():
+    """GraphFL's meta_gradients (a query-loss gradient) has no DP channel: under strict-dp it must not leave."""
+    strict = load_policy(POLICIES / "strict-dp.toml")
+    with pytest.raises(ConfigError, match=r"'graphfl' uploads \['meta_gradients'\].*no DP channel"):
+        check_upload_kinds(strict, "graphfl", (META_GRADIENTS, WEIGHTS))
+    check_upload_kinds(strict, "fedgl", (WEIGHTS, PREDICTIONS, NODE_WEIGHT))  # every kind covered or public
+    bank = BankPrivacy("bank-0", strict, 10.0, random_bytes=seeded_bytes(1))
+    with pytest.raises(PolicyError, match="'meta_gradients' has no DP channel"):
+        bank.protect(1, {META_GRADIENTS: weights_term(5.0, torch.ones(10))}, torch.zeros(10), 5.0)
+    # a source-only unit releases nothing per round: the same method runs (everything is post-processing)
+    check_upload_kinds(load_policy(POLICIES / "strict-edge-dp.toml"), "graphfl", (META_GRADIENTS, WEIGHTS))
 
 
 def test_the_pseudo_graph_runs_under_dp_on_uploads_but_is_refused_under_dp_sgd(dataset, monkeypatch):

@@ -69,7 +69,7 @@ from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_rele
 from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
-from fedgl_secure.privacy.policy import DATA_KINDS, Policy
+from fedgl_secure.privacy.policy import DATA_KINDS, NODE_WEIGHT, Policy
 
 RandomBytes = Callable[[int], bytes]
 
@@ -110,6 +110,28 @@ def check_runnable(policy: Policy, config) -> None:
     """
     check_method(policy, config.method, config.effective_alpha_beta()[1])
     check_local_epochs(policy, config.training.local_epochs)
+    from fedgl_secure.methods import build_method  # the methods sit above the privacy floor
+
+    check_upload_kinds(policy, config.method, build_method(config).upload_kinds)
+
+
+def check_upload_kinds(policy: Policy, method: str, kinds: Sequence[str]) -> None:
+    """Refuse, under per-round DP, a method that uploads a kind with no DP channel and no claim to be public.
+
+    Each data kind (``DATA_KINDS``) is clipped and noised by its channel; ``node_weight`` is public (which
+    nodes a bank holds, already in the union index). Any other kind — e.g. GraphFL's ``meta_gradients``, a
+    gradient of the bank's query loss — would leave the bank in clear while the accountant reports the run
+    as DP. Source-only units (edge, label) are unaffected: everything uploaded is post-processing there.
+    """
+    if not policy.has_dp or policy.dp.source_only:
+        return
+    unprotected = [kind for kind in kinds if kind not in DATA_KINDS and kind != NODE_WEIGHT]
+    if unprotected:
+        raise ConfigError(
+            f"method {method!r} uploads {unprotected}, which no DP channel of this policy covers (dp.unit = "
+            f"{policy.dp.unit!r} protects only {list(DATA_KINDS)} per round); refusing rather than releasing them "
+            "without noise. Use a source-only unit (edge, label), a policy without DP, or another method"
+        )
 
 
 def check_consortium(policy: Policy, config) -> None:
@@ -257,8 +279,10 @@ class BankPrivacy:
                 released = self._weights(values, reference_weights, float(client_weight), scale)
             elif kind in DATA_KINDS:
                 released = self._rows(kind, values, float(client_weight), scale)
-            else:  # node_weight: public, only normalised
+            elif kind == NODE_WEIGHT:  # public (which nodes the bank holds), only normalised
                 released = values / self.normaliser
+            else:  # fail closed: a kind no channel covers never leaves in clear under per-round DP
+                raise PolicyError(f"{self.bank}: {kind!r} has no DP channel under this policy; refusing to release it")
             protected[kind] = torch.from_numpy(released).to(tensor.dtype)
         return protected
 
