@@ -215,6 +215,16 @@ def test_without_dp_the_run_is_the_plain_run(dataset):
 # --- what cannot be honoured is refused ---------------------------------------------------------
 
 
+def test_without_dp_a_policy_still_normalises_uploads_by_the_public_w_max():
+    """Under an HE-only policy the packed ranges assume ŵ_k·X_k (w_k / w_max ≤ 1), as every bank uploads."""
+    baseline = load_policy(POLICIES / "baseline.toml")
+    w_max, weight = 800.0, 400.0
+    contribution = {WEIGHTS: weights_term(weight, torch.full((10,), 2.0)), NODE_WEIGHT: torch.full((5,), weight)}
+    released = BankPrivacy("bank-0", baseline, w_max).protect(1, contribution, torch.zeros(10), weight)
+    torch.testing.assert_close(released[WEIGHTS], contribution[WEIGHTS] / w_max)
+    torch.testing.assert_close(released[NODE_WEIGHT], torch.full((5,), 0.5))
+
+
 def test_a_kind_without_a_dp_channel_is_refused_under_per_round_dp_and_never_released():
     """GraphFL's meta_gradients (a query-loss gradient) has no DP channel: under strict-dp it must not leave."""
     strict = load_policy(POLICIES / "strict-dp.toml")

@@ -243,8 +243,8 @@ class BankPrivacy:
         ``reference_weights`` the W̄ the bank started from, ``client_weight`` w_k. See the module
         doc for the clipping, the noise scale and the normalisation by ``w_max``.
         """
-        if not self.active:
-            return dict(contribution)
+        if not self.active:  # no DP: normalised by the public w_max only, as every bank's upload is
+            return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
         if self.stopped_round is not None:
             return None
         if self.policy.dp.source_only:
