@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -11,18 +11,6 @@ from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.tomlio import format_validation_error
 
-METHODS = (
-    "fedgl",
-    "federated",
-    "fedgl-no-gpg",
-    "fedgl-no-gpl",
-    "centralized",
-    "local",
-    "fgcl",
-    "fed2gnn",
-    "fedavg-full",
-    "graphfl",
-)
 Method = Literal[
     "fedgl",
     "federated",
@@ -35,6 +23,7 @@ Method = Literal[
     "fedavg-full",
     "graphfl",
 ]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 class _Section(BaseModel):

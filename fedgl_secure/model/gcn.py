@@ -35,6 +35,15 @@ def dense_dropout(tensor: torch.Tensor, p: float, generator: torch.Generator | N
     return tensor * keep / (1.0 - p)
 
 
+def project_features(
+    features: SparseOperator | torch.Tensor, weight: torch.Tensor, p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``dropout(X) W``: the first projection of every backbone, sparse or dense features alike."""
+    if isinstance(features, SparseOperator):
+        return sparse_dropout(features, p, generator) @ weight
+    return dense_dropout(features, p, generator) @ weight
+
+
 class GCN(nn.Module):
     """``H = Â σ(Â X W0 + b0) W1 + b1``; ``P = softmax(H)``.
 
@@ -72,10 +81,7 @@ class GCN(nn.Module):
         generator: torch.Generator | None = None,
     ) -> GCNOutput:
         dropout = self.dropout if self.training else 0.0
-        if isinstance(features, SparseOperator):
-            support = sparse_dropout(features, dropout, generator) @ self.weight0
-        else:
-            support = dense_dropout(features, dropout, generator) @ self.weight0
+        support = project_features(features, self.weight0, dropout, generator)
         hidden = torch.relu(adjacency @ support + self.bias0)
         logits = adjacency @ (dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
         return GCNOutput(logits=logits, hidden=hidden)

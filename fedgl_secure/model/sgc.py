@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedgl_secure.model.gcn import GCNOutput, dense_dropout, sparse_dropout
+from fedgl_secure.model.gcn import GCNOutput, project_features
 from fedgl_secure.model.sparse import SparseOperator
 
 
@@ -45,10 +45,7 @@ class SGC(nn.Module):
         generator: torch.Generator | None = None,
     ) -> GCNOutput:
         dropout = self.dropout if self.training else 0.0
-        if isinstance(features, SparseOperator):
-            projected = sparse_dropout(features, dropout, generator) @ self.weight
-        else:
-            projected = dense_dropout(features, dropout, generator) @ self.weight
+        projected = project_features(features, self.weight, dropout, generator)
         for _ in range(self.hops):  # Â^K X W = Â(...(Â (X W))): linear, so project first
             projected = adjacency @ projected
         logits = projected + self.bias
