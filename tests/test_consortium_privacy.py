@@ -157,7 +157,8 @@ def test_consortium_up_ends_normally_with_the_reason_when_banks_exhaust_their_bu
         ledger = PrivacyLedger.load(state / bank / LEDGER_FILE)
         assert {release.round for release in ledger.releases} == {1, 2}
         assert ledger.epsilon(1e-5) <= budget
-        assert "privacy.budget_exhausted" in logs[bank]
+        if bank in withdrawals:  # a bank that saw the federation stop before its own check never reached it
+            assert "privacy.budget_exhausted" in logs[bank]
 
 
 def test_the_key_authority_adds_central_noise_of_the_configured_scale_to_the_weights(stopped_run):
