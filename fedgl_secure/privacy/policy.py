@@ -52,7 +52,7 @@ Cross-field rules, and why (each error names the field to change):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -299,7 +299,36 @@ class DPSGD(_Section):
         return self
 
 
-class EdgeDP(_Section):
+class _SourceRelease(_Section):
+    """A mechanism applied once at the source with its ε (edge or label DP): ``mechanism = "none"`` or one of
+    the subclass's ``mechanisms``, and ε exactly when a mechanism spends it."""
+
+    mechanisms: ClassVar[tuple[str, ...]] = ("none",)
+    mechanism: str = "none"
+    epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("mechanism")
+    @classmethod
+    def _known_mechanism(cls, value: str) -> str:
+        if value not in cls.mechanisms:
+            raise ValueError(f"unknown mechanism {value!r}; choose one of {list(cls.mechanisms)}")
+        return value
+
+    @model_validator(mode="after")
+    def _epsilon_with_mechanism(self) -> _SourceRelease:
+        if self.mechanism == "none" and self.epsilon is not None:
+            spenders = " or ".join(repr(m) for m in self.mechanisms if m != "none")
+            raise field_error("epsilon", f"set only with mechanism = {spenders}; here nothing spends it")
+        if self.mechanism != "none" and self.epsilon is None:
+            raise field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"
+
+
+class EdgeDP(_SourceRelease):
     """Edge-level DP on each bank's adjacency, applied once before round 1: ε-edge-DP, paid once.
 
     ``"randomized-response"`` flips every node pair with probability 1/(1 + e^ε)
@@ -314,35 +343,13 @@ class EdgeDP(_Section):
     is released as is); ``unit = "edge"`` therefore needs randomised response.
     """
 
-    mechanism: str = "none"
-    epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    mechanisms: ClassVar[tuple[str, ...]] = EDGE_MECHANISMS
     # "posterior": weight each released edge by P(true edge | released), estimated from n, the released
     # count and ε only (post-processing, mechanisms.randomized_response_posterior); "none": weight 1
     weighting: Literal["posterior", "none"] = "posterior"
 
-    @field_validator("mechanism")
-    @classmethod
-    def _known_mechanism(cls, value: str) -> str:
-        if value not in EDGE_MECHANISMS:
-            raise ValueError(f"unknown mechanism {value!r}; choose one of {list(EDGE_MECHANISMS)}")
-        return value
 
-    @model_validator(mode="after")
-    def _epsilon_with_mechanism(self) -> EdgeDP:
-        if self.mechanism == "none" and self.epsilon is not None:
-            raise field_error(
-                "epsilon", "set only with mechanism = 'randomized-response' or 'laplace'; here nothing spends it"
-            )
-        if self.mechanism != "none" and self.epsilon is None:
-            raise field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.mechanism != "none"
-
-
-class LabelDP(_Section):
+class LabelDP(_SourceRelease):
     """Label-level DP: k-ary randomised response on each bank's labels, once before round 1 (pure ε, paid once).
 
     Every label a bank trains or selects models with (training and validation nodes) is kept with
@@ -355,28 +362,8 @@ class LabelDP(_Section):
     63.0 % against 77.0 %; at ε = 1 one seed collapsed to 6.3 %), docs/privacy.md §6.
     """
 
-    mechanism: str = "none"
-    epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    mechanisms: ClassVar[tuple[str, ...]] = LABEL_MECHANISMS
     correction: Literal["forward", "none"] = "none"
-
-    @field_validator("mechanism")
-    @classmethod
-    def _known_mechanism(cls, value: str) -> str:
-        if value not in LABEL_MECHANISMS:
-            raise ValueError(f"unknown mechanism {value!r}; choose one of {list(LABEL_MECHANISMS)}")
-        return value
-
-    @model_validator(mode="after")
-    def _epsilon_with_mechanism(self) -> LabelDP:
-        if self.mechanism == "none" and self.epsilon is not None:
-            raise field_error("epsilon", "set only with mechanism = 'randomized-response'; here nothing spends it")
-        if self.mechanism != "none" and self.epsilon is None:
-            raise field_error("epsilon", f"required with mechanism = {self.mechanism!r}")
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.mechanism != "none"
 
 
 class GraphBound(_Section):
