@@ -44,7 +44,31 @@ def project_features(
     return dense_dropout(features, p, generator) @ weight
 
 
-class GCN(nn.Module):
+class FlatParameters:
+    """A model's parameters as one flat vector (the W_k of Eq. 10), in and out; shared by every backbone."""
+
+    def flat_parameters(self) -> torch.Tensor:
+        """All parameters as one detached vector (the W_k of Eq. 10)."""
+        return nn.utils.parameters_to_vector(self.parameters()).detach().clone()
+
+    def load_flat_parameters(self, vector: torch.Tensor) -> None:
+        """Copy ``vector`` into the parameters.
+
+        Copies rather than ``vector_to_parameters``, which would make the parameters views of
+        ``vector``: training would then write into the broadcast W̄ shared by every client.
+        """
+        vector = vector.to(next(self.parameters()).device, torch.float32)
+        offset = 0
+        with torch.no_grad():
+            for parameter in self.parameters():
+                count = parameter.numel()
+                parameter.copy_(vector[offset : offset + count].view_as(parameter))
+                offset += count
+        if offset != vector.numel():
+            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {offset}")
+
+
+class GCN(FlatParameters, nn.Module):
     """``H = Â σ(Â X W0 + b0) W1 + b1``; ``P = softmax(H)``.
 
     Dropout (on the sparse input features and on the hidden layer, as in Kipf & Welling) takes
@@ -85,23 +109,3 @@ class GCN(nn.Module):
         hidden = torch.relu(adjacency @ support + self.bias0)
         logits = adjacency @ (dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
         return GCNOutput(logits=logits, hidden=hidden)
-
-    def flat_parameters(self) -> torch.Tensor:
-        """All parameters as one detached vector (the W_k of Eq. 10)."""
-        return nn.utils.parameters_to_vector(self.parameters()).detach().clone()
-
-    def load_flat_parameters(self, vector: torch.Tensor) -> None:
-        """Copy ``vector`` into the parameters.
-
-        Copies rather than ``vector_to_parameters``, which would make the parameters views of
-        ``vector``: training would then write into the broadcast W̄ shared by every client.
-        """
-        vector = vector.to(self.weight0.device, torch.float32)
-        offset = 0
-        with torch.no_grad():
-            for parameter in self.parameters():
-                count = parameter.numel()
-                parameter.copy_(vector[offset : offset + count].view_as(parameter))
-                offset += count
-        if offset != vector.numel():
-            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {offset}")

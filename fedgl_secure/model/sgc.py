@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedgl_secure.model.gcn import GCNOutput, project_features
+from fedgl_secure.model.gcn import FlatParameters, GCNOutput, project_features
 from fedgl_secure.model.sparse import SparseOperator
 
 
-class SGC(nn.Module):
+class SGC(FlatParameters, nn.Module):
     """``H = Â^K X W + b``; ``P = softmax(H)``. ``Â^K (X W)`` costs K sparse products of an N x C matrix.
 
     Same interface as :class:`~fedgl_secure.model.gcn.GCN` (forward with an explicit dropout generator,
@@ -50,19 +50,3 @@ class SGC(nn.Module):
             projected = adjacency @ projected
         logits = projected + self.bias
         return GCNOutput(logits=logits, hidden=logits)
-
-    def flat_parameters(self) -> torch.Tensor:
-        """All parameters as one detached vector."""
-        return nn.utils.parameters_to_vector(self.parameters()).detach().clone()
-
-    def load_flat_parameters(self, vector: torch.Tensor) -> None:
-        """Copy ``vector`` into the parameters (a copy: training must never write into a broadcast)."""
-        vector = vector.to(self.weight.device, torch.float32)
-        offset = 0
-        with torch.no_grad():
-            for parameter in self.parameters():
-                count = parameter.numel()
-                parameter.copy_(vector[offset : offset + count].view_as(parameter))
-                offset += count
-        if offset != vector.numel():
-            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {offset}")
