@@ -5,7 +5,7 @@
 One process, one dataset load, the same seed and the same fixed number of rounds for every run
 (early stopping is disabled by ``patience = rounds``). The secure runs use the policy file's HE
 parameters (default ``policies/baseline.toml``: N = 4096, moduli [54, 54], quantised values packed
-three or four to a slot); their key authority, key generation, sealing and bank enrolment happen
+three or four to a register, two registers to a complex slot); their key authority, key generation, sealing and bank enrolment happen
 before round 1 and are not round time. Every path is warmed up first (one round each).
 
 Three runs: ``plain`` (plaintext sums), ``secure`` (CKKS, the banks of a round encrypting
@@ -386,7 +386,12 @@ def main(argv: list[str] | None = None) -> dict:
         "bytes_per_value_common_params": round(common["bytes_per_value"], 3),
         "bytes_per_value_unpacked_default_params": round(unpacked_same_vectors["bytes_per_value"], 3),
         "packing": {
-            kind: {"values_per_slot": layout.per_slot, "digit_bits": layout.digit_bits, "step": layout.step}
+            kind: {
+                "values_per_slot": layout.values_per_slot,
+                "values_per_register": layout.per_slot,
+                "digit_bits": layout.digit_bits,
+                "step": layout.step,
+            }
             if (layout := policy.upload_layout(kind)) is not None
             else None
             for kind in policy.allowed_kinds

@@ -56,7 +56,7 @@ def test_sums_at_max_banks_decode_within_the_stated_bound_through_ckks(default_k
     secret, public = default_keys
     layout = HEParameters().layout(kind)
     banks = layout.max_banks
-    length = 2 * layout.per_slot * ckks.slot_count(public) + 5  # three chunks, the last one partial
+    length = 4 * layout.per_slot * ckks.slot_count(public) + 5  # two registers a slot: three chunks, one partial
     terms = random_terms(layout, banks, length, seed=KINDS.index(kind))
     uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
     summed = ckks.add_serialized(public, uploads)
@@ -89,25 +89,29 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
 
 
 def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_keys):
-    """The slot budget T = log2 Q − 1 − g (the pad needs no slot bits): one 37-bit digit per slot at N = 4096,
-    [54, 54], 7 banks; sums of all-lowest and all-highest values (P = 0 and P close to 2^T) come back exact."""
+    """The register budget T = log2 Q − 2 − g (the pad needs no slot bits; a complex slot's two registers reach
+    √5 · 2^(T−1) with the real part centred): one 36-bit digit per register at N = 4096, [54, 54], 7 banks;
+    sums of all-lowest and all-highest values (P = 0 and P close to 2^T, in the real and the imaginary parts of
+    every slot) come back exact."""
     secret, public = default_keys
     he = HEParameters()
     available = packing.slot_bits(he.poly_modulus_degree, 54, he.max_banks)
-    assert available == 54 - 1 - packing.guard_bits(he.poly_modulus_degree, he.max_banks) == 37
+    assert available == 54 - 2 - packing.guard_bits(he.poly_modulus_degree, he.max_banks) == 36
     top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^37, so the digit is all 37 bits
     layout = packing.kind_layout(
         "wide", 0.0, float(top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=he.max_banks
     )
-    assert (layout.per_slot, layout.digit_bits, layout.payload_bits) == (1, 37, 37)
+    assert (layout.per_slot, layout.digit_bits, layout.payload_bits) == (1, 36, 36)
+    length = 2 * ckks.slot_count(public) + 100  # two registers a slot: two chunks, the last one partial
     for value in (0.0, float(top)):
-        terms = np.full((he.max_banks, 2100), value)  # two chunks
+        terms = np.full((he.max_banks, length), value)
         summed = ckks.add_serialized(
             public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
         )
-        decoded = masked_decryption(public, summed, 2100, layout, he.max_banks, authority(secret))
+        assert len(summed) == 2
+        decoded = masked_decryption(public, summed, length, layout, he.max_banks, authority(secret))
         np.testing.assert_array_equal(decoded, terms.sum(axis=0))
-    with pytest.raises(ValueError, match="a slot offers 37"):
+    with pytest.raises(ValueError, match="a slot offers 36"):
         packing.kind_layout("wider", 0.0, float(2 * top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=7)
 
 
@@ -145,6 +149,26 @@ def test_the_noise_model_covers_measured_fresh_encryption_error(default_keys):
     assert measured_std <= packing.NOISE_STD_PER_DEGREE * degree
     assert float(np.abs(np.concatenate(errors)).max()) * 2**16 <= packing.noise_bound(degree, 1)  # tails too
     assert measured_std >= packing.NOISE_STD_PER_DEGREE * degree / 4  # the model is not wildly loose either
+
+
+def test_the_noise_model_covers_both_parts_of_complex_slots(default_keys):
+    """Packed kinds use the imaginary parts too: their fresh-encryption error obeys the same model."""
+    secret, public = default_keys
+    degree = HEParameters().poly_modulus_degree
+    level = ring_mask.data_level(secret)
+    rng = np.random.default_rng(4)
+    errors = []
+    for _ in range(4):
+        values = rng.integers(0, 2**30, ckks.slot_count(public)) + 1j * rng.integers(0, 2**30, ckks.slot_count(public))
+        [chunk] = ckks.encrypt_vector(public, values, 16)
+        ciphertext, _ = ring_mask.tenseal_ciphertext(public, chunk, "test")
+        residues = ring_mask.decrypt(secret, ciphertext, level)
+        errors.append((ring_mask.decode(public, level, residues, 2.0**16, complex_slots=True) - values) * 2**16)
+    error = np.concatenate(errors)
+    for part in (error.real, error.imag):
+        assert float(np.std(part)) <= packing.NOISE_STD_PER_DEGREE * degree
+        assert float(np.std(part)) >= packing.NOISE_STD_PER_DEGREE * degree / 4
+        assert float(np.abs(part).max()) <= packing.noise_bound(degree, 1)
 
 
 def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():

@@ -63,6 +63,27 @@ def test_decrypt_to_residues_then_decode_is_exactly_tensealsdecrypt(keys):
     assert np.abs(decoded - values).max() < 1e-6
 
 
+def test_a_wrapped_seal_ciphertext_is_byte_for_byte_tenseals_vector(keys):
+    _, public, _ = keys
+    for size in (1, 700, ckks.slot_count(public)):  # one- and two-byte size varints
+        [chunk] = ckks.encrypt_vector(public, np.ones(size), 20)
+        vector = ts.ckks_vector_from(public, chunk)
+        assert ring_mask.tenseal_chunk(vector.ciphertext()[0], size) == chunk
+
+
+def test_complex_slots_encrypt_and_decode_both_parts(keys):
+    secret, public, level = keys
+    rng = np.random.default_rng(1)
+    values = rng.uniform(-50, 50, 900) + 1j * rng.uniform(0, 100, 900)
+    [chunk] = ckks.encrypt_vector(public, values, 30)
+    ciphertext, size = ring_mask.tenseal_ciphertext(public, chunk, "test")
+    assert size == 900 and ciphertext.scale == 2.0**30
+    residues = ring_mask.decrypt(secret, ciphertext, level)
+    decoded = ring_mask.decode(public, level, residues, ciphertext.scale, complex_slots=True)[:size]
+    assert np.abs(decoded.real - values.real).max() < 1e-4 and np.abs(decoded.imag - values.imag).max() < 1e-4
+    np.testing.assert_array_equal(ring_mask.decode(public, level, residues, ciphertext.scale)[:size], decoded.real)
+
+
 def test_residues_round_trip_through_seals_loader(keys):
     secret, public, level = keys
     residues = ring_mask.uniform_residues(level, 1)[0]

@@ -73,12 +73,15 @@ def mask_sum(context: ts.Context, summed_chunks: Sequence[bytes], slots: int) ->
     return MaskedSum(masked, pads, tuple(scales), tuple(sizes), level)
 
 
-def unmask(context: ts.Context, masked: MaskedSum, view: np.ndarray, offset: float = 0.0) -> np.ndarray:
+def unmask(
+    context: ts.Context, masked: MaskedSum, view: np.ndarray, offset: float = 0.0, complex_slots: bool = False
+) -> np.ndarray:
     """The slot values from the key authority's ``view`` (residues of ``m + e + r``): subtract ``r``, decode.
 
     ``offset`` is a public constant the sum's slots are known to lie around (packed kinds: the middle of
-    ``[0, 2^T)``). It is subtracted in the ring before decoding — the NTT form of a constant polynomial is
-    that constant at every point — and added back after, so the decoder only meets centred coefficients."""
+    ``[0, 2^T)`` in the real part). It is subtracted in the ring before decoding — the NTT form of a constant
+    polynomial is that constant at every point, and it is real in every slot — and added back after, so the
+    decoder only meets centred real parts. ``complex_slots`` (packed kinds) returns the complex slots."""
     level = masked.level
     observed = ring_mask.check_residues(level, view, len(masked.chunks), "the key authority's reply")
     values = []
@@ -86,11 +89,12 @@ def unmask(context: ts.Context, masked: MaskedSum, view: np.ndarray, offset: flo
         plain = ring_mask.sub_mod(observed[index], masked.pads[index], level)
         if offset:
             plain = ring_mask.sub_mod(plain, ring_mask.constant_residues(round(offset * scale), level), level)
-        slots = ring_mask.decode(context, level, plain, scale)[:size]
+        slots = ring_mask.decode(context, level, plain, scale, complex_slots)[:size]
         bound = math.prod(level.moduli) / (2.0 * scale)  # no sum decodes beyond it: it would have wrapped
-        if not np.all(np.abs(slots) < bound):
+        reach = float(max(np.abs(slots.real).max(), np.abs(slots.imag).max())) if slots.size else 0.0
+        if not reach < bound:
             raise CiphertextError(
-                f"chunk {index}: decrypted values reach {float(np.abs(slots).max()):.3g}, beyond the wrap-around bound "
+                f"chunk {index}: decrypted values reach {reach:.3g}, beyond the wrap-around bound "
                 f"{bound:.3g}: a wrong mask, a wrong key, or a sum that wrapped"
             )
         values.append(slots + offset)
@@ -112,4 +116,5 @@ def masked_decryption(
     masked = mask_sum(context, summed_chunks, slots)
     view = decrypt(masked.chunks, slots)
     offset = layout.centre if layout is not None else 0.0
-    return packing.decode_sum(unmask(context, masked, view, offset), layout, length, contributors)
+    slot_values = unmask(context, masked, view, offset, complex_slots=layout is not None)
+    return packing.decode_sum(slot_values, layout, length, contributors)

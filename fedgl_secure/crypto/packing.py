@@ -8,11 +8,14 @@ turns the slot into an exact integer register instead:
    ``u = rint((x − lower) / δ) ∈ [0, L]``, ``δ = 2^−step_bits``, ``L = ⌈(upper − lower)/δ⌉``.
    The offset ``lower`` handles the sign: ``u`` is never negative. Out-of-range values are refused
    (fail closed), never clipped.
-2. **pack** (base 2^b): ``m`` consecutive values go into one slot as ``P = Σ_j u_j · 2^(b·j)``, with
+2. **pack** (base 2^b): ``m`` consecutive values go into one *register* as ``P = Σ_j u_j · 2^(b·j)``, with
    the digit width ``b = bit_length(K_max · L)`` so that the sum over up to ``K_max`` banks,
-   ``Σ_k u_{k,j} ≤ K_max · L < 2^b``, never carries into the next digit.
+   ``Σ_k u_{k,j} ≤ K_max · L < 2^b``, never carries into the next digit. A CKKS slot is a *complex*
+   number, so it holds two registers, ``z = P_{2i} + i·P_{2i+1}``: N/2 slots carry N registers, twice what
+   the real part alone would (TenSEAL's vectors use only the real part) for the same encryption.
 3. the slot is encrypted at scale ``2^g`` (``g`` guard bits): the sum of ``K`` fresh ciphertexts
-   decrypts to ``P + e`` with ``|e| < 1/2`` (:func:`guard_bits`), so ``rint`` recovers ``P`` exactly.
+   decrypts to ``z + e`` with ``|Re e|, |Im e| < 1/2`` (:func:`guard_bits`), so ``rint`` recovers both
+   registers exactly (the encryption error is as large in the imaginary part as in the real part).
 4. **unpack**: digits ``D_j = ⌊P / 2^(b·j)⌋ mod 2^b``, and the sum of the values is
    ``Σ_k x_{k,j} ≈ D_j · δ + K · lower``.
 
@@ -22,15 +25,17 @@ turns the slot into an exact integer register instead:
 have carried across digits, so :func:`unpack` refuses it (:class:`~fedgl_secure.errors.PackingOverflow`).
 
 **Slot budget.** The key authority's one-time pad lives in the plaintext ring, not in the slots
-(``masking.py``), so a slot holds the packed sum alone: ``P ∈ [0, 2^T)``, ``T = m·b``. The aggregator
-decodes it after removing the pad, centred on the public ``2^(T−1)`` (:attr:`KindLayout.centre`), so the
-decoder meets ``|P − 2^(T−1)| ≤ 2^(T−1)``, i.e. coefficients of magnitude at most ``2^(T−1+g)`` plus the
-noise (a polynomial's coefficients are bounded by the scale times its largest slot). That must stay below
-``Q/2``, about ``2^(log2 Q − 1)`` for SEAL's primes (the largest below ``2^bits`` that are 1 mod 2N):
-:func:`slot_bits` keeps ``T ≤ log2 Q − 1 − g``, so the coefficients use at most half of it — room for the
-noise and for primes below their power of two — and ``T ≤ 50`` so float64 holds the decoded value
-exactly enough. (The slot mask this replaced cost a bit more, ``T + κ ≤ log2 Q − 2 − g``, and hid a slot
-from the key authority only up to total-variation distance ``2^−κ``.)
+(``masking.py``), so a register holds the packed sum alone: ``P ∈ [0, 2^T)``, ``T = m·b``. The aggregator
+decodes it after removing the pad, with the real part centred on the public ``2^(T−1)``
+(:attr:`KindLayout.centre`; a real constant is a constant polynomial, exact in the ring), so the decoder
+meets slots with ``|Re z| ≤ 2^(T−1)`` and ``0 ≤ Im z < 2^T``, ``|z| ≤ √5 · 2^(T−1) < 2^(T+0.17)``, i.e.
+polynomial coefficients of magnitude below ``2^(T+0.17+g)`` plus the noise (a coefficient is at most the
+scale times the largest slot modulus: ``m_k = (2/N)·Re Σ_j z_j ζ_j^−k``). That must stay below ``Q/2``,
+about ``2^(log2 Q − 1)`` for SEAL's primes (the largest below ``2^bits`` that are 1 mod 2N):
+:func:`slot_bits` keeps ``T ≤ log2 Q − 2 − g``, so the coefficients use at most ``2^−0.83`` of it — room
+for the noise and for primes below their power of two — and ``T ≤ 50`` so float64 holds the decoded
+value exactly enough. (Real slots alone allowed one bit more, ``T ≤ log2 Q − 1 − g``; the default
+policy's layouts use 36 bits either way.)
 """
 
 from __future__ import annotations
@@ -71,8 +76,9 @@ def guard_bits(poly_modulus_degree: int, max_banks: int) -> int:
 
 
 def slot_bits(poly_modulus_degree: int, data_bits: int, max_banks: int) -> int:
-    """Bits a slot offers to the packed sum: ``min(log2 Q − 1 − g, 50)`` (module docstring)."""
-    return min(data_bits - 1 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
+    """Bits a register (half a complex slot) offers to the packed sum: ``min(log2 Q − 2 − g, 50)`` (module
+    docstring: a slot's modulus reaches √5 · 2^(T−1) with the real part centred)."""
+    return min(data_bits - 2 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
 
 
 def quantisation_levels(lower: float, upper: float, step_bits: int) -> int:
@@ -106,6 +112,11 @@ class KindLayout:
         return 2.0**-self.step_bits
 
     @property
+    def values_per_slot(self) -> int:
+        """``2m``: a complex slot holds two registers of ``m`` values."""
+        return 2 * self.per_slot
+
+    @property
     def payload_bits(self) -> int:
         """``T = m · b``: the packed sum is below ``2^T``."""
         return self.per_slot * self.digit_bits
@@ -120,9 +131,13 @@ class KindLayout:
         """``2^(T−1)``: the middle of the packed range, subtracted before decoding and added back (public)."""
         return 2.0 ** (self.payload_bits - 1)
 
-    def slots(self, length: int) -> int:
-        """CKKS slots that ``length`` values take: ``⌈length / m⌉`` (at least one)."""
+    def registers(self, length: int) -> int:
+        """Packed registers that ``length`` values take: ``⌈length / m⌉`` (at least one)."""
         return max(1, -(-length // self.per_slot))
+
+    def slots(self, length: int) -> int:
+        """Complex CKKS slots that ``length`` values take: two registers a slot, ``⌈⌈length / m⌉ / 2⌉``."""
+        return -(-self.registers(length) // 2)
 
 
 def kind_layout(
@@ -144,7 +159,7 @@ def kind_layout(
     if width > available:
         raise ValueError(
             f"{kind}: one value needs {width} bits ({levels + 1} levels x {max_banks} banks) but a slot offers "
-            f"{available} (data primes {data_bits} bits - 1 - {guard_bits(poly_modulus_degree, max_banks)} guard "
+            f"{available} (data primes {data_bits} bits - 2 - {guard_bits(poly_modulus_degree, max_banks)} guard "
             f"bits, at most {MAX_EXACT_BITS}); lower step_bits, narrow [lower, upper], or lower max_banks"
         )
     return KindLayout(
@@ -181,25 +196,27 @@ def dequantise_sum(digit_sums: np.ndarray, layout: KindLayout, contributors: int
 
 
 def pack(quantised: np.ndarray, layout: KindLayout) -> np.ndarray:
-    """Slot values ``P = Σ_j u_j · 2^(b·j)`` (float64, exact: ``P < 2^T ≤ 2^50``), ``m`` values per slot."""
+    """Complex slot values ``z_i = P_{2i} + i·P_{2i+1}``, registers ``P = Σ_j u_j · 2^(b·j)`` (exact in
+    float64: ``P < 2^T ≤ 2^50``), ``m`` values per register; a missing last register is 0."""
     flat = np.asarray(quantised, dtype=np.int64).reshape(-1)
-    padded = np.zeros(layout.slots(flat.size) * layout.per_slot, dtype=np.int64)
+    padded = np.zeros(2 * layout.slots(flat.size) * layout.per_slot, dtype=np.int64)
     padded[: flat.size] = flat
     digits = padded.reshape(-1, layout.per_slot)
     shifts = np.arange(layout.per_slot, dtype=np.int64) * layout.digit_bits
-    return (digits << shifts).sum(axis=1).astype(np.float64)
+    registers = (digits << shifts).sum(axis=1).astype(np.float64)
+    return registers[0::2] + 1j * registers[1::2]
 
 
 def encode(values: np.ndarray, layout: KindLayout) -> np.ndarray:
-    """A bank's slot vector for ``values``: quantise, then pack."""
+    """A bank's complex slot vector for ``values``: quantise, then pack."""
     return pack(quantise(values, layout), layout)
 
 
 def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributors: int) -> np.ndarray:
-    """The decoded sums of ``length`` values from the (unmasked, decoded) slots of ``contributors`` banks.
+    """The decoded sums of ``length`` values from the (unmasked, decoded) complex slots of ``contributors`` banks.
 
     Refuses (:class:`PackingOverflow`) a sum over more banks than the digits have headroom for — its
-    digits may have carried into each other — and slots outside ``[0, 2^T)`` or farther from an integer
+    digits may have carried into each other — and registers outside ``[0, 2^T)`` or farther from an integer
     than the noise bound allows, which only a wrong pad, wrong parameters or an overflow produce.
     """
     if contributors > layout.max_banks:
@@ -207,13 +224,14 @@ def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributor
             f"{layout.kind}: a packed sum over {contributors} banks may have overflowed its digits (headroom for "
             f"he.max_banks = {layout.max_banks}); refusing to decode it — raise he.max_banks in the policy"
         )
-    slots = np.asarray(slot_values, dtype=np.float64).reshape(-1)
+    slots = np.asarray(slot_values, dtype=np.complex128).reshape(-1)
     if slots.size != layout.slots(length):
         raise CiphertextError(f"{layout.kind}: {slots.size} slots cannot hold {length} packed values")
-    rounded = np.rint(slots)
-    worst = float(np.abs(slots - rounded).max()) if slots.size else 0.0
+    registers = np.stack([slots.real, slots.imag], axis=1).reshape(-1)  # P_0, P_1, ... (the padding too)
+    rounded = np.rint(registers)
+    worst = float(np.abs(registers - rounded).max())
     top = 2.0**layout.payload_bits
-    if worst > layout.noise_bound or (slots.size and (rounded.min() < 0 or rounded.max() >= top)):
+    if worst > layout.noise_bound or rounded.min() < 0 or rounded.max() >= top:
         raise PackingOverflow(
             f"{layout.kind}: decrypted slots are not packed sums (off an integer by up to {worst:.3g}, range "
             f"[{rounded.min():.6g}, {rounded.max():.6g}] vs [0, 2^{layout.payload_bits})): overflow, noise beyond "
@@ -226,17 +244,18 @@ def unpack(slot_values: np.ndarray, layout: KindLayout, length: int, contributor
 
 
 def slot_length(layout: KindLayout | None, length: int) -> int:
-    """CKKS values that ``length`` values of a kind take: packed slots, or ``length`` when unpacked."""
+    """CKKS slots that ``length`` values of a kind take: complex packed slots, or ``length`` when unpacked."""
     return layout.slots(length) if layout is not None else length
 
 
 def decode_sum(slot_values: np.ndarray, layout: KindLayout | None, length: int, contributors: int) -> np.ndarray:
-    """The sum of ``length`` values from unmasked, decoded slots (unchanged when unpacked)."""
+    """The sum of ``length`` values from unmasked, decoded slots (complex when packed; unchanged when unpacked)."""
     if layout is None:
         return np.asarray(slot_values, dtype=np.float64)
     return unpack(slot_values, layout, length, contributors)
 
 
 def bytes_per_value(layout: KindLayout | None, bytes_per_slot: float) -> float:
-    """Wire bytes per value in full chunks: a slot's bytes over the values it carries (1 when unpacked)."""
-    return bytes_per_slot / (layout.per_slot if layout is not None else 1)
+    """Wire bytes per value in full chunks: a slot's bytes over the values it carries (two registers of
+    ``m`` when packed, 1 when unpacked)."""
+    return bytes_per_slot / (layout.values_per_slot if layout is not None else 1)

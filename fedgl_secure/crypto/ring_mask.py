@@ -12,7 +12,10 @@ through SEAL's own format: :func:`_plaintext_bytes` writes an *uncompressed* ``P
 SEAL 4's ``Plaintext::save_members``) to a private scratch file and SEAL loads it — and SEAL's loader checks
 it against the context (parameters id, coefficient count, every residue below its prime), so a corrupt or
 foreign buffer is refused, never half-read. Residues come out one coefficient at a time
-(``Plaintext.data(i)``). ``tests/test_ring_mask.py`` checks every assumption against TenSEAL itself.
+(``Plaintext.data(i)``). TenSEAL's vectors encode only real slots, so complex slots (two packed registers
+each, ``packing.py``) are encoded and encrypted here with SEAL's own encoder and the public key, and wrapped
+in TenSEAL's vector serialisation (:func:`tenseal_chunk`) so that every other party reads them as any chunk.
+``tests/test_ring_mask.py`` checks every assumption against TenSEAL itself.
 
 Scratch files are private (0600, ``/dev/shm`` when it exists, so nothing reaches a disk) and removed at once.
 """
@@ -270,13 +273,53 @@ def decrypt_rerandomised(secret_context: ts.Context, ciphertext: sealapi.Ciphert
     return decrypt(secret_context, total, level)
 
 
-def decode(context: ts.Context, level: RingLevel, values: np.ndarray, scale: float) -> np.ndarray:
-    """The N/2 real slots of the plaintext with these residues at ``scale`` (SEAL's CKKS decoder)."""
+def decode(
+    context: ts.Context, level: RingLevel, values: np.ndarray, scale: float, complex_slots: bool = False
+) -> np.ndarray:
+    """The N/2 slots of the plaintext with these residues at ``scale`` (SEAL's CKKS decoder): their real
+    parts (float64), or the complex values themselves with ``complex_slots``."""
     plain = plaintext(context, level, values, scale)
+    encoder = sealapi.CKKSEncoder(_seal(context))
     try:
-        return np.asarray(sealapi.CKKSEncoder(_seal(context)).decode_double(plain), dtype=np.float64)
+        if complex_slots:
+            return np.asarray(encoder.decode_complex(plain), dtype=np.complex128)
+        return np.asarray(encoder.decode_double(plain), dtype=np.float64)
     except _SEAL_FAILURES as error:
         raise CiphertextError(f"SEAL could not decode the plaintext: {error}") from None
+
+
+def encrypt_complex(context: ts.Context, values: np.ndarray, scale: float) -> sealapi.Ciphertext:
+    """A fresh public-key encryption, at the data level, of up to N/2 complex slot values at ``scale``
+    (exactly what TenSEAL does for real ones: SEAL's encoder, then ``Encryptor.encrypt``)."""
+    seal = _seal(context)
+    plain, ciphertext = sealapi.Plaintext(), sealapi.Ciphertext()
+    try:
+        sealapi.CKKSEncoder(seal).encode(
+            np.asarray(values, dtype=np.complex128).tolist(), seal.first_parms_id(), float(scale), plain
+        )
+        sealapi.Encryptor(seal, context.public_key().data).encrypt(plain, ciphertext)
+    except _SEAL_FAILURES as error:  # "encoded values are too large"
+        raise CiphertextError(f"cannot encode {np.size(values)} values at scale {scale:.4g}: {error}") from None
+    return ciphertext
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def tenseal_chunk(ciphertext: sealapi.Ciphertext, size: int) -> bytes:
+    """One ciphertext holding ``size`` slots as TenSEAL serialises a CKKS vector (its protobuf
+    ``CKKSVectorProto``: 1 packed sizes, 2 SEAL ciphertexts, 3 scale as a double), so ``ts.ckks_vector_from``
+    reads it back — byte for byte what ``CKKSVector.serialize`` writes (``tests/test_ring_mask.py``)."""
+    raw = ciphertext_bytes(ciphertext)
+    sizes = _varint(size)
+    scale = struct.pack("<d", ciphertext.scale)
+    return b"".join((b"\x0a", _varint(len(sizes)), sizes, b"\x12", _varint(len(raw)), raw, b"\x19", scale))
 
 
 def tenseal_ciphertext(context: ts.Context, chunk: bytes, where: str) -> tuple[object, int]:

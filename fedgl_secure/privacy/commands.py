@@ -60,7 +60,7 @@ def wire_layout(policy: Policy) -> list[dict]:
                 "upper": layout.upper,
                 "step": layout.step,
                 "digit_bits": layout.digit_bits,
-                "values_per_slot": layout.per_slot,
+                "values_per_slot": layout.values_per_slot,
                 "worst_case_error": layout.error_bound,
             }
         rows.append(row)
