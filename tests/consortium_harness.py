@@ -134,11 +134,13 @@ def write_consortium(
     method: str = "fedgl",
     policy_extra: dict | None = None,
     he: HEParameters = SMALL_HE,
+    experiment_extra: dict | None = None,
 ) -> LocalConsortium:
     """Three synthetic banks with small (still 128-bit) CKKS parameters, keys provisioned.
 
     ``policy_extra`` adds to the policy (see ``write_loopback_consortium``), e.g. DP channels and a budget;
-    ``he`` the HE parameters (packed by default, as the baseline policy).
+    ``he`` the HE parameters (packed by default, as the baseline policy); ``experiment_extra`` more sections
+    of the experiment (e.g. ``{"graphfl": {"inner_steps": 3}}``).
     """
     experiment = {
         "dataset": "synthetic",
@@ -150,6 +152,7 @@ def write_consortium(
             "max_rounds": max_rounds,
             "patience": patience or max_rounds + 10,
         },
+        **(experiment_extra or {}),
     }
     write_loopback_consortium(
         root,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -169,13 +170,12 @@ def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
     assert len(orders) > 1  # not the sorted order every time: positions reveal nothing but M
 
 
-def _coordinator(authority, keys, policy, store, max_rounds):
-    config = build_config(
-        {
-            "dataset": "synthetic",
-            "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": max_rounds, "patience": 50},
-        }
-    )
+def _coordinator(authority, keys, policy, store, max_rounds, method=None):
+    experiment = {
+        "dataset": "synthetic",
+        "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": max_rounds, "patience": 50},
+    }
+    config = build_config(experiment if method is None else {**experiment, "method": method})
     return Coordinator(
         federation="fed-test",
         config=config,
@@ -288,3 +288,169 @@ def test_the_upload_body_limit_follows_the_round_shapes(setup):
     finally:
         stop.set()
         driver.join(timeout=30)
+
+
+# --- a method of several stages per round (GraphFL: meta step, then fine-tuning and FedAvg) ---------------------
+
+
+def _wait_stage(coordinator, number, stage, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for bank in BANKS[:-1]:  # every bank polls (a restarted aggregator waits to hear from the pinned ones)
+            coordinator.heartbeat(bank)
+        view = coordinator.round_view(BANKS[-1])
+        if view.phase == "open" and view.round == number and view.stage == stage:
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"stage {stage!r} of round {number} did not open: {coordinator.status()}")
+
+
+def _stage_terms(view, seed):
+    """Each bank's pre-weighted term cat(ŵ_k·x_k, [ŵ_k]) of every kind of the stage (the last entry ŵ_k > 0)."""
+    rng = np.random.default_rng(seed)
+    terms = {}
+    for bank in BANKS:
+        weight = rng.uniform(0.5, 1.0)
+        terms[bank] = {
+            kind: np.concatenate([weight * rng.normal(0.0, 0.1, int(np.prod(shape)) - 1), [weight]])
+            for kind, shape in view.shapes.items()
+        }
+    return terms
+
+
+def _upload_terms(coordinator, policy, keys, view, terms, banks=BANKS):
+    ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+    for bank in banks:
+        for kind, values in terms[bank].items():
+            made = make_upload(coordinator.context, policy.he, ticket, bank, keys[bank], kind, values)
+            coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
+
+
+def _summed(terms, kind):
+    import torch
+
+    return torch.tensor(sum(bank_terms[kind] for bank_terms in terms.values()), dtype=torch.float32)
+
+
+def _graphfl_run(tmp_path, authority, keys, policy, name, max_rounds=1):
+    store = AggregatorStore(tmp_path / f"{name}.sqlite3")
+    coordinator = _coordinator(authority, keys, policy, store, max_rounds=max_rounds, method="graphfl")
+    for offset, bank in enumerate(BANKS):
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    return store, coordinator
+
+
+def _weights(coordinator, data):
+    """W̄ of a broadcast the coordinator serves (a model version or a stage's), decoded as a bank decodes it."""
+    from fedgl_secure.services.aggregator import decode_broadcast
+
+    size, _ = coordinator.index_for("bank-a")
+    neighbors = coordinator.config.self_supervision.neighbors
+    return decode_broadcast(0, data, coordinator._num_parameters, size, neighbors).weights
+
+
+@contextlib.contextmanager
+def _round_loop(coordinator):
+    """The coordinator's round loop on its own thread, stopped (and joined) on leaving."""
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        yield driver
+    finally:
+        stop.set()
+        driver.join(timeout=30)
+
+
+def _adam_steps(store, version):
+    return int(wire.decode_arrays(store.server_state(version))["step"])
+
+
+def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_them(setup, tmp_path):
+    import torch
+
+    from fedgl_secure.engine.simulation import method_initial_parameters
+    from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast
+    from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL
+
+    _, authority, keys, policy = setup
+    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "graphfl")
+    with _round_loop(coordinator) as driver:
+        meta = _wait_stage(coordinator, 1, META)
+        assert set(meta.shapes) == {META_GRADIENTS} and meta.participants == BANKS and meta.base_version == 0
+        with pytest.raises(ProtocolConflict, match="unknown-stage"):
+            coordinator.stage_model(1, META)  # nothing published before the stage's sum is decrypted
+        gradients = _stage_terms(meta, seed=1)
+        weights_term = {bank: {WEIGHTS: terms[META_GRADIENTS]} for bank, terms in gradients.items()}
+        with pytest.raises(CiphertextError, match="stage 'meta'"):  # the next stage's kind is not taken yet
+            _upload_terms(coordinator, policy, keys, meta, weights_term, banks=["bank-a"])
+        _upload_terms(coordinator, policy, keys, meta, gradients)
+        finetune = _wait_stage(coordinator, 1, FINETUNE)
+        assert (finetune.nonce, finetune.base_version, finetune.participants) == (meta.nonce, 0, BANKS)
+        assert set(finetune.shapes) == {WEIGHTS} and finetune.shapes[WEIGHTS] == meta.shapes[META_GRADIENTS]
+        # the published θ̂ is GraphFL's meta step from θ_0 on the decrypted sum of the banks' gradients
+        method = GraphFL(coordinator.config)
+        theta = method_initial_parameters(method, coordinator.config, 5, 3)
+        expected = method.stage_update(
+            META, {META_GRADIENTS: _summed(gradients, META_GRADIENTS)}, 1, Broadcast(0, theta)
+        )
+        assert torch.allclose(_weights(coordinator, coordinator.stage_model(1, META)), expected.weights, atol=1e-5)
+        averaged = _stage_terms(finetune, seed=2)
+        _upload_terms(coordinator, policy, keys, finetune, averaged)
+        driver.join(timeout=60)
+        assert not driver.is_alive()
+    status = coordinator.status()
+    assert status["phase"] == "finished" and status["latest_version"] == 1
+    assert [(r["round"], r["status"], r["attempts"]) for r in status["rounds"]] == [(1, "applied", 1)]
+    final = method.stage_update(FINETUNE, {WEIGHTS: _summed(averaged, WEIGHTS)}, 1, expected)
+    assert torch.allclose(_weights(coordinator, coordinator.model(1)), final.weights, atol=1e-5)
+    assert _adam_steps(store, 1) == 1  # the meta optimiser's state is kept with the version it produced
+    store.close()
+
+
+def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_from_the_same_state(
+    setup, tmp_path, small_he
+):
+    from fedgl_secure.methods.graphfl import FINETUNE, META
+
+    _, authority, keys, _ = setup
+    policy = Policy(he=small_he, quorum=2, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
+    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "abandoned")
+    with _round_loop(coordinator) as driver:
+        meta = _wait_stage(coordinator, 1, META)
+        gradients = _stage_terms(meta, seed=1)
+        _upload_terms(coordinator, policy, keys, meta, gradients)
+        finetune = _wait_stage(coordinator, 1, FINETUNE)
+        _upload_terms(coordinator, policy, keys, finetune, _stage_terms(finetune, seed=2), banks=["bank-a"])
+        # meta_gradients of round 1 was decrypted: the key authority never decrypts it again, so the retry takes
+        # round 2, from version 0, with exactly the banks that sum holds (their terms repeat)
+        retry = _wait_stage(coordinator, 2, META)
+        assert (retry.base_version, retry.participants) == (0, BANKS)
+        _upload_terms(coordinator, policy, keys, retry, gradients)
+        _upload_terms(coordinator, policy, keys, _wait_stage(coordinator, 2, FINETUNE), _stage_terms(finetune, seed=2))
+        driver.join(timeout=60)
+        assert not driver.is_alive()
+    rounds = coordinator.status()["rounds"]
+    assert [(r["round"], r["base_version"], r["status"]) for r in rounds] == [(1, 0, "abandoned"), (2, 0, "applied")]
+    assert rounds[0]["detail"].startswith("stage 'finetune': 1 of 3 banks uploaded every kind in time; 2 needed")
+    assert _adam_steps(store, 1) == 1  # the abandoned round's meta step was undone, not taken twice
+    store.close()
+
+
+def test_an_aggregator_restarted_between_the_stages_retires_the_round_as_abandoned(setup, tmp_path):
+    from fedgl_secure.methods.graphfl import FINETUNE, META
+
+    _, authority, keys, policy = setup
+    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "restart", max_rounds=2)
+    with _round_loop(coordinator):
+        meta = _wait_stage(coordinator, 1, META)
+        _upload_terms(coordinator, policy, keys, meta, _stage_terms(meta, seed=1))
+        _wait_stage(coordinator, 1, FINETUNE)  # the meta step is decrypted and published; then the aggregator stops
+    restarted = _coordinator(authority, keys, policy, store, max_rounds=2, method="graphfl")
+    with _round_loop(restarted):
+        retry = _wait_stage(restarted, 2, META)
+        assert (retry.base_version, retry.participants) == (0, BANKS)
+        first = restarted.status()["rounds"][0]
+        assert (first["round"], first["status"]) == (1, "abandoned")
+        assert first["detail"] == "the aggregator stopped while the round was open"
+    store.close()

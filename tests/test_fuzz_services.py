@@ -96,7 +96,11 @@ def test_every_error_is_documented_with_the_one_error_model(consortium, service)
                 binary.append(f"{method.upper()} {path} (body)")
     expected = {
         "key-authority": ["GET /v1/context", "POST /v1/decrypt", "POST /v1/decrypt (body)"],
-        "aggregator": ["GET /v1/models/{version}", "PUT /v1/rounds/{round_number}/uploads/{kind} (body)"],
+        "aggregator": [
+            "GET /v1/models/{version}",
+            "GET /v1/rounds/{round_number}/stages/{stage}",
+            "PUT /v1/rounds/{round_number}/uploads/{kind} (body)",
+        ],
         "bank-a": [],
     }
     assert sorted(binary) == sorted(expected[service])

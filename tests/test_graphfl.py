@@ -254,13 +254,16 @@ def test_graphfl_refuses_a_dp_policy(dataset):
         run_experiment(_graphfl_config(), clients=clients, progress=False, privacy=FederationPrivacy(policy))
 
 
-def test_consortium_refuses_multi_stage_methods_clearly():
-    """The services run single-stage rounds only so far: the aggregator refuses graphfl before any key is used."""
+def test_the_consortium_runs_graphfl_but_refuses_it_under_any_dp_policy():
+    """Without DP the aggregator accepts graphfl's two stages; under a DP policy, per round or once at the source
+    (edge DP), the consortium refuses it before any key is used, as the simulation does (dp_round.check_stages)."""
     from pathlib import Path
 
     from fedgl_secure.privacy.policy import load_policy
     from fedgl_secure.services.aggregator import check_consortium_can_run
 
-    baseline = load_policy(Path(__file__).resolve().parents[1] / "policies" / "baseline.toml")
-    with pytest.raises(ConfigError, match="2 stages per round.*single-stage methods only"):
-        check_consortium_can_run(_graphfl_config(), baseline, 6)
+    policies = Path(__file__).resolve().parents[1] / "policies"
+    check_consortium_can_run(_graphfl_config(), load_policy(policies / "baseline.toml"), 6)
+    for name in ("strict-dp.toml", "strict-edge-dp.toml"):
+        with pytest.raises(ConfigError, match="2 stages per round.*single-stage methods only"):
+            check_consortium_can_run(_graphfl_config(), load_policy(policies / name), 6)

@@ -295,12 +295,7 @@ def _run_federated(
     method = build_method(config)
     merged = federation.merged
     client_graphs = federation.client_graphs
-    staged = len(method_stages(method)) > 1
-    if staged and privacy is not None and privacy.active:
-        raise ConfigError(
-            f"method {config.method!r} has {len(method_stages(method))} stages per round; the DP step (clipping, "
-            "noise, accounting) is defined for single-stage methods only: use a policy without [dp.*]"
-        )
+    staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (dp_round.check_stages)
     if privacy is not None:
         client_graphs = _private_client_graphs(config, federation, privacy)
         summation = privacy.with_central_noise(summation)

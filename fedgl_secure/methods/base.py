@@ -1,6 +1,6 @@
 """The method interface: what a client computes and uploads, what the server fuses and sends back.
 
-The engine (``simulation.py``, later the network services) is method-agnostic. A method
+The engine (``simulation.py``, and the consortium services) is method-agnostic. A method
 declares its upload kinds; each client turns the current :class:`Broadcast` into a dict of
 *pre-weighted* terms ``w_k · X_k`` (one per kind, already in global index where per-node);
 the engine only sums them (in plaintext or under CKKS) and hands the sums back to the method.
@@ -23,7 +23,6 @@ import torch
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.errors import ConfigError
 from fedgl_secure.model.sparse import SparseOperator
 
 if TYPE_CHECKING:
@@ -124,17 +123,6 @@ def method_stages(method: FederatedMethod | MultiStageMethod) -> tuple[str, ...]
     return stages
 
 
-def check_single_stage(method: FederatedMethod | MultiStageMethod, where: str) -> None:
-    """Refuse a multi-stage method where only single-stage rounds are run yet (``where``: who refuses)."""
-    stages = method_stages(method)
-    if len(stages) > 1:
-        raise ConfigError(
-            f"invalid configuration: method: {method.name!r} runs {len(stages)} stages per round {list(stages)}, "
-            f"but {where} runs single-stage methods only so far; run it with `fedgl-secure simulate` "
-            "(plaintext, or CKKS with --secure)"
-        )
-
-
 def stage_upload_kinds(method: FederatedMethod | MultiStageMethod, stage: str) -> tuple[str, ...]:
     """The kinds a client uploads in ``stage``."""
     if hasattr(method, "stage_upload_kinds"):
@@ -162,6 +150,20 @@ def stage_update(
     if hasattr(method, "stage_update"):
         return method.stage_update(stage, sums, round_number, broadcast)
     return method.server_update(sums, round_number)
+
+
+def server_state(method: FederatedMethod | MultiStageMethod) -> dict[str, torch.Tensor] | None:
+    """What ``method``'s server keeps between rounds besides the broadcast (e.g. GraphFL's meta optimiser
+    moments), as named tensors, or None for a method whose broadcast is its whole state. An aggregator
+    stores it with every model version, so a round retried or resumed from a version starts from the
+    state of that version, as the simulation's next round would."""
+    return method.server_state() if hasattr(method, "server_state") else None
+
+
+def load_server_state(method: FederatedMethod | MultiStageMethod, state: Mapping[str, torch.Tensor]) -> None:
+    """Put ``method``'s server back in ``state`` (:func:`server_state`); nothing for a method that keeps none."""
+    if hasattr(method, "load_server_state"):
+        method.load_server_state(state)
 
 
 def method_model(

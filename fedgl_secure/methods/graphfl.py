@@ -239,6 +239,28 @@ class GraphFL:
         self._meta_optimizer.step()
         return Broadcast(round_number, self._meta_parameters.detach().clone())
 
+    def server_state(self) -> dict[str, torch.Tensor]:
+        """The meta optimiser's Adam state between rounds (empty before its first step, and with plain SGD)."""
+        if self._meta_optimizer is None:
+            return {}
+        moments = self._meta_optimizer.state[self._meta_parameters]
+        return {name: moments[name].detach().clone() for name in ("step", "exp_avg", "exp_avg_sq")}
+
+    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore :meth:`server_state` (empty: no meta step taken yet)."""
+        self._meta_parameters, self._meta_optimizer = None, None
+        if not state:
+            return
+        settings = self.settings
+        self._meta_parameters = nn.Parameter(torch.zeros_like(state["exp_avg"], dtype=torch.float32))
+        self._meta_optimizer = torch.optim.Adam(
+            [self._meta_parameters], lr=settings.meta_learning_rate, weight_decay=settings.meta_weight_decay
+        )
+        moments = ("step", "exp_avg", "exp_avg_sq")
+        self._meta_optimizer.state[self._meta_parameters] = {
+            name: torch.as_tensor(state[name], dtype=torch.float32).clone() for name in moments
+        }
+
     # --- the single-stage interface does not apply ------------------------------------------
 
     def client_contribution(self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True):

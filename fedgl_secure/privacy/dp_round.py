@@ -105,14 +105,31 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
 def check_runnable(policy: Policy, config) -> None:
     """Everything refused under ``policy`` before round 1 of ``config`` (an ``ExperimentConfig``).
 
-    β > 0 under DP-SGD (the pseudo graph's degree is not bounded), and more local epochs per round than
-    DP-SGD's budget accounts for.
+    β > 0 under DP-SGD (the pseudo graph's degree is not bounded), more local epochs per round than
+    DP-SGD's budget accounts for, and a method of several stages per round (:func:`check_stages`).
     """
-    check_method(policy, config.method, config.effective_alpha_beta()[1])
-    check_local_epochs(policy, config.training.local_epochs)
     from fedgl_secure.methods import build_method  # the methods sit above the privacy floor
 
-    check_upload_kinds(policy, config.method, build_method(config).upload_kinds)
+    method = build_method(config)
+    check_stages(policy, method)
+    check_method(policy, config.method, config.effective_alpha_beta()[1])
+    check_local_epochs(policy, config.training.local_epochs)
+    check_upload_kinds(policy, config.method, method.upload_kinds)
+
+
+def check_stages(policy: Policy, method) -> None:
+    """Refuse, under any DP, a method whose round has several stages (e.g. GraphFL's meta step, then its
+    fine-tuning): the DP step releases, clips and accounts one contribution per bank and round, and has no
+    channel for a second upload of the same round (a query-loss gradient) — in the simulation and the
+    consortium alike."""
+    from fedgl_secure.methods.base import method_stages
+
+    stages = method_stages(method)
+    if policy.has_dp and len(stages) > 1:
+        raise ConfigError(
+            f"method {method.name!r} has {len(stages)} stages per round {list(stages)}; the DP step (clipping, "
+            "noise, accounting) is defined for single-stage methods only: use a policy without [dp.*]"
+        )
 
 
 def check_upload_kinds(policy: Policy, method: str, kinds: Sequence[str]) -> None:

@@ -15,6 +15,16 @@ The aggregator holds the *public* CKKS context only. Per round it
 4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
    stores the next model version together with the round, in one transaction.
 
+A method whose round has several stages (``methods.base.method_stages``, e.g. GraphFL's meta step
+and then its fine-tuning) runs steps 2–3 once per stage under the round's one number and nonce: a
+stage collects and decrypts only its own kinds (kinds are distinct across a round's stages, so the
+key authority still decrypts each (round, kind) once), its server update (``stage_update``) gives the
+broadcast the next stage starts from, published as the round's stage model
+(``GET /v1/rounds/{round}/stages/{stage}``), and the next stage is open to the banks whose uploads
+that sum holds. The last stage's update is the next model version (step 4). Each stage has its own
+upload deadline; a first stage below the quorum aborts the round (nothing was decrypted), a later one
+abandons it.
+
 Round states: ``open`` → ``applied`` | ``aborted`` (reopened with a fresh nonce) |
 ``abandoned`` (some sum was decrypted but the round could not finish — the key authority
 never decrypts a (round, kind) twice, so the retry takes the next round number) |
@@ -50,11 +60,18 @@ from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.engine.simulation import initial_parameters
+from fedgl_secure.engine.simulation import method_initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
-from fedgl_secure.methods.base import Broadcast, check_single_stage
+from fedgl_secure.methods.base import (
+    Broadcast,
+    load_server_state,
+    method_stages,
+    server_state,
+    stage_update,
+    stage_upload_kinds,
+)
 from fedgl_secure.methods.fed2gnn import refuse_in_services
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
@@ -181,8 +198,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     noise is run: the key authority adds it).
     """
     refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
-    check_consortium(policy, config)
-    check_single_stage(build_method(config), "the consortium's aggregator")
+    check_consortium(policy, config)  # a method of several stages under DP is refused here (check_stages)
     kinds = build_method(config).upload_kinds
     refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
     if refused:
@@ -207,12 +223,16 @@ def _quorum(policy: Policy) -> int:
 
 @dataclass
 class _OpenRound:
+    """One stage of an open round (a single-stage method's round is one): its participants (the round's in
+    the first stage, afterwards the banks whose uploads the previous stage's sums hold) and its kinds."""
+
     round: int
     base_version: int
     nonce: str
     participants: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]]
     deadline: float
+    stage: str
     uploads: dict[str, dict[str, Upload]] = field(default_factory=dict)
 
     def complete_banks(self) -> tuple[str, ...]:
@@ -235,6 +255,7 @@ class RoundView:
     latest_version: int | None = None
     stopped_reason: str | None = None
     final_version: int | None = None  # set once the finished federation has fixed its final model
+    stage: str | None = None  # phase == "open": the stage of the round whose kinds (``shapes``) are collected
 
 
 FINAL_VERSION = "final_version"
@@ -287,6 +308,7 @@ class Coordinator:
         self.decryptor = decryptor
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
+        self._stages = method_stages(self.method)
         self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self.log = get_logger(role="aggregator", federation=federation)
         self._changed = threading.Condition()
@@ -305,6 +327,9 @@ class Coordinator:
         self._withdrawn: dict[str, Withdrawal] = store.withdrawals()
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
+        self._num_parameters: int | None = None  # likewise
+        self._broadcast: Broadcast | None = None  # the latest version's broadcast, decoded (a round starts from it)
+        self._last_sums: dict[str, np.ndarray] = {}  # the sums the last stage decrypted (round loop only)
 
     # --- request handlers (any thread) ----------------------------------------------------
 
@@ -400,6 +425,15 @@ class Coordinator:
             raise ProtocolConflict("unknown-version", f"model version {version} does not exist (yet)")
         return data
 
+    def stage_model(self, round_number: int, stage: str) -> bytes:
+        """The broadcast published after ``stage`` of round ``round_number`` (the next stage starts from it)."""
+        data = self.store.stage_model(round_number, stage)
+        if data is None:
+            raise ProtocolConflict(
+                "unknown-stage", f"round {round_number} has published no broadcast after stage {stage!r} (yet)"
+            )
+        return data
+
     def round_view(self, bank: str) -> RoundView:
         self.heartbeat(bank)
         with self._changed:
@@ -430,6 +464,7 @@ class Coordinator:
                 self.fingerprint,
                 max(0.0, current.deadline - time.monotonic()),
                 latest,
+                stage=current.stage,
             )
 
     def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
@@ -449,7 +484,10 @@ class Coordinator:
                     "withdrawn", f"{bank} withdrew ({self._withdrawn[bank].reason}); it uploads no more"
                 )
             if kind not in current.shapes:
-                raise CiphertextError(f"round {round_number} expects kinds {sorted(current.shapes)}, not {kind!r}")
+                raise CiphertextError(
+                    f"round {round_number} (stage {current.stage!r}) expects kinds {sorted(current.shapes)}, "
+                    f"not {kind!r}"
+                )
             length = int(np.prod(current.shapes[kind]))
             ticket = RoundTicket(
                 self.federation, current.round, current.nonce, len(current.participants), self.fingerprint
@@ -566,7 +604,7 @@ class Coordinator:
         by_bank = dict(zip(self.banks, positions, strict=True))
         first = enrolled[self.banks[0]]
         if self._latest_version is None:
-            weights = initial_parameters(self.config, first.num_features, first.num_classes)
+            weights = method_initial_parameters(self.method, self.config, first.num_features, first.num_classes)
             self.store.save_initial_model(encode_broadcast(Broadcast(0, weights)))
             self._latest_version = 0
         self.store.save_index(size, by_bank)
@@ -574,13 +612,35 @@ class Coordinator:
         self.log.info("index.built", num_global_nodes=size, banks=len(self.banks))
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every round's upload shapes (computed once: they depend only on the index and the dimensions)."""
+        """Every kind's upload shape, over all stages (computed once: they depend only on the index and the
+        dimensions)."""
         if self._upload_shapes is None:
             size, _ = self._index
             first = self.store.enrolment(self.banks[0])
-            num_parameters = int(initial_parameters(self.config, first.num_features, first.num_classes).numel())
-            self._upload_shapes = self.method.upload_shapes(num_parameters, size, first.num_classes)
+            initial = method_initial_parameters(self.method, self.config, first.num_features, first.num_classes)
+            self._num_parameters = int(initial.numel())
+            self._upload_shapes = self.method.upload_shapes(self._num_parameters, size, first.num_classes)
         return self._upload_shapes
+
+    def _stage_shapes(self, stage: str) -> dict[str, tuple[int, ...]]:
+        """The upload shapes of ``stage``'s kinds (all of them for a single-stage method)."""
+        shapes = self._shapes()
+        return {kind: shapes[kind] for kind in stage_upload_kinds(self.method, stage)}
+
+    def _base_broadcast(self, version: int) -> Broadcast:
+        """The broadcast of model ``version`` (what a round's first stage starts from), and the method's server
+        back in the state it had after that version (:func:`~fedgl_secure.methods.base.server_state`): a round
+        retried from the same version, or resumed after a restart, starts where the simulation's would."""
+        state = self.store.server_state(version)
+        arrays = {} if state is None else wire.decode_arrays(state)
+        load_server_state(self.method, {name: torch.from_numpy(array) for name, array in arrays.items()})
+        if self._broadcast is None or self._broadcast.round_number != version:
+            self._shapes()
+            size, _ = self._index
+            self._broadcast = decode_broadcast(
+                version, self.model(version), self._num_parameters, size, self.config.self_supervision.neighbors
+            )
+        return self._broadcast
 
     def _resume(self) -> int:
         """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
@@ -588,10 +648,14 @@ class Coordinator:
         last = self.store.round(self.store.last_round_number())
         if last is not None and last.status not in ("applied", "aborted", "abandoned"):
             sums = self.store.sums(last.round)
-            shapes = self._shapes()
-            if set(sums) == set(shapes) and last.base_version == version:
-                contributors = next(iter(sums.values()))[2]
-                self._apply(last.round, version, {k: v[1] for k, v in sums.items()}, shapes, contributors)
+            if set(sums) == set(self._shapes()) and last.base_version == version:
+                # every stage's sums are stored: replay the stages' server updates on them
+                broadcast = self._base_broadcast(version)
+                for stage in self._stages:
+                    kinds = stage_upload_kinds(self.method, stage)
+                    broadcast = self._stage_update(stage, version, {k: sums[k][1] for k in kinds}, broadcast)
+                contributors = sums[stage_upload_kinds(self.method, self._stages[-1])[0]][2]
+                self._apply(last.round, version, broadcast, contributors)
                 self.log.info("round.resumed", round=last.round)
                 return version + 1
             status = "abandoned" if sums else "interrupted"
@@ -652,8 +716,9 @@ class Coordinator:
         for row in self.store.rounds():
             if row.base_version == version and row.status != "applied":
                 sums = self.store.sums(row.round)
-                if sums:
-                    return next(iter(sums.values()))[2]
+                if sums:  # a later stage's banks are among the first's: the union is the first stage's
+                    decrypted = {bank for _, _, banks in sums.values() for bank in banks}
+                    return tuple(bank for bank in self.banks if bank in decrypted)
         return ()
 
     def _choose_participants(self, stop: threading.Event, version: int) -> _Choice | None:
@@ -697,6 +762,8 @@ class Coordinator:
                     raise
 
     def _run_round(self, stop: threading.Event, round_number: int, version: int, choice: _Choice) -> str:
+        """One round from ``version``: each of the method's stages in turn (:meth:`_run_stage`), under one
+        nonce; "applied", "aborted" (reopened), "abandoned" (the next round number retries) or "stopped"."""
         participants, required = choice.participants, choice.required
         log = self.log.bind(round=round_number)
         try:
@@ -704,19 +771,62 @@ class Coordinator:
         except FedGLError:
             return "stopped"
         self.store.open_round(round_number, version, nonce, participants)
-        timeouts = self.policy.timeouts
         opened = time.monotonic()
-        deadline = opened + min(timeouts.upload_seconds, timeouts.round_seconds)
-        current = _OpenRound(round_number, version, nonce, participants, self._shapes(), deadline)
+        log.info("round.opened", participants=list(participants), base_version=version, stages=list(self._stages))
+        broadcast = self._base_broadcast(version)
+        timer = PhaseTimer()
+        for index, stage in enumerate(self._stages):
+            outcome, participants = self._run_stage(
+                stop, round_number, version, nonce, stage, participants, required, timer, first=index == 0
+            )
+            if outcome != "decrypted":
+                return outcome
+            sums = {kind: self._last_sums[kind] for kind in stage_upload_kinds(self.method, stage)}
+            with timer.phase("server_step"):
+                broadcast = self._stage_update(stage, version, sums, broadcast)
+                if index < len(self._stages) - 1:  # the next stage starts from it
+                    self.store.save_stage_model(round_number, stage, encode_broadcast(broadcast))
+                    log.info("round.stage_published", stage=stage, contributors=list(participants))
+        with timer.phase("server_step"):
+            self._apply(round_number, version, broadcast, participants)
+        log.info(
+            "round.applied",
+            version=version + 1,
+            contributors=list(participants),
+            seconds=round(time.monotonic() - opened, 3),
+            phases=timer.seconds(),
+        )
+        return "applied"
+
+    def _run_stage(
+        self,
+        stop: threading.Event,
+        round_number: int,
+        version: int,
+        nonce: str,
+        stage: str,
+        participants: tuple[str, ...],
+        required: int,
+        timer: PhaseTimer,
+        *,
+        first: bool,
+    ) -> tuple[str, tuple[str, ...]]:
+        """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums
+        (kept in ``_last_sums``). Returns ("decrypted", the banks whose uploads the sums hold), or the round's
+        outcome: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
+        round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries)."""
+        log = self.log.bind(round=round_number, stage=stage)
+        timeouts = self.policy.timeouts
+        deadline = time.monotonic() + min(timeouts.upload_seconds, timeouts.round_seconds)
+        current = _OpenRound(round_number, version, nonce, participants, self._stage_shapes(stage), deadline, stage)
         with self._changed:
             self._open = current
             self._changed.notify_all()
-        log.info("round.opened", participants=list(participants), base_version=version)
         with self._changed:
             while time.monotonic() < deadline:
                 if stop.is_set():
                     self._open = None
-                    return "stopped"
+                    return "stopped", ()
                 # banks that withdrew during the round are not waited for
                 complete = current.complete_banks()
                 expected = [b for b in participants if b in complete or b not in self._withdrawn]
@@ -730,35 +840,30 @@ class Coordinator:
         missing = sorted(set(participants) - set(complete) - set(withdrew))
         if len(complete) < required:
             detail = f"{len(complete)} of {len(participants)} banks uploaded every kind in time; {required} needed"
+            if len(self._stages) > 1:
+                detail = f"stage {stage!r}: {detail}"
             if withdrew:
                 detail += f"; withdrawn: {', '.join(withdrew)}"
-            self.store.close_round(round_number, "aborted", detail)
-            log.warning("round.aborted", complete=list(complete), missing=missing, withdrawn=withdrew, detail=detail)
-            return "aborted"
+            # after a first stage nothing was decrypted (reopen with a fresh nonce); after a later one the
+            # round's earlier sums were, and the key authority never decrypts a (round, kind) twice
+            status = "aborted" if first else "abandoned"
+            self.store.close_round(round_number, status, detail)
+            log.warning(f"round.{status}", complete=list(complete), missing=missing, withdrawn=withdrew, detail=detail)
+            return status, ()
         if missing:
             log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
         if withdrew:
             log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
-        timer = PhaseTimer()
         try:
-            sums = self._decrypt_sums(current, complete, timer)
+            self._last_sums = self._decrypt_sums(current, complete, timer)
         except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
-            return "abandoned"
+            return "abandoned", ()
         finally:
             with self._changed:
                 self._aggregating = False
-        with timer.phase("server_step"):
-            self._apply(round_number, version, sums, current.shapes, complete)
-        log.info(
-            "round.applied",
-            version=version + 1,
-            contributors=list(complete),
-            seconds=round(time.monotonic() - opened, 3),
-            phases=timer.seconds(),
-        )
-        return "applied"
+        return "decrypted", complete
 
     def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer) -> dict[str, np.ndarray]:
         sums = {}
@@ -780,19 +885,28 @@ class Coordinator:
             sums[kind] = values
         return sums
 
-    def _apply(
-        self,
-        round_number: int,
-        version: int,
-        sums: Mapping[str, np.ndarray],
-        shapes: Mapping[str, tuple[int, ...]],
-        contributors: tuple[str, ...],
-    ) -> None:
+    def _stage_update(
+        self, stage: str, version: int, sums: Mapping[str, np.ndarray], broadcast: Broadcast
+    ) -> Broadcast:
+        """The method's server update after ``stage`` of the round from ``version`` (on its decrypted sums)."""
+        shapes = self._shapes()
         tensors = {
-            kind: torch.from_numpy(np.asarray(sums[kind], dtype=np.float32)).reshape(shapes[kind]) for kind in shapes
+            kind: torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(shapes[kind])
+            for kind, values in sums.items()
         }
-        broadcast = self.method.server_update(tensors, version + 1)
-        self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors)
+        return stage_update(self.method, stage, tensors, version + 1, broadcast)
+
+    def _apply(self, round_number: int, version: int, broadcast: Broadcast, contributors: tuple[str, ...]) -> None:
+        """Store the round's result as model ``version + 1`` (with the method's server state, if it keeps one)."""
+        state = server_state(self.method)
+        encoded_state = None if state is None else wire.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
+        encoded = encode_broadcast(broadcast)
+        self.store.apply_round(round_number, version + 1, encoded, contributors, encoded_state)
+        # the next round starts from what the banks download (float32 on the wire), restarted or not
+        size, _ = self._index
+        self._broadcast = decode_broadcast(
+            version + 1, encoded, self._num_parameters, size, self.config.self_supervision.neighbors
+        )
         with self._changed:
             self._latest_version = version + 1
             self._changed.notify_all()

@@ -11,6 +11,7 @@ POST     /v1/enrol                               bank     pseudonym set and data
 GET      /v1/index                               bank     M and this bank's positions in it
 GET      /v1/round                               bank     the open round (and a heartbeat)
 GET      /v1/models/{version}                    bank     W̄, Ȳ, Ā of a model version (npz)
+GET      /v1/rounds/{round}/stages/{stage}       bank     the broadcast after a stage (the next starts from it)
 PUT      /v1/rounds/{round}/uploads/{kind}       bank     one kind's ciphertext chunks + receipt
 POST     /v1/reports                             bank     evaluation counts of a model version
 POST     /v1/withdraw                            bank     the bank takes no further part (budget spent)
@@ -104,6 +105,7 @@ class RoundResponse(_Schema):
     latest_version: int | None = None
     stopped_reason: str | None = None  # set when phase == "finished" and the run stopped early
     final_version: int | None = None  # phase == "finished": the final model, once the aggregator has fixed it
+    stage: str | None = None  # phase == "open": the round's stage whose kinds (shapes) it collects
 
 
 class UploadResponse(_Schema):
@@ -192,6 +194,21 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     ) -> Response:
         return Response(coordinator.model(version), media_type=wire.OCTET_STREAM)
 
+    @app.get(
+        "/v1/rounds/{round_number}/stages/{stage}",
+        response_class=Response,
+        responses={
+            **wire.binary_response("the broadcast after the stage, as an .npz bundle (as a model version)"),
+            **wire.error_responses(409),
+        },
+    )
+    def stage_model(
+        round_number: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        stage: Annotated[str, Path(max_length=64)],
+        caller: Caller = Depends(bank_only),
+    ) -> Response:
+        return Response(coordinator.stage_model(round_number, stage), media_type=wire.OCTET_STREAM)
+
     @app.put(
         "/v1/rounds/{round_number}/uploads/{kind}",
         responses=wire.error_responses(400, 409),
@@ -271,6 +288,10 @@ class AggregatorClient:
 
     def model(self, version: int) -> bytes:
         return self._call("GET", f"/v1/models/{version}").content
+
+    def stage_model(self, round_number: int, stage: str) -> bytes:
+        """The broadcast published after ``stage`` of round ``round_number``."""
+        return self._call("GET", f"/v1/rounds/{round_number}/stages/{stage}").content
 
     def upload(self, round_number: int, kind: str, chunks: Sequence[bytes], receipt: Receipt) -> UploadResponse:
         return self._parse(

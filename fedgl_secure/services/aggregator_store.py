@@ -1,5 +1,9 @@
 """The aggregator's durable state (SQLite): enrolments, the union index, models, rounds, sums, reports.
 
+A round of a method with several stages (GraphFL: a meta step, then fine-tuning) also keeps the
+broadcast each stage but the last publishes (``stage_models``: the next stage starts from it), and a
+method that keeps state on the server between rounds (GraphFL's meta optimiser) has it stored with
+each model version (``server_states``), so a retried or resumed round starts from the same state.
 Every accepted upload's receipt is kept too, for the run directory an audit reads, and every bank's
 withdrawal (a bank whose privacy budget is spent), with the reason the run stopped, if it did.
 A restarted aggregator resumes from here: every applied round's broadcast is stored with the
@@ -47,6 +51,10 @@ CREATE TABLE IF NOT EXISTS report_histograms (
 CREATE TABLE IF NOT EXISTS receipts (
     round INTEGER NOT NULL, nonce TEXT NOT NULL, bank TEXT NOT NULL, kind TEXT NOT NULL, receipt TEXT NOT NULL,
     accepted_at REAL NOT NULL, PRIMARY KEY (round, nonce, bank, kind));
+CREATE TABLE IF NOT EXISTS stage_models (
+    round INTEGER NOT NULL, stage TEXT NOT NULL, arrays BLOB NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (round, stage));
+CREATE TABLE IF NOT EXISTS server_states (version INTEGER PRIMARY KEY, arrays BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS withdrawals (
     bank TEXT PRIMARY KEY, reason TEXT NOT NULL, round INTEGER NOT NULL, withdrawn_at REAL NOT NULL);
 """
@@ -258,11 +266,25 @@ class AggregatorStore:
             ]
         )
 
-    def apply_round(self, round_number: int, version: int, arrays: bytes, contributors: tuple[str, ...]) -> None:
-        """Store the round's broadcast and mark it applied in one transaction (never half-applied)."""
+    def apply_round(
+        self,
+        round_number: int,
+        version: int,
+        arrays: bytes,
+        contributors: tuple[str, ...],
+        server_state: bytes | None = None,
+    ) -> None:
+        """Store the round's broadcast (and the method's server state after it, if it keeps one) and mark the
+        round applied, in one transaction (never half-applied)."""
         names = json.dumps(list(contributors))
+        state = (
+            []
+            if server_state is None
+            else [("INSERT OR REPLACE INTO server_states (version, arrays) VALUES (?, ?)", (version, server_state))]
+        )
         self._write(
             [
+                *state,
                 (
                     "INSERT INTO models (version, round, arrays, contributors, created_at) VALUES (?, ?, ?, ?, ?)",
                     (version, round_number, arrays, names, time.time()),
@@ -273,6 +295,26 @@ class AggregatorStore:
                 ),
             ]
         )
+
+    def server_state(self, version: int) -> bytes | None:
+        """The method's server state stored with model ``version`` (None: the method keeps none, or version 0)."""
+        rows = self._read("SELECT arrays FROM server_states WHERE version = ?", (version,))
+        return rows[0][0] if rows else None
+
+    def save_stage_model(self, round_number: int, stage: str, arrays: bytes) -> None:
+        """The broadcast after ``stage`` of round ``round_number``, which the round's next stage starts from."""
+        self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO stage_models (round, stage, arrays, created_at) VALUES (?, ?, ?, ?)",
+                    (round_number, stage, arrays, time.time()),
+                )
+            ]
+        )
+
+    def stage_model(self, round_number: int, stage: str) -> bytes | None:
+        rows = self._read("SELECT arrays FROM stage_models WHERE round = ? AND stage = ?", (round_number, stage))
+        return rows[0][0] if rows else None
 
     def round(self, round_number: int) -> RoundRow | None:
         rows = self._read(

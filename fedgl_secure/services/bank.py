@@ -6,6 +6,12 @@ trains, and uploads each kind as CKKS ciphertext chunks with a signed receipt. R
 never leave the bank: it enrols HMAC pseudonyms and receives only its own positions in the
 union index.
 
+A method of several stages per round (``methods.base.method_stages``, e.g. GraphFL's meta step and
+fine-tuning) takes them in turn, as the aggregator opens them: the first stage starts from the base
+version, a later one from the broadcast the aggregator published after the stage before
+(``GET /v1/rounds/{round}/stages/{stage}``), and each computes (``stage_contribution``) and uploads
+only that stage's kinds.
+
 A round that is reopened (aborted below quorum, or the aggregator restarted) is retrained from
 the same starting state — model, optimiser moments and dropout stream are restored from a
 snapshot — so a reopened round gives the same contribution as the first attempt would have,
@@ -50,6 +56,7 @@ import scipy.sparse as sp
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import Depends, FastAPI
+from torch import nn
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
@@ -67,10 +74,9 @@ from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
-from fedgl_secure.methods.base import Broadcast, check_single_stage
+from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import refuse_in_services
 from fedgl_secure.model.adjacency import gcn_normalize
-from fedgl_secure.model.gcn import GCN
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
@@ -178,7 +184,7 @@ class BankWorker:
         self.poll_seconds = poll_seconds
         refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
         self.method = build_method(config)
-        check_single_stage(self.method, "a consortium bank")
+        self.stages = method_stages(self.method)
         self.log = get_logger(node=name, role="bank")
         self.rounds_done: list[int] = []
         self.finished = threading.Event()
@@ -283,10 +289,13 @@ class BankWorker:
         graph = GraphTensors.from_graph(
             self.graph_data, positions, size, device, self.config.training.normalize_features
         )
-        trainer = LocalTrainer(self.client_index, self._private_graph(graph), self.config.training, self.config.seed)
+        training = self.config.training
+        features = graph.features.shape[1]
+        model = method_model(self.method, features, training.hidden, graph.num_classes, training.dropout)
+        trainer = LocalTrainer(self.client_index, self._private_graph(graph), training, self.config.seed, model)
         if self.privacy is not None:
             self.privacy.attach_training(self.client_index, trainer)
-        evaluator = GCN(graph.features.shape[1], self.config.training.hidden, graph.num_classes).to(device)
+        evaluator = method_model(self.method, features, training.hidden, graph.num_classes, 0.0).to(device)
         num_parameters = int(trainer.model.flat_parameters().numel())
         self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)
         session = _Session(trainer, evaluator, graph, num_parameters)
@@ -305,7 +314,7 @@ class BankWorker:
                 self.finished.set()
                 self.log.info("bank.finished", rounds=len(self.rounds_done), stopped_reason=view.stopped_reason)
                 return
-            if view.phase == "open" and self.name in view.participants and (view.round, view.nonce) not in session.done:
+            if view.phase == "open" and self.name in view.participants and _stage_key(view) not in session.done:
                 self._take_part(session, view)
                 continue
             stop.wait(self.poll_seconds)
@@ -381,6 +390,16 @@ class BankWorker:
             self.config.self_supervision.neighbors,
         )
 
+    def _download_stage(self, session: _Session, round_number: int, stage: str) -> Broadcast:
+        """The broadcast published after ``stage`` of round ``round_number``, checked like a model version."""
+        return decode_broadcast(
+            round_number,
+            self.aggregator.stage_model(round_number, stage),
+            session.num_parameters,
+            session.graph.num_global_nodes,
+            self.config.self_supervision.neighbors,
+        )
+
     def _report(self, session: _Session, version: int, broadcast: Broadcast) -> None:
         if version in session.reported:
             return
@@ -404,17 +423,17 @@ class BankWorker:
                 ours=self.fingerprint[:12],
                 federation=view.federation,
             )
-            session.done.add((view.round, view.nonce))
+            session.done.add(_stage_key(view))
             return
         if self.bank_privacy is not None and self.bank_privacy.stopped_round is not None:
-            session.done.add((view.round, view.nonce))  # budget spent: withdrawn (or retrying it at each poll)
+            session.done.add(_stage_key(view))  # budget spent: withdrawn (or retrying it at each poll)
             return
         started = time.perf_counter()
         timer = PhaseTimer()
-        # encrypted once per (round, nonce): a retry after a broken connection resends the same
+        # encrypted once per (round, nonce, stage): a retry after a broken connection resends the same
         # bytes (no download, no retraining), which the aggregator accepts as a repeat instead of a
         # conflicting second upload
-        key = (view.round, view.nonce)
+        key = _stage_key(view)
         try:
             if key in session.uploads:
                 uploaded = self._send(view.round, iter(session.uploads[key]), [], timer)
@@ -432,18 +451,19 @@ class BankWorker:
         except _EncryptionRefused as refused:  # deterministic (e.g. a value outside the packed range): retrying
             # would fail again, after the kinds already sent: this bank sits the round out (fail closed)
             log.error("round.encryption_refused", error=str(refused)[:300])
-            session.done.add((view.round, view.nonce))
+            session.done.add(_stage_key(view))
             return
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
-            session.done.add((view.round, view.nonce))
+            session.done.add(_stage_key(view))
             return
         except (FedGLError, OSError) as error:  # an unreachable aggregator included: the round reopens
             log.warning("round.failed", error=str(error)[:300])
             time.sleep(self.poll_seconds * 5)
             return
-        session.done.add((view.round, view.nonce))
-        self.rounds_done.append(view.round)
+        session.done.add(key)
+        if view.stage == self.stages[-1]:
+            self.rounds_done.append(view.round)
         log.info(
             "round.uploaded",
             bytes=uploaded,
@@ -454,22 +474,40 @@ class BankWorker:
     def _prepare_uploads(
         self, session: _Session, view: RoundResponse, log, timer: PhaseTimer
     ) -> Iterator[Upload] | None:
-        """Train from the round's base version and start encrypting the (released) contribution (an
-        iterator of uploads, :meth:`_encrypt_kinds`); None once the privacy budget is spent (the bank then
-        withdraws). ``timer`` gets the download, evaluation, training and encryption seconds."""
+        """Train from the broadcast the round's stage starts from and start encrypting the (released)
+        contribution of that stage's kinds (an iterator of uploads, :meth:`_encrypt_kinds`); None once the
+        privacy budget is spent (the bank then withdraws), or for a stage this bank's method does not have.
+        ``timer`` gets the download, evaluation, training and encryption seconds.
+
+        The first stage starts from the model version ``base_version`` (which the bank also evaluates and
+        reports); a later stage from the broadcast the aggregator published after the stage before it."""
+        if view.stage not in self.stages:
+            log.error("round.unknown_stage", stage=view.stage, stages=list(self.stages))
+            session.done.add(_stage_key(view))
+            return None
+        position = self.stages.index(view.stage)
         with timer.phase("download"):
-            broadcast = self._download(session, view.base_version)
-        with timer.phase("evaluation"):
-            self._report(session, view.base_version, broadcast)
-        # a reopened round restarts from the same state, so it yields the same contribution
-        if view.base_version in session.snapshots:
-            _restore(session.trainer, session.snapshots[view.base_version])
-        else:
-            session.snapshots = {view.base_version: _snapshot(session.trainer)}
-        # under DP the predictions and embeddings are computed once, with W̄, by the DP step (protect_contributions)
-        private = self.privacy is not None and self.privacy.recomputes_node_terms
+            if position == 0:
+                broadcast = self._download(session, view.base_version)
+            else:
+                broadcast = self._download_stage(session, view.round, self.stages[position - 1])
+        if position == 0:
+            with timer.phase("evaluation"):
+                self._report(session, view.base_version, broadcast)
+        # a reopened round (or stage) restarts from the same state, so it yields the same contribution
+        state = (view.base_version, view.stage)
+        if state in session.snapshots:
+            _restore(session.trainer, session.snapshots[state])
+        else:  # the states of earlier versions are never needed again
+            kept = {key: value for key, value in session.snapshots.items() if key[0] == view.base_version}
+            session.snapshots = {**kept, state: _snapshot(session.trainer)}
         with timer.phase("training"):
-            contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=not private)
+            if self.privacy is not None and self.privacy.recomputes_node_terms:
+                # under DP (single-stage methods only: check_stages) P_k and H_k are computed once, with W̄,
+                # by the DP step (protect_contributions)
+                contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=False)
+            else:
+                contribution = stage_contribution(self.method, view.stage, session.trainer, broadcast)
             contribution = self._release(session, view, broadcast, contribution)
         if contribution is not None:
             expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
@@ -483,7 +521,7 @@ class BankWorker:
                 action="stop-contributing",
                 detail="this bank uploads nothing more and withdraws from the federation",
             )
-            session.done.add((view.round, view.nonce))
+            session.done.add(_stage_key(view))
             self._withdraw()
             return None
         ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
@@ -543,14 +581,19 @@ class _Session:
     """What a bank keeps between rounds: its trainer, and which rounds and versions it has handled."""
 
     trainer: LocalTrainer
-    evaluator: GCN
+    evaluator: nn.Module
     graph: GraphTensors
     num_parameters: int
-    done: set[tuple[int, str]] = field(default_factory=set)
+    done: set[tuple[int, str, str]] = field(default_factory=set)  # (round, nonce, stage)
     reported: set[int] = field(default_factory=set)
-    snapshots: dict[int, _TrainerState] = field(default_factory=dict)
-    uploads: dict[tuple[int, str], list[Upload]] = field(default_factory=dict)
+    snapshots: dict[tuple[int, str], _TrainerState] = field(default_factory=dict)  # (base version, stage)
+    uploads: dict[tuple[int, str, str], list[Upload]] = field(default_factory=dict)  # (round, nonce, stage)
     released: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
+
+
+def _stage_key(view: RoundResponse) -> tuple[int, str, str]:
+    """What a bank does once: one stage of one attempt (nonce) of a round."""
+    return (view.round, view.nonce, view.stage or "")
 
 
 def create_app(worker: BankWorker, lifespan=None) -> FastAPI:

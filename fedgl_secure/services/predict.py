@@ -26,7 +26,7 @@ from fedgl_secure.engine.simulation import resolve_device
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
-from fedgl_secure.model.gcn import GCN
+from fedgl_secure.methods.base import method_model
 from fedgl_secure.services.aggregator import decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.bank import (
@@ -109,14 +109,16 @@ def predict(
         )
     device = resolve_device(config.device)
     graph = GraphTensors.from_graph(data.graph, positions, size, device, config.training.normalize_features)
-    model = GCN(graph.features.shape[1], config.training.hidden, graph.num_classes).to(device)
+    method = build_method(config)
+    # the method's model (e.g. GraphFL's SGC backbone), as the banks trained it
+    model = method_model(method, graph.features.shape[1], config.training.hidden, graph.num_classes, 0.0).to(device)
     broadcast = decode_broadcast(
         version, model_bytes, int(model.flat_parameters().numel()), size, config.self_supervision.neighbors
     )
     model.load_flat_parameters(broadcast.weights.to(device))
     model.eval()
     with torch.no_grad():
-        adjacency = build_method(config).evaluation_adjacency(graph, broadcast)
+        adjacency = method.evaluation_adjacency(graph, broadcast)
         probabilities = torch.softmax(model(graph.features, adjacency).logits, dim=1).cpu().numpy()
     class_names = (
         list(consortium.feature_schema.label_classes)
