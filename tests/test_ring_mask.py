@@ -189,3 +189,19 @@ def test_a_tenseal_vector_of_another_context_is_refused(keys, foreign_chunk):
         ring_mask.tenseal_ciphertext(public, chunk, "foreign")
     with pytest.raises(CiphertextError, match="not a CKKS vector of this context"):
         ring_mask.tenseal_ciphertext(public, b"garbage", "garbage")
+
+
+@pytest.mark.parametrize("anonymous", [True, False])
+def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tmp_path, anonymous):
+    """SEAL reads and writes paths: an anonymous memory file on Linux, else a private named file removed at once."""
+    secret, public, level = keys
+    if not anonymous:
+        monkeypatch.setattr(ring_mask, "_PROC_FDS", tmp_path / "no-proc")
+        monkeypatch.setattr(ring_mask, "_MEMORY_DIR", tmp_path)
+    chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0, 3.0])
+    raw = ring_mask.ciphertext_bytes(ciphertext)
+    loaded = ring_mask.load_ciphertext(secret, raw, level, "round trip")
+    np.testing.assert_array_equal(
+        ring_mask.decrypt(secret, loaded, level), ring_mask.decrypt(secret, ciphertext, level)
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -13,8 +13,12 @@ unchanged; the multi-process services reuse the same upload, check and decryptio
 
 **Concurrency.** On separate machines every bank encrypts at the same time, so a round waits for the
 slowest bank, not for all of them in turn. The banks' encryption of a round therefore runs on a thread
-pool (``encrypt_workers``, default the CPU count; TenSEAL releases the GIL while it encodes, encrypts
-and serialises), one job per (bank, kind); ``encrypt_workers = 1`` is the serial baseline.
+pool (``encrypt_workers``, default the CPU count; SEAL's encoder and encryptor release the GIL), one job
+per (bank, kind); ``encrypt_workers = 1`` is the serial baseline. Banks upload a kind as soon as it is
+encrypted, so the aggregator (one thread of its own) checks, adds and has each kind decrypted while the
+banks still encrypt the next one: the key authority's work (much of it waiting for its ledger and audit
+log to reach the disk) overlaps the banks' instead of following it. ``seconds`` counts each party's own
+time, so with that overlap its phases add up to more than the round.
 
 :class:`QuantisedSummation` is the plaintext twin: the same quantisation and exact integer sums as the
 packed CKKS path, without encryption, so a plaintext simulation can be compared value for value.
@@ -27,8 +31,8 @@ import secrets
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,31 +177,44 @@ class SecureSummation:
         ticket = RoundTicket(self.federation, round_number, secrets.token_hex(16), len(banks), self.fingerprint)
         self.authority.open_round(self.federation, round_number, ticket.nonce, [b.name for b in banks.values()])
         log = self.log.bind(round=round_number)
-        uploads_by_kind = self._encrypt_round(ticket, banks, contributions, sorted(shapes))
+        fusing: dict[str, Future] = {}
+        # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next
+        with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
+            for kind, uploads in self._encrypt_round(ticket, banks, contributions, sorted(shapes)):
+                fusing[kind] = aggregator.submit(self._fuse, ticket, kind, banks, uploads)
+            fused = {kind: future.result() for kind, future in fusing.items()}
         sums = {}
-        for kind, uploads in uploads_by_kind.items():
-            started = time.perf_counter()
-            summed = self._aggregate(ticket, kind, banks, uploads)
-            receipts = [upload.receipt for upload in uploads]
-            decrypting = [0.0]
-
-            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, spent=decrypting) -> np.ndarray:
-                begun = time.perf_counter()
-                try:  # the key authority sees s + r only, r uniform over the plaintext ring
-                    return self.authority.decrypt_sum(
-                        AGGREGATOR, self.federation, round_number, kind, masked, receipts, self.fingerprint, slots
-                    )
-                finally:
-                    spent[0] += time.perf_counter() - begun
-
-            layout, length = self._layouts[kind], uploads[0].length
-            values = masked_decryption(self.public_context, summed, length, layout, len(uploads), decrypt)
-            self.accepted_receipts.extend(receipts)
-            self.seconds.aggregate += time.perf_counter() - started - decrypting[0]
-            self.seconds.decrypt += decrypting[0]
+        for kind, (values, uploads) in fused.items():
+            self.accepted_receipts.extend(upload.receipt for upload in uploads)
             sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
             log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums
+
+    def _fuse(
+        self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
+    ) -> tuple[np.ndarray, list[Upload]]:
+        """The aggregator's and the key authority's part for one kind: check, add, pad, have the sum decrypted,
+        unpad and decode. Runs on the aggregator's thread; times each party's share."""
+        started = time.perf_counter()
+        summed = self._aggregate(ticket, kind, banks, uploads)
+        receipts = [upload.receipt for upload in uploads]
+        decrypting = 0.0
+
+        def decrypt(masked: list[bytes], slots: int) -> np.ndarray:
+            nonlocal decrypting
+            begun = time.perf_counter()
+            try:  # the key authority sees s + r only, r uniform over the plaintext ring
+                return self.authority.decrypt_sum(
+                    AGGREGATOR, self.federation, ticket.round, kind, masked, receipts, self.fingerprint, slots
+                )
+            finally:
+                decrypting += time.perf_counter() - begun
+
+        layout, length = self._layouts[kind], uploads[0].length
+        values = masked_decryption(self.public_context, summed, length, layout, len(uploads), decrypt)
+        self.seconds.aggregate += time.perf_counter() - started - decrypting
+        self.seconds.decrypt += decrypting
+        return values, uploads
 
     def _encrypt_round(
         self,
@@ -205,8 +222,9 @@ class SecureSummation:
         banks: Mapping[int, _Bank],
         contributions: Mapping[int, Mapping[str, torch.Tensor]],
         kinds: list[str],
-    ) -> dict[str, list[Upload]]:
-        """Every bank's side of the round: encrypt and sign each kind, banks concurrently (module doc)."""
+    ) -> Iterator[tuple[str, list[Upload]]]:
+        """Every bank's side of the round: encrypt and sign each kind, banks concurrently (module doc); yields
+        each kind's uploads, in order, as soon as every bank has made its own."""
         busy: dict[int, float] = defaultdict(float)
 
         def encrypt(client_id: int, kind: str) -> Upload:
@@ -226,19 +244,25 @@ class SecureSummation:
             busy[client_id] += time.perf_counter() - begun  # one job per (bank, kind): no two threads share a key
             return upload
 
-        jobs = [(client_id, kind) for kind in kinds for client_id in banks]
         started = time.perf_counter()
         if self.encrypt_workers == 1:
-            made = [encrypt(client_id, kind) for client_id, kind in jobs]
+            for kind in kinds:
+                yield kind, self._count([encrypt(client_id, kind) for client_id in banks])
         else:
             with ThreadPoolExecutor(self.encrypt_workers, thread_name_prefix="bank-encrypt") as pool:
-                made = list(pool.map(lambda job: encrypt(*job), jobs))
-        self.seconds.encrypt += time.perf_counter() - started
+                jobs = {kind: [pool.submit(encrypt, client_id, kind) for client_id in banks] for kind in kinds}
+                try:
+                    for kind in kinds:
+                        yield kind, self._count([job.result() for job in jobs[kind]])
+                finally:  # a failed (or abandoned) round: do not encrypt the kinds nobody will fuse
+                    for job in (job for queued in jobs.values() for job in queued):
+                        job.cancel()
+        self.seconds.encrypt += time.perf_counter() - started  # the hand-over of a finished kind takes microseconds
         self.seconds.encrypt_slowest_bank += max(busy.values(), default=0.0)
-        uploads: dict[str, list[Upload]] = {kind: [] for kind in kinds}
-        for (_, kind), upload in zip(jobs, made, strict=True):
+
+    def _count(self, uploads: list[Upload]) -> list[Upload]:
+        for upload in uploads:
             self.wire.add(upload)
-            uploads[kind].append(upload)
         return uploads
 
     def _aggregate(self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]) -> list:
