@@ -205,3 +205,17 @@ def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tm
         ring_mask.decrypt(secret, loaded, level), ring_mask.decrypt(secret, ciphertext, level)
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_residues_read_in_bulk_are_the_coefficients_seal_holds(keys):
+    secret, public, level = keys
+    _, ciphertext, _ = _seal_ciphertext(public, np.random.default_rng(5).uniform(-9, 9, 300))
+    plain = ring_mask.sealapi.Plaintext()
+    ring_mask.sealapi.Decryptor(secret.seal_context().data, secret.secret_key().data).decrypt(ciphertext, plain)
+    one_by_one = np.fromiter(map(plain.data, range(level.size)), dtype=np.uint64).reshape(level.shape)
+    bulk = ring_mask._saved_residues(plain, level)
+    assert bulk is not None and bulk.dtype == np.uint64
+    np.testing.assert_array_equal(bulk, one_by_one)
+    np.testing.assert_array_equal(ring_mask.residues(plain, level), one_by_one)
+    other = ring_mask.RingLevel(level.parms_id, level.moduli, level.degree // 2)  # not this plaintext's layout
+    assert ring_mask._saved_residues(plain, other) is None
