@@ -196,7 +196,7 @@ def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tm
     """SEAL reads and writes paths: an anonymous memory file on Linux, else a private named file removed at once."""
     secret, public, level = keys
     if not anonymous:
-        monkeypatch.setattr(ring_mask, "_PROC_FDS", tmp_path / "no-proc")
+        monkeypatch.setattr(ring_mask, "_PROC_FDS", str(tmp_path / "no-proc"))
         monkeypatch.setattr(ring_mask, "_MEMORY_DIR", tmp_path)
     chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0, 3.0])
     raw = ring_mask.ciphertext_bytes(ciphertext)

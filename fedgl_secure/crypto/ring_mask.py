@@ -44,7 +44,7 @@ _COMPRESSION_NONE = 0
 _COMPRESSION_ZSTD = 2
 _PLAIN_FIELDS = struct.Struct("<4QQd")  # a Plaintext's members before its DynArray: parms_id, coeff_count, scale
 _MEMORY_DIR = Path("/dev/shm")
-_PROC_FDS = Path("/proc/self/fd")
+_PROC_FDS = "/proc/self/fd"  # a string: pathlib costs more than the file operations themselves here
 
 
 @dataclass(frozen=True)
@@ -139,12 +139,12 @@ def _scratch_file(data: bytes | None = None) -> Iterator[str]:
     On Linux an anonymous memory file (``memfd_create``): it has no name in any file system, only this process
     reaches it (``/proc/self/fd/N``), and it costs a third less than a named one. Elsewhere a 0600 file in
     ``/dev/shm`` (or the temporary directory), removed at once."""
-    if hasattr(os, "memfd_create") and _PROC_FDS.is_dir():
+    if hasattr(os, "memfd_create") and os.path.isdir(_PROC_FDS):
         handle = os.memfd_create("fedgl-ring", os.MFD_CLOEXEC)
         try:
             if data is not None:
                 os.write(handle, data)
-            yield str(_PROC_FDS / str(handle))
+            yield f"{_PROC_FDS}/{handle}"
         finally:
             os.close(handle)
         return
@@ -157,6 +157,11 @@ def _scratch_file(data: bytes | None = None) -> Iterator[str]:
         yield path
     finally:
         os.unlink(path)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def _header(body_size: int) -> bytes:
@@ -215,7 +220,7 @@ def _saved_residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray | 
     plaintext must hold."""
     with _scratch_file() as path:
         plain.save(path)
-        raw = Path(path).read_bytes()
+        raw = _read(path)
     if len(raw) < _HEADER.size:
         return None
     magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(raw)
@@ -254,7 +259,7 @@ def ciphertext_bytes(ciphertext) -> bytes:
     """SEAL's own serialisation of one ciphertext (what the key authority receives)."""
     with _scratch_file() as path:
         ciphertext.save(path)
-        return Path(path).read_bytes()
+        return _read(path)
 
 
 def load_ciphertext(context: ts.Context, data: bytes, level: RingLevel, where: str) -> sealapi.Ciphertext:
