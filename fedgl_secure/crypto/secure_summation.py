@@ -180,7 +180,7 @@ class SecureSummation:
         fusing: dict[str, Future] = {}
         # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next
         with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
-            for kind, uploads in self._encrypt_round(ticket, banks, contributions, sorted(shapes)):
+            for kind, uploads in self._encrypt_round(ticket, banks, contributions, self._largest_first(shapes)):
                 fusing[kind] = aggregator.submit(self._fuse, ticket, kind, banks, uploads)
             fused = {kind: future.result() for kind, future in fusing.items()}
         sums = {}
@@ -189,6 +189,11 @@ class SecureSummation:
             sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
             log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums
+
+    def _largest_first(self, shapes: Mapping[str, torch.Size]) -> list[str]:
+        """Kinds by the CKKS slots they take, largest first: the kind fused after the last encryption, which
+        nothing overlaps, is then the smallest."""
+        return sorted(shapes, key=lambda kind: (-packing.slot_length(self._layouts[kind], shapes[kind].numel()), kind))
 
     def _fuse(
         self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
