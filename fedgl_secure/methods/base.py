@@ -144,9 +144,10 @@ def stage_update(
     stage: str,
     sums: Mapping[str, torch.Tensor],
     round_number: int,
-    broadcast: Broadcast,
+    broadcast: Broadcast | None,
 ) -> Broadcast:
-    """The server's update after ``stage`` (``server_update`` for a single-stage method)."""
+    """The server's update after ``stage`` (``server_update`` for a single-stage method, which reads no earlier
+    broadcast: ``broadcast`` may then be None)."""
     if hasattr(method, "stage_update"):
         return method.stage_update(stage, sums, round_number, broadcast)
     return method.server_update(sums, round_number)

@@ -328,8 +328,6 @@ class Coordinator:
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
         self._num_parameters: int | None = None  # likewise
-        self._broadcast: Broadcast | None = None  # the latest version's broadcast, decoded (a round starts from it)
-        self._last_sums: dict[str, np.ndarray] = {}  # the sums the last stage decrypted (round loop only)
 
     # --- request handlers (any thread) ----------------------------------------------------
 
@@ -627,20 +625,22 @@ class Coordinator:
         shapes = self._shapes()
         return {kind: shapes[kind] for kind in stage_upload_kinds(self.method, stage)}
 
-    def _base_broadcast(self, version: int) -> Broadcast:
-        """The broadcast of model ``version`` (what a round's first stage starts from), and the method's server
-        back in the state it had after that version (:func:`~fedgl_secure.methods.base.server_state`): a round
-        retried from the same version, or resumed after a restart, starts where the simulation's would."""
+    def _base_broadcast(self, version: int) -> Broadcast | None:
+        """The broadcast of model ``version`` as the banks download it (float32), which a round's first stage
+        starts from, with the method's server back in the state it had after that version
+        (:func:`~fedgl_secure.methods.base.server_state`): a round retried from the same version, or resumed
+        after a restart, starts where the simulation's would. None for a method without ``stage_update``
+        (every single-stage one): its ``server_update`` reads no earlier broadcast, so none is decoded (a large
+        federation's pseudo graph is gigabytes)."""
         state = self.store.server_state(version)
         arrays = {} if state is None else wire.decode_arrays(state)
         load_server_state(self.method, {name: torch.from_numpy(array) for name, array in arrays.items()})
-        if self._broadcast is None or self._broadcast.round_number != version:
-            self._shapes()
-            size, _ = self._index
-            self._broadcast = decode_broadcast(
-                version, self.model(version), self._num_parameters, size, self.config.self_supervision.neighbors
-            )
-        return self._broadcast
+        if not hasattr(self.method, "stage_update"):
+            return None
+        self._shapes()
+        size, _ = self._index
+        neighbors = self.config.self_supervision.neighbors
+        return decode_broadcast(version, self.model(version), self._num_parameters, size, neighbors)
 
     def _resume(self) -> int:
         """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
@@ -776,12 +776,11 @@ class Coordinator:
         broadcast = self._base_broadcast(version)
         timer = PhaseTimer()
         for index, stage in enumerate(self._stages):
-            outcome, participants = self._run_stage(
+            outcome, participants, sums = self._run_stage(
                 stop, round_number, version, nonce, stage, participants, required, timer, first=index == 0
             )
             if outcome != "decrypted":
                 return outcome
-            sums = {kind: self._last_sums[kind] for kind in stage_upload_kinds(self.method, stage)}
             with timer.phase("server_step"):
                 broadcast = self._stage_update(stage, version, sums, broadcast)
                 if index < len(self._stages) - 1:  # the next stage starts from it
@@ -810,10 +809,10 @@ class Coordinator:
         timer: PhaseTimer,
         *,
         first: bool,
-    ) -> tuple[str, tuple[str, ...]]:
-        """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums
-        (kept in ``_last_sums``). Returns ("decrypted", the banks whose uploads the sums hold), or the round's
-        outcome: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
+    ) -> tuple[str, tuple[str, ...], dict[str, np.ndarray]]:
+        """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums.
+        Returns ("decrypted", the banks whose uploads the sums hold, the sums), or the round's outcome with
+        nothing: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
         round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries)."""
         log = self.log.bind(round=round_number, stage=stage)
         timeouts = self.policy.timeouts
@@ -826,7 +825,7 @@ class Coordinator:
             while time.monotonic() < deadline:
                 if stop.is_set():
                     self._open = None
-                    return "stopped", ()
+                    return "stopped", (), {}
                 # banks that withdrew during the round are not waited for
                 complete = current.complete_banks()
                 expected = [b for b in participants if b in complete or b not in self._withdrawn]
@@ -849,21 +848,21 @@ class Coordinator:
             status = "aborted" if first else "abandoned"
             self.store.close_round(round_number, status, detail)
             log.warning(f"round.{status}", complete=list(complete), missing=missing, withdrawn=withdrew, detail=detail)
-            return status, ()
+            return status, (), {}
         if missing:
             log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
         if withdrew:
             log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
         try:
-            self._last_sums = self._decrypt_sums(current, complete, timer)
+            sums = self._decrypt_sums(current, complete, timer)
         except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
-            return "abandoned", ()
+            return "abandoned", (), {}
         finally:
             with self._changed:
                 self._aggregating = False
-        return "decrypted", complete
+        return "decrypted", complete, sums
 
     def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer) -> dict[str, np.ndarray]:
         sums = {}
@@ -886,7 +885,7 @@ class Coordinator:
         return sums
 
     def _stage_update(
-        self, stage: str, version: int, sums: Mapping[str, np.ndarray], broadcast: Broadcast
+        self, stage: str, version: int, sums: Mapping[str, np.ndarray], broadcast: Broadcast | None
     ) -> Broadcast:
         """The method's server update after ``stage`` of the round from ``version`` (on its decrypted sums)."""
         shapes = self._shapes()
@@ -900,13 +899,7 @@ class Coordinator:
         """Store the round's result as model ``version + 1`` (with the method's server state, if it keeps one)."""
         state = server_state(self.method)
         encoded_state = None if state is None else wire.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
-        encoded = encode_broadcast(broadcast)
-        self.store.apply_round(round_number, version + 1, encoded, contributors, encoded_state)
-        # the next round starts from what the banks download (float32 on the wire), restarted or not
-        size, _ = self._index
-        self._broadcast = decode_broadcast(
-            version + 1, encoded, self._num_parameters, size, self.config.self_supervision.neighbors
-        )
+        self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors, encoded_state)
         with self._changed:
             self._latest_version = version + 1
             self._changed.notify_all()
