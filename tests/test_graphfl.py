@@ -26,7 +26,7 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method_stages, stage_upload_kinds
-from fedgl_secure.methods.graphfl import FINETUNE, META, meta_step
+from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL, meta_step
 from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.seeding import numpy_stream
 
@@ -267,3 +267,16 @@ def test_the_consortium_runs_graphfl_but_refuses_it_under_any_dp_policy():
     for name in ("strict-dp.toml", "strict-edge-dp.toml"):
         with pytest.raises(ConfigError, match="2 stages per round.*single-stage methods only"):
             check_consortium_can_run(_graphfl_config(), load_policy(policies / name), 6)
+
+
+def test_a_method_whose_stages_share_a_kind_is_refused():
+    """A key authority decrypts each (round, kind) once: a kind in two stages of a round could never be fused."""
+    from fedgl_secure.methods.base import check_stage_kinds
+
+    class SameKindTwice(GraphFL):
+        def stage_upload_kinds(self, stage: str) -> tuple[str, ...]:
+            return (WEIGHTS,)
+
+    check_stage_kinds(build_method(_graphfl_config()))  # meta_gradients, then weights
+    with pytest.raises(ValueError, match="'weights' is uploaded in stages 'meta' and 'finetune'"):
+        check_stage_kinds(SameKindTwice(_graphfl_config()))

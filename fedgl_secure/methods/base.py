@@ -130,6 +130,20 @@ def stage_upload_kinds(method: FederatedMethod | MultiStageMethod, stage: str) -
     return tuple(method.upload_kinds)
 
 
+def check_stage_kinds(method: FederatedMethod | MultiStageMethod) -> None:
+    """Refuse a method whose stages share an upload kind: a key authority decrypts each (round, kind) once, so
+    a kind's second sum in the same round would always be refused."""
+    seen: dict[str, str] = {}
+    for stage in method_stages(method):
+        for kind in stage_upload_kinds(method, stage):
+            if kind in seen:
+                raise ValueError(
+                    f"method {method.name!r}: kind {kind!r} is uploaded in stages {seen[kind]!r} and {stage!r}; "
+                    "a round's kinds must be distinct (each (round, kind) is decrypted once)"
+                )
+            seen[kind] = stage
+
+
 def stage_contribution(
     method: FederatedMethod | MultiStageMethod, stage: str, trainer: LocalTrainer, broadcast: Broadcast
 ) -> dict[str, torch.Tensor]:

@@ -66,6 +66,7 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import (
     Broadcast,
+    check_stage_kinds,
     load_server_state,
     method_stages,
     server_state,
@@ -199,7 +200,9 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     """
     refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
     check_consortium(policy, config)  # a method of several stages under DP is refused here (check_stages)
-    kinds = build_method(config).upload_kinds
+    method = build_method(config)
+    check_stage_kinds(method)
+    kinds = method.upload_kinds
     refused = [kind for kind in kinds if kind not in policy.allowed_kinds]
     if refused:
         raise ConfigError(
