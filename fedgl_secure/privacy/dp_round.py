@@ -108,12 +108,12 @@ def check_runnable(policy: Policy, config) -> None:
     β > 0 under DP-SGD (the pseudo graph's degree is not bounded), more local epochs per round than
     DP-SGD's budget accounts for, and a method of several stages per round (:func:`check_stages`).
     """
+    check_method(policy, config.method, config.effective_alpha_beta()[1])
+    check_local_epochs(policy, config.training.local_epochs)
     from fedgl_secure.methods import build_method  # the methods sit above the privacy floor
 
     method = build_method(config)
     check_stages(policy, method)
-    check_method(policy, config.method, config.effective_alpha_beta()[1])
-    check_local_epochs(policy, config.training.local_epochs)
     check_upload_kinds(policy, config.method, method.upload_kinds)
 
 
