@@ -107,32 +107,8 @@ def encrypt_vector(context: ts.Context, values: np.ndarray, scale_bits: int | No
     ``crypto/packing.py``); ciphertexts carry their scale, so sums and decryption follow it. A complex
     vector (packed kinds: two registers a slot) fills the slots' imaginary parts too
     (:func:`ring_mask.encrypt_complex`); its chunks read like any other."""
-    if np.iscomplexobj(values):
-        return _encrypt_complex(context, values, scale_bits)
-    flat = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
-    if not np.all(np.isfinite(flat)):
-        raise CiphertextError("refusing to encrypt NaN or infinite values")
-    if flat.size == 0:
-        raise CiphertextError("nothing to encrypt: the vector is empty")
-    slots = slot_count(context)
-    chunks = []
-    for index in range(chunk_count(flat.size, slots)):
-        part = flat[index * slots : (index + 1) * slots]
-        try:  # TenSEAL takes the float64 array as it is (no Python list in between)
-            if scale_bits is None:
-                vector = ts.ckks_vector(context, part)
-            else:
-                vector = ts.ckks_vector(context, part, 2.0**scale_bits)
-            chunks.append(vector.serialize())
-        except ValueError as error:  # "encoded values are too large"
-            raise CiphertextError(
-                f"chunk {index}: cannot encode values up to {np.abs(part).max():.4g} at this scale ({error})"
-            ) from None
-    return chunks
-
-
-def _encrypt_complex(context: ts.Context, values: np.ndarray, scale_bits: int | None) -> list[bytes]:
-    flat = np.ascontiguousarray(values, dtype=np.complex128).reshape(-1)
+    complex_slots = np.iscomplexobj(values)
+    flat = np.ascontiguousarray(values, dtype=np.complex128 if complex_slots else np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
         raise CiphertextError("refusing to encrypt NaN or infinite values")
     if flat.size == 0:
@@ -143,9 +119,14 @@ def _encrypt_complex(context: ts.Context, values: np.ndarray, scale_bits: int | 
     for index in range(chunk_count(flat.size, slots)):
         part = flat[index * slots : (index + 1) * slots]
         try:
-            chunks.append(ring_mask.tenseal_chunk(ring_mask.encrypt_complex(context, part, scale), part.size))
-        except CiphertextError as error:
-            raise CiphertextError(f"chunk {index}: {error}") from None
+            if complex_slots:
+                chunks.append(ring_mask.tenseal_chunk(ring_mask.encrypt_complex(context, part, scale), part.size))
+            else:  # TenSEAL takes the float64 array as it is (no Python list in between)
+                chunks.append(ts.ckks_vector(context, part, scale).serialize())
+        except (ValueError, CiphertextError) as error:  # "encoded values are too large"
+            raise CiphertextError(
+                f"chunk {index}: cannot encode values up to {np.abs(part).max():.4g} at this scale ({error})"
+            ) from None
     return chunks
 
 
