@@ -390,6 +390,11 @@ class BankWorker:
             self.config.self_supervision.neighbors,
         )
 
+    def _stage(self, view: RoundResponse) -> str:
+        """The stage ``view`` opens; an open round that names none is the method's first (an aggregator that
+        runs single-stage rounds only)."""
+        return view.stage if view.stage is not None else self.stages[0]
+
     def _download_stage(self, session: _Session, round_number: int, stage: str) -> Broadcast:
         """The broadcast published after ``stage`` of round ``round_number``, checked like a model version."""
         return decode_broadcast(
@@ -462,7 +467,7 @@ class BankWorker:
             time.sleep(self.poll_seconds * 5)
             return
         session.done.add(key)
-        if view.stage == self.stages[-1]:
+        if self._stage(view) == self.stages[-1]:
             self.rounds_done.append(view.round)
         log.info(
             "round.uploaded",
@@ -481,11 +486,12 @@ class BankWorker:
 
         The first stage starts from the model version ``base_version`` (which the bank also evaluates and
         reports); a later stage from the broadcast the aggregator published after the stage before it."""
-        if view.stage not in self.stages:
-            log.error("round.unknown_stage", stage=view.stage, stages=list(self.stages))
+        stage = self._stage(view)
+        if stage not in self.stages:
+            log.error("round.unknown_stage", stage=stage, stages=list(self.stages))
             session.done.add(_stage_key(view))
             return None
-        position = self.stages.index(view.stage)
+        position = self.stages.index(stage)
         with timer.phase("download"):
             if position == 0:
                 broadcast = self._download(session, view.base_version)
@@ -495,7 +501,7 @@ class BankWorker:
             with timer.phase("evaluation"):
                 self._report(session, view.base_version, broadcast)
         # a reopened round (or stage) restarts from the same state, so it yields the same contribution
-        state = (view.base_version, view.stage)
+        state = (view.base_version, stage)
         if state in session.snapshots:
             _restore(session.trainer, session.snapshots[state])
         else:  # the states of earlier versions are never needed again
@@ -507,7 +513,7 @@ class BankWorker:
                 # by the DP step (protect_contributions)
                 contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=False)
             else:
-                contribution = stage_contribution(self.method, view.stage, session.trainer, broadcast)
+                contribution = stage_contribution(self.method, stage, session.trainer, broadcast)
             contribution = self._release(session, view, broadcast, contribution)
         if contribution is not None:
             expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
