@@ -307,17 +307,24 @@ def test_reproduce_command_refuses_bad_client_counts():
     assert result.exit_code != 0 and "--clients" in result.output
 
 
-def test_consortium_services_refuse_fed2gnn_with_a_clear_error():
+def test_consortium_services_run_fed2gnn_on_louvain_slices_only():
     from pathlib import Path
 
     from fedgl_secure.privacy.policy import load_policy
     from fedgl_secure.services.aggregator import check_consortium_can_run
 
     policy = load_policy(Path(__file__).parent.parent / "policies" / "baseline.toml")
-    for method in ("fed2gnn", "fedavg-full"):
-        config = build_config({"method": method, "federation": {"partition": "louvain", "num_clients": 3}})
-        with pytest.raises(ConfigError, match="only in the in-process simulation"):
-            check_consortium_can_run(config, policy, 3)
+    louvain = {"partition": "louvain", "num_clients": 3}
+    check_consortium_can_run(build_config({"method": "fed2gnn", "federation": louvain}), policy, 3)
+    refused = {
+        "only in the in-process simulation": {"method": "fedavg-full", "federation": louvain},
+        "with banks' own tables": {"method": "fed2gnn", "dataset": "bank-sources", "federation": louvain},
+        "federation.partition": {"method": "fed2gnn"},
+        "fed2gnn.secure": {"method": "fed2gnn", "federation": louvain, "fed2gnn": {"secure": False}},
+    }
+    for message, values in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            check_consortium_can_run(build_config(values), policy, 3)
 
 
 def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():

@@ -97,6 +97,8 @@ def test_every_error_is_documented_with_the_one_error_model(consortium, service)
     expected = {
         "key-authority": ["GET /v1/context", "POST /v1/decrypt", "POST /v1/decrypt (body)"],
         "aggregator": [
+            "GET /v1/exchange/levels/{level}/sum",
+            "PUT /v1/exchange/levels/{level}/terms/{active} (body)",
             "GET /v1/models/{version}",
             "GET /v1/rounds/{round_number}/stages/{stage}",
             "PUT /v1/rounds/{round_number}/uploads/{kind} (body)",

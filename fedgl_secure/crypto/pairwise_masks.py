@@ -98,3 +98,26 @@ def unmask_sum(relayed: np.ndarray, active_seeds: Sequence[bytes]) -> np.ndarray
         for seed in active_seeds:
             total = total - mask_stream(seed, relayed.shape[0])
     return total
+
+
+def passive_upload(
+    own: X25519PrivateKey,
+    sender: int,
+    passive: Sequence[int],
+    active: int,
+    publics: Mapping[int, bytes],
+    values: np.ndarray,
+    context: bytes,
+) -> np.ndarray:
+    """Passive bank ``sender``'s whole step: quantise ``values`` and mask them with its seeds under ``context``
+    (with every other bank in ``passive`` and with ``active``; ``publics``: each bank's public key)."""
+    peer_seeds = {q: pair_seed(own, publics[q], context) for q in passive if q != sender}
+    return masked_upload(quantise(np.ravel(values)), sender, peer_seeds, pair_seed(own, publics[active], context))
+
+
+def active_recover(
+    own: X25519PrivateKey, passive: Sequence[int], publics: Mapping[int, bytes], relayed: np.ndarray, context: bytes
+) -> np.ndarray:
+    """The active bank's whole step: remove its mask with each passive bank from the relayed sum and dequantise
+    (flat; the exact sum of the passive banks' fixed-point values)."""
+    return dequantise(unmask_sum(relayed, [pair_seed(own, publics[p], context) for p in passive]))

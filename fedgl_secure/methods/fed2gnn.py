@@ -24,6 +24,7 @@ upper target), ``federated`` on the Louvain clients the lower one.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index, induced_subgraph
-from fedgl_secure.data.partition import partition_owner
+from fedgl_secure.data.partition import louvain_clients, partition_owner
 from fedgl_secure.engine.config import ExperimentConfig, Fed2GNNConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
@@ -77,16 +78,60 @@ def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: li
     return reconstruct_clients(dataset, node_sets, config)[0]
 
 
-def refuse_in_services(config: ExperimentConfig) -> None:
-    """The consortium services cannot run ``fed2gnn`` / ``fedavg-full`` yet: their set-up exchange (bank to bank,
-    masked, relayed by the aggregator) exists only in the in-process simulation. Refused with a clear error
-    rather than run as plain FedAvg on unreconstructed graphs."""
-    if config.method in ("fed2gnn", "fedavg-full"):
+def check_services(config: ExperimentConfig, bank_sources: bool) -> None:
+    """Refuse, with a clear error, what the consortium services cannot run of these methods.
+
+    ``fed2gnn`` runs there (its set-up exchange goes bank to bank through the aggregator as a relay,
+    ``methods/fed2gnn_relay.py``) on benchmark slices of a Louvain partition; banks reading their own tables
+    (``bank_sources``) are refused: those tables do not say at which bank a transfer's counterpart is.
+    ``fedavg-full`` is an oracle (each bank would read other banks' customers) and stays simulation-only."""
+    where = "runs only in the in-process simulation (fedgl-secure simulate / reproduce fed2gnn)"
+    if config.method == "fedavg-full":
         raise ConfigError(
-            f"invalid configuration: method: {config.method!r} runs only in the in-process simulation "
-            "(fedgl-secure simulate / reproduce fed2gnn); the consortium services do not carry its bank-to-bank "
-            "set-up exchange yet"
+            f"invalid configuration: method: 'fedavg-full' {where}: it gives each bank other banks' customers"
         )
+    if config.method != "fed2gnn":
+        return
+    if bank_sources:
+        raise ConfigError(
+            f"invalid configuration: method: 'fed2gnn' with banks' own tables {where}; the consortium runs it on "
+            "benchmark slices (a bank's tables do not name the counterpart bank of an inter-bank transfer yet)"
+        )
+    if config.federation.partition != "louvain":
+        raise ConfigError(
+            "invalid configuration: federation.partition: method 'fed2gnn' needs disjoint banks (partition = "
+            "'louvain', num_clients = the number of banks)"
+        )
+    if not config.fed2gnn.secure:
+        raise ConfigError(
+            "invalid configuration: fed2gnn.secure: the consortium always masks the bank-to-bank exchange; "
+            "secure = false (plain sums) exists only in the simulation"
+        )
+
+
+@dataclass(frozen=True)
+class BankReconstruction:
+    """One bank's part of the set-up in the consortium services (benchmark slices: client ``bank.index`` of the
+    seeded Louvain partition, as the simulation makes it): its share of the exchange and what its decoder reads."""
+
+    dataset: GraphDataset
+    bank: ExchangeBank
+    features: np.ndarray
+
+    def local_graph(self) -> GraphDataset:
+        """The bank's own graph before the set-up (its Louvain client, as ``louvain_clients`` makes it)."""
+        return induced_subgraph(self.dataset, self.bank.nodes, name=f"{self.dataset.name}/client-{self.bank.index}")
+
+    def augment(self, boundary: np.ndarray, received: list[np.ndarray], config: ExperimentConfig) -> GraphDataset:
+        """The bank's graph with its trees grafted on, from the sums the exchange gave it (steps 3-5)."""
+        return augment_bank(self.dataset, self.bank, boundary, received, self.features, config)
+
+
+def bank_reconstruction(config: ExperimentConfig, dataset: GraphDataset, client_index: int) -> BankReconstruction:
+    """Bank ``client_index``'s :class:`BankReconstruction` (the clients of ``Federation.build``, in its order)."""
+    clients = louvain_clients(dataset, config.federation.num_clients, config.seed)
+    banks, features = exchange_banks(dataset, [np.asarray(c.node_ids, dtype=np.int64) for c in clients], config)
+    return BankReconstruction(dataset, banks[client_index], features)
 
 
 def full_neighbourhood_clients(dataset: GraphDataset, node_sets: list[np.ndarray], hops: int) -> list[GraphDataset]:
@@ -244,6 +289,23 @@ def reconstruct_clients(
     dataset: GraphDataset, node_sets: list[np.ndarray], config: ExperimentConfig, progress: bool = False
 ) -> tuple[list[GraphDataset], ExchangeResult]:
     """Every bank's graph with its boundary nodes' rooted trees grafted on (the module's steps 1-5)."""
+    banks, features = exchange_banks(dataset, node_sets, config)
+    nonce = numpy_stream(config.seed, "fed2gnn", "nonce").bytes(16)
+    exchange = exchange_level_sums(banks, config.fed2gnn.hops, config.fed2gnn.secure, nonce)
+    log = get_logger(dataset=dataset.name, method="fed2gnn")
+    log.info("fed2gnn.exchanged", bytes_per_bank=exchange.bytes_sent, boundary=[b.size for b in exchange.boundaries])
+    clients = []
+    for bank in tqdm(banks, desc="fed2gnn: rooted trees", unit="bank", disable=not progress, leave=False):
+        k = bank.index
+        clients.append(augment_bank(dataset, bank, exchange.boundaries[k], exchange.sums[k], features, config))
+    return clients, exchange
+
+
+def exchange_banks(
+    dataset: GraphDataset, node_sets: list[np.ndarray], config: ExperimentConfig
+) -> tuple[list[ExchangeBank], np.ndarray]:
+    """Each client's share of the exchange (step 1: its nodes, local graph, S_0 and inter-bank edges) and the
+    (normalised, dense) features the decoders learn from."""
     settings = config.fed2gnn
     if settings.hops > 2:
         raise ConfigError("invalid configuration: fed2gnn.hops: trees deeper than 2 levels are not implemented")
@@ -266,27 +328,30 @@ def reconstruct_clients(
                 foreign_owner=owner[dst[outgoing]],
             )
         )
-    nonce = numpy_stream(config.seed, "fed2gnn", "nonce").bytes(16)
-    exchange = exchange_level_sums(banks, settings.hops, settings.secure, nonce)
-    log = get_logger(dataset=dataset.name, method="fed2gnn")
-    log.info("fed2gnn.exchanged", bytes_per_bank=exchange.bytes_sent, boundary=[b.size for b in exchange.boundaries])
-    clients = []
-    for bank in tqdm(banks, desc="fed2gnn: rooted trees", unit="bank", disable=not progress, leave=False):
-        clients.append(_augment_bank(dataset, bank, exchange, features, config))
-    return clients, exchange
+    return banks, features
 
 
-def _augment_bank(
-    dataset: GraphDataset, bank: ExchangeBank, exchange: ExchangeResult, features: np.ndarray, config: ExperimentConfig
+def signal_width(config: ExperimentConfig, num_features: int) -> int:
+    """p + 1: the width of S_k (the projected features and the count channel; F + 1 without projection)."""
+    dim = config.fed2gnn.projection_dim
+    return (dim if dim > 0 else num_features) + 1
+
+
+def augment_bank(
+    dataset: GraphDataset,
+    bank: ExchangeBank,
+    boundary: np.ndarray,
+    received: list[np.ndarray],
+    features: np.ndarray,
+    config: ExperimentConfig,
 ) -> GraphDataset:
-    """One bank's steps 3-5: η-correct its received sums, train ϕ per level on its own graph, graft the trees."""
+    """One bank's steps 3-5: η-correct its received sums ``received[k − 1]`` = E_k over ``boundary``, train ϕ per
+    level on its own graph, graft the trees."""
     settings = config.fed2gnn
     k = bank.index
     local = induced_subgraph(dataset, bank.nodes, name=f"{dataset.name}/client-{k}")
     own_features = torch.as_tensor(features[bank.nodes])
-    boundary = exchange.boundaries[k]
     rows = bank.local_rows(boundary)
-    received = exchange.sums[k]
     d_ext = received[0][:, -1]
     level_sums = [received[0]]
     if settings.hops >= 2:  # η_2: the walks i → j → i, one per foreign neighbour j

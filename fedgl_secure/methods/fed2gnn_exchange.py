@@ -50,12 +50,21 @@ class ExchangeBank:
     def local_rows(self, node_ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.nodes, node_ids)
 
+    def edges_to(self, active: int) -> tuple[np.ndarray, np.ndarray]:
+        """(own node id, foreign node id) of this bank's edges to customers of bank ``active``."""
+        to_active = self.foreign_owner == active
+        return self.cross[0][to_active], self.cross[1][to_active]
+
     def passive_term(self, level_signals: np.ndarray, active: int, active_boundary: np.ndarray) -> np.ndarray:
         """Σ_{j ∈ this bank, j ~ i} S_{k−1}(j) for each boundary node i of bank ``active`` (zero rows where none)."""
-        to_active = self.foreign_owner == active
-        own, foreign = self.cross[0][to_active], self.cross[1][to_active]
-        term = np.zeros((active_boundary.shape[0], level_signals.shape[1]))
-        np.add.at(term, np.searchsorted(active_boundary, foreign), level_signals[self.local_rows(own)])
+        own, foreign = self.edges_to(active)
+        return self.term_at_rows(level_signals, own, np.searchsorted(active_boundary, foreign), active_boundary.size)
+
+    def term_at_rows(self, level_signals: np.ndarray, own: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:
+        """The passive term with edge e's S_{k−1}(own[e]) added to row ``rows[e]`` of ``size`` rows (the active
+        bank's boundary order: by id in the simulation, by announced pseudonym in the services)."""
+        term = np.zeros((size, level_signals.shape[1]))
+        np.add.at(term, rows, level_signals[self.local_rows(own)])
         return term
 
 
@@ -79,18 +88,17 @@ def _secure_sum(
     passive = sorted(terms)
     publics = {b.index: pairwise_masks.public_bytes(b.key) for b in banks}
     shape = terms[passive[0]].shape
-    uploads = []
-    for p in passive:
-        own = banks[p].key
-        peer_seeds = {q: pairwise_masks.pair_seed(own, publics[q], context) for q in passive if q != p}
-        active_seed = pairwise_masks.pair_seed(own, publics[active], context)
-        uploads.append(
-            pairwise_masks.masked_upload(pairwise_masks.quantise(terms[p].ravel()), p, peer_seeds, active_seed)
-        )
+    uploads = [
+        pairwise_masks.passive_upload(banks[p].key, p, passive, active, publics, terms[p], context) for p in passive
+    ]
     relayed = pairwise_masks.relay_sum(uploads)
-    active_seeds = [pairwise_masks.pair_seed(banks[active].key, publics[p], context) for p in passive]
-    recovered = pairwise_masks.dequantise(pairwise_masks.unmask_sum(relayed, active_seeds))
+    recovered = pairwise_masks.active_recover(banks[active].key, passive, publics, relayed, context)
     return recovered.reshape(shape), uploads
+
+
+def exchange_context(nonce: bytes, level: int, active: int) -> bytes:
+    """The masks' context of one exchange: run nonce, level k and active bank (fresh seeds for each)."""
+    return b"fed2gnn/" + nonce + f"/level={level}/active={active}".encode()
 
 
 def exchange_level_sums(banks: list[ExchangeBank], hops: int, secure: bool, nonce: bytes) -> ExchangeResult:
@@ -110,8 +118,7 @@ def exchange_level_sums(banks: list[ExchangeBank], hops: int, secure: bool, nonc
                 received.append(np.zeros((boundary.shape[0], current[active].shape[1])))
                 continue
             if secure:
-                context = b"fed2gnn/" + nonce + f"/level={level}/active={active}".encode()
-                total, _ = _secure_sum(banks, terms, active, context)
+                total, _ = _secure_sum(banks, terms, active, exchange_context(nonce, level, active))
             else:
                 total = np.sum([terms[p] for p in sorted(terms)], axis=0)
             received.append(total)
@@ -119,7 +126,7 @@ def exchange_level_sums(banks: list[ExchangeBank], hops: int, secure: bool, nonc
             sums[bank.index].append(total)
         # S_k of each bank's own nodes: its local part plus the foreign part it just received
         current = [
-            _next_level(bank, current[bank.index], boundaries[bank.index], received[bank.index]) for bank in banks
+            next_level(bank, current[bank.index], boundaries[bank.index], received[bank.index]) for bank in banks
         ]
     return ExchangeResult(boundaries, sums, bytes_sent)
 
@@ -131,7 +138,8 @@ def upload_values(boundary_sizes: list[int], width: int, hops: int) -> list[int]
     return [hops * width * (total - own) for own in boundary_sizes]
 
 
-def _next_level(bank: ExchangeBank, previous: np.ndarray, boundary: np.ndarray, foreign: np.ndarray) -> np.ndarray:
+def next_level(bank: ExchangeBank, previous: np.ndarray, boundary: np.ndarray, foreign: np.ndarray) -> np.ndarray:
+    """S_k of the bank's own nodes: its local part A S_{k−1} plus the foreign part E_k at its boundary rows."""
     following = bank.adjacency @ previous
     following[bank.local_rows(boundary)] += foreign
     return following

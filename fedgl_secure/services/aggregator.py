@@ -73,7 +73,8 @@ from fedgl_secure.methods.base import (
     stage_update,
     stage_upload_kinds,
 )
-from fedgl_secure.methods.fed2gnn import refuse_in_services
+from fedgl_secure.methods.fed2gnn import check_services, signal_width
+from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
@@ -87,6 +88,7 @@ from fedgl_secure.services.aggregator_store import (
     round_history,
     validation_scores,
 )
+from fedgl_secure.services.config import BANK_SOURCES
 from fedgl_secure.services.pseudonyms import union_positions
 
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
@@ -198,7 +200,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs (central
     noise is run: the key authority adds it).
     """
-    refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
+    check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
     check_consortium(policy, config)  # a method of several stages under DP is refused here (check_stages)
     method = build_method(config)
     check_stage_kinds(method)
@@ -294,7 +296,13 @@ class Coordinator:
         decryptor: Decryptor,
         liveness_seconds: float = 5.0,
     ) -> None:
-        if len(config.federation.proportions) != len(banks):  # bank-sources: one entry per bank, filled in
+        if config.federation.partition == "louvain":
+            if config.federation.num_clients != len(banks):
+                raise ConfigError(
+                    f"experiment.federation.num_clients is {config.federation.num_clients} but the consortium has "
+                    f"{len(banks)} banks; bank k holds Louvain client k"
+                )
+        elif len(config.federation.proportions) != len(banks):  # bank-sources: one entry per bank, filled in
             raise ConfigError(
                 f"the experiment has {len(config.federation.proportions)} client proportions but the consortium "
                 f"has {len(banks)} banks; give one proportion per bank"
@@ -331,6 +339,12 @@ class Coordinator:
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
         self._num_parameters: int | None = None  # likewise
+        # Fed²GNN's set-up exchange, relayed before enrolment (the banks enrol their reconstructed graphs); kept in
+        # memory: a restarted aggregator has a fresh nonce, and banks still exchanging start again
+        self._exchange: ExchangeRelay | None = None
+        if config.method == "fed2gnn":
+            width = signal_width(config, 0) if config.fed2gnn.projection_dim > 0 else None
+            self._exchange = ExchangeRelay(federation, self.banks, config.fed2gnn.hops, width, signing_keys)
 
     # --- request handlers (any thread) ----------------------------------------------------
 
@@ -338,6 +352,12 @@ class Coordinator:
         if bank not in self.banks:
             raise ProtocolConflict("unknown-bank", f"{bank!r} is not a bank of this consortium")
         return self.banks.index(bank)
+
+    def exchange(self) -> ExchangeRelay:
+        """The relay of the method's bank-to-bank set-up exchange (409 ``no-exchange`` for a method without one)."""
+        if self._exchange is None:
+            raise ProtocolConflict("no-exchange", f"method {self.config.method!r} has no bank-to-bank exchange")
+        return self._exchange
 
     def heartbeat(self, bank: str) -> None:
         self._bank_index(bank)

@@ -15,7 +15,16 @@ GET      /v1/rounds/{round}/stages/{stage}       bank     the broadcast after a 
 PUT      /v1/rounds/{round}/uploads/{kind}       bank     one kind's ciphertext chunks + receipt
 POST     /v1/reports                             bank     evaluation counts of a model version
 POST     /v1/withdraw                            bank     the bank takes no further part (budget spent)
+GET      /v1/exchange                            bank     Fed²GNN exchange: nonce, signed keys, boundary sizes
+PUT      /v1/exchange/key                        bank     this bank's signed X25519 exchange key
+PUT      /v1/exchange/boundary                   bank     this bank's boundary pseudonyms and signal width
+GET      /v1/exchange/boundaries/{bank}          bank     a bank's announced boundary pseudonyms
+PUT      /v1/exchange/levels/{level}/terms/{a}   bank     a passive bank's masked term for active bank a (uint64)
+GET      /v1/exchange/levels/{level}/sum         bank     the masked sum of the terms for the calling bank
 =======  ======================================  =======  =====================================
+
+The exchange routes relay Fed²GNN's set-up (``methods/fed2gnn_relay.py``, protocol §12) and answer 409
+``no-exchange`` for every other method.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 import httpx
 import numpy as np
-from fastapi import Depends, FastAPI, Path, Request, Response
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -35,6 +44,7 @@ from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
@@ -125,6 +135,51 @@ class WithdrawResponse(_Schema):
     duplicate: bool  # the bank had already withdrawn; nothing changed
 
 
+_NONCE = r"^[0-9a-f]{32}$"
+
+
+class ExchangeKey(_Schema):
+    public_key: str = Field(pattern=r"^[0-9a-f]{64}$", description="X25519 public key, 32 bytes in hex")
+    signature: str = Field(pattern=r"^[0-9a-f]{128}$", description="Ed25519 signature (fed2gnn_relay.key_statement)")
+
+
+class ExchangeKeyRequest(ExchangeKey):
+    nonce: str = Field(pattern=_NONCE)
+
+
+class ExchangeResponse(_Schema):
+    federation: str
+    nonce: str
+    hops: int
+    banks: list[str]
+    width: int | None
+    keys: dict[str, ExchangeKey]
+    boundary_sizes: dict[str, int]
+
+    def view(self) -> ExchangeView:
+        keys = {bank: (key.public_key, key.signature) for bank, key in self.keys.items()}
+        return ExchangeView(
+            self.federation, self.nonce, self.hops, tuple(self.banks), self.width, keys, dict(self.boundary_sizes)
+        )
+
+
+class BoundaryRequest(_Schema):
+    nonce: str = Field(pattern=_NONCE)
+    width: wire.JsonInt = Field(ge=2, le=wire.MAX_JSON_INT, description="p + 1: the signal width of every term")
+    pseudonyms: list[str] = Field(max_length=MAX_PSEUDONYMS)
+
+    def checked_pseudonyms(self) -> list[str]:
+        bad = next((p for p in self.pseudonyms if not _PSEUDONYM.match(p)), None)
+        if bad is not None:
+            raise ProtocolConflict("bad-boundary", f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
+        return self.pseudonyms
+
+
+class BoundaryResponse(_Schema):
+    bank: str
+    pseudonyms: list[str]
+
+
 class ReportRequest(_Schema):
     version: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
     val_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
@@ -155,7 +210,11 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         app,
         coordinator.log,
         max_body_bytes,
-        {"/v1/enrol": ENROL_MAX_BODY_BYTES, "/v1/rounds/*": lambda: coordinator.upload_body_limit(max_body_bytes)},
+        {
+            "/v1/enrol": ENROL_MAX_BODY_BYTES,
+            "/v1/exchange/*": ENROL_MAX_BODY_BYTES,  # boundary lists and terms grow with the banks
+            "/v1/rounds/*": lambda: coordinator.upload_body_limit(max_body_bytes),
+        },
     )
     bank_only = require_roles(NodeRole.BANK)
     chunk_limit = ckks.max_chunk_bytes(coordinator.policy.he)  # the largest ciphertext these parameters make
@@ -245,6 +304,76 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         new = coordinator.withdraw(caller.name, request.reason, request.round)
         return WithdrawResponse(withdrawn=True, duplicate=not new)
 
+    @app.get("/v1/exchange", responses=wire.error_responses(409))
+    def exchange(caller: Caller = Depends(bank_only)) -> ExchangeResponse:
+        view = coordinator.exchange().view()
+        keys = {bank: ExchangeKey(public_key=k, signature=sig) for bank, (k, sig) in view.keys.items()}
+        return ExchangeResponse(
+            federation=view.federation,
+            nonce=view.nonce,
+            hops=view.hops,
+            banks=list(view.banks),
+            width=view.width,
+            keys=keys,
+            boundary_sizes=view.boundary_sizes,
+        )
+
+    @app.put("/v1/exchange/key", responses=wire.error_responses(400, 409))
+    def exchange_key(request: ExchangeKeyRequest, caller: Caller = Depends(bank_only)) -> UploadResponse:
+        relay = coordinator.exchange()
+        new = relay.publish_key(caller.name, request.nonce, bytes.fromhex(request.public_key), request.signature)
+        return UploadResponse(accepted=True, duplicate=not new)
+
+    @app.put("/v1/exchange/boundary", responses=wire.error_responses(409))
+    def exchange_boundary(request: BoundaryRequest, caller: Caller = Depends(bank_only)) -> UploadResponse:
+        relay = coordinator.exchange()
+        new = relay.announce_boundary(caller.name, request.nonce, request.width, request.checked_pseudonyms())
+        return UploadResponse(accepted=True, duplicate=not new)
+
+    @app.get("/v1/exchange/boundaries/{bank}", responses=wire.error_responses(409))
+    def announced_boundary(
+        bank: Annotated[str, Path(max_length=128)], caller: Caller = Depends(bank_only)
+    ) -> BoundaryResponse:
+        return BoundaryResponse(bank=bank, pseudonyms=list(coordinator.exchange().boundary(bank)))
+
+    @app.put(
+        "/v1/exchange/levels/{level}/terms/{active}",
+        responses=wire.error_responses(400, 409),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "description": "the masked term: boundary size x width little-endian uint64 (wire.encode_uint64)",
+                "content": {wire.OCTET_STREAM: {"schema": dict(wire.BINARY_SCHEMA)}},
+            }
+        },
+    )
+    async def exchange_term(
+        level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        active: Annotated[str, Path(max_length=128)],
+        nonce: Annotated[str, Query(pattern=_NONCE)],
+        request: Request,
+        caller: Caller = Depends(bank_only),
+    ) -> UploadResponse:
+        relay = coordinator.exchange()
+        length = relay.check_term(caller.name, level, active, nonce)  # every 409 before the body is read
+        masked = wire.decode_uint64(await request.body(), expected_length=length)  # 400: wrong size
+        new = relay.accept_term(caller.name, level, active, nonce, masked)
+        return UploadResponse(accepted=True, duplicate=not new)
+
+    @app.get(
+        "/v1/exchange/levels/{level}/sum",
+        response_class=Response,
+        responses={
+            **wire.binary_response("the masked sum of every passive bank's term for the caller (uint64)"),
+            **wire.error_responses(409),
+        },
+    )
+    def exchange_sum(
+        level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
+    ) -> Response:
+        total = coordinator.exchange().relayed_sum(caller.name, level)
+        return Response(wire.encode_uint64(total), media_type=wire.OCTET_STREAM)
+
     return app
 
 
@@ -308,6 +437,35 @@ class AggregatorClient:
         if histograms is not None:
             payload["histograms"] = histograms.tolist()
         self._call("POST", "/v1/reports", json=payload)
+
+    # --- Fed²GNN's set-up exchange (methods.fed2gnn_relay.RelayPort) ---
+
+    def exchange_view(self) -> ExchangeView:
+        return self._parse(ExchangeResponse, "GET", "/v1/exchange").view()
+
+    def publish_exchange_key(self, nonce: str, public: bytes, signature: str) -> None:
+        request = ExchangeKeyRequest(nonce=nonce, public_key=public.hex(), signature=signature)
+        self._parse(UploadResponse, "PUT", "/v1/exchange/key", json=request.model_dump())
+
+    def announce_boundary(self, nonce: str, width: int, pseudonyms: list[str]) -> None:
+        payload = {"nonce": nonce, "width": width, "pseudonyms": list(pseudonyms)}
+        self._parse(UploadResponse, "PUT", "/v1/exchange/boundary", json=payload)
+
+    def exchange_boundary(self, bank: str) -> list[str]:
+        return self._parse(BoundaryResponse, "GET", f"/v1/exchange/boundaries/{bank}").pseudonyms
+
+    def upload_term(self, level: int, active: str, nonce: str, masked: np.ndarray) -> None:
+        self._parse(
+            UploadResponse,
+            "PUT",
+            f"/v1/exchange/levels/{level}/terms/{active}",
+            params={"nonce": nonce},
+            content=wire.encode_uint64(masked),
+            headers={"Content-Type": wire.OCTET_STREAM},
+        )
+
+    def exchange_sum(self, level: int) -> np.ndarray:
+        return wire.decode_uint64(self._call("GET", f"/v1/exchange/levels/{level}/sum").content)
 
     def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
         request = WithdrawRequest(reason=reason, round=round_number)

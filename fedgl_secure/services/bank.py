@@ -61,6 +61,7 @@ from torch import nn
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
 from fedgl_secure.data.graph import GraphDataset
+from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
@@ -75,7 +76,8 @@ from fedgl_secure.fileio import write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
-from fedgl_secure.methods.fed2gnn import refuse_in_services
+from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
+from fedgl_secure.methods.fed2gnn_relay import BankIdentity, run_bank_exchange
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.accounting import PrivacyLedger
@@ -91,9 +93,9 @@ from fedgl_secure.services.aggregator import (
     decode_broadcast,
 )
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
-from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key
+from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
 from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
@@ -104,6 +106,8 @@ PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a 
 INDEX_FILE = "union-index.npz"  # M and this bank's positions in the union index (for scoring after the run)
 FINAL_MODEL_FILE = "final-model.npz"  # the federation's final model (the broadcast bytes), for predict
 FINAL_META_FILE = "final-model.json"  # which version that is, and of which federation
+EXCHANGE_FILE = "fed2gnn-exchange.npz"  # Fed²GNN: the sums the set-up exchange gave this bank (a restart reuses them)
+EXCHANGE_TIMEOUT_SECONDS = 3600.0  # how long a bank retries the exchange while the aggregator is unreachable
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[G
     """Research mode (``data = "benchmark-slices"``): every bank's graph, in the consortium's bank order
     (slice k of the experiment's dataset for bank k). Real banks read their own tables
     (:func:`bank_graph`)."""
-    # one proportion per bank is checked when the consortium file is loaded (ConsortiumConfig)
+    # one proportion (or Louvain client) per bank is checked when the consortium file is loaded (ConsortiumConfig)
     dataset = load_dataset(config.dataset, data_root, seed=config.seed, split=config.data)
+    if config.federation.partition == "louvain":  # disjoint banks, as Federation.build makes them
+        return louvain_clients(dataset, config.federation.num_clients, config.seed)
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
 
@@ -166,10 +172,13 @@ class BankWorker:
         poll_seconds: float = 0.2,
         state_dir: Path | None = None,
         random_bytes: RandomBytes | None = None,
+        reconstruction: tuple[BankReconstruction, BankIdentity] | None = None,
     ) -> None:
         """``state_dir`` keeps the union index, the final model and (under DP) the ledger; it is required
         when the policy has DP. ``random_bytes`` replaces the CSPRNG for the noise (tests only). The
-        public w_max of the DP step comes with the union index."""
+        public w_max of the DP step comes with the union index. ``reconstruction``: Fed²GNN's set-up (this
+        bank's share of the exchange and who it is in it), run before enrolment; ``graph`` is then replaced
+        by the reconstructed graph."""
         self.name = name
         self.federation = federation
         self.client_index = client_index
@@ -182,7 +191,10 @@ class BankWorker:
         self.signing_key = signing_key
         self.pseudonym_key = pseudonym_key
         self.poll_seconds = poll_seconds
-        refuse_in_services(config)  # Fed²GNN's bank-to-bank set-up is simulation-only
+        check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
+        if (config.method == "fed2gnn") != (reconstruction is not None):
+            raise ConfigError(f"{name}: method {config.method!r} and the Fed²GNN set-up must come together")
+        self.reconstruction = reconstruction
         self.method = build_method(config)
         self.stages = method_stages(self.method)
         self.log = get_logger(node=name, role="bank")
@@ -264,8 +276,50 @@ class BankWorker:
             session.released = {key: released[k]}
         return session.released[key]
 
+    def _reconstruct(self, stop: threading.Event) -> GraphDataset:
+        """Fed²GNN's set-up: the bank-to-bank exchange through the aggregator (``methods/fed2gnn_relay.py``), then the
+        local reconstruction. The sums are kept in the state directory, so a restarted bank rebuilds the same graph
+        without a second exchange."""
+        setup, identity = self.reconstruction
+        path = None if self.state_dir is None else self.state_dir / EXCHANGE_FILE
+        if path is not None and path.is_file():
+            with np.load(path, allow_pickle=False) as archive:
+                boundary = archive["boundary"]
+                received = [archive[f"level_{k}"] for k in range(1, self.config.fed2gnn.hops + 1)]
+            self.log.info("fed2gnn.exchange_reused", boundary=int(boundary.size))
+        else:
+
+            def wait() -> None:
+                if stop.wait(self.poll_seconds):
+                    raise StopRequested("stopped during the Fed²GNN exchange")
+
+            started = time.perf_counter()
+            boundary, received = retry_until_ready(
+                lambda: run_bank_exchange(setup.bank, identity, self.aggregator, self.config.fed2gnn.hops, wait),
+                "the Fed²GNN exchange",
+                self.log,
+                timeout=EXCHANGE_TIMEOUT_SECONDS,
+                stop=stop,
+            )
+            if path is not None:
+                buffer = io.BytesIO()
+                np.savez(buffer, boundary=boundary, **{f"level_{k}": e for k, e in enumerate(received, start=1)})
+                write_atomically(path, buffer.getvalue())
+            self.log.info(
+                "fed2gnn.exchanged", boundary=int(boundary.size), seconds=round(time.perf_counter() - started, 3)
+            )
+        graph = setup.augment(boundary, received, self.config)
+        self.log.info("fed2gnn.reconstructed", nodes=graph.num_nodes, own=int(setup.bank.nodes.size))
+        return graph
+
     def run(self, stop: threading.Event) -> None:
-        """Enrol, then take part in every round this bank is invited to, until the federation finishes."""
+        """(Fed²GNN: the set-up exchange first.) Enrol, then take part in every round this bank is invited to, until
+        the federation finishes."""
+        try:
+            if self.reconstruction is not None:
+                self.graph_data = self._reconstruct(stop)
+        except StopRequested:
+            return
         pseudonyms = pseudonymise(self.pseudonym_key, self.graph_data.node_ids.tolist())
         features, classes = int(self.graph_data.features.shape[1]), int(self.graph_data.num_classes)
         try:
@@ -655,6 +709,18 @@ def load_final_model(state_dir: Path, federation: str) -> tuple[int, bytes] | No
         return None
 
 
+def _exchange_identity(node: NodeConfig, consortium: ConsortiumConfig, layout: PkiLayout) -> BankIdentity:
+    """Who this bank is in Fed²GNN's exchange: its signing key, every bank's verification key, its pseudonyms."""
+    pseudonym_key = load_pseudonym_key(layout, node.name)
+    return BankIdentity(
+        node.name,
+        consortium.federation,
+        load_signing_key(layout, node.name),
+        load_signing_public_keys(layout, [bank.name for bank in consortium.banks]),
+        lambda ids: pseudonymise(pseudonym_key, ids),
+    )
+
+
 def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     """Serve a bank until the federation finishes or the process is stopped."""
     configure_logging(node.log_level, json=True)
@@ -663,11 +729,20 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     policy = load_policy(consortium.policy)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    data = bank_graph(node, consortium)  # a bank whose tables do not match the schema stops here, naming the column
+    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    reconstruction = None
+    if config.method == "fed2gnn":
+        check_services(config, bank_sources=consortium.bank_sources)  # benchmark slices only
+        dataset = load_dataset(config.dataset, node.bank.data_root, seed=config.seed, split=config.data)
+        setup = bank_reconstruction(config, dataset, client_index)
+        local = setup.local_graph()
+        data = BankData(local, local.node_ids.astype(str), None)
+        reconstruction = (setup, _exchange_identity(node, consortium, layout))
+    else:
+        data = bank_graph(node, consortium)  # a bank whose tables do not match the schema stops here, naming the column
     config.evaluation.check_classes(data.graph.num_classes)
     if data.summary is not None:
         log.info("bank.data_loaded", **data.summary.to_dict())
-    client_index = [bank.name for bank in consortium.banks].index(node.name)
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
     public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
@@ -684,6 +759,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         pseudonym_key=load_pseudonym_key(layout, node.name),
         poll_seconds=node.bank.poll_seconds,
         state_dir=node.state_dir,
+        reconstruction=reconstruction,
     )
     try:
         serve_with_worker(

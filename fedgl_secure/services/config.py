@@ -136,7 +136,15 @@ class ConsortiumConfig(_Model):
             raise ValueError(
                 "[schema] applies only with data = 'bank-sources'; benchmark slices have their own features"
             )
-        proportions = build_config(self.experiment).federation.proportions  # fails here, naming the field
+        federation = build_config(self.experiment).federation  # fails here, naming the field
+        if federation.partition == "louvain":
+            if federation.num_clients != banks:
+                raise ValueError(
+                    f"experiment.federation.num_clients is {federation.num_clients} for {banks} banks; "
+                    "bank k (in [[nodes]] order) holds Louvain client k"
+                )
+            return self
+        proportions = federation.proportions
         if len(proportions) != banks:
             raise ValueError(
                 f"experiment.federation.proportions has {len(proportions)} entries for {banks} banks; "
