@@ -11,6 +11,8 @@ import pytest
 from consortium_harness import NODES, SMALL_HE, write_consortium
 from test_consortium import applied_rounds, final_weights, simulated_weights
 
+from fedgl_secure.services.fuzzing import run_schemathesis
+
 pytestmark = pytest.mark.slow
 
 
@@ -57,3 +59,32 @@ def test_fed2gnn_consortium_on_cora_matches_the_simulation(tmp_path, data_root, 
     assert len(accepted) == 2 * 3 * 2
     rejected = [e for e in events["aggregator"] if e.get("event") == "request.rejected"]
     assert all(e["status"] == 409 and e["error"] == "not-ready" for e in rejected), rejected[:3]
+
+
+def test_schemathesis_finds_nothing_on_a_fed2gnn_aggregator(tmp_path):
+    """test_fuzz_services fuzzes an aggregator whose method has no exchange (its exchange routes answer 409
+    no-exchange); here the routes are live: keys, boundaries and terms reach the relay's own checks."""
+    consortium = write_consortium(
+        tmp_path / "consortium",
+        method="fed2gnn",
+        experiment_extra={"dataset": "cora", "federation": {"partition": "louvain", "num_clients": 3}},
+    )
+    try:
+        consortium.start("key-authority", "aggregator")  # the aggregator never reads the dataset
+        consortium.wait_healthy("aggregator")
+        run = run_schemathesis(
+            "aggregator",
+            consortium.url("aggregator"),
+            consortium.layout,
+            "bank-c",
+            seed=1,
+            max_examples=4,
+            report=tmp_path / "report.ndjson",
+        )
+        assert run.requests > 0 and not run.errors, run.output_tail
+        assert run.server_errors == 0 and run.failures == [], (run.failures, run.output_tail)
+        assert run.exit_code == 0 and run.statuses[409] > 0, run.output_tail
+        assert consortium.processes["aggregator"].poll() is None
+    finally:
+        consortium.stop_all()
+    assert "request.crashed" not in consortium.logs("aggregator")

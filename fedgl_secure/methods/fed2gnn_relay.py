@@ -37,7 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedgl_secure.crypto import pairwise_masks
-from fedgl_secure.errors import ProtocolConflict, ReceiptError
+from fedgl_secure.errors import ProtocolConflict
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, exchange_context, next_level
 
@@ -59,12 +59,14 @@ def sign_exchange_key(signing_key: Ed25519PrivateKey, federation: str, nonce: st
 def verify_exchange_key(
     verify_key: Ed25519PublicKey, federation: str, nonce: str, bank: str, public: bytes, signature: str
 ) -> None:
-    """Raise :class:`ReceiptError` (400) unless ``bank`` signed ``public`` for this exchange."""
+    """Raise :class:`ProtocolConflict` ``bad-signature`` unless ``bank`` signed ``public`` for this exchange (a 409,
+    not a 400: the request is well formed, and a forged signature can only be told from a real one by the keys)."""
     try:
         verify_key.verify(bytes.fromhex(signature), key_statement(federation, nonce, bank, public))
     except (InvalidSignature, ValueError):
-        raise ReceiptError(
-            f"exchange key of {bank!r}: bad signature (forged, altered, for another exchange, or another key)"
+        raise ProtocolConflict(
+            "bad-signature",
+            f"exchange key of {bank!r}: bad signature (forged, altered, for another exchange, or another key)",
         ) from None
 
 

@@ -318,7 +318,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
             boundary_sizes=view.boundary_sizes,
         )
 
-    @app.put("/v1/exchange/key", responses=wire.error_responses(400, 409))
+    @app.put("/v1/exchange/key", responses=wire.error_responses(409))
     def exchange_key(request: ExchangeKeyRequest, caller: Caller = Depends(bank_only)) -> UploadResponse:
         relay = coordinator.exchange()
         new = relay.publish_key(caller.name, request.nonce, bytes.fromhex(request.public_key), request.signature)
