@@ -3,6 +3,8 @@ simulation's level sums, the relay holds masked vectors only, and bad input is r
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import secrets
 import threading
 import time
@@ -21,6 +23,7 @@ from fedgl_secure.errors import ProtocolConflict
 from fedgl_secure.methods.fed2gnn_exchange import exchange_context, exchange_level_sums
 from fedgl_secure.methods.fed2gnn_relay import (
     BankIdentity,
+    ExchangeKeyFile,
     ExchangeRelay,
     LocalPort,
     run_bank_exchange,
@@ -281,3 +284,57 @@ def test_the_exchange_over_http_equals_the_simulation_and_bad_uploads_get_4xx(ht
         served.status_code == 200 and wire.decode_uint64(served.content).tolist() == sums_before[("bank-c", 1)].tolist()
     )
     assert AggregatorClient(clients["bank-a"]).exchange_view().complete
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_a_bank_restarted_mid_exchange_republishes_its_stored_key_and_finishes(graph, tmp_path):
+    banks, *_ = _banks(graph, num_clients=3)
+    names = [f"bank-{k}" for k in range(len(banks))]
+    signing = {name: Ed25519PrivateKey.generate() for name in names}
+    verify = {name: key.public_key() for name, key in signing.items()}
+    relay = ExchangeRelay(FEDERATION, names, HOPS, None, verify)
+    pseudonym_key = secrets.token_bytes(32)
+    identities = [
+        BankIdentity(n, FEDERATION, signing[n], verify, lambda ids: pseudonymise(pseudonym_key, ids)) for n in names
+    ]
+    results, errors = {}, []
+
+    def others(bank):
+        try:
+            results[bank.index] = run_bank_exchange(
+                bank, identities[bank.index], LocalPort(relay, names[bank.index]), HOPS, lambda: time.sleep(0.002)
+            )
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=others, args=(bank,)) for bank in banks[1:]]
+    for thread in threads:
+        thread.start()
+    key_file = ExchangeKeyFile(tmp_path / "fed2gnn-exchange.key")
+
+    def stop():
+        raise Stopped
+
+    port = LocalPort(relay, names[0])
+    # bank-0 dies at its first wait (for the others' keys, or for a sum), its key and boundary published
+    with contextlib.suppress(Stopped):  # (it may, rarely, never have to wait: the restart then repeats every step)
+        run_bank_exchange(banks[0], identities[0], port, HOPS, stop, key_file.key_for)
+    assert (tmp_path / "fed2gnn-exchange.key").stat().st_mode & 0o077 == 0
+    # a restarted process draws another key: the relay refuses it; the stored key is published again
+    restarted = dataclasses.replace(banks[0], key=pairwise_masks.new_private_key())
+    with pytest.raises(ProtocolConflict, match="key-changed"):
+        run_bank_exchange(restarted, identities[0], port, HOPS, lambda: time.sleep(0.002))
+    results[0] = run_bank_exchange(restarted, identities[0], port, HOPS, lambda: time.sleep(0.002), key_file.key_for)
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    expected = exchange_level_sums(banks, HOPS, secure=True, nonce=b"other masks")
+    for k in range(len(banks)):
+        assert all(np.array_equal(a, b) for a, b in zip(results[k][1], expected.sums[k], strict=True))
+    # a relay that restarted (another nonce) gets a fresh key from the same file
+    assert not np.array_equal(
+        pairwise_masks.public_bytes(key_file.key_for("ff" * 16)), pairwise_masks.public_bytes(restarted.key)
+    )

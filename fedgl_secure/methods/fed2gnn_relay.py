@@ -26,15 +26,19 @@ starts the exchange again with a fresh key.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from fedgl_secure.crypto import pairwise_masks
 from fedgl_secure.errors import ProtocolConflict
@@ -294,21 +298,57 @@ class BankIdentity:
     pseudonymise: Callable[[Sequence[int]], list[str]]
 
 
+class ExchangeKeyFile:
+    """A bank's exchange key on disk with the nonce it was drawn for (mode 0600, replaced atomically): a bank
+    restarted in the middle of an exchange publishes the same key again (a duplicate) instead of another one,
+    which the relay would refuse (its terms masked under the first key may already be in sums)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def key_for(self, nonce: str) -> X25519PrivateKey:
+        """The key drawn for exchange ``nonce``: the stored one, else a fresh one, stored before it is used."""
+        try:
+            stored_nonce, key_hex = self.path.read_text().split()
+            if stored_nonce == nonce:
+                return X25519PrivateKey.from_private_bytes(bytes.fromhex(key_hex))
+        except (OSError, ValueError):  # none yet, or unreadable: a fresh key (a new exchange for this bank)
+            pass
+        key = pairwise_masks.new_private_key()
+        raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        scratch = self.path.with_name(self.path.name + ".tmp")
+        descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(f"{nonce} {raw.hex()}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(scratch, self.path)
+        return key
+
+
 def run_bank_exchange(
-    bank: ExchangeBank, identity: BankIdentity, port: RelayPort, hops: int, wait: Callable[[], None]
+    bank: ExchangeBank,
+    identity: BankIdentity,
+    port: RelayPort,
+    hops: int,
+    wait: Callable[[], None],
+    key_for: Callable[[str], X25519PrivateKey] | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Bank ``identity.name``'s side of the whole exchange: its boundary (customer ids) and E_1..E_K over it,
     exactly what ``exchange_level_sums`` gives it in-process. ``wait()`` pauses between polls of a step that is
-    not ready (and raises to stop). A relay that restarted (``stale-exchange``) restarts the exchange with a
-    fresh key, at most :data:`MAX_RESTARTS` times."""
+    not ready (and raises to stop). ``key_for(nonce)`` gives the bank's key for the relay's exchange (e.g.
+    :meth:`ExchangeKeyFile.key_for`, which survives a restart of the bank); without it ``bank.key`` is used. A
+    relay that restarted (``stale-exchange``) restarts the exchange with a fresh key, at most
+    :data:`MAX_RESTARTS` times."""
     for attempt in range(MAX_RESTARTS + 1):
         try:
-            return _exchange_once(bank, identity, port, hops, wait)
+            return _exchange_once(bank, identity, port, hops, wait, key_for)
         except ProtocolConflict as conflict:
             if conflict.code != STALE or attempt == MAX_RESTARTS:
                 raise
             get_logger(node=identity.name, role="bank").warning("exchange.restarted", detail=conflict.detail[:200])
-            bank.key = pairwise_masks.new_private_key()
+            if key_for is None:
+                bank.key = pairwise_masks.new_private_key()
     raise AssertionError("unreachable")
 
 
@@ -323,7 +363,12 @@ def _until_ready(call: Callable[[], object], wait: Callable[[], None]):
 
 
 def _exchange_once(
-    bank: ExchangeBank, identity: BankIdentity, port: RelayPort, hops: int, wait: Callable[[], None]
+    bank: ExchangeBank,
+    identity: BankIdentity,
+    port: RelayPort,
+    hops: int,
+    wait: Callable[[], None],
+    key_for: Callable[[str], X25519PrivateKey] | None,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     me = identity.name
     view = port.exchange_view()
@@ -334,6 +379,8 @@ def _exchange_once(
             f"bank's ({identity.federation}, K = {hops}, bank {bank.index})",
         )
     nonce, width = view.nonce, bank.signals.shape[1]
+    if key_for is not None:
+        bank.key = key_for(nonce)
     public = pairwise_masks.public_bytes(bank.key)
     signature = sign_exchange_key(identity.signing_key, view.federation, nonce, me, public)
     port.publish_exchange_key(nonce, public, signature)

@@ -77,7 +77,7 @@ from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
-from fedgl_secure.methods.fed2gnn_relay import BankIdentity, run_bank_exchange
+from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.accounting import PrivacyLedger
@@ -107,6 +107,7 @@ INDEX_FILE = "union-index.npz"  # M and this bank's positions in the union index
 FINAL_MODEL_FILE = "final-model.npz"  # the federation's final model (the broadcast bytes), for predict
 FINAL_META_FILE = "final-model.json"  # which version that is, and of which federation
 EXCHANGE_FILE = "fed2gnn-exchange.npz"  # Fed²GNN: the sums the set-up exchange gave this bank (a restart reuses them)
+EXCHANGE_KEY_FILE = "fed2gnn-exchange.key"  # and its key for the exchange under way (a restart republishes it)
 EXCHANGE_TIMEOUT_SECONDS = 3600.0  # how long a bank retries the exchange while the aggregator is unreachable
 
 
@@ -294,8 +295,10 @@ class BankWorker:
                     raise StopRequested("stopped during the Fed²GNN exchange")
 
             started = time.perf_counter()
+            key_for = None if self.state_dir is None else ExchangeKeyFile(self.state_dir / EXCHANGE_KEY_FILE).key_for
+            hops = self.config.fed2gnn.hops
             boundary, received = retry_until_ready(
-                lambda: run_bank_exchange(setup.bank, identity, self.aggregator, self.config.fed2gnn.hops, wait),
+                lambda: run_bank_exchange(setup.bank, identity, self.aggregator, hops, wait, key_for),
                 "the Fed²GNN exchange",
                 self.log,
                 timeout=EXCHANGE_TIMEOUT_SECONDS,
@@ -305,6 +308,7 @@ class BankWorker:
                 buffer = io.BytesIO()
                 np.savez(buffer, boundary=boundary, **{f"level_{k}": e for k, e in enumerate(received, start=1)})
                 write_atomically(path, buffer.getvalue())
+                (self.state_dir / EXCHANGE_KEY_FILE).unlink(missing_ok=True)  # the sums are kept: the key is not needed
             self.log.info(
                 "fed2gnn.exchanged", boundary=int(boundary.size), seconds=round(time.perf_counter() - started, 3)
             )
