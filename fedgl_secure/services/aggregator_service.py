@@ -76,16 +76,21 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def _checked_pseudonyms(pseudonyms: list[str], code: str) -> list[str]:
+    """``pseudonyms`` if each is 64 lowercase hex characters, else a 409 ``code`` naming the first that is not."""
+    bad = next((p for p in pseudonyms if not _PSEUDONYM.match(p)), None)
+    if bad is not None:
+        raise ProtocolConflict(code, f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
+    return pseudonyms
+
+
 class EnrolRequest(_Schema):
     num_features: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
     num_classes: wire.JsonInt = Field(ge=2, le=wire.MAX_JSON_INT)
     pseudonyms: list[str] = Field(min_length=1, max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
-        bad = next((p for p in self.pseudonyms if not _PSEUDONYM.match(p)), None)
-        if bad is not None:
-            raise ProtocolConflict("bad-enrolment", f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
-        return self.pseudonyms
+        return _checked_pseudonyms(self.pseudonyms, "bad-enrolment")
 
 
 class IndexResponse(_Schema):
@@ -169,10 +174,7 @@ class BoundaryRequest(_Schema):
     pseudonyms: list[str] = Field(max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
-        bad = next((p for p in self.pseudonyms if not _PSEUDONYM.match(p)), None)
-        if bad is not None:
-            raise ProtocolConflict("bad-boundary", f"pseudonym {bad[:80]!r} is not 64 lowercase hex characters")
-        return self.pseudonyms
+        return _checked_pseudonyms(self.pseudonyms, "bad-boundary")
 
 
 class BoundaryResponse(_Schema):
