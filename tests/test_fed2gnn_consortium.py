@@ -12,6 +12,7 @@ from consortium_harness import NODES, SMALL_HE, write_consortium
 from test_consortium import applied_rounds, final_weights, simulated_weights
 
 from fedgl_secure.services.fuzzing import run_schemathesis
+from fedgl_secure.services.predict import predict
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +60,10 @@ def test_fed2gnn_consortium_on_cora_matches_the_simulation(tmp_path, data_root, 
     assert len(accepted) == 2 * 3 * 2
     rejected = [e for e in events["aggregator"] if e.get("event") == "request.rejected"]
     assert all(e["status"] == 409 and e["error"] == "not-ready" for e in rejected), rejected[:3]
+    # predict scores the bank's own customers with the final model on its reconstructed graph (from the saved sums)
+    own = next(e["own"] for e in events["bank-a"] if e.get("event") == "fed2gnn.reconstructed")
+    summary = predict(consortium.config_path("bank-a"), output=tmp_path / "scores.csv")
+    assert summary["customers_scored"] == own and summary["model_version"] == 2
 
 
 def test_schemathesis_finds_nothing_on_a_fed2gnn_aggregator(tmp_path):

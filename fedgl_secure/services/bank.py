@@ -282,11 +282,9 @@ class BankWorker:
         local reconstruction. The sums are kept in the state directory, so a restarted bank rebuilds the same graph
         without a second exchange."""
         setup, identity = self.reconstruction
-        path = None if self.state_dir is None else self.state_dir / EXCHANGE_FILE
-        if path is not None and path.is_file():
-            with np.load(path, allow_pickle=False) as archive:
-                boundary = archive["boundary"]
-                received = [archive[f"level_{k}"] for k in range(1, self.config.fed2gnn.hops + 1)]
+        saved = None if self.state_dir is None else load_exchange_sums(self.state_dir, self.config.fed2gnn.hops)
+        if saved is not None:
+            boundary, received = saved
             self.log.info("fed2gnn.exchange_reused", boundary=int(boundary.size))
         else:
 
@@ -304,10 +302,10 @@ class BankWorker:
                 timeout=EXCHANGE_TIMEOUT_SECONDS,
                 stop=stop,
             )
-            if path is not None:
+            if self.state_dir is not None:
                 buffer = io.BytesIO()
                 np.savez(buffer, boundary=boundary, **{f"level_{k}": e for k, e in enumerate(received, start=1)})
-                write_atomically(path, buffer.getvalue())
+                write_atomically(self.state_dir / EXCHANGE_FILE, buffer.getvalue())
                 (self.state_dir / EXCHANGE_KEY_FILE).unlink(missing_ok=True)  # the sums are kept: the key is not needed
             self.log.info(
                 "fed2gnn.exchanged", boundary=int(boundary.size), seconds=round(time.perf_counter() - started, 3)
@@ -691,6 +689,24 @@ def load_union_index(state_dir: Path) -> tuple[int, np.ndarray]:
         return int(archive["num_global_nodes"]), archive["positions"].astype(np.int64)
 
 
+def load_exchange_sums(state_dir: Path, hops: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """Fed²GNN: the boundary and E_1..E_K this bank's exchange gave it (None before the exchange finished)."""
+    path = state_dir / EXCHANGE_FILE
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as archive:
+        return archive["boundary"], [archive[f"level_{k}"] for k in range(1, hops + 1)]
+
+
+def fed2gnn_setup(node: NodeConfig, consortium: ConsortiumConfig) -> BankReconstruction:
+    """This bank's Fed²GNN set-up (benchmark slices only: the seeded Louvain client of the experiment's dataset)."""
+    config = consortium.experiment_config()
+    check_services(config, bank_sources=consortium.bank_sources)
+    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    dataset = load_dataset(config.dataset, node.bank.data_root, seed=config.seed, split=config.data)
+    return bank_reconstruction(config, dataset, client_index)
+
+
 def save_final_model(state_dir: Path, federation: str, version: int, data: bytes) -> None:
     """The final broadcast's bytes, then the note naming it (a torn pair is never read as final)."""
     write_atomically(state_dir / FINAL_MODEL_FILE, data)
@@ -736,9 +752,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     client_index = [bank.name for bank in consortium.banks].index(node.name)
     reconstruction = None
     if config.method == "fed2gnn":
-        check_services(config, bank_sources=consortium.bank_sources)  # benchmark slices only
-        dataset = load_dataset(config.dataset, node.bank.data_root, seed=config.seed, split=config.data)
-        setup = bank_reconstruction(config, dataset, client_index)
+        setup = fed2gnn_setup(node, consortium)
         local = setup.local_graph()
         data = BankData(local, local.node_ids.astype(str), None)
         reconstruction = (setup, _exchange_identity(node, consortium, layout))

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.simulation import resolve_device
@@ -31,6 +32,8 @@ from fedgl_secure.services.aggregator import decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.bank import (
     bank_graph,
+    fed2gnn_setup,
+    load_exchange_sums,
     load_final_model,
     load_union_index,
     save_final_model,
@@ -98,17 +101,27 @@ def predict(
     target = score_target(node, output, table)
     log = get_logger(node=node.name, role="bank", federation=consortium.federation)
     config = consortium.experiment_config()
-    data = bank_graph(node, consortium)
+    if config.method == "fed2gnn":  # the model was trained on the reconstructed graph: score on it, own rows only
+        setup = fed2gnn_setup(node, consortium)
+        sums = load_exchange_sums(node.state_dir, config.fed2gnn.hops)
+        if sums is None:
+            raise ConfigError(f"{node.state_dir}: no Fed²GNN exchange sums; this bank has not taken part in a run yet")
+        graph_data = setup.augment(*sums, config)
+        local = setup.local_graph()
+        data = BankData(local, local.node_ids.astype(str), None)
+    else:
+        data = bank_graph(node, consortium)
+        graph_data = data.graph
     saved = None if refresh else load_final_model(node.state_dir, consortium.federation)
     version, model_bytes = saved if saved is not None else fetch_final_model(node, consortium)
     size, positions = load_union_index(node.state_dir)
-    if positions.shape != (data.graph.num_nodes,):
+    if positions.shape != (graph_data.num_nodes,):
         raise ConfigError(
             f"{node.state_dir}: the union index holds {positions.size} positions, but the bank's tables now hold "
-            f"{data.graph.num_nodes} customers; the data changed since the federation ran"
+            f"{graph_data.num_nodes} customers; the data changed since the federation ran"
         )
     device = resolve_device(config.device)
-    graph = GraphTensors.from_graph(data.graph, positions, size, device, config.training.normalize_features)
+    graph = GraphTensors.from_graph(graph_data, positions, size, device, config.training.normalize_features)
     method = build_method(config)
     # the method's model (e.g. GraphFL's SGC backbone), as the banks trained it
     model = method_model(method, graph.features.shape[1], config.training.hidden, graph.num_classes, 0.0).to(device)
@@ -120,6 +133,7 @@ def predict(
     with torch.no_grad():
         adjacency = method.evaluation_adjacency(graph, broadcast)
         probabilities = torch.softmax(model(graph.features, adjacency).logits, dim=1).cpu().numpy()
+    probabilities = probabilities[: data.graph.num_nodes]  # Fed²GNN's decoded nodes (after the own ones) are no one
     class_names = (
         list(consortium.feature_schema.label_classes)
         if consortium.feature_schema is not None
