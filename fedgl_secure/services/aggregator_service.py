@@ -359,7 +359,8 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         relay = coordinator.exchange()
         length = relay.check_term(caller.name, level, active, nonce)  # every 409 before the body is read
         masked = wire.decode_uint64(await request.body(), expected_length=length)  # 400: wrong size
-        new = relay.accept_term(caller.name, level, active, nonce, masked)
+        # hashing and (for the last term) summing are CPU-bound: off the event loop
+        new = await run_in_threadpool(relay.accept_term, caller.name, level, active, nonce, masked)
         return UploadResponse(accepted=True, duplicate=not new)
 
     @app.get(
