@@ -285,6 +285,8 @@ def test_the_exchange_over_http_equals_the_simulation_and_bad_uploads_get_4xx(ht
         served.status_code == 200 and wire.decode_uint64(served.content).tolist() == sums_before[("bank-c", 1)].tolist()
     )
     assert AggregatorClient(clients["bank-a"]).exchange_view().complete
+    progress = clients["bank-a"].get("/v1/status").json()["exchange"]
+    assert progress == {"keys": names, "boundaries": names, "sums_made": 6, "sums_expected": 6}
 
 
 class Stopped(Exception):

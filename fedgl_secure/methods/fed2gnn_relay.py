@@ -238,6 +238,19 @@ class ExchangeRelay:
                 raise ProtocolConflict(NOT_READY, f"level {level} for {active}: waiting for {waiting}")
             return entry.total
 
+    def progress(self) -> dict:
+        """For the aggregator's status: which banks published a key and a boundary, and how many of the K level
+        sums per bank with a non-empty boundary are made (no values, no pseudonyms)."""
+        with self._lock:
+            active = [bank for bank, boundary in self._boundaries.items() if boundary]
+            made = sum(1 for (_, bank), entry in self._levels.items() if entry.total is not None and bank in active)
+            return {
+                "keys": sorted(self._keys),
+                "boundaries": sorted(self._boundaries),
+                "sums_made": made,
+                "sums_expected": self.hops * len(active) if len(self._boundaries) == len(self.banks) else None,
+            }
+
     def held(self) -> list[np.ndarray]:
         """Every vector the relay holds now (uploads still waiting and finished sums), for audits and tests."""
         with self._lock:

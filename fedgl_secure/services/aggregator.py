@@ -565,6 +565,7 @@ class Coordinator:
                 {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
             ],
             "stopped_reason": self._stopped_reason,
+            "exchange": None if self._exchange is None else self._exchange.progress(),  # Fed²GNN's set-up
         }
 
     def round_phase(self) -> str:
