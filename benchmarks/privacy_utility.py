@@ -37,7 +37,9 @@ fedgl,fgcl``) the policy is the unit's shipped template (``policies/strict-edge-
 units). ``--units mlp`` adds the features-only baseline (the GCN on a graph without edges,
 centralised: what a model learns with no graph at all). Each run records accuracy, the MIA AUC on
 the final W̄ and, when the final broadcast carries a pseudo graph, the link-inference AUC
-(:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph).
+(:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
+the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
+pipeline without noise); its rows have no MIA (the attack reads a GCN's weights).
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora --units edge,label \
         --methods fedgl,fgcl --epsilons 0.5,1,2,4,8,inf --seeds 1 --rounds 20 \
@@ -146,7 +148,8 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
         privacy = FederationPrivacy(policy) if policy is not None else None
     result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
     federation = Federation.build(dataset, config, resolve_device(config.device))
-    if not broadcasts:  # a baseline (centralized, local): no broadcast to attack
+    # a baseline (centralized, local) has no broadcast to attack; the MIA reads a GCN's W̄, which GAP's is not
+    if not broadcasts or config.method == "gap":
         return {
             "seed": config.seed,
             "accuracy": result.global_test_accuracy,
@@ -210,14 +213,19 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
-UNIT_TEMPLATES = {"edge": POLICIES / "strict-edge-dp.toml", "label": POLICIES / "label-dp.toml"}
+UNIT_TEMPLATES = {
+    "edge": POLICIES / "strict-edge-dp.toml",
+    "label": POLICIES / "label-dp.toml",
+    "gap": POLICIES / "node-dp-gap.toml",  # the node unit by GAP (method gap); its noise is calibrated to ε
+}
 
 
 def unit_policy(unit: str, epsilon: float):
     """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``."""
     path = UNIT_TEMPLATES[unit]
     values = tomllib.loads(path.read_text(encoding="utf-8"))
-    values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
+    if unit != "gap":
+        values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
     values["budget"]["epsilon"] = float(epsilon)
     return policy_from_dict(values, source=f"{path.name} (ε = {epsilon:g})")
 
@@ -302,7 +310,7 @@ def run_units(args) -> int:
             record("mlp", math.inf, "centralized", None, lambda seed: features_only(datasets[seed]))
             continue
         for epsilon in args.epsilons:
-            for method in args.methods:
+            for method in ["gap"] if unit == "gap" else args.methods:  # GAP is its own method
                 if math.isinf(epsilon):
                     if any(r["epsilon"] == "inf" and r["method"] == method for r in rows):
                         continue  # no DP: the same run for every unit
@@ -338,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--units", default=None, help="edge,label,mlp: the units-of-privacy table (module doc)")
+    parser.add_argument(
+        "--units", default=None, help="edge,label,gap,mlp: the units-of-privacy table (module doc; gap: node by GAP)"
+    )
     parser.add_argument("--methods", default="fedgl,fgcl", help="methods of the units table")
     args = parser.parse_args(argv)
     if args.units is not None:

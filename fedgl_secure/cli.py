@@ -56,6 +56,7 @@ class MethodName(str, Enum):
     fedavg_full = "fedavg-full"
     graphfl = "graphfl"
     fgcl = "fgcl"
+    gap = "gap"
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:

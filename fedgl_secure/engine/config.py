@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.privacy.gap import GAPSettings
 from fedgl_secure.tomlio import format_validation_error
 
 Method = Literal[
@@ -22,6 +23,7 @@ Method = Literal[
     "fed2gnn",
     "fedavg-full",
     "graphfl",
+    "gap",
 ]
 METHODS: tuple[str, ...] = get_args(Method)
 
@@ -177,6 +179,24 @@ class GraphFLConfig(_Section):
     sgc_hops: int = Field(2, ge=1, description="K of SGC's Â^K X W")
 
 
+class GAPConfig(GAPSettings):
+    """GAP node-level DP (methods/gap.py, privacy/gap.py): the accounted settings plus the budget and the model.
+
+    ``epsilon = inf`` trains without noise or clipping (the same pipeline, no DP); a node-unit policy with
+    ``dp.node_mechanism = "gap"`` sets the accounted fields, ε and δ from its ``[dp.gap]`` and ``[budget]``.
+    """
+
+    epsilon: float = Field(float("inf"), gt=0.0, description="total ε per bank (inf: no DP)")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the guarantee")
+    accountant: Literal["rdp", "prv"] = "rdp"
+    encoder_dim: int = Field(16, ge=1, description="d: width of the embeddings the hops aggregate")
+    hidden: int = Field(16, ge=1, description="hidden width of the encoder and classifier MLPs")
+    projection_dim: int = Field(
+        0, ge=0, description="p: public random projection of the features before the encoder (0: raw features)"
+    )
+    learning_rate: float = Field(0.05, gt=0.0, description="Adam on the (noisy) DP-SGD gradients")
+
+
 class EvaluationConfig(BaseModel):
     """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
 
@@ -233,11 +253,12 @@ class ExperimentConfig(_Section):
     graphfl: GraphFLConfig = GraphFLConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
+    gap: GAPConfig = GAPConfig()
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full", "graphfl"):
+        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full", "graphfl", "gap"):
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0

@@ -223,6 +223,10 @@ def run_experiment(
     with ``stopped_reason`` once fewer than the policy's quorum remain.
     """
     started = time.perf_counter()
+    if privacy is not None and privacy.policy.dp.node_mechanism == "gap":
+        from fedgl_secure.methods.gap import apply_gap_policy
+
+        config, privacy = apply_gap_policy(config, privacy.policy)  # GAP's DP lives inside the method
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
     if clients is not None:

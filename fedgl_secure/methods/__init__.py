@@ -9,6 +9,7 @@ from fedgl_secure.methods.fed2gnn import prepare_clients as prepare_clients
 from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.methods.fedgl import FedGL
 from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive
+from fedgl_secure.methods.gap import GAP
 from fedgl_secure.methods.graphfl import GraphFL
 
 
@@ -26,4 +27,6 @@ def build_method(config: ExperimentConfig) -> FederatedMethod:
         return FedGLContrastive(config) if config.fgcl.enabled else FedGL(config)
     if config.method == "graphfl":
         return GraphFL(config)
+    if config.method == "gap":
+        return GAP(config)
     raise ValueError(f"{config.method!r} is a baseline, not a federated method")

@@ -108,6 +108,16 @@ def check_runnable(policy: Policy, config) -> None:
     β > 0 under DP-SGD (the pseudo graph's degree is not bounded), more local epochs per round than
     DP-SGD's budget accounts for, and a method of several stages per round (:func:`check_stages`).
     """
+    if policy.dp.node_mechanism == "gap":
+        from fedgl_secure.methods.gap import check_gap_policy
+
+        check_gap_policy(policy, config)
+    elif config.method == "gap" and policy.has_dp:
+        raise ConfigError(
+            f"method 'gap' carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} with "
+            f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
+            "dp.node_mechanism = 'gap' (policies/node-dp-gap.toml) or one without DP"
+        )
     check_method(policy, config.method, config.effective_alpha_beta()[1])
     check_local_epochs(policy, config.training.local_epochs)
     from fedgl_secure.methods import build_method  # the methods sit above the privacy floor
@@ -161,6 +171,12 @@ def check_consortium(policy: Policy, config) -> None:
         raise ConfigError(
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
+        )
+    if policy.dp.node_mechanism == "gap":
+        raise ConfigError(
+            "dp.node_mechanism = 'gap' runs in the simulation only (`simulate --method gap --policy ...`, with "
+            "--secure for CKKS sums): a consortium bank does not yet keep GAP's phase and perturbed hops across rounds "
+            "and restarts; use `simulate`, or node_mechanism = 'channels'"
         )
     if policy.dp.labels.enabled:
         raise ConfigError(

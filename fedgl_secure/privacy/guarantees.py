@@ -542,6 +542,8 @@ def effective_guarantees(policy: Policy) -> Guarantees:
             **common,
         )
 
+    if policy.dp.node_mechanism == "gap":
+        return _gap_guarantees(policy, common)
     budget = policy.budget
     channels = [_upload_guarantee(policy, kind) for kind in DATA_KINDS if policy.dp.upload_channel(kind)]
     if policy.dp.sgd_enabled:
@@ -595,5 +597,76 @@ def effective_guarantees(policy: Policy) -> Guarantees:
         on_exhausted=budget.on_exhausted,
         assumptions=tuple(_assumptions(policy)),
         notes=tuple(notes),
+        **common,
+    )
+
+
+def _gap_guarantees(policy: Policy, common: dict) -> Guarantees:
+    """GAP node-level DP (``dp.node_mechanism = "gap"``): its three modules calibrated to the budget and composed.
+
+    The noise multipliers are those :func:`~fedgl_secure.privacy.gap.calibrate` gives every bank for the
+    budget's ε and δ (what ``--method gap`` runs with); each module's ε is that module alone, ``epsilon`` their
+    composition by the budget's accountant (Eq. A3).
+    """
+    from fedgl_secure.privacy import gap
+
+    budget, settings = policy.budget, policy.dp.gap
+    noise = gap.calibrate(settings, budget.epsilon, budget.delta)
+    parts = gap.releases(settings, noise)
+    sensitivities = (settings.max_grad_norm, gap.aggregation_sensitivity(settings.max_degree), settings.max_grad_norm)
+    per_round_steps = (settings.local_steps, 0, settings.local_steps)
+    channels = tuple(
+        ChannelGuarantee(
+            channel=release.channel,
+            mechanism="gaussian" if release.channel == gap.AGGREGATION else "dp-sgd",
+            noise="local",
+            clip=None if release.channel == gap.AGGREGATION else settings.max_grad_norm,
+            sensitivity=sensitivity,
+            noise_multiplier=release.noise_multiplier,
+            noise_std=release.noise_multiplier * sensitivity,
+            share_std=None,
+            accounted_noise_multiplier=release.noise_multiplier,
+            steps_per_round=steps,
+            epsilon_per_round=math.nan,
+            epsilon_total=total_epsilon([release], budget.delta, budget.accountant),
+        )
+        for release, sensitivity, steps in zip(parts, sensitivities, per_round_steps, strict=True)
+    )
+    epsilon = gap.composed_epsilon(settings, noise, budget.delta, budget.accountant)
+    assumptions = (
+        f"Unit of privacy (dp.unit = 'node', node_mechanism = 'gap'): {_UNIT_OF_PRIVACY['node']}, under the degree "
+        f"bound D = {settings.max_degree} (every bank projects its graph once, at the source, so that every customer "
+        "keeps at most D links; the guarantee holds for the projected graph). ε is per bank at "
+        f"δ = {budget.delta:g}, spent over GAP's schedule of {settings.rounds} rounds ({settings.encoder_rounds} "
+        f"encoder, {settings.classifier_rounds} classifier); later rounds train nothing and cost nothing.",
+        f"Encoder: an MLP on a customer's own features and label, DP-SGD on per-customer examples (Poisson rate "
+        f"q = {settings.sample_rate:g}, clip C = {settings.max_grad_norm:g}, noise z = {noise.encoder:.3f}, "
+        f"{settings.encoder_rounds * settings.local_steps} steps); it sees no link.",
+        f"Aggregation: K = {settings.hops} hops x^k = normalise(A x^(k-1) + N(0, σ²)) of unit-norm embeddings; "
+        f"removing a customer moves at most D of the other rows, each by a unit vector, so the sensitivity is "
+        f"√D = {gap.aggregation_sensitivity(settings.max_degree):.3f} and σ = {noise.aggregation:.3f}·√D. "
+        "The removed customer's own row is read only by its own classifier example, which DP-SGD covers.",
+        f"Classifier: an MLP over [x⁰, …, x^K], DP-SGD on per-customer examples (q = {settings.sample_rate:g}, "
+        f"noise z = {noise.classifier:.3f}, {settings.classifier_rounds * settings.local_steps} steps); the other "
+        "customers' rows are post-processing of the noisy hops.",
+        f"Composition: the three as Gaussian releases in Opacus' {budget.accountant.upper()} accountant "
+        f"(noise calibrated for ε = {budget.epsilon:g} with shares {list(settings.epsilon_split)}). Uploads (FedAvg "
+        "terms of the modules' weights) are post-processing; w_k and node membership are public, as everywhere.",
+        "Noise (DP-SGD and the hops) is drawn from the OS CSPRNG inside the bank; HE hides each bank's weights "
+        "from the aggregator, but the guarantee does not rely on it.",
+    )
+    return Guarantees(
+        status="dp",
+        released_without_dp=tuple(kind for kind in policy.allowed_kinds if kind not in DATA_KINDS),
+        channels=channels,
+        budget_epsilon=budget.epsilon,
+        delta=budget.delta,
+        accountant=budget.accountant,
+        rounds=settings.rounds,
+        epsilon=epsilon,
+        budget_met=epsilon <= budget.epsilon,
+        rounds_within_budget=settings.rounds if epsilon <= budget.epsilon else 0,
+        on_exhausted=budget.on_exhausted,
+        assumptions=assumptions,
         **common,
     )

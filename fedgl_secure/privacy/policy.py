@@ -61,6 +61,7 @@ from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.crypto.packing import KindLayout, kind_layout
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
+from fedgl_secure.privacy.gap import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
 KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT, META_GRADIENTS)
@@ -223,7 +224,8 @@ Unit = Literal["edge", "label", "node", "bank", "none"]
 UNIT_MECHANISMS = {
     "edge": "dp.edges (randomised response once at the source; uploads are post-processing)",
     "label": "dp.labels (randomised response once at the source; uploads are post-processing)",
-    "node": "Gaussian channels dp.weights / dp.predictions / dp.embeddings and/or dp.sgd, degree-bounded",
+    "node": "Gaussian channels dp.weights / dp.predictions / dp.embeddings and/or dp.sgd, degree-bounded "
+    "(dp.node_mechanism = 'channels'), or GAP's modules (dp.node_mechanism = 'gap' with [dp.gap])",
     "bank": "dp.weights only (bank-level sensitivity 2C); predictions and embeddings may not leave a bank",
     "none": "no differential privacy",
 }
@@ -390,6 +392,10 @@ class DPSettings(_Section):
     """``[dp]``: the unit of privacy and one optional table per channel; an absent table means no DP on that channel."""
 
     unit: Unit | None = None
+    # "channels": the Gaussian channels and DP-SGD below; "gap": GAP's encoder, perturbed hops and classifier
+    # (privacy/gap.py, method gap), whose uploads are post-processing of its DP-SGD
+    node_mechanism: Literal["channels", "gap"] = "channels"
+    gap: GAPSettings | None = None
     weights: GaussianChannel | None = None
     predictions: GaussianChannel | None = None
     embeddings: GaussianChannel | None = None
@@ -418,6 +424,8 @@ class DPSettings(_Section):
     def enabled_channels(self) -> tuple[str, ...]:
         """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges, labels."""
         names = list(self.round_channels())
+        if self.node_mechanism == "gap":
+            names.append("gap")
         if self.edges.enabled:
             names.append("edges")
         if self.labels.enabled:
@@ -434,7 +442,13 @@ class DPSettings(_Section):
     @property
     def source_only(self) -> bool:
         """Whether every DP mechanism acts once at the source (edges, labels): uploads are post-processing."""
-        return bool(self.enabled_channels()) and not self.round_channels()
+        return bool(self.enabled_channels()) and not self.round_channels() and self.node_mechanism != "gap"
+
+    @property
+    def uploads_post_processed(self) -> bool:
+        """Whether every upload is post-processing of a mechanism inside the bank (source-only units, GAP), so the
+        data kinds need no Gaussian channel of their own."""
+        return self.source_only or self.node_mechanism == "gap"
 
     @property
     def effective_unit(self) -> str:
@@ -467,6 +481,10 @@ class DPSettings(_Section):
     def _mechanisms_fit_unit(self) -> DPSettings:
         """Each unit is protected by its own mechanism (:data:`UNIT_MECHANISMS`); a mismatch names ``unit``."""
         unit, enabled, per_round = self.unit, self.enabled_channels(), self.round_channels()
+        if self.gap is not None and self.node_mechanism != "gap":
+            raise field_error("gap", "[dp.gap] is read only with node_mechanism = 'gap'; set it, or remove [dp.gap]")
+        if self.node_mechanism == "gap":
+            self._check_gap(unit, per_round)
         if unit is None:
             return self
         wanted = f"unit = {unit!r} is protected by {UNIT_MECHANISMS[unit]}"
@@ -495,7 +513,7 @@ class DPSettings(_Section):
                     "another unit — one unit per policy",
                 )
         if unit in ("node", "bank"):
-            if not per_round:
+            if not per_round and self.node_mechanism != "gap":
                 raise field_error("unit", f"{wanted}; no such channel is enabled")
             if self.labels.enabled:
                 raise field_error("labels", f"label DP protects unit 'label', not {unit!r}; remove [dp.labels]")
@@ -513,6 +531,22 @@ class DPSettings(_Section):
                     "calibrated to one customer, not a bank — remove them (and their kinds from allowed_kinds)",
                 )
         return self
+
+    def _check_gap(self, unit: str | None, per_round: tuple[str, ...]) -> None:
+        """GAP is a node-unit mechanism on its own: unit 'node', its [dp.gap] table, and no other DP mechanism."""
+        if unit != "node":
+            raise field_error(
+                "node_mechanism", f"'gap' protects unit 'node' (one customer); set dp.unit = 'node' (got {unit!r})"
+            )
+        if self.gap is None:
+            raise field_error("gap", "required with node_mechanism = 'gap' (max_degree, hops, rounds, DP-SGD settings)")
+        others = [*per_round, *(["edges"] if self.edges.enabled else []), *(["labels"] if self.labels.enabled else [])]
+        if others:
+            raise field_error(
+                "node_mechanism",
+                f"'gap' brings its own DP-SGD and aggregation noise; {others} would be a second mechanism on the same "
+                "uploads — remove them, or use node_mechanism = 'channels'",
+            )
 
     @model_validator(mode="after")
     def _degree_bound_when_needed(self) -> DPSettings:
@@ -661,7 +695,21 @@ class Policy(BaseModel):
                     f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
                     f"remove them (FedAvg uploads weights only)",
                 )
-        if self.budget is not None and not self.dp.source_only:
+        if self.budget is not None and self.dp.node_mechanism == "gap":
+            node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
+            if node_kinds:
+                raise field_error(
+                    "allowed_kinds",
+                    f"node_mechanism = 'gap' uploads weights only (its modules' FedAvg terms); {node_kinds} would "
+                    "leave a bank outside GAP's accounting — remove them",
+                )
+            if self.budget.rounds < self.dp.gap.rounds:
+                raise field_error(
+                    "budget.rounds",
+                    f"{self.budget.rounds} is shorter than GAP's schedule (dp.gap.encoder_rounds + classifier_rounds = "
+                    f"{self.dp.gap.rounds}); GAP spends its ε over exactly that schedule",
+                )
+        if self.budget is not None and not self.dp.uploads_post_processed:
             for kind in DATA_KINDS:
                 if kind in self.allowed_kinds and not self.dp.protects(kind):
                     also = " (or [dp.sgd], which covers weights)" if kind == "weights" else ""

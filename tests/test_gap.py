@@ -1,0 +1,156 @@
+"""GAP node-level DP (privacy/gap.py, methods/gap.py): degree bound and sensitivity, calibration against Opacus,
+the policy's refusals, and a small federation end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.errors import ConfigError, PolicyError
+from fedgl_secure.methods.gap import bounded_adjacency, check_gap_policy
+from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.privacy import gap
+from fedgl_secure.privacy.accounting import gaussian_epsilon
+from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
+from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.privacy.policy import load_policy, policy_from_dict
+from fedgl_secure.tomlio import read_toml
+
+POLICY = "policies/node-dp-gap.toml"
+
+
+def _graph_tensors(adjacency: sp.csr_matrix) -> GraphTensors:
+    n = adjacency.shape[0]
+    zeros = np.zeros(n, dtype=bool)
+    from fedgl_secure.model.sparse import SparseOperator
+
+    return GraphTensors(
+        features=SparseOperator.from_scipy(sp.identity(n, format="csr"), "cpu"),
+        labels=torch.zeros(n, dtype=torch.int64),
+        train_mask=torch.as_tensor(zeros),
+        val_mask=torch.as_tensor(zeros),
+        test_mask=torch.as_tensor(zeros),
+        positions=np.arange(n),
+        num_global_nodes=n,
+        base_adjacency=gcn_normalize(adjacency),
+        num_classes=2,
+        device=torch.device("cpu"),
+    )
+
+
+def _hub_graph() -> sp.csr_matrix:
+    """A star of 40 leaves around node 0 plus a random sparse part: node 0 is far over any small bound."""
+    rng = np.random.default_rng(3)
+    rows = [0] * 40 + list(rng.integers(1, 60, 80))
+    cols = list(range(1, 41)) + list(rng.integers(1, 60, 80))
+    matrix = sp.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(60, 60)).tocsr()
+    matrix = ((matrix + matrix.T) > 0).astype(np.float64)
+    matrix.setdiag(0)
+    matrix.eliminate_zeros()
+    return sp.csr_matrix(matrix)
+
+
+def test_degree_bound_holds_after_the_projection_and_bounds_the_hop_sensitivity():
+    raw = _hub_graph()
+    assert raw.sum(axis=1).max() > 5
+    bounded = bounded_adjacency(_graph_tensors(raw), 5, seed=0, purpose=0).to_dense().numpy()
+    degrees = bounded.sum(axis=1)
+    assert degrees.max() <= 5  # in- and out-degree alike: the matrix is symmetric
+    assert np.array_equal(bounded, bounded.T) and np.all(np.diag(bounded) == 0)
+    # Eq. A2: removing any node v moves the other rows of A x by at most √D in Frobenius norm
+    x = gap.normalise_rows(torch.randn(60, 4, generator=torch.Generator().manual_seed(0))).numpy()
+    for v in range(60):
+        without = bounded.copy()
+        without[v, :] = 0
+        without[:, v] = 0
+        keep = np.arange(60) != v
+        moved = np.linalg.norm((bounded @ x - without @ x)[keep])
+        assert moved <= gap.aggregation_sensitivity(5) + 1e-9
+
+
+def test_calibrated_noise_spends_the_target_epsilon_by_opacus_accountant():
+    settings = gap.GAPSettings(encoder_rounds=2, classifier_rounds=3, local_steps=2, sample_rate=0.5, hops=2)
+    noise = gap.calibrate(settings, 4.0, 1e-5)
+    # the library's accountant on the three releases, composed: at most the target and close to it
+    spent = gaussian_epsilon(gap.releases(settings, noise), 1e-5)
+    assert 0.9 * 4.0 <= spent <= 4.0
+    # each module alone, at its multiplier, spends less than the whole (composition adds)
+    for release in gap.releases(settings, noise):
+        assert gaussian_epsilon([release], 1e-5) < spent
+    # the aggregation multiplier is σ / √D: doubling D at the same σ halves it
+    assert noise.aggregation > 0 and gap.calibrate(settings, math.inf, 1e-5) == gap.NO_NOISE
+
+
+def _gap_policy(**changes) -> dict:
+    values = read_toml(POLICY, "policy file", PolicyError)
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        target = values
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    return values
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"dp.unit": "edge", "dp.edges": {"mechanism": "randomized-response", "epsilon": 1.0}}, "dp.node_mechanism"),
+        ({"dp.gap": None}, "dp.gap"),
+        ({"dp.node_mechanism": None}, "dp.gap"),
+        ({"dp.sgd": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "local_epochs": 1}}, "dp.node_mechanism"),
+        ({"dp.gap.max_degree": 0}, "dp.gap.max_degree"),
+        ({"dp.gap.epsilon_split": [0.5, 0.5, 0.5]}, "dp.gap.epsilon_split"),
+        ({"budget.rounds": 3}, "budget.rounds"),
+        ({"allowed_kinds": ["weights", "predictions", "node_weight"]}, "allowed_kinds"),
+    ],
+)
+def test_policy_refuses_invalid_gap_combinations_naming_the_field(changes, field):
+    with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+        policy_from_dict(_gap_policy(**changes), source="gap-test")
+
+
+def test_shipped_gap_policy_states_a_node_guarantee_within_budget():
+    guarantees = effective_guarantees(load_policy(POLICY))
+    assert guarantees.unit == "node" and guarantees.status == "dp"
+    assert guarantees.epsilon <= guarantees.budget_epsilon
+    assert {c.channel for c in guarantees.channels} == {gap.ENCODER, gap.AGGREGATION, gap.CLASSIFIER}
+    assert any("√D" in line for line in guarantees.assumptions)
+
+
+def test_gap_policy_is_refused_by_the_services_and_by_another_method():
+    policy = load_policy(POLICY)
+    with pytest.raises(ConfigError, match="simulation only"):
+        check_consortium(policy, build_config({"method": "gap"}))
+    with pytest.raises(ConfigError, match="method 'fedgl'"):
+        check_gap_policy(policy, build_config({"method": "fedgl"}))
+    strict = load_policy("policies/strict-dp.toml")
+    from fedgl_secure.privacy.dp_round import check_runnable
+
+    with pytest.raises(ConfigError, match="its own node-level DP"):
+        check_runnable(strict, build_config({"method": "gap"}))
+
+
+def test_a_small_gap_federation_beats_chance_at_a_large_epsilon():
+    dataset = synthetic_consortium(seed=0, num_nodes=400, num_features=40, num_val=60, num_test=100)
+    values = _gap_policy(**{"budget.epsilon": 1e4, "dp.gap.encoder_rounds": 8, "dp.gap.classifier_rounds": 8})
+    values["budget"]["rounds"] = 16
+    policy = policy_from_dict(values, source="gap-large-eps")
+    config = build_config(
+        {"method": "gap", "seed": 0, "device": "cpu", "federation": {"max_rounds": 16, "patience": 16}}
+    )
+    result = run_experiment(config, dataset, progress=False, privacy=FederationPrivacy(policy))
+    num_classes = dataset.num_classes
+    assert result.config["gap"]["epsilon"] == 1e4  # the policy's ε, not the config's default (no DP)
+    assert result.global_test_accuracy > 1.0 / num_classes + 0.1
