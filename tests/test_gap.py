@@ -150,7 +150,25 @@ def test_a_small_gap_federation_beats_chance_at_a_large_epsilon():
     config = build_config(
         {"method": "gap", "seed": 0, "device": "cpu", "federation": {"max_rounds": 16, "patience": 16}}
     )
-    result = run_experiment(config, dataset, progress=False, privacy=FederationPrivacy(policy))
+    privacy = FederationPrivacy(policy)
+    result = run_experiment(config, dataset, progress=False, privacy=privacy)
     num_classes = dataset.num_classes
     assert result.config["gap"]["epsilon"] == 1e4  # the policy's ε, not the config's default (no DP)
     assert result.global_test_accuracy > 1.0 / num_classes + 0.1
+    # every bank kept a ledger of the schedule it ran: ε spent = the policy's guarantee
+    spent = [ledger.epsilon(1e-5) for ledger in privacy.ledgers().values()]
+    assert len(spent) == 6 and spent == pytest.approx([effective_guarantees(policy).epsilon] * 6)
+
+
+def test_round_releases_of_the_schedule_compose_to_the_planned_guarantee():
+    settings = gap.GAPSettings(encoder_rounds=2, classifier_rounds=2, local_steps=3, hops=2)
+    noise = gap.GAPNoise(5.0, 4.0, 6.0)
+    recorded = [r for n in range(1, settings.rounds + 3) for r in gap.round_releases(settings, noise, n)]
+    assert [(r.round, r.channel) for r in recorded] == [
+        (1, gap.ENCODER),
+        (2, gap.ENCODER),
+        (3, gap.AGGREGATION),
+        (3, gap.CLASSIFIER),
+        (4, gap.CLASSIFIER),
+    ]  # nothing after the schedule
+    assert gaussian_epsilon(recorded, 1e-5) == pytest.approx(gap.composed_epsilon(settings, noise, 1e-5))

@@ -223,10 +223,11 @@ def run_experiment(
     with ``stopped_reason`` once fewer than the policy's quorum remain.
     """
     started = time.perf_counter()
+    gap_privacy = None  # GAP's DP lives inside the method: the engine's DP step is off, only ledgers are kept
     if privacy is not None and privacy.policy.dp.node_mechanism == "gap":
         from fedgl_secure.methods.gap import apply_gap_policy
 
-        config, privacy = apply_gap_policy(config, privacy.policy)  # GAP's DP lives inside the method
+        (config, _), gap_privacy, privacy = apply_gap_policy(config, privacy.policy), privacy, None
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
     if clients is not None:
@@ -238,6 +239,12 @@ def run_experiment(
             dataset = load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
         federation = Federation.build(dataset, config, device)
     config.evaluation.check_classes(federation.merged.num_classes)
+    if gap_privacy is not None:
+        from fedgl_secure.methods.gap import gap_ledgers
+
+        weights = [client_weight(graph.num_nodes) for graph in federation.client_graphs]
+        record = gap_ledgers(gap_privacy, config, len(weights), max(weights))
+        observer = record if observer is None else _both(observer, record)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
     if privacy is not None and config.method in ("centralized", "local"):
@@ -254,6 +261,16 @@ def run_experiment(
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
     return result
+
+
+def _both(first: Callable[[Broadcast], None], second: Callable[[Broadcast], None]) -> Callable[[Broadcast], None]:
+    """An observer that calls ``first`` then ``second``."""
+
+    def observe(broadcast: Broadcast) -> None:
+        first(broadcast)
+        second(broadcast)
+
+    return observe
 
 
 def _new_result(config: ExperimentConfig, federation: Federation) -> RunResult:

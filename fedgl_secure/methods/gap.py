@@ -48,6 +48,11 @@ def bounded_adjacency(graph: GraphTensors, max_degree: int, seed: int, purpose: 
     return SparseOperator.from_scipy(sp.csr_matrix(bounded), graph.device)
 
 
+def accounted_settings(config: ExperimentConfig) -> gap_dp.GAPSettings:
+    """The part of ``config.gap`` that GAP's accounting reads (hashable, so calibrations are cached)."""
+    return gap_dp.GAPSettings(**config.gap.model_dump(include=set(gap_dp.GAPSettings.model_fields)))
+
+
 def gap_config_values(policy) -> dict:
     """The ``gap`` config section a GAP policy (``dp.node_mechanism = "gap"``) asks for: ``[dp.gap]``, ε, δ."""
     budget = policy.budget
@@ -90,6 +95,28 @@ def apply_gap_policy(config: ExperimentConfig, policy) -> tuple[ExperimentConfig
     return config, None
 
 
+def gap_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
+    """Give every bank of ``privacy`` (a FederationPrivacy under a GAP policy) a ledger of GAP's channels, and
+    return the observer that records each finished round's releases (:func:`~fedgl_secure.privacy.gap.
+    round_releases`) for every bank — all banks, selected or not, so the ledger never under-reports."""
+    from fedgl_secure.crypto.secure_summation import bank_name
+    from fedgl_secure.privacy.accounting import PrivacyLedger
+    from fedgl_secure.privacy.dp_round import BankPrivacy
+
+    for k in range(num_banks):
+        name = bank_name(k)
+        ledger = PrivacyLedger(name, channels=(gap_dp.ENCODER, gap_dp.AGGREGATION, gap_dp.CLASSIFIER))
+        privacy.banks[k] = BankPrivacy(name, privacy.policy, normaliser, ledger=ledger)
+    settings = accounted_settings(config)
+    noise = gap_dp.calibrate(settings, config.gap.epsilon, config.gap.delta)
+
+    def record(broadcast: Broadcast) -> None:
+        for bank in privacy.banks.values():
+            bank.ledger.extend(gap_dp.round_releases(settings, noise, broadcast.round_number))
+
+    return record
+
+
 @dataclass
 class _Bank:
     """A bank's DP-SGD wrappers, optimisers and (after the encoder phase) its perturbed hops."""
@@ -111,11 +138,7 @@ class GAP:
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
         self.settings: GAPConfig = config.gap
-        self.noise = gap_dp.calibrate(
-            gap_dp.GAPSettings(**self.settings.model_dump(include=set(gap_dp.GAPSettings.model_fields))),
-            self.settings.epsilon,
-            self.settings.delta,
-        )
+        self.noise = gap_dp.calibrate(accounted_settings(config), self.settings.epsilon, self.settings.delta)
         self._banks: dict[int, _Bank] = {}
         self._views: dict[int, tuple[object, GAPView]] = {}
 

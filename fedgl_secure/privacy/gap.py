@@ -121,6 +121,33 @@ def schedule(settings: GAPSettings) -> tuple[tuple[str, float, int], ...]:
     )
 
 
+def round_releases(settings: GAPSettings, noise: GAPNoise, round_number: int) -> list[GaussianRelease]:
+    """What one bank releases in round ``round_number`` (1-based) of GAP's schedule: S encoder steps in rounds
+    1…R_e; the K hops and S classifier steps in round R_e + 1; S classifier steps up to R_e + R_c; nothing later
+    (or without noise). A bank's ledger records these; they compose to :func:`releases`."""
+    if not noise.private or round_number > settings.rounds:
+        return []
+    encoder = round_number <= settings.encoder_rounds
+    z = noise.encoder if encoder else noise.classifier
+    step = GaussianRelease(
+        round=round_number,
+        channel=ENCODER if encoder else CLASSIFIER,
+        noise_multiplier=z,
+        sample_rate=settings.sample_rate,
+        steps=settings.local_steps,
+    )
+    if round_number != settings.encoder_rounds + 1:
+        return [step]
+    hops = GaussianRelease(
+        round=round_number,
+        channel=AGGREGATION,
+        noise_multiplier=noise.aggregation,
+        sample_rate=1.0,
+        steps=settings.hops,
+    )
+    return [hops, step]
+
+
 def releases(settings: GAPSettings, noise: GAPNoise) -> list[GaussianRelease]:
     """The three modules as Opacus-accountable Gaussian releases (round 0: each is planned once)."""
     multipliers = (noise.encoder, noise.aggregation, noise.classifier)
