@@ -172,3 +172,17 @@ def test_round_releases_of_the_schedule_compose_to_the_planned_guarantee():
         (4, gap.CLASSIFIER),
     ]  # nothing after the schedule
     assert gaussian_epsilon(recorded, 1e-5) == pytest.approx(gap.composed_epsilon(settings, noise, 1e-5))
+
+
+def test_perturbed_hops_follow_eq_a1_with_given_draws_and_fresh_draws_differ():
+    adjacency = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    embeddings = torch.tensor([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]])
+    noise = (torch.tensor([[0.5, 0.0], [0.0, 0.5], [0.1, 0.1]]), torch.zeros(3, 2))
+    hops = gap.perturbed_hops(embeddings, adjacency, 2, 1.0, noise=noise)
+    x0 = embeddings / embeddings.norm(dim=1, keepdim=True)
+    x1 = adjacency @ x0 + noise[0]
+    x1 = x1 / x1.norm(dim=1, keepdim=True)
+    assert torch.allclose(hops[0], x0) and torch.allclose(hops[1], x1)
+    assert torch.allclose(hops[2].norm(dim=1), torch.ones(3))  # every release is row-normalised
+    fresh = [gap.perturbed_hops(embeddings, adjacency, 1, 1.0)[1] for _ in range(2)]
+    assert not torch.allclose(*fresh)  # σ > 0: the CSPRNG draws anew

@@ -227,7 +227,7 @@ def run_experiment(
     if privacy is not None and privacy.policy.dp.node_mechanism == "gap":
         from fedgl_secure.methods.gap import apply_gap_policy
 
-        (config, _), gap_privacy, privacy = apply_gap_policy(config, privacy.policy), privacy, None
+        config, gap_privacy, privacy = apply_gap_policy(config, privacy.policy), privacy, None
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
     if clients is not None:

@@ -12,8 +12,10 @@ stage, uploading ``weights`` only; the round number picks the phase:
 * rounds R_e + 1 … R_e + R_c — **classifier**: S DP-SGD steps on the classifier over ``[x⁰, …, x^K]``;
 * later rounds: no training (the budget covers the schedule only); the bank uploads W̄ unchanged.
 
-The global model is evaluated on the merged graph with the same pipeline: degree bound D and hop noise σ
-as a bank (:class:`~fedgl_secure.model.gap.GAPView`), the encoder's head before the classifier phase.
+The global model is evaluated on the merged graph with the same pipeline as a bank: degree bound D and hop
+noise σ, drawn once per graph (:class:`~fedgl_secure.model.gap.GAPView`); the encoder's head answers before the
+classifier phase. Features are row-normalised to unit L2 before the encoder (data-independent; it puts every
+example's gradient on the scale of the clip C).
 """
 
 from __future__ import annotations
@@ -80,11 +82,11 @@ def check_gap_policy(policy, config: ExperimentConfig) -> None:
             )
 
 
-def apply_gap_policy(config: ExperimentConfig, policy) -> tuple[ExperimentConfig, None]:
-    """``config`` with the GAP policy's accounted settings, ε and δ, checked runnable; no per-round DP step.
+def apply_gap_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
+    """``config`` with the GAP policy's accounted settings, ε and δ, checked runnable.
 
-    GAP's mechanisms run inside the method (DP-SGD, the perturbed hops), and what a bank uploads is
-    post-processing of them, so the engine's per-upload DP step has nothing to do: it is returned as None.
+    GAP's mechanisms run inside the method (DP-SGD, the perturbed hops) and what a bank uploads is
+    post-processing of them, so the engine's per-upload DP step has nothing to do under such a policy.
     """
     from fedgl_secure.engine.config import build_config
 
@@ -92,7 +94,7 @@ def apply_gap_policy(config: ExperimentConfig, policy) -> tuple[ExperimentConfig
     values["gap"] = {**values["gap"], **gap_config_values(policy)}
     config = build_config(values)
     check_gap_policy(policy, config)
-    return config, None
+    return config
 
 
 def gap_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
@@ -231,8 +233,15 @@ class GAP:
             adjacency = bounded_adjacency(
                 graph, self.settings.max_degree, self.config.seed, ("evaluation", graph.num_nodes)
             )
-            cached = (graph.base_adjacency, GAPView(adjacency, self.hop_noise_std, "classifier"))
+            # one draw per graph, like a bank's hops: scoring the same graph every round must not re-draw the
+            # release (a noise draw that happens to suit the validation nodes would then pick the round)
+            noise = (
+                gap_dp.hop_noise(self.settings.hops, (graph.num_nodes, self.settings.encoder_dim), self.hop_noise_std)
+                if self.hop_noise_std > 0
+                else None
+            )
+            cached = (graph.base_adjacency, GAPView(adjacency, self.hop_noise_std, "classifier", noise))
             self._views[id(graph)] = cached
         view = cached[1]
         phase = "encoder" if broadcast.round_number <= self.settings.encoder_rounds else "classifier"
-        return GAPView(view.adjacency, view.noise_std, phase)
+        return GAPView(view.adjacency, view.noise_std, phase, view.noise)

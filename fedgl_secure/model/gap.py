@@ -25,6 +25,7 @@ class GAPView:
     adjacency: SparseOperator
     noise_std: float
     phase: str  # "encoder": the encoder's head answers (the classifier is not trained yet); "classifier"
+    noise: tuple[torch.Tensor, ...] | None = None  # the hops' draws, fixed once per graph (None: fresh ones)
 
 
 def dense_features(features: SparseOperator | torch.Tensor) -> torch.Tensor:
@@ -90,13 +91,15 @@ class GAPModel(FlatParameters, nn.Module):
         """What the encoder reads: the features, projected (when a projection is set) and row-normalised."""
         if self.projection.numel():
             return normalise_rows(features @ self.projection)
-        return dense_features(features)
+        return normalise_rows(dense_features(features))
 
     def forward(self, features: SparseOperator | torch.Tensor, view: GAPView, generator=None) -> GCNOutput:
         dense = self.inputs(features)
         if view.phase == "encoder":
             hidden = normalise_rows(self.encoder_module.encoder(dense))
             return GCNOutput(self.encoder_module.head(hidden), hidden)
-        hops = perturbed_hops(self.encoder_module.encoder(dense), view.adjacency, self.hops, view.noise_std)
+        hops = perturbed_hops(
+            self.encoder_module.encoder(dense), view.adjacency, self.hops, view.noise_std, noise=view.noise
+        )
         stacked = torch.cat(hops, dim=1)
         return GCNOutput(self.classifier(stacked), stacked)

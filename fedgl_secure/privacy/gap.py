@@ -268,27 +268,39 @@ def normalise_rows(matrix: torch.Tensor) -> torch.Tensor:
     return F.normalize(matrix, p=2.0, dim=1)
 
 
+def hop_noise(
+    hops: int, shape: tuple[int, ...], noise_std: float, *, _random_bytes: RandomBytes | None = None
+) -> tuple[torch.Tensor, ...]:
+    """K draws of N(0, σ²) of ``shape`` from the OS CSPRNG (:func:`~.mechanisms.secure_gaussian`)."""
+    return tuple(
+        torch.as_tensor(mechanisms.secure_gaussian(shape, noise_std, _random_bytes=_random_bytes), dtype=torch.float32)
+        for _ in range(hops)
+    )
+
+
 def perturbed_hops(
     embeddings: torch.Tensor,
     adjacency: torch.Tensor,
     hops: int,
     noise_std: float,
     *,
+    noise: tuple[torch.Tensor, ...] | None = None,
     _random_bytes: RandomBytes | None = None,
 ) -> list[torch.Tensor]:
     r"""Eq. A1: ``[x⁰, x¹, …, x^K]`` with x⁰ = normalise(embeddings), :math:`x^k = \mathrm{normalise}(A x^{k-1} + N)`.
 
     ``adjacency`` is the degree-bounded binary A (a torch sparse or dense matrix, no self loops); ``noise_std``
-    σ = z_a·√D, drawn from the OS CSPRNG (:func:`~fedgl_secure.privacy.mechanisms.secure_gaussian`);
-    0 means no noise (no DP).
+    σ = z_a·√D, drawn from the OS CSPRNG (:func:`hop_noise`); 0 means no noise (no DP). ``noise``: the K draws
+    to use instead (drawn once by :func:`hop_noise`, so that a graph scored again sees the same release).
     """
     current = normalise_rows(embeddings)
     out = [current]
-    for _ in range(hops):
+    if noise is None and noise_std > 0:
+        noise = hop_noise(hops, tuple(current.shape), noise_std, _random_bytes=_random_bytes)
+    for hop in range(hops):
         summed = adjacency @ current
-        if noise_std > 0:
-            noise = mechanisms.secure_gaussian(tuple(summed.shape), noise_std, _random_bytes=_random_bytes)
-            summed = summed + torch.as_tensor(noise, dtype=summed.dtype, device=summed.device)
+        if noise:
+            summed = summed + noise[hop].to(summed.device, summed.dtype)
         current = normalise_rows(summed)
         out.append(current)
     return out
