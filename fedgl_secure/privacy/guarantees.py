@@ -583,20 +583,31 @@ def effective_guarantees(policy: Policy) -> Guarantees:
         # under a source-only unit every data kind is post-processing of the released graph and labels
         if kind not in DATA_KINDS or not (policy.dp.protects(kind) or policy.dp.source_only)
     )
-    return Guarantees(
-        status="dp",
+    return _dp_guarantees(
+        policy,
+        common,
         released_without_dp=released_without_dp,
         channels=tuple(filled),
+        rounds=budget.rounds,
+        epsilon=total,
+        rounds_within_budget=within,
+        assumptions=tuple(_assumptions(policy)),
+        notes=tuple(notes),
+    )
+
+
+def _dp_guarantees(policy: Policy, common: dict, **figures) -> Guarantees:
+    """A ``"dp"`` :class:`Guarantees` with the budget's fields filled in from ``policy`` and ``figures`` (the
+    channels, ε, rounds and assumptions a mechanism computed)."""
+    budget = policy.budget
+    return Guarantees(
+        status="dp",
         budget_epsilon=budget.epsilon,
         delta=budget.delta,
         accountant=budget.accountant,
-        rounds=budget.rounds,
-        epsilon=total,
-        budget_met=total <= budget.epsilon,
-        rounds_within_budget=within,
+        budget_met=figures["epsilon"] <= budget.epsilon,
         on_exhausted=budget.on_exhausted,
-        assumptions=tuple(_assumptions(policy)),
-        notes=tuple(notes),
+        **figures,
         **common,
     )
 
@@ -655,18 +666,13 @@ def _gap_guarantees(policy: Policy, common: dict) -> Guarantees:
         "Noise (DP-SGD and the hops) is drawn from the OS CSPRNG inside the bank; HE hides each bank's weights "
         "from the aggregator, but the guarantee does not rely on it.",
     )
-    return Guarantees(
-        status="dp",
+    return _dp_guarantees(
+        policy,
+        common,
         released_without_dp=tuple(kind for kind in policy.allowed_kinds if kind not in DATA_KINDS),
         channels=channels,
-        budget_epsilon=budget.epsilon,
-        delta=budget.delta,
-        accountant=budget.accountant,
         rounds=settings.rounds,
         epsilon=epsilon,
-        budget_met=epsilon <= budget.epsilon,
         rounds_within_budget=settings.rounds if epsilon <= budget.epsilon else 0,
-        on_exhausted=budget.on_exhausted,
         assumptions=assumptions,
-        **common,
     )
