@@ -16,10 +16,10 @@ from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
 from fedgl_secure.privacy.policy import Policy, Timeouts
-from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.pseudonyms import pseudonymise
+from fedgl_secure.wire import encodings
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 
@@ -278,7 +278,7 @@ def test_the_upload_body_limit_follows_the_round_shapes(setup):
             "x",
             np.random.default_rng(0).uniform(0, 1, largest),
         )
-        body = len(wire.encode_chunks(upload.chunks))
+        body = len(encodings.encode_chunks(upload.chunks))
         limit = coordinator.upload_body_limit(0)
         # never below what the largest kind really takes, and proportional to it (the bound assumes the largest
         # ciphertext these parameters can make, ~3x a typical one), not a fixed gigabyte
@@ -363,7 +363,7 @@ def _round_loop(coordinator):
 
 
 def _adam_steps(store, version):
-    return int(wire.decode_arrays(store.server_state(version))["step"])
+    return int(encodings.decode_arrays(store.server_state(version))["step"])
 
 
 def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_them(setup, tmp_path):

@@ -36,6 +36,7 @@ from fedgl_secure.services.aggregator_service import AggregatorClient, create_ap
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.config import NodeRole
 from fedgl_secure.services.pseudonyms import pseudonymise
+from fedgl_secure.wire import encodings
 
 FEDERATION = "relay-test"
 HOPS = 2
@@ -266,14 +267,14 @@ def test_the_exchange_over_http_equals_the_simulation_and_bad_uploads_get_4xx(ht
         return response.status_code, response.json().get("error", response.json().get("duplicate"))
 
     good = np.zeros(size, dtype=np.uint64)
-    assert put("/v1/exchange/levels/1/terms/bank-a", wire.encode_uint64(good)[:-8]) == (400, "bad-wire-format")
+    assert put("/v1/exchange/levels/1/terms/bank-a", encodings.encode_uint64(good)[:-8]) == (400, "bad-wire-format")
     assert put("/v1/exchange/levels/1/terms/bank-a", good.astype(np.float32).tobytes()) == (400, "bad-wire-format")
-    assert put("/v1/exchange/levels/1/terms/bank-z", wire.encode_uint64(good)) == (409, "unknown-bank")
+    assert put("/v1/exchange/levels/1/terms/bank-z", encodings.encode_uint64(good)) == (409, "unknown-bank")
     assert put("/v1/exchange/levels/1/terms/bank-b", b"") == (409, "not-passive")
-    assert put("/v1/exchange/levels/3/terms/bank-a", wire.encode_uint64(good)) == (409, "bad-level")
-    assert put("/v1/exchange/levels/1/terms/bank-a", wire.encode_uint64(good), "0" * 32) == (409, "stale-exchange")
+    assert put("/v1/exchange/levels/3/terms/bank-a", encodings.encode_uint64(good)) == (409, "bad-level")
+    assert put("/v1/exchange/levels/1/terms/bank-a", encodings.encode_uint64(good), "0" * 32) == (409, "stale-exchange")
     # another term for a sum already made (a replay with other bytes) is a conflict; nothing changes
-    assert put("/v1/exchange/levels/1/terms/bank-a", wire.encode_uint64(good)) == (409, "conflicting-upload")
+    assert put("/v1/exchange/levels/1/terms/bank-a", encodings.encode_uint64(good)) == (409, "conflicting-upload")
     assert http.put("/v1/exchange/levels/1/terms/bank-a", content=b"", headers=OCTET).status_code == 422  # no nonce
     forged = {"nonce": relay.nonce, "public_key": "00" * 32, "signature": "00" * 64}
     assert http.put("/v1/exchange/key", json=forged).json()["error"] == "bad-signature"
@@ -282,7 +283,8 @@ def test_the_exchange_over_http_equals_the_simulation_and_bad_uploads_get_4xx(ht
     # the relay serves each bank its own sum only (the caller is the active bank)
     served = clients["bank-c"].get("/v1/exchange/levels/1/sum")
     assert (
-        served.status_code == 200 and wire.decode_uint64(served.content).tolist() == sums_before[("bank-c", 1)].tolist()
+        served.status_code == 200
+        and encodings.decode_uint64(served.content).tolist() == sums_before[("bank-c", 1)].tolist()
     )
     assert AggregatorClient(clients["bank-a"]).exchange_view().complete
     progress = clients["bank-a"].get("/v1/status").json()["exchange"]

@@ -46,6 +46,7 @@ from fedgl_secure.services.key_authority_service import (
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import node_command
 from fedgl_secure.services.retry import retry_until_ready
+from fedgl_secure.wire import encodings
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
@@ -100,7 +101,7 @@ class Service:
         """What the aggregator makes of a decryption reply (a response or residues): unpad and decode."""
         if isinstance(residues, httpx.Response):
             assert residues.headers["content-type"] == "application/octet-stream"
-            residues = wire.decode_uint64(residues.content)
+            residues = encodings.decode_uint64(residues.content)
         return unmask(self.public, self.last, residues)
 
     def post_decrypt(self, ticket, kind=WEIGHTS, chunks=None, receipts=None, fingerprint=None, round_number=None):
@@ -113,8 +114,8 @@ class Service:
             length=LENGTH,
             receipts=[r.model_dump(mode="json") for r in (signed if receipts is None else receipts)],
         )
-        body = wire.encode_chunks(summed if chunks is None else chunks)
-        return self.http.post("/v1/decrypt", content=body, headers={DECRYPT_HEADER: wire.encode_header(meta)})
+        body = encodings.encode_chunks(summed if chunks is None else chunks)
+        return self.http.post("/v1/decrypt", content=body, headers={DECRYPT_HEADER: encodings.encode_header(meta)})
 
     def expected(self, senders=BANKS[:2]) -> np.ndarray:
         return sum(self.values[name] for name in senders)
@@ -252,8 +253,8 @@ def test_open_round_conflicts_are_409(service):
 def test_bad_bodies_are_4xx_and_consume_nothing(service):
     ticket = service.open(1)
     summed, _ = service.summed(ticket)
-    framed = wire.encode_chunks(summed)
-    header = wire.encode_header(_meta(service))
+    framed = encodings.encode_chunks(summed)
+    header = encodings.encode_header(_meta(service))
 
     def post(body: bytes, value: str | None = header) -> httpx.Response:
         return service.http.post("/v1/decrypt", content=body, headers={DECRYPT_HEADER: value} if value else {})
@@ -268,7 +269,7 @@ def test_bad_bodies_are_4xx_and_consume_nothing(service):
     assert "not a CKKS ciphertext of this context" in detail
     assert f"missing header {DECRYPT_HEADER}" in _error(post(framed, None), 400, "bad-wire-format")
     assert f"header {DECRYPT_HEADER}: " in _error(post(framed, "e30" + header), 400, "bad-wire-format")
-    negative = wire.encode_header(_meta(service).model_copy(update={"length": -1}))
+    negative = encodings.encode_header(_meta(service).model_copy(update={"length": -1}))
     detail = _error(post(framed, negative), 400, "bad-wire-format")
     assert f"header {DECRYPT_HEADER}: length: Input should be greater than or equal to 0" in detail
     detail = _error(service.post_decrypt(ticket, chunks=[b"\x00" * (MAX_BODY + 1)]), 413, "body-too-large")
@@ -419,7 +420,9 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
             federation=FEDERATION, round=1, kind=WEIGHTS, context_fingerprint=fingerprint, length=1, receipts=[]
         )
         response = bank.post(
-            "/v1/decrypt", content=wire.encode_chunks([b"x"]), headers={DECRYPT_HEADER: wire.encode_header(meta)}
+            "/v1/decrypt",
+            content=encodings.encode_chunks([b"x"]),
+            headers={DECRYPT_HEADER: encodings.encode_header(meta)},
         )
         assert _error(response, 403, Refusal.NOT_AGGREGATOR.value)
         _error(bank.post("/v1/rounds/open", json={}), 403, "forbidden")

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 
 from fedgl_secure.errors import CiphertextError, DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.services import wire
-from fedgl_secure.services.wire import WireError
+from fedgl_secure.wire import encodings
+from fedgl_secure.wire.encodings import WireError
 
 
 def _framed(*chunks: bytes, count: int | None = None) -> bytes:
@@ -34,18 +35,18 @@ def _framed(*chunks: bytes, count: int | None = None) -> bytes:
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=8))
 def test_chunks_round_trip(chunks):
-    body = wire.encode_chunks(chunks)
+    body = encodings.encode_chunks(chunks)
     assert body == _framed(*chunks)
-    assert wire.decode_chunks(body, max_chunks=8, max_chunk_bytes=64) == chunks
+    assert encodings.decode_chunks(body, max_chunks=8, max_chunk_bytes=64) == chunks
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.binary(min_size=1, max_size=32), min_size=1, max_size=4), st.data())
 def test_every_truncation_is_a_wire_error(chunks, data):
-    body = wire.encode_chunks(chunks)
+    body = encodings.encode_chunks(chunks)
     cut = data.draw(st.integers(0, len(body) - 1))
     with pytest.raises(WireError, match="truncated|shorter"):
-        wire.decode_chunks(body[:cut], max_chunks=4, max_chunk_bytes=32)
+        encodings.decode_chunks(body[:cut], max_chunks=4, max_chunk_bytes=32)
 
 
 def test_wire_error_is_a_ciphertext_error():
@@ -68,18 +69,18 @@ def test_wire_error_is_a_ciphertext_error():
 )
 def test_malformed_chunks_name_the_problem(body, message):
     with pytest.raises(WireError, match=message):
-        wire.decode_chunks(body, max_chunks=3, max_chunk_bytes=10)
+        encodings.decode_chunks(body, max_chunks=3, max_chunk_bytes=10)
 
 
 def test_huge_announced_chunk_length_is_refused_before_allocation():
     body = b"FGC1" + struct.pack(">I", 1) + struct.pack(">Q", 2**63)
     with pytest.raises(WireError, match=r"9223372036854775808 bytes exceeds"):
-        wire.decode_chunks(body, max_chunks=1, max_chunk_bytes=1 << 20)
+        encodings.decode_chunks(body, max_chunks=1, max_chunk_bytes=1 << 20)
 
 
 def test_encode_chunks_refuses_non_bytes():
     with pytest.raises(WireError, match="chunk 1: expected bytes, got str"):
-        wire.encode_chunks([b"ok", "text"])
+        encodings.encode_chunks([b"ok", "text"])
 
 
 # --- float vectors -------------------------------------------------------------------------------
@@ -89,22 +90,22 @@ def test_encode_chunks_refuses_non_bytes():
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=32))
 def test_float64_round_trip(values):
     array = np.array(values, dtype=np.float64)
-    body = wire.encode_float64(array)
+    body = encodings.encode_float64(array)
     assert body == array.astype("<f8").tobytes()
-    np.testing.assert_array_equal(wire.decode_float64(body, len(values)), array)
+    np.testing.assert_array_equal(encodings.decode_float64(body, len(values)), array)
 
 
 def test_float64_is_little_endian():
-    assert wire.encode_float64(np.array([1.0])) == struct.pack("<d", 1.0)
+    assert encodings.encode_float64(np.array([1.0])) == struct.pack("<d", 1.0)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_floats_refused_both_ways(bad):
     values = np.array([1.0, 2.0, bad])
     with pytest.raises(WireError, match=r"1 NaN or infinite values \(first at flat index 2\)"):
-        wire.encode_float64(values)
+        encodings.encode_float64(values)
     with pytest.raises(WireError, match=r"NaN or infinite values \(first at flat index 2\)"):
-        wire.decode_float64(values.astype("<f8").tobytes(), 3)
+        encodings.decode_float64(values.astype("<f8").tobytes(), 3)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,7 @@ def test_non_finite_floats_refused_both_ways(bad):
 )
 def test_float64_length_checked(body, length, message):
     with pytest.raises(WireError, match=message):
-        wire.decode_float64(body, length)
+        encodings.decode_float64(body, length)
 
 
 # --- residue vectors -----------------------------------------------------------------------------
@@ -127,25 +128,25 @@ def test_float64_length_checked(body, length, message):
 @given(st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=32))
 def test_uint64_round_trip_is_exact_to_the_last_bit(values):
     array = np.array(values, dtype=np.uint64)
-    body = wire.encode_uint64(array)
+    body = encodings.encode_uint64(array)
     assert body == array.astype("<u8").tobytes()
-    decoded = wire.decode_uint64(body, len(values))
+    decoded = encodings.decode_uint64(body, len(values))
     assert decoded.dtype == np.uint64
     np.testing.assert_array_equal(decoded, array)
 
 
 def test_uint64_is_little_endian_and_refuses_other_dtypes():
-    assert wire.encode_uint64(np.array([1], dtype=np.uint64)) == struct.pack("<Q", 1)
+    assert encodings.encode_uint64(np.array([1], dtype=np.uint64)) == struct.pack("<Q", 1)
     with pytest.raises(WireError, match="expected uint64 values, got float64"):
-        wire.encode_uint64(np.array([1.0]))
+        encodings.encode_uint64(np.array([1.0]))
 
 
 def test_uint64_length_checked():
     with pytest.raises(WireError, match="not a whole number of 8-byte values"):
-        wire.decode_uint64(b"\x00" * 23)
+        encodings.decode_uint64(b"\x00" * 23)
     with pytest.raises(WireError, match="uint64 body of 3 values; expected exactly 4"):
-        wire.decode_uint64(b"\x00" * 24, 4)
-    assert wire.decode_uint64(b"").size == 0
+        encodings.decode_uint64(b"\x00" * 24, 4)
+    assert encodings.decode_uint64(b"").size == 0
 
 
 # --- array bundles -------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ def test_uint64_length_checked():
 
 def test_arrays_round_trip_with_names_dtypes_and_shapes():
     arrays = {"W": np.arange(6.0).reshape(2, 3), "index": np.array([3, 1, 2], dtype=np.int64)}
-    decoded = wire.decode_arrays(wire.encode_arrays(arrays))
+    decoded = encodings.decode_arrays(encodings.encode_arrays(arrays))
     assert decoded.keys() == arrays.keys()
     for name, array in arrays.items():
         np.testing.assert_array_equal(decoded[name], array)
@@ -164,40 +165,40 @@ def test_pickled_npz_is_refused():
     buffer = io.BytesIO()
     np.savez(buffer, payload=np.array([{"evil": 1}], dtype=object))
     with pytest.raises(WireError, match=r"array 'payload' is refused: Object arrays cannot be loaded"):
-        wire.decode_arrays(buffer.getvalue())
+        encodings.decode_arrays(buffer.getvalue())
 
 
 def test_bare_pickle_and_npy_are_refused():
     import pickle
 
     with pytest.raises(WireError, match=r"is not an .npz \(zip\) archive"):
-        wire.decode_arrays(pickle.dumps({"W": [1.0]}))
+        encodings.decode_arrays(pickle.dumps({"W": [1.0]}))
     buffer = io.BytesIO()
     np.save(buffer, np.arange(3.0))
     with pytest.raises(WireError, match=r"not an .npz \(zip\) archive \(starts with b'\\x93NUM'\)"):
-        wire.decode_arrays(buffer.getvalue())
+        encodings.decode_arrays(buffer.getvalue())
 
 
 def test_encode_arrays_refuses_objects_and_nans():
     with pytest.raises(WireError, match="array 'x': dtype object holds Python objects"):
-        wire.encode_arrays({"x": np.array([None], dtype=object)})
+        encodings.encode_arrays({"x": np.array([None], dtype=object)})
     with pytest.raises(WireError, match="array 'y': 1 NaN or infinite"):
-        wire.encode_arrays({"y": np.array([np.nan])})
+        encodings.encode_arrays({"y": np.array([np.nan])})
 
 
 def test_decoded_arrays_must_be_finite():
     buffer = io.BytesIO()
     np.savez(buffer, W=np.array([[1.0, np.inf]]))
     with pytest.raises(WireError, match=r"array 'W': 1 NaN or infinite values \(first at flat index 1\)"):
-        wire.decode_arrays(buffer.getvalue())
+        encodings.decode_arrays(buffer.getvalue())
 
 
 def test_damaged_and_bomb_archives_refused():
-    body = wire.encode_arrays({"W": np.zeros((100, 100))})
+    body = encodings.encode_arrays({"W": np.zeros((100, 100))})
     with pytest.raises(WireError, match="damaged .npz archive|cannot be read as .npz"):
-        wire.decode_arrays(body[: len(body) // 2])
+        encodings.decode_arrays(body[: len(body) // 2])
     with pytest.raises(WireError, match=r"expands to \d+ bytes, more than the 1000-byte limit"):
-        wire.decode_arrays(body, max_bytes=1000)
+        encodings.decode_arrays(body, max_bytes=1000)
 
 
 # --- headers -------------------------------------------------------------------------------------
@@ -210,9 +211,9 @@ class _Meta(BaseModel):
 
 def test_header_round_trip_is_url_safe():
     meta = _Meta(round=3, kind="weights/?+")
-    value = wire.encode_header(meta)
+    value = encodings.encode_header(meta)
     assert set(value) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-    assert wire.decode_header(value, _Meta, "X-Meta") == meta
+    assert encodings.decode_header(value, _Meta, "X-Meta") == meta
 
 
 @pytest.mark.parametrize(
@@ -230,7 +231,7 @@ def test_header_round_trip_is_url_safe():
 )
 def test_bad_headers_name_header_and_fields(value, message):
     with pytest.raises(WireError, match=message):
-        wire.decode_header(value, _Meta, "X-Meta")
+        encodings.decode_header(value, _Meta, "X-Meta")
 
 
 # --- HTTP error conventions ----------------------------------------------------------------------
@@ -369,8 +370,8 @@ def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():
     from fedgl_secure.services.aggregator import broadcast_bytes_bound, decode_broadcast, encode_broadcast
 
     # 3 banks x 100,000 customers, s = 100: ~300 MB, which the default 64 MiB cap would refuse
-    assert broadcast_bytes_bound(100, 252_000, 100) > 300 * 10**6 > wire.DEFAULT_MAX_BODY_BYTES
-    assert broadcast_bytes_bound(100, 1_000, 10) == wire.DEFAULT_MAX_BODY_BYTES
+    assert broadcast_bytes_bound(100, 252_000, 100) > 300 * 10**6 > encodings.DEFAULT_MAX_BODY_BYTES
+    assert broadcast_bytes_bound(100, 1_000, 10) == encodings.DEFAULT_MAX_BODY_BYTES
     m, s = 50, 4
     graph = PseudoGraph(torch.randint(0, m, (m, s)), torch.full((m, s), 1.0 / s))
     data = encode_broadcast(Broadcast(3, torch.zeros(7), torch.zeros(m, dtype=torch.int64), graph))

@@ -78,7 +78,6 @@ from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.privacy.dp_round import check_consortium
 from fedgl_secure.privacy.policy import Policy
-from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator_store import (
     AggregatorStore,
     Enrolment,
@@ -90,6 +89,7 @@ from fedgl_secure.services.aggregator_store import (
 )
 from fedgl_secure.services.config import BANK_SOURCES
 from fedgl_secure.services.pseudonyms import union_positions
+from fedgl_secure.wire import encodings
 
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
 WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → what a stopped_reason says
@@ -122,7 +122,7 @@ def encode_broadcast(broadcast: Broadcast) -> bytes:
     if broadcast.pseudo_graph is not None:
         arrays["pseudo_graph_neighbors"] = broadcast.pseudo_graph.neighbors.cpu().numpy().astype(np.int64)
         arrays["pseudo_graph_weights"] = broadcast.pseudo_graph.weights.cpu().numpy().astype(np.float32)
-    return wire.encode_arrays(arrays)
+    return encodings.encode_arrays(arrays)
 
 
 def broadcast_bytes_bound(num_parameters: int, num_global_nodes: int, max_neighbors: int) -> int:
@@ -131,7 +131,7 @@ def broadcast_bytes_bound(num_parameters: int, num_global_nodes: int, max_neighb
     the wire's default cap. (At 3 x 100,000 customers and s = 100 the pseudo graph alone is ~300 MB.)"""
     m = num_global_nodes
     arrays = 4 * num_parameters + 8 * m + 12 * m * max_neighbors
-    return max(wire.DEFAULT_MAX_BODY_BYTES, arrays + 2**20)
+    return max(encodings.DEFAULT_MAX_BODY_BYTES, arrays + 2**20)
 
 
 def decode_broadcast(
@@ -139,12 +139,12 @@ def decode_broadcast(
 ) -> Broadcast:
     """A broadcast from its bytes, checked against the shapes this bank expects.
 
-    ``wire.decode_arrays`` refuses pickles, non-finite values and archives that expand past what
+    ``encodings.decode_arrays`` refuses pickles, non-finite values and archives that expand past what
     these shapes can take (:func:`broadcast_bytes_bound`); the shapes are checked here.
     """
     try:
-        arrays = wire.decode_arrays(data, broadcast_bytes_bound(num_parameters, num_global_nodes, max_neighbors))
-    except wire.WireError as error:
+        arrays = encodings.decode_arrays(data, broadcast_bytes_bound(num_parameters, num_global_nodes, max_neighbors))
+    except encodings.WireError as error:
         raise CiphertextError(f"model version {version}: {error}") from None
     weights = arrays.get("weights")
     if weights is None or weights.shape != (num_parameters,):
@@ -657,7 +657,7 @@ class Coordinator:
         (every single-stage one): its ``server_update`` reads no earlier broadcast, so none is decoded (a large
         federation's pseudo graph is gigabytes)."""
         state = self.store.server_state(version)
-        arrays = {} if state is None else wire.decode_arrays(state)
+        arrays = {} if state is None else encodings.decode_arrays(state)
         load_server_state(self.method, {name: torch.from_numpy(array) for name, array in arrays.items()})
         if not hasattr(self.method, "stage_update"):
             return None
@@ -922,7 +922,9 @@ class Coordinator:
     def _apply(self, round_number: int, version: int, broadcast: Broadcast, contributors: tuple[str, ...]) -> None:
         """Store the round's result as model ``version + 1`` (with the method's server state, if it keeps one)."""
         state = server_state(self.method)
-        encoded_state = None if state is None else wire.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
+        encoded_state = (
+            None if state is None else encodings.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
+        )
         self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors, encoded_state)
         with self._changed:
             self._latest_version = version + 1

@@ -61,6 +61,7 @@ from fedgl_secure.services.tls import (
     make_http_client,
     require_roles,
 )
+from fedgl_secure.wire import encodings
 
 RECEIPT_HEADER = "X-FedGL-Receipt"
 MAX_PSEUDONYMS = 50_000_000
@@ -205,7 +206,9 @@ class ReportRequest(_Schema):
         return histograms
 
 
-def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES, lifespan=None) -> FastAPI:
+def create_app(
+    coordinator: Coordinator, max_body_bytes: int = encodings.DEFAULT_MAX_BODY_BYTES, lifespan=None
+) -> FastAPI:
     """The aggregator's FastAPI app over ``coordinator`` (``lifespan`` runs the round loop)."""
     app = FastAPI(title="fedgl-secure aggregator", version="1", lifespan=lifespan)
     wire.install_error_handlers(
@@ -274,8 +277,8 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         "/v1/rounds/{round_number}/uploads/{kind}",
         responses=wire.error_responses(400, 409),
         openapi_extra=wire.binary_request(
-            "one kind's ciphertext chunks, framed by wire.encode_chunks",
-            headers={RECEIPT_HEADER: "the signed Receipt as base64url compact JSON (wire.encode_header)"},
+            "one kind's ciphertext chunks, framed by encodings.encode_chunks",
+            headers={RECEIPT_HEADER: "the signed Receipt as base64url compact JSON (encodings.encode_header)"},
         ),
     )
     async def upload(
@@ -284,9 +287,9 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         request: Request,
         caller: Caller = Depends(bank_only),
     ) -> UploadResponse:
-        receipt = wire.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
+        receipt = encodings.decode_header(request.headers.get(RECEIPT_HEADER), Receipt, RECEIPT_HEADER)
         body = await request.body()  # capped by the app's BodyLimitMiddleware (413)
-        chunks = wire.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=chunk_limit)
+        chunks = encodings.decode_chunks(body, max_chunks=MAX_CHUNKS, max_chunk_bytes=chunk_limit)
         if receipt.sender != caller.name:
             raise ProtocolConflict(
                 "wrong-sender", f"the receipt names {receipt.sender!r}, the certificate {caller.name!r}"
@@ -344,7 +347,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "description": "the masked term: boundary size x width little-endian uint64 (wire.encode_uint64)",
+                "description": "the masked term: boundary size x width little-endian uint64 (encodings.encode_uint64)",
                 "content": {wire.OCTET_STREAM: {"schema": dict(wire.BINARY_SCHEMA)}},
             }
         },
@@ -358,7 +361,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
     ) -> UploadResponse:
         relay = coordinator.exchange()
         length = relay.check_term(caller.name, level, active, nonce)  # every 409 before the body is read
-        masked = wire.decode_uint64(await request.body(), expected_length=length)  # 400: wrong size
+        masked = encodings.decode_uint64(await request.body(), expected_length=length)  # 400: wrong size
         # hashing and (for the last term) summing are CPU-bound: off the event loop
         new = await run_in_threadpool(relay.accept_term, caller.name, level, active, nonce, masked)
         return UploadResponse(accepted=True, duplicate=not new)
@@ -375,7 +378,7 @@ def create_app(coordinator: Coordinator, max_body_bytes: int = wire.DEFAULT_MAX_
         level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
     ) -> Response:
         total = coordinator.exchange().relayed_sum(caller.name, level)
-        return Response(wire.encode_uint64(total), media_type=wire.OCTET_STREAM)
+        return Response(encodings.encode_uint64(total), media_type=wire.OCTET_STREAM)
 
     return app
 
@@ -386,7 +389,7 @@ class AggregatorClient:
     Errors come back as the exceptions the coordinator raises in-process (:func:`wire.raise_for_service_error`):
     a 409 is :class:`ProtocolConflict` with its code; an unreachable aggregator or any other error is
     :class:`wire.ServiceError` (status None when there was no answer); an answer that does not parse is
-    :class:`wire.WireError`. Every one is a :class:`~fedgl_secure.errors.FedGLError`.
+    :class:`encodings.WireError`. Every one is a :class:`~fedgl_secure.errors.FedGLError`.
     """
 
     def __init__(self, http: httpx.Client) -> None:
@@ -399,7 +402,9 @@ class AggregatorClient:
         try:
             return model.model_validate_json(self._call(method, path, **kwargs).content)
         except ValidationError as error:
-            raise wire.WireError(f"aggregator answer to {method} {path}: {wire.validation_problems(error)}") from None
+            raise encodings.WireError(
+                f"aggregator answer to {method} {path}: {wire.validation_problems(error)}"
+            ) from None
 
     def health(self) -> dict:
         return self._call("GET", "/v1/health").json()
@@ -430,8 +435,8 @@ class AggregatorClient:
             UploadResponse,
             "PUT",
             f"/v1/rounds/{round_number}/uploads/{kind}",
-            content=wire.encode_chunks(chunks),
-            headers={RECEIPT_HEADER: wire.encode_header(receipt), "Content-Type": wire.OCTET_STREAM},
+            content=encodings.encode_chunks(chunks),
+            headers={RECEIPT_HEADER: encodings.encode_header(receipt), "Content-Type": wire.OCTET_STREAM},
         )
 
     def report(self, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None) -> None:
@@ -463,12 +468,12 @@ class AggregatorClient:
             "PUT",
             f"/v1/exchange/levels/{level}/terms/{active}",
             params={"nonce": nonce},
-            content=wire.encode_uint64(masked),
+            content=encodings.encode_uint64(masked),
             headers={"Content-Type": wire.OCTET_STREAM},
         )
 
     def exchange_sum(self, level: int) -> np.ndarray:
-        return wire.decode_uint64(self._call("GET", f"/v1/exchange/levels/{level}/sum").content)
+        return encodings.decode_uint64(self._call("GET", f"/v1/exchange/levels/{level}/sum").content)
 
     def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
         request = WithdrawRequest(reason=reason, round=round_number)

@@ -5,8 +5,8 @@ consortium node (its certificate decides which routes get past the role check), 
 happened: requests sent, responses by status, and every failed check (a 5xx, an undocumented status, a body
 that breaks its documented schema, valid data refused, invalid data accepted...).
 
-JSON Schema cannot describe a chunk-framed ciphertext body (:func:`wire.encode_chunks`) or a header that
-carries a pydantic model as base64url JSON (:func:`wire.encode_header`): the documents say ``format:
+JSON Schema cannot describe a chunk-framed ciphertext body (:func:`encodings.encode_chunks`) or a header that
+carries a pydantic model as base64url JSON (:func:`encodings.encode_header`): the documents say ``format:
 binary`` and ``format: fedgl-receipt`` / ``fedgl-decrypt``. A generator that reads only the document sends
 bytes that every route must refuse as malformed (400), which schemathesis' ``positive_data_acceptance``
 check rightly counts as "valid data refused". So, as schemathesis provides for custom formats, the
@@ -34,6 +34,7 @@ from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
 from fedgl_secure.services.config import PkiLayout
 from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
+from fedgl_secure.wire import encodings
 
 if TYPE_CHECKING:  # hypothesis and schemathesis come with the dev extra only
     from hypothesis.strategies import SearchStrategy
@@ -59,7 +60,7 @@ def chunk_bodies() -> SearchStrategy[bytes]:
     """Chunk-framed bodies of random bytes (none of them a real ciphertext)."""
     from hypothesis import strategies as st
 
-    return st.lists(st.binary(max_size=512), max_size=MAX_FUZZ_CHUNKS).map(wire.encode_chunks)
+    return st.lists(st.binary(max_size=512), max_size=MAX_FUZZ_CHUNKS).map(encodings.encode_chunks)
 
 
 def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
@@ -82,7 +83,7 @@ def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
 
 
 def _as_header(value: dict[str, Any]) -> str:
-    """``value`` as :func:`wire.encode_header` writes a model: base64url of compact JSON, unpadded."""
+    """``value`` as :func:`encodings.encode_header` writes a model: base64url of compact JSON, unpadded."""
     raw = json.dumps(value, separators=(",", ":")).encode("utf-8")
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 

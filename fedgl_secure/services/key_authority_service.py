@@ -10,7 +10,7 @@ endpoint                  who         what
                                       ``X-FedGL-Context-Fingerprint``
 ``POST /v1/rounds/open``  aggregator  JSON :class:`OpenRoundRequest` → ``{"opened": true}``;
                                       a refused round is 409
-``POST /v1/decrypt``      (any node)  body: :func:`wire.encode_chunks` of the padded summed
+``POST /v1/decrypt``      (any node)  body: :func:`encodings.encode_chunks` of the padded summed
                                       ciphertexts (SEAL's serialisation, ``masking.py``);
                                       header ``X-FedGL-Decrypt``: :class:`DecryptRequest`;
                                       → the padded plaintexts' residues, uint64 (octet-stream;
@@ -47,6 +47,7 @@ from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.privacy.policy import load_policy
 from fedgl_secure.services import pki, tls, wire
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.wire import encodings
 
 FINGERPRINT_HEADER = "X-FedGL-Context-Fingerprint"
 DECRYPT_HEADER = "X-FedGL-Decrypt"
@@ -115,7 +116,7 @@ class AuditReport(_Schema):
 
 def create_app(
     authority: KeyAuthority,
-    max_body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int = encodings.DEFAULT_MAX_BODY_BYTES,
     name: str = "key-authority",
     decrypt_max_body_bytes: int = DECRYPT_MAX_BODY_BYTES,
 ) -> FastAPI:
@@ -165,14 +166,14 @@ def create_app(
             **wire.error_responses(400, 403),
         },
         openapi_extra=wire.binary_request(
-            "the padded summed ciphertexts (SEAL serialisation, one per chunk), framed by wire.encode_chunks",
-            headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (wire.encode_header)"},
+            "the padded summed ciphertexts (SEAL serialisation, one per chunk), framed by encodings.encode_chunks",
+            headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (encodings.encode_header)"},
         ),
     )
     async def decrypt(request: Request, caller: AnyCaller) -> Response:
         try:
-            meta = wire.decode_header(request.headers.get(DECRYPT_HEADER), DecryptRequest, DECRYPT_HEADER)
-        except wire.WireError:
+            meta = encodings.decode_header(request.headers.get(DECRYPT_HEADER), DecryptRequest, DECRYPT_HEADER)
+        except encodings.WireError:
             if caller.role is not NodeRole.AGGREGATOR:  # the role decides first: never a 400 for a bank
                 raise DecryptionRefused(
                     Refusal.NOT_AGGREGATOR.value, f"role {caller.role.value!r} may not request decryption"
@@ -184,10 +185,10 @@ def create_app(
             await run_in_threadpool(_decrypt, authority, caller, meta, [])
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
-        chunks = wire.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
+        chunks = encodings.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
         bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
         residues = await run_in_threadpool(_decrypt, authority, caller, meta, chunks)
-        return Response(wire.encode_uint64(residues), media_type=OCTET_STREAM)
+        return Response(encodings.encode_uint64(residues), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
     def audit_verify(caller: AnyCaller) -> AuditReport:
@@ -268,10 +269,10 @@ class KeyAuthorityClient:
         response = self._call(
             "POST",
             "/v1/decrypt",
-            content=wire.encode_chunks(summed_chunks),
-            headers={DECRYPT_HEADER: wire.encode_header(meta), "Content-Type": OCTET_STREAM},
+            content=encodings.encode_chunks(summed_chunks),
+            headers={DECRYPT_HEADER: encodings.encode_header(meta), "Content-Type": OCTET_STREAM},
         )
-        return wire.decode_uint64(response.content)
+        return encodings.decode_uint64(response.content)
 
     def audit_report(self) -> AuditReport:
         return AuditReport.model_validate_json(self._call("GET", "/v1/audit/verify").content)
