@@ -342,7 +342,7 @@ def _graphfl_run(tmp_path, authority, keys, policy, name, max_rounds=1):
 
 def _weights(coordinator, data):
     """W̄ of a broadcast the coordinator serves (a model version or a stage's), decoded as a bank decodes it."""
-    from fedgl_secure.services.aggregator import decode_broadcast
+    from fedgl_secure.wire.broadcast import decode_broadcast
 
     size, _ = coordinator.index_for("bank-a")
     neighbors = coordinator.config.self_supervision.neighbors

@@ -29,9 +29,10 @@ from fedgl_secure.privacy.guarantees import planned_ledger
 from fedgl_secure.privacy.mechanisms import clip_vector
 from fedgl_secure.privacy.policy import policy_from_dict
 from fedgl_secure.services import bank as bank_module
-from fedgl_secure.services.aggregator import check_consortium_can_run, encode_broadcast
+from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.aggregator_service import IndexView, RoundResponse
 from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
+from fedgl_secure.wire.broadcast import encode_broadcast
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 PROPORTIONS = [0.5, 0.6, 0.7]

@@ -367,7 +367,7 @@ def test_a_path_with_its_own_limit_takes_more_and_no_other_path_does(client):
 def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():
     from fedgl_secure.engine.pseudo_graph import PseudoGraph
     from fedgl_secure.methods.base import Broadcast
-    from fedgl_secure.services.aggregator import broadcast_bytes_bound, decode_broadcast, encode_broadcast
+    from fedgl_secure.wire.broadcast import broadcast_bytes_bound, decode_broadcast, encode_broadcast
 
     # 3 banks x 100,000 customers, s = 100: ~300 MB, which the default 64 MiB cap would refuse
     assert broadcast_bytes_bound(100, 252_000, 100) > 300 * 10**6 > encodings.DEFAULT_MAX_BODY_BYTES

@@ -123,7 +123,7 @@ def write_run_dir(
     caller may write model.npz itself), ``ledgers`` each bank's PrivacyLedger (None: no policy),
     ``stopped_banks`` bank → the round it stopped contributing at, ``secure`` a secure run's record.
     """
-    from fedgl_secure.services.aggregator import encode_broadcast
+    from fedgl_secure.wire.broadcast import encode_broadcast
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,6 @@ from fedgl_secure.services.aggregator import (
     BUDGET_EXHAUSTED,
     FINAL_GRACE_SECONDS,
     ProtocolConflict,
-    decode_broadcast,
 )
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
@@ -100,6 +99,7 @@ from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
+from fedgl_secure.wire.broadcast import decode_broadcast
 
 LEDGER_FILE = "privacy-ledger.json"
 PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it

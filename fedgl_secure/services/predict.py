@@ -28,7 +28,6 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import method_model
-from fedgl_secure.services.aggregator import decode_broadcast
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.bank import (
     bank_graph,
@@ -40,6 +39,7 @@ from fedgl_secure.services.bank import (
 )
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.services.tls import make_http_client
+from fedgl_secure.wire.broadcast import decode_broadcast
 
 
 @dataclass(frozen=True)
