@@ -19,6 +19,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
+from fedgl_secure.audit.model import Check
+from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthority
@@ -27,7 +29,6 @@ from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.privacy.audit import Check, audit_run
 from fedgl_secure.privacy.guarantees import round_releases
 from fedgl_secure.privacy.policy import load_policy
 
@@ -356,8 +357,8 @@ def test_attacks_without_data_are_amber_not_run(run_dir, tmp_path, monkeypatch):
 def test_svg_plot_is_valid_xml_with_budget_line_and_axes_covering_it():
     import xml.etree.ElementTree as ET
 
-    from fedgl_secure.privacy.audit import Plot
-    from fedgl_secure.privacy.report import _ticks, svg_line_plot
+    from fedgl_secure.audit.model import Plot
+    from fedgl_secure.audit.report import _ticks, svg_line_plot
 
     plot = Plot(
         "ε <bank & co>", "round", "ε", {"total": [(1, 0.5), (2, 0.9), (3, 1.2)], "weights": [(1, 0.3)]}, 8.0, "budget"
@@ -409,7 +410,7 @@ def _no_retraining(monkeypatch) -> None:
     def refuse(*_args, **_kwargs):
         raise AssertionError("the reference was retrained")
 
-    monkeypatch.setattr("fedgl_secure.privacy.reference.retrain_reference", refuse)
+    monkeypatch.setattr("fedgl_secure.audit.reference.retrain_reference", refuse)
 
 
 def test_reference_of_another_experiment_or_with_dp_exits_2_naming_the_problem(run_dir, tmp_path):
@@ -461,7 +462,7 @@ def test_dp_run_with_a_reference_reports_both_aucs_and_their_difference(run_dir,
     report = audit_run(run_dir, reference_dir=reference)
     check = _check(report, "membership-reference")
     assert check.status == "info" and f"{direct.auc:.3f}" in check.detail
-    from fedgl_secure.privacy.report import render_html, render_markdown
+    from fedgl_secure.audit.report import render_html, render_markdown
 
     for text in (render_markdown(report), render_html(report)):
         assert "Membership inference with and without DP" in text
@@ -472,7 +473,7 @@ def test_a_high_reference_auc_is_information_not_a_failure(run_dir, tmp_path, mo
     from fedgl_secure.privacy.attacks import MembershipResult
 
     leaky = MembershipResult(auc=0.97, members=50, nonmembers=50, attack="loss", auc_stderr=0.01)
-    from fedgl_secure.privacy import audit
+    from fedgl_secure.audit import attack_section as audit
 
     attack, calls = audit._membership_auc, []
 
@@ -499,7 +500,7 @@ def test_dp_run_retrains_its_reference_without_dp_for_the_rounds_it_ran(run_dir,
         def info(self, event: str, **values) -> None:
             events.append((event, values))
 
-    monkeypatch.setattr("fedgl_secure.privacy.reference.get_logger", lambda **_context: Recorder())
+    monkeypatch.setattr("fedgl_secure.audit.reference.get_logger", lambda **_context: Recorder())
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     run["result"]["rounds_run"] = 1  # the config says max_rounds = 300: the reference trains as long as the run did
     run["result"]["config"]["training"]["local_epochs"] = 1  # a small experiment keeps the test fast

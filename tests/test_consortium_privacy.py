@@ -14,11 +14,11 @@ import pytest
 import torch
 from consortium_harness import BANKS, KA_SECRET, SMALL_HE, write_consortium
 
+from fedgl_secure.audit.run import audit_run
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.privacy.audit import audit_run
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger
 from fedgl_secure.privacy.policy import load_policy, policy_from_dict

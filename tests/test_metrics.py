@@ -253,7 +253,7 @@ def test_a_positive_class_scores_that_class_in_a_run():
 
 
 def test_the_audit_shows_the_metrics_or_not_recorded():
-    from fedgl_secure.privacy.audit import NOT_RECORDED, recorded_ranking_metrics
+    from fedgl_secure.audit.run import NOT_RECORDED, recorded_ranking_metrics
 
     metrics = {"roc_auc": 0.91, "pr_auc": 0.4, "recall_at_top": 0.2, "top_fraction": 0.01}
     assert recorded_ranking_metrics({"global_test_metrics": metrics}) == {

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedgl_secure.audit.run_files import read_run_dir
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy.audit import read_run_dir
 from fedgl_secure.privacy.run_record import RUN_FILE, RunDirectoryError
 
 if TYPE_CHECKING:

@@ -58,8 +58,8 @@ def audit(
     Exit 2: RUN_DIR is missing a file (named) or a flag is invalid (a --reference that has DP or is
     another experiment included).
     """
-    from fedgl_secure.privacy.audit import audit_run
-    from fedgl_secure.privacy.report import render_html, render_json, render_markdown, summary_text, write_plots
+    from fedgl_secure.audit.report import render_html, render_json, render_markdown, summary_text, write_plots
+    from fedgl_secure.audit.run import audit_run
 
     try:
         with warnings.catch_warnings():

@@ -1,0 +1,334 @@
+"""Audit section 7: empirical attacks — membership inference on the final model (with a non-DP reference
+beside a DP run's) and link inference from the pseudo graph (algorithms in ``privacy.attacks``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedgl_secure.audit.model import (
+    AMBER,
+    GREEN,
+    INFO,
+    LINK_AUC_GREEN,
+    MEMBERSHIP_AUC_GREEN,
+    MEMBERSHIP_AUC_RED,
+    RED,
+    Section,
+    Table,
+)
+from fedgl_secure.audit.run_files import RunFiles
+from fedgl_secure.errors import FedGLError
+from fedgl_secure.privacy.run_record import (
+    RUN_FILE,
+)
+
+if TYPE_CHECKING:
+    from fedgl_secure.audit.reference import ReferenceModel, ReferencePlan
+    from fedgl_secure.data.graph import GraphDataset
+    from fedgl_secure.engine.config import ExperimentConfig
+    from fedgl_secure.engine.graph_tensors import GraphTensors
+    from fedgl_secure.privacy.attacks import LinkResult, MembershipResult
+
+# --- 7. empirical attacks ------------------------------------------------------------------------------
+
+
+def attack_section(
+    files: RunFiles,
+    data_root: str | Path | None = None,
+    seed: int = 0,
+    reference: ReferencePlan | None = None,
+) -> Section:
+    """Membership inference on W̄ (beside a non-DP reference for a DP run) and link inference on Ā.
+
+    Amber "not run" when the graph cannot be rebuilt. ``reference`` (default: retrain) says where
+    the without-DP model comes from (:mod:`fedgl_secure.audit.reference`).
+    """
+    from fedgl_secure.audit.reference import ReferencePlan
+
+    section = Section("attacks", "Empirical attacks")
+    try:
+        config, dataset = _experiment(files, data_root)
+        merged = _merged(config, dataset)
+    except (FedGLError, OSError, ValueError, KeyError) as error:
+        section.add("not-run", AMBER, f"attacks not run: the merged graph could not be rebuilt ({error})")
+        return section
+    rows: list[tuple[Any, ...]] = []
+    membership = _membership(section, files, config, merged, seed)
+    if membership is not None:
+        rows.append(
+            (
+                "membership",
+                membership.attack,
+                membership.auc,
+                membership.auc_stderr,
+                membership.members,
+                json.dumps(membership.variants),
+            )
+        )
+    _membership_reference(section, files, membership, (config, dataset, merged), seed, reference or ReferencePlan())
+    _membership_floor(section, config, merged, seed)
+    link = _link(section, files, merged, seed)
+    if link is not None:
+        rows.append(("link", link.attack, link.auc, link.auc_stderr, link.positives, json.dumps(link.variants)))
+    if rows:
+        section.tables.insert(
+            0, Table("Attack AUCs", ("attack", "best variant", "AUC", "± s.e.", "positives", "variants"), tuple(rows))
+        )
+    section.notes.append(
+        "AUC 0.5 = guessing, 1.0 = perfect inference; the best variant is reported (favours the attacker)."
+    )
+    return section
+
+
+def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphTensors, seed: int) -> None:
+    """The attack's AUC on the untrained initial model W₀, which saw no data: what "no leakage" scores here.
+
+    Members (training nodes) and non-members (test nodes) differ in ways a model that learned nothing
+    still reflects (degree, feature density), and the best of three variants is taken, so the floor
+    is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
+    """
+    from fedgl_secure.engine.simulation import initial_parameters
+
+    try:
+        untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
+        floor = _membership_auc(untrained, config.training.hidden, merged, seed)
+    except (ValueError, RuntimeError) as error:
+        section.add("membership-floor", INFO, f"attack floor not computed: {error}")
+        return
+    section.add(
+        "membership-floor",
+        INFO,
+        f"attack floor: AUC {floor.auc:.3f} ± {floor.auc_stderr:.3f} on the untrained initial model W₀ (seed "
+        f"{config.seed}), which saw no data; an AUC near it means the attack finds nothing beyond how members "
+        "and non-members differ anyway",
+    )
+    section.data.setdefault("membership", {})["floor"] = _auc_figures(floor)
+
+
+def _dp_phrase(files: RunFiles) -> str:
+    return "with DP" if files.policy.has_dp else "without DP"
+
+
+def _membership_auc(weights: Any, hidden: int | None, merged: GraphTensors, seed: int) -> MembershipResult:
+    """Membership inference on a flat parameter vector (array or tensor) of a model with ``hidden`` units.
+
+    The same ``seed`` picks the same member and non-member nodes, so the run, its reference and the
+    attack floor are scored on the same nodes.
+    """
+    import torch
+
+    from fedgl_secure.privacy.attacks import membership_inference_auc
+
+    flat = torch.as_tensor(weights, dtype=torch.float32).reshape(-1)
+    return membership_inference_auc(flat, merged, seed=seed, hidden=hidden)
+
+
+def _membership(
+    section: Section, files: RunFiles, config: ExperimentConfig, merged: GraphTensors, seed: int
+) -> MembershipResult | None:
+    """The run's own membership inference check (its thresholds); the result, or None when it could not run."""
+    try:
+        membership = _membership_auc(files.directory.model["weights"], config.training.hidden, merged, seed)
+    except (ValueError, RuntimeError) as error:
+        section.add("membership", AMBER, f"membership inference not run: {error}")
+        return None
+    auc, se = membership.auc, membership.auc_stderr
+    status = GREEN if auc <= MEMBERSHIP_AUC_GREEN else AMBER if auc <= MEMBERSHIP_AUC_RED else RED
+    unit = files.policy.dp.effective_unit if files.policy.protection == "he" else "none"
+    outside = unit in ("edge", "label")  # a customer's membership is not what these units protect
+    section.add(
+        "membership",
+        INFO if outside else status,
+        (f"not covered by unit {unit!r} (information only): " if outside else "")
+        + f"membership inference on the final global model ({_dp_phrase(files)}): AUC {auc:.3f} ± {se:.3f} "
+        f"(best of {', '.join(membership.variants)}: {membership.attack}; {membership.members} members vs "
+        f"{membership.nonmembers} non-members; green ≤ {MEMBERSHIP_AUC_GREEN}, red > {MEMBERSHIP_AUC_RED})",
+    )
+    section.data["membership"] = {"dp": files.policy.has_dp, "run": _auc_figures(membership)}
+    return membership
+
+
+def _auc_figures(result: MembershipResult) -> dict[str, Any]:
+    """The JSON figures of a :class:`~fedgl_secure.privacy.attacks.MembershipResult`."""
+    return {
+        "auc": result.auc,
+        "auc_stderr": result.auc_stderr,
+        "attack": result.attack,
+        "members": result.members,
+        "variants": dict(result.variants),
+    }
+
+
+def _membership_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult | None,
+    experiment: tuple[ExperimentConfig, GraphDataset, GraphTensors],
+    seed: int,
+    plan: ReferencePlan,
+) -> None:
+    """The without-DP side of membership inference, always ``info``.
+
+    It describes the attack (how well it does when nothing protects the model), not the run: a high
+    reference AUC is expected and must not colour the report; the run's own check carries the verdict.
+    ``experiment`` is ``(config, dataset, merged graph)`` as the audit rebuilt them.
+    """
+    if membership is None:
+        _reference_note(section, "not-run", "no reference: the run's own membership inference did not run")
+    elif not files.policy.has_dp:
+        _reference_note(section, "not-needed", "run has no DP; its AUC is the without-DP figure")
+    elif plan.skipped:
+        _reference_note(
+            section,
+            "skipped",
+            "reference skipped (--no-reference): the membership AUC without DP was not measured, so this report "
+            "does not show what DP changed",
+        )
+    else:
+        _computed_reference(section, files, membership, experiment, seed, plan)
+
+
+def _reference_note(section: Section, status: str, detail: str) -> None:
+    """An info line (and its JSON status) for a reference that was not computed, or not needed."""
+    section.add("membership-reference", INFO, detail)
+    section.data.setdefault("membership", {})["reference"] = {"status": status, "detail": detail}
+
+
+def _computed_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult,
+    experiment: tuple[ExperimentConfig, GraphDataset, GraphTensors],
+    seed: int,
+    plan: ReferencePlan,
+) -> None:
+    """The reference from ``--reference`` or retrained, attacked; a failure is an info line, not an error,
+    since the run's own verdict stands without it."""
+    from fedgl_secure.audit.reference import completed_rounds, retrain_reference
+
+    config, dataset, merged = experiment
+    try:
+        model = plan.model or retrain_reference(config, dataset, completed_rounds(files.run), progress=plan.progress)
+        reference = _membership_auc(model.weights, model.hidden, merged, seed)
+    except (FedGLError, OSError, ValueError, RuntimeError) as error:
+        _reference_note(section, "failed", f"reference not computed: {error}")
+        return
+    _report_reference(section, files, membership, model, reference)
+
+
+def _report_reference(
+    section: Section,
+    files: RunFiles,
+    membership: MembershipResult,
+    model: ReferenceModel,
+    reference: MembershipResult,
+) -> None:
+    """The info check, the with/without-DP table and the JSON figures of a computed reference.
+
+    The difference's standard error treats the two AUCs as independent; as both score the same
+    nodes they are positively correlated, so it overstates the uncertainty (conservative).
+    """
+    difference = membership.auc - reference.auc
+    difference_se = math.hypot(membership.auc_stderr, reference.auc_stderr)
+    rounds = files.run.get("rounds_run")
+    lag = f"; it trained {model.rounds} rounds, the run {rounds}" if model.rounds != rounds else ""
+    section.add(
+        "membership-reference",
+        INFO,
+        f"reference without DP, {model.source}{lag}: AUC {reference.auc:.3f} ± {reference.auc_stderr:.3f}; "
+        f"this run with DP: {membership.auc:.3f} ± {membership.auc_stderr:.3f}; difference (run − reference) "
+        f"{difference:+.3f} ± {difference_se:.3f}. Information, not a verdict: the attack's power on the model "
+        "without DP",
+    )
+    section.tables.append(
+        Table(
+            "Membership inference with and without DP",
+            ("model", "DP", "source", "AUC", "± s.e.", "best variant", "members"),
+            (
+                (
+                    "audited run",
+                    "yes",
+                    str(files.directory.path),
+                    membership.auc,
+                    membership.auc_stderr,
+                    membership.attack,
+                    membership.members,
+                ),
+                (
+                    "reference",
+                    "no",
+                    model.source,
+                    reference.auc,
+                    reference.auc_stderr,
+                    reference.attack,
+                    reference.members,
+                ),
+                ("difference (run − reference)", "", "", difference, difference_se, "", ""),
+            ),
+        )
+    )
+    figures = section.data.setdefault("membership", {})
+    figures["reference"] = {
+        "status": "computed",
+        "source": model.source,
+        "rounds": model.rounds,
+        **_auc_figures(reference),
+    }
+    figures["difference"] = difference
+    figures["difference_stderr"] = difference_se
+
+
+def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) -> LinkResult | None:
+    """Link inference from the broadcast pseudo graph; the result, or None when there is none or it failed."""
+    import torch
+
+    from fedgl_secure.engine.pseudo_graph import PseudoGraph
+    from fedgl_secure.privacy.attacks import link_inference_auc, true_edge_index
+
+    if "pseudo_graph_neighbors" not in files.directory.model or "pseudo_graph_weights" not in files.directory.model:
+        section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
+        return None
+    try:
+        pseudo = PseudoGraph(
+            torch.as_tensor(files.directory.model["pseudo_graph_neighbors"], dtype=torch.int64),
+            torch.as_tensor(files.directory.model["pseudo_graph_weights"], dtype=torch.float32),
+        )
+        link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
+    except (ValueError, RuntimeError) as error:
+        section.add("link", AMBER, f"link inference not run: {error}")
+        return None
+    section.add(
+        "link",
+        GREEN if link.auc <= LINK_AUC_GREEN else AMBER,
+        f"link inference from the pseudo graph ({_dp_phrase(files)}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
+        f"({link.positives} true edges vs {link.negatives} non-edges; green ≤ {LINK_AUC_GREEN}; "
+        "homophily alone lifts it above 0.5)",
+    )
+    return link
+
+
+def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[ExperimentConfig, GraphDataset]:
+    """The run's experiment configuration from run.json (on the CPU; ``data_root`` if given) and its dataset."""
+    config_values = files.run.get("config")
+    if not config_values:
+        raise ValueError(f"{RUN_FILE} has no 'config' to rebuild the federation from")
+    from fedgl_secure.data.registry import load_dataset
+    from fedgl_secure.engine.config import build_config
+
+    values = dict(config_values)
+    values["device"] = "cpu"
+    if data_root is not None:
+        values["data_root"] = str(data_root)
+    config = build_config(values)
+    return config, load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
+
+
+def _merged(config: ExperimentConfig, dataset: GraphDataset) -> GraphTensors:
+    """The federation's merged client graph (on the CPU): what the simulation evaluates W̄ on."""
+    from fedgl_secure.engine.simulation import Federation, resolve_device
+
+    return Federation.build(dataset, config, resolve_device("cpu")).merged
