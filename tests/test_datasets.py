@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import DATASETS, load_dataset, resolve_data_root
-from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.errors import ConfigError, DatasetError
 
 # name: (nodes, undirected edges, classes, features, train, val, test)

@@ -15,7 +15,7 @@ from fedgl_secure.cli import app
 from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.receipts import load_public_key, verify_receipt
 from fedgl_secure.crypto.secure_summation import SecureSummation
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment

@@ -11,8 +11,8 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.crypto import pairwise_masks
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.partition import louvain_partition
-from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError

@@ -17,7 +17,7 @@ from test_fed2gnn import _banks
 
 from fedgl_secure.crypto import pairwise_masks
 from fedgl_secure.crypto.key_authority import KeyAuthority
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import ProtocolConflict
 from fedgl_secure.methods.fed2gnn_exchange import exchange_context, exchange_level_sums

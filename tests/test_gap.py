@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.simulation import run_experiment

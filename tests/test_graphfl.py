@@ -8,6 +8,7 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.crypto.secure_summation import SecureSummation
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.graphfl_split import (
     graphfl_clients,
@@ -16,7 +17,6 @@ from fedgl_secure.data.graphfl_split import (
     support_query_split,
     task_client,
 )
-from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config

@@ -163,7 +163,7 @@ def _in_unit_interval(metrics: dict) -> bool:
 
 @pytest.mark.parametrize("method", ["fedgl", "centralized", "local"])
 def test_a_short_run_reports_the_metrics_at_its_best_round(method):
-    from fedgl_secure.data.synthetic import synthetic_consortium
+    from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
     from fedgl_secure.engine.simulation import run_experiment
 
@@ -181,7 +181,7 @@ def test_a_short_run_reports_the_metrics_at_its_best_round(method):
 
 def test_best_round_roc_auc_agrees_with_a_fresh_evaluation_of_its_weights():
     """Recomputed independently: the best round's W̄ on the merged graph, softmax, scikit-learn's macro OvR."""
-    from fedgl_secure.data.synthetic import synthetic_consortium
+    from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
     from fedgl_secure.engine.simulation import Federation, run_experiment
     from fedgl_secure.methods import build_method
@@ -239,7 +239,7 @@ def test_bad_evaluation_settings_are_refused_naming_the_field(assignment, fragme
 
 
 def test_a_positive_class_scores_that_class_in_a_run():
-    from fedgl_secure.data.synthetic import synthetic_consortium
+    from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
     from fedgl_secure.engine.simulation import run_experiment
 

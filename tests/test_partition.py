@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.partition import (
     balance_communities,
     cross_client_edges,
@@ -13,7 +14,6 @@ from fedgl_secure.data.partition import (
     partition_owner,
 )
 from fedgl_secure.data.splits import SplitConfig, apply_split
-from fedgl_secure.data.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import ConfigError
 

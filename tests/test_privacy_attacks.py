@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import binomtest
 
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation, fedavg
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedgl_secure.data.synthetic import synthetic_consortium
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, initial_parameters, run_experiment

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedgl_secure.data.acm import load_acm
+from fedgl_secure.data.benchmarks.acm import load_acm
+from fedgl_secure.data.benchmarks.planetoid import PLANETOID_NAMES, load_planetoid
+from fedgl_secure.data.benchmarks.synthetic import SYNTHETIC_NAME, synthetic_consortium
+from fedgl_secure.data.benchmarks.wiki import load_wiki
 from fedgl_secure.data.graph import GraphDataset
-from fedgl_secure.data.planetoid import PLANETOID_NAMES, load_planetoid
 from fedgl_secure.data.splits import SplitConfig, apply_split
-from fedgl_secure.data.synthetic import SYNTHETIC_NAME, synthetic_consortium
-from fedgl_secure.data.wiki import load_wiki
 from fedgl_secure.errors import ConfigError, DatasetError
 
 DATASETS = ("synthetic", "cora", "citeseer", "acm", "wiki")

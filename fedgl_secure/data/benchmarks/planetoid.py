@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from fedgl_secure.data.benchmarks.rawfiles import check, parsing, require_files
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
-from fedgl_secure.data.rawfiles import check, parsing, require_files
 from fedgl_secure.data.splits import index_mask
 from fedgl_secure.errors import ConfigError
 

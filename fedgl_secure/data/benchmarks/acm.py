@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from fedgl_secure.data.benchmarks.rawfiles import check, parsing, read_int_table, require_files
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
-from fedgl_secure.data.rawfiles import check, parsing, read_int_table, require_files
 from fedgl_secure.data.splits import index_mask
 
 ACM_FILES = ("acm.feature", "acm.label", "acm_PAP.edge", "train20.txt", "test20.txt")

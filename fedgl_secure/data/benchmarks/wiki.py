@@ -19,8 +19,8 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
+from fedgl_secure.data.benchmarks.rawfiles import check, parsing, read_int_table, require_files
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
-from fedgl_secure.data.rawfiles import check, parsing, read_int_table, require_files
 from fedgl_secure.data.splits import capped_train_per_class, sample_split
 
 WIKI_FILES = ("wiki.mat", "graph.txt")
