@@ -85,6 +85,10 @@ class LocalConsortium:
         path = self.log_path(name)
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def events(self, name: str) -> list[dict]:
+        """The node's structlog records; uvicorn's own plain-text lines (e.g. its shutdown messages) are skipped."""
+        return [json.loads(line) for line in self.logs(name).splitlines() if line.startswith("{")]
+
     def status(self) -> dict | None:
         try:
             with self.client("key-authority", "aggregator", timeout=5) as http:

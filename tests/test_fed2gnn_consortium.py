@@ -4,8 +4,6 @@ FedAvg rounds that follow equal the in-process simulation with the same seed."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from consortium_harness import NODES, SMALL_HE, write_consortium
@@ -44,10 +42,7 @@ def test_fed2gnn_consortium_on_cora_matches_the_simulation(tmp_path, data_root, 
         assert not np.allclose(weights, final_weights(consortium, 1))
     finally:
         consortium.stop_all()
-    events = {
-        name: [json.loads(line) for line in consortium.logs(name).splitlines() if line.startswith("{")]
-        for name in NODES
-    }
+    events = {name: consortium.events(name) for name in NODES}
     # every bank exchanged (none had sums saved from before) and trained on its reconstructed graph
     for bank in NODES[2:]:
         exchanged = [e for e in events[bank] if e.get("event") == "fed2gnn.exchanged"]

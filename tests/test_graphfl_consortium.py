@@ -3,8 +3,6 @@ from the banks' query-loss gradients, then fine-tuning and FedAvg) and equals th
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from consortium_harness import BANKS, SMALL_HE, write_consortium
@@ -48,7 +46,7 @@ def test_graphfl_consortium_matches_the_plaintext_simulation(tmp_path):
     # the key authority decrypted each stage's one kind once per round, and nothing else
     decrypted = [
         (entry["round"], entry["kind"])
-        for entry in map(json.loads, consortium.logs("key-authority").splitlines())
+        for entry in consortium.events("key-authority")
         if entry.get("event") == "decrypt.allowed"
     ]
     assert decrypted == [(1, META_GRADIENTS), (1, WEIGHTS), (2, META_GRADIENTS), (2, WEIGHTS)]
