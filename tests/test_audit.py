@@ -737,3 +737,23 @@ def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(ru
     attacks = next(section for section in report.sections if section.key == "attacks")
     assert attacks.data["membership"]["floor"]["auc"] == pytest.approx(direct.auc, abs=1e-12)
     assert abs(direct.auc - 0.5) > 1e-3  # the fixture's all-zero run model scores exactly 0.5: this is W₀
+
+
+def test_leakage_ledger_lists_the_flows_of_the_runs_method(run_dir):
+    from fedgl_secure.audit.ledger import leakage_section
+    from fedgl_secure.audit.run_files import read_run_dir
+
+    files = read_run_dir(run_dir)
+
+    def values(method: str) -> list[str]:
+        files.directory.run["result"]["method"] = method
+        return [row[0] for row in leakage_section(files).tables[0].rows]
+
+    common = values("fedgl")
+    assert not any("meta_gradients" in value or "X25519" in value for value in common)
+    assert [value for value in values("graphfl") if value not in common] == [
+        "Uploads: N_k·g_k (meta_gradients)",
+        "Σ N_k g_k and Σ N_k",
+        "θ̂ (meta step)",
+    ]
+    assert any("X25519" in value for value in values("fed2gnn"))

@@ -415,13 +415,26 @@ LEAKAGE_LEDGER: tuple[tuple[str, str, str, str], ...] = (
     ("Aggregator state (sums, pseudonyms, models)", "aggregator.sqlite3", "aggregator operators", "R1, R4, R11"),
     ("Key authority ledger and audit log", "key authority state", "its operators", "decisions, no values"),
 )
+# The flows only some methods add (docs/threat-model.md §3 rows of the same names), listed for their runs.
+METHOD_LEAKAGE: dict[str, tuple[tuple[str, str, str, str], ...]] = {
+    "graphfl": (
+        ("Uploads: N_k·g_k (meta_gradients)", "bank → aggregator", "nobody (CKKS)", "none while encrypted"),
+        ("Σ N_k g_k and Σ N_k", "aggregator (unmasked)", "aggregator", "two contributors: the other's gradient (R2)"),
+        ("θ̂ (meta step)", "aggregator → every bank", "aggregator, all banks", "model attacks, no DP for GraphFL (R9)"),
+    ),
+    "fed2gnn": (
+        ("X25519 exchange keys, Ed25519-signed", "bank → aggregator → every bank", "all nodes", "none"),
+        ("Boundary pseudonyms of bank a", "bank a → aggregator → other banks", "all nodes", "cross-bank links exist"),
+        ("Masked passive terms y_p", "bank p → aggregator", "nobody (pairwise masks)", "volume per bank"),
+        ("Σ_p of passive terms per boundary node", "aggregator → bank a", "bank a", "one passive bank: its sums"),
+    ),
+}
 
 
 def leakage_section(files: RunFiles) -> Section:
     section = Section("leakage", "Leakage ledger (what crosses which boundary)")
-    section.tables.append(
-        Table("Leakage ledger", ("value", "from → to", "seen in clear by", "residual risk"), LEAKAGE_LEDGER)
-    )
+    rows = LEAKAGE_LEDGER + METHOD_LEAKAGE.get(files.run.get("method", ""), ())
+    section.tables.append(Table("Leakage ledger", ("value", "from → to", "seen in clear by", "residual risk"), rows))
     section.notes.append(f"Condensed from {LEAKAGE_DOC}, which gives each row's justification and mitigation.")
     if files.policy.protection == "none":
         section.add("uploads", RED, "under this policy every upload crosses bank → aggregator in clear")
