@@ -438,13 +438,7 @@ class BankWorker:
         return counts, histograms
 
     def _download(self, session: _Session, version: int) -> Broadcast:
-        return decode_broadcast(
-            version,
-            self.aggregator.model(version),
-            session.num_parameters,
-            session.graph.num_global_nodes,
-            self.config.self_supervision.neighbors,
-        )
+        return self._decode(session, version, self.aggregator.model(version))
 
     def _stage(self, view: RoundResponse) -> str:
         """The stage ``view`` opens; an open round that names none is the method's first (an aggregator that
@@ -453,9 +447,13 @@ class BankWorker:
 
     def _download_stage(self, session: _Session, round_number: int, stage: str) -> Broadcast:
         """The broadcast published after ``stage`` of round ``round_number``, checked like a model version."""
+        return self._decode(session, round_number, self.aggregator.stage_model(round_number, stage))
+
+    def _decode(self, session: _Session, version: int, data: bytes) -> Broadcast:
+        """``data`` as a broadcast of this federation's shapes (a wrong size or kind is refused, not trained on)."""
         return decode_broadcast(
-            round_number,
-            self.aggregator.stage_model(round_number, stage),
+            version,
+            data,
             session.num_parameters,
             session.graph.num_global_nodes,
             self.config.self_supervision.neighbors,
@@ -477,6 +475,10 @@ class BankWorker:
 
     def _take_part(self, session: _Session, view: RoundResponse) -> None:
         log = self.log.bind(round=view.round, base_version=view.base_version)
+        # encrypted once per (round, nonce, stage): a retry after a broken connection resends the same
+        # bytes (no download, no retraining), which the aggregator accepts as a repeat instead of a
+        # conflicting second upload
+        key = _stage_key(view)
         if view.context_fingerprint != self.fingerprint or view.federation != self.federation:
             log.error(
                 "round.foreign",
@@ -484,17 +486,13 @@ class BankWorker:
                 ours=self.fingerprint[:12],
                 federation=view.federation,
             )
-            session.done.add(_stage_key(view))
+            session.done.add(key)
             return
         if self.bank_privacy is not None and self.bank_privacy.stopped_round is not None:
-            session.done.add(_stage_key(view))  # budget spent: withdrawn (or retrying it at each poll)
+            session.done.add(key)  # budget spent: withdrawn (or retrying it at each poll)
             return
         started = time.perf_counter()
         timer = PhaseTimer()
-        # encrypted once per (round, nonce, stage): a retry after a broken connection resends the same
-        # bytes (no download, no retraining), which the aggregator accepts as a repeat instead of a
-        # conflicting second upload
-        key = _stage_key(view)
         try:
             if key in session.uploads:
                 uploaded = self._send(view.round, iter(session.uploads[key]), [], timer)
@@ -512,11 +510,11 @@ class BankWorker:
         except _EncryptionRefused as refused:  # deterministic (e.g. a value outside the packed range): retrying
             # would fail again, after the kinds already sent: this bank sits the round out (fail closed)
             log.error("round.encryption_refused", error=str(refused)[:300])
-            session.done.add(_stage_key(view))
+            session.done.add(key)
             return
         except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
             log.warning("round.upload_refused", code=conflict.code, detail=conflict.detail[:300])
-            session.done.add(_stage_key(view))
+            session.done.add(key)
             return
         except (FedGLError, OSError) as error:  # an unreachable aggregator included: the round reopens
             log.warning("round.failed", error=str(error)[:300])
