@@ -182,22 +182,23 @@ def warnings_ignored(function: Callable) -> Callable:
     return wrapper
 
 
-def _part_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
-    """ε at δ of one module alone on :data:`CALIBRATION_ORDERS` (Opacus' RDP analysis)."""
+def _calibration_epsilon(parts: list[tuple[float, float, int]], delta: float) -> float:
+    """ε at δ of the ``(noise multiplier, sample rate, steps)`` parts composed, on :data:`CALIBRATION_ORDERS`
+    (Opacus' RDP analysis; one part: that module alone)."""
     from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
-    rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=CALIBRATION_ORDERS)
+    rdp = sum(compute_rdp(q=q, noise_multiplier=z, steps=n, orders=CALIBRATION_ORDERS) for z, q, n in parts)
     return float(get_privacy_spent(orders=CALIBRATION_ORDERS, rdp=rdp, delta=delta)[0])
 
 
 def _part_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """The smallest noise multiplier (to 0.1 %) with which one module alone spends at most ``epsilon``."""
     low, high = 0.0, 1.0
-    while _part_epsilon(high, sample_rate, steps, delta) > epsilon:
+    while _calibration_epsilon([(high, sample_rate, steps)], delta) > epsilon:
         low, high = high, 2 * high
     while high - low > 1e-3 * high:
         middle = (low + high) / 2
-        if _part_epsilon(middle, sample_rate, steps, delta) > epsilon:
+        if _calibration_epsilon([(middle, sample_rate, steps)], delta) > epsilon:
             low = middle
         else:
             high = middle
@@ -228,13 +229,8 @@ def calibrate(settings: GAPSettings, epsilon: float, delta: float) -> GAPNoise:
         )
 
     def spent(noise: GAPNoise) -> float:
-        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-
-        rdp = sum(
-            compute_rdp(q=q, noise_multiplier=z, steps=n, orders=CALIBRATION_ORDERS)
-            for z, (q, n) in zip((noise.encoder, noise.aggregation, noise.classifier), parts, strict=True)
-        )
-        return float(get_privacy_spent(orders=CALIBRATION_ORDERS, rdp=rdp, delta=delta)[0])
+        multipliers = (noise.encoder, noise.aggregation, noise.classifier)
+        return _calibration_epsilon([(z, q, n) for z, (q, n) in zip(multipliers, parts, strict=True)], delta)
 
     low, high = 1.0, 1.0  # bracket s: spent(low) <= ε < spent(high)
     if spent(noise_for(1.0)) <= epsilon:
