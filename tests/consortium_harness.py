@@ -85,9 +85,11 @@ class LocalConsortium:
         path = self.log_path(name)
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def events(self, name: str) -> list[dict]:
-        """The node's structlog records; uvicorn's own plain-text lines (e.g. its shutdown messages) are skipped."""
-        return [json.loads(line) for line in self.logs(name).splitlines() if line.startswith("{")]
+    def events(self, name: str, event: str | None = None) -> list[dict]:
+        """The node's structlog records (only those named ``event`` if given); uvicorn's own plain-text lines
+        (e.g. its shutdown messages) are skipped."""
+        records = [json.loads(line) for line in self.logs(name).splitlines() if line.startswith("{")]
+        return [record for record in records if event is None or record.get("event") == event]
 
     def status(self) -> dict | None:
         try:

@@ -152,31 +152,19 @@ def test_every_bank_scores_each_of_its_customers(finished_bank_consortium, tmp_p
     assert scored == customers == CUSTOMERS
 
 
-def _events(log_text: str, name: str) -> list[dict]:
-    events = []
-    for line in log_text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # uvicorn's own lines
-        if isinstance(event, dict) and event.get("event") == name:
-            events.append(event)
-    return events
-
-
 def test_services_log_where_each_round_spent_its_time(finished_bank_consortium):
     consortium, _ = finished_bank_consortium
     for bank in BANKS:
-        uploaded = _events(consortium.logs(bank), "round.uploaded")
+        uploaded = consortium.events(bank, "round.uploaded")
         assert len(uploaded) == ROUNDS
         for event in uploaded:
             phases = event["phases"]
             assert set(phases) == {"download", "evaluation", "training", "encryption", "upload"}
             assert all(seconds >= 0 for seconds in phases.values())
             assert sum(phases.values()) <= event["seconds"] + 0.01  # parts of the round, not more
-    applied = _events(consortium.logs("aggregator"), "round.applied")
+    applied = consortium.events("aggregator", "round.applied")
     assert [event["version"] for event in applied] == list(range(1, ROUNDS + 1))
     for event in applied:
         assert set(event["phases"]) == {"aggregation", "decryption", "server_step"}
-    discovered = _events(consortium.logs("aggregator"), "pseudo_graph.discovered")
+    discovered = consortium.events("aggregator", "pseudo_graph.discovered")
     assert len(discovered) == ROUNDS and all(event["neighbors"] == 10 for event in discovered)
