@@ -243,5 +243,6 @@ class GAP:
             cached = (graph.base_adjacency, GAPView(adjacency, self.hop_noise_std, "classifier", noise))
             self._views[id(graph)] = cached
         view = cached[1]
-        phase = "encoder" if broadcast.round_number <= self.settings.encoder_rounds else "classifier"
+        # after round r the model is what rounds 1 … r trained: the encoder's head until the classifier's first round
+        phase = "encoder" if self.phase(broadcast.round_number) == "encoder" else "classifier"
         return GAPView(view.adjacency, view.noise_std, phase, view.noise)
