@@ -48,6 +48,7 @@ from fedgl_secure.seeding import numpy_stream
 
 META = "meta"
 FINETUNE = "finetune"
+_ADAM_MOMENTS = ("step", "exp_avg", "exp_avg_sq")  # the meta optimiser's state per parameter
 
 
 def supervised_loss(model: nn.Module, graph: GraphTensors, adjacency: SparseOperator, nodes: torch.Tensor, generator):
@@ -229,36 +230,36 @@ class GraphFL:
             gradient_sum = gradient_sum + settings.meta_weight_decay * total * theta
             return Broadcast(round_number, meta_step(theta, gradient_sum, total, settings.meta_learning_rate))
         if self._meta_parameters is None:
-            self._meta_parameters = nn.Parameter(theta.clone())
-            self._meta_optimizer = torch.optim.Adam(
-                [self._meta_parameters], lr=settings.meta_learning_rate, weight_decay=settings.meta_weight_decay
-            )
+            self._start_meta_optimizer(theta)
         with torch.no_grad():
             self._meta_parameters.copy_(theta)
         self._meta_parameters.grad = (gradient_sum / total).to(torch.float32)
         self._meta_optimizer.step()
         return Broadcast(round_number, self._meta_parameters.detach().clone())
 
+    def _start_meta_optimizer(self, initial: torch.Tensor) -> None:
+        """The server's Adam over θ (its moments persist across rounds: :meth:`server_state`)."""
+        settings = self.settings
+        self._meta_parameters = nn.Parameter(initial.to(torch.float32).clone())
+        self._meta_optimizer = torch.optim.Adam(
+            [self._meta_parameters], lr=settings.meta_learning_rate, weight_decay=settings.meta_weight_decay
+        )
+
     def server_state(self) -> dict[str, torch.Tensor]:
         """The meta optimiser's Adam state between rounds (empty before its first step, and with plain SGD)."""
         if self._meta_optimizer is None:
             return {}
         moments = self._meta_optimizer.state[self._meta_parameters]
-        return {name: moments[name].detach().clone() for name in ("step", "exp_avg", "exp_avg_sq")}
+        return {name: moments[name].detach().clone() for name in _ADAM_MOMENTS}
 
     def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore :meth:`server_state` (empty: no meta step taken yet)."""
         self._meta_parameters, self._meta_optimizer = None, None
         if not state:
             return
-        settings = self.settings
-        self._meta_parameters = nn.Parameter(torch.zeros_like(state["exp_avg"], dtype=torch.float32))
-        self._meta_optimizer = torch.optim.Adam(
-            [self._meta_parameters], lr=settings.meta_learning_rate, weight_decay=settings.meta_weight_decay
-        )
-        moments = ("step", "exp_avg", "exp_avg_sq")
+        self._start_meta_optimizer(torch.zeros_like(state["exp_avg"]))  # θ itself is set by each meta step
         self._meta_optimizer.state[self._meta_parameters] = {
-            name: torch.as_tensor(state[name], dtype=torch.float32).clone() for name in moments
+            name: torch.as_tensor(state[name], dtype=torch.float32).clone() for name in _ADAM_MOMENTS
         }
 
     # --- the single-stage interface does not apply ------------------------------------------
