@@ -195,9 +195,15 @@ def test_a_tenseal_vector_of_another_context_is_refused(keys, foreign_chunk):
 def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tmp_path, anonymous):
     """SEAL reads and writes paths: an anonymous memory file on Linux, else a private named file removed at once."""
     secret, public, level = keys
+    if anonymous and not hasattr(ring_mask.os, "memfd_create"):
+        pytest.skip("no memfd_create on this platform")
+    monkeypatch.setattr(ring_mask, "_MEMORY_DIR", tmp_path)  # where a named scratch file would go
     if not anonymous:
         monkeypatch.setattr(ring_mask, "_PROC_FDS", str(tmp_path / "no-proc"))
-        monkeypatch.setattr(ring_mask, "_MEMORY_DIR", tmp_path)
+    with ring_mask._scratch_file(b"scratch") as path:
+        assert path.startswith(f"{ring_mask._PROC_FDS}/") == anonymous
+        assert ring_mask._read(path) == b"scratch"
+        assert len(list(tmp_path.iterdir())) == (0 if anonymous else 1)
     chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0, 3.0])
     raw = ring_mask.ciphertext_bytes(ciphertext)
     loaded = ring_mask.load_ciphertext(secret, raw, level, "round trip")
