@@ -147,7 +147,6 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
     if privacy is None:
         privacy = FederationPrivacy(policy) if policy is not None else None
     result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
-    federation = Federation.build(dataset, config, resolve_device(config.device))
     # a baseline (centralized, local) has no broadcast to attack; the MIA reads a GCN's W̄, which GAP's is not
     if not broadcasts or config.method == "gap":
         return {
@@ -159,6 +158,7 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
             "wall_seconds": round(result.wall_seconds, 2),
         }
     final = broadcasts[-1]
+    federation = Federation.build(dataset, config, resolve_device(config.device))  # the attacks' merged graph
     mia = membership_inference_auc(final.weights, federation.merged, seed=config.seed)
     link = None
     if final.pseudo_graph is not None:
