@@ -97,7 +97,7 @@ def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_k
     he = HEParameters()
     available = packing.slot_bits(he.poly_modulus_degree, 54, he.max_banks)
     assert available == 54 - 2 - packing.guard_bits(he.poly_modulus_degree, he.max_banks) == 36
-    top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^37, so the digit is all 37 bits
+    top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^36, so the digit is all 36 bits
     layout = packing.kind_layout(
         "wide", 0.0, float(top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=he.max_banks
     )
