@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.privacy.accounting import AccountantName
 from fedgl_secure.privacy.gap import GAPSettings
 from fedgl_secure.tomlio import format_validation_error
 
@@ -188,7 +189,7 @@ class GAPConfig(GAPSettings):
 
     epsilon: float = Field(float("inf"), gt=0.0, description="total ε per bank (inf: no DP)")
     delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the guarantee")
-    accountant: Literal["rdp", "prv"] = "rdp"
+    accountant: AccountantName = "rdp"
     encoder_dim: int = Field(16, ge=1, description="d: width of the embeddings the hops aggregate")
     hidden: int = Field(16, ge=1, description="hidden width of the encoder and classifier MLPs")
     projection_dim: int = Field(

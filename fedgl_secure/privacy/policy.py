@@ -61,6 +61,7 @@ from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.crypto.packing import KindLayout, kind_layout
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
+from fedgl_secure.privacy.accounting import AccountantName
 from fedgl_secure.privacy.gap import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
@@ -571,7 +572,7 @@ class Budget(_Section):
 
     epsilon: float = Field(gt=0, allow_inf_nan=False)
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    accountant: Literal["rdp", "prv"] = "rdp"
+    accountant: AccountantName = "rdp"
     rounds: int = Field(ge=1)
     on_exhausted: str = "stop-contributing"
 
