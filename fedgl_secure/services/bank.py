@@ -143,13 +143,18 @@ def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[G
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
 
+def bank_index(node: NodeConfig, consortium: ConsortiumConfig) -> int:
+    """This bank's place in the consortium's bank order (its client index: slice, Louvain client, exchange)."""
+    return [bank.name for bank in consortium.banks].index(node.name)
+
+
 def bank_graph(node: NodeConfig, consortium: ConsortiumConfig) -> BankData:
     """This bank's own customer graph: its ``[bank.data]`` tables checked against the consortium's schema
     (bank-sources), or its slice of the benchmark dataset (research mode; no own customer ids then)."""
     config = consortium.experiment_config()
     if consortium.bank_sources:
         return load_bank_data(node.bank.data, consortium.feature_schema, name=node.name, seed=config.seed)
-    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    client_index = bank_index(node, consortium)
     graph = consortium_slices(config, node.bank.data_root)[client_index]
     return BankData(graph, graph.node_ids.astype(str), None)
 
@@ -700,7 +705,7 @@ def fed2gnn_setup(node: NodeConfig, consortium: ConsortiumConfig) -> BankReconst
     """This bank's Fed²GNN set-up (benchmark slices only: the seeded Louvain client of the experiment's dataset)."""
     config = consortium.experiment_config()
     check_services(config, bank_sources=consortium.bank_sources)
-    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    client_index = bank_index(node, consortium)
     dataset = load_dataset(config.dataset, node.bank.data_root, seed=config.seed, split=config.data)
     return bank_reconstruction(config, dataset, client_index)
 
@@ -747,7 +752,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     policy = load_policy(consortium.policy)
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    client_index = [bank.name for bank in consortium.banks].index(node.name)
+    client_index = bank_index(node, consortium)
     reconstruction = None
     if config.method == "fed2gnn":
         setup = fed2gnn_setup(node, consortium)
