@@ -67,7 +67,7 @@ from fedgl_secure.errors import (
     PolicyError,
     ReceiptError,
 )
-from fedgl_secure.fileio import write_atomically
+from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
 from fedgl_secure.privacy.policy import Policy
@@ -172,7 +172,9 @@ class KeyAuthority:
             return context, public
         context = ckks.create_secret_context(self.policy.he)
         public = ckks.public_context_bytes(context)
-        write_atomically(sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret))
+        write_atomically(
+            sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret), PRIVATE_FILE_MODE
+        )
         write_atomically(public_path, public)
         self.log.info("keys.created", he=self.policy.he.model_dump())
         return context, public

@@ -26,7 +26,6 @@ starts the exchange again with a fresh key.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +41,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from fedgl_secure.crypto import pairwise_masks
 from fedgl_secure.errors import ProtocolConflict
+from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, exchange_context, next_level
 
@@ -329,13 +329,7 @@ class ExchangeKeyFile:
             pass
         key = pairwise_masks.new_private_key()
         raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        scratch = self.path.with_name(self.path.name + ".tmp")
-        descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(f"{nonce} {raw.hex()}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(scratch, self.path)
+        write_atomically(self.path, f"{nonce} {raw.hex()}\n".encode(), mode=PRIVATE_FILE_MODE)
         return key
 
 

@@ -38,11 +38,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedgl_secure.errors import ConfigError, CryptoError
+from fedgl_secure.fileio import PRIVATE_FILE_MODE
 from fedgl_secure.log import get_logger
 from fedgl_secure.services.config import NODE_NAME_PATTERN, ConsortiumConfig, NodeEntry, NodeRole, PkiLayout
 
 PSEUDONYM_KEY_BYTES = 32
-PRIVATE_FILE_MODE = 0o600
 PUBLIC_FILE_MODE = 0o644
 DIRECTORY_MODE = 0o700
 # Certificates start a little in the past so a peer whose clock lags slightly still accepts them.
