@@ -9,9 +9,12 @@ parties run in.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _entropy(seed: int, purpose: tuple[object, ...]) -> list[int]:
@@ -28,6 +31,8 @@ def numpy_stream(seed: int, *purpose: object) -> np.random.Generator:
 
 def torch_stream(seed: int, *purpose: object, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch generator for ``purpose`` under ``seed`` on ``device``."""
+    import torch  # here: the key authority reads the run config (and so this module) but never trains
+
     generator = torch.Generator(device=device)
     generator.manual_seed(int(np.random.SeedSequence(_entropy(seed, purpose)).generate_state(1, np.uint64)[0]))
     return generator

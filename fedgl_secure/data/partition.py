@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from fedgl_secure.data.graph import GraphDataset, induced_subgraph
@@ -33,6 +32,8 @@ def louvain_communities(dataset: GraphDataset, seed: int, resolution: float = 1.
 
     Isolated nodes come back as singleton communities (networkx puts every node in one).
     """
+    import networkx as nx  # here: only a Louvain split needs it, and it costs every node start-up
+
     graph = nx.Graph()
     graph.add_nodes_from(range(dataset.num_nodes))
     src, dst = dataset.edge_index

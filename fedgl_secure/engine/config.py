@@ -10,7 +10,7 @@ from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.privacy.accounting import AccountantName
-from fedgl_secure.privacy.gap import GAPSettings
+from fedgl_secure.privacy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import format_validation_error
 
 Method = Literal[

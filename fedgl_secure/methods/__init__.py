@@ -1,32 +1,54 @@
-"""Federated methods, one module each, behind the interface of ``base.py``; :func:`build_method` picks one."""
+"""Federated methods, one module each, behind the interface of ``base.py``; :func:`build_method` picks one.
+
+Each method's module is imported when it is built, not with this package: ``methods.base`` (the kind names
+every layer reads) must stay cheap, and a node that runs FedGL should not pay for Opacus (GAP) or the
+Fed²GNN decoder at start-up.
+"""
 
 from __future__ import annotations
 
-from fedgl_secure.engine.config import ExperimentConfig
-from fedgl_secure.methods.base import FederatedMethod
-from fedgl_secure.methods.fed2gnn import Fed2GNN, FedAvgFull
-from fedgl_secure.methods.fed2gnn import prepare_clients as prepare_clients
-from fedgl_secure.methods.fedavg import FedAvg
-from fedgl_secure.methods.fedgl import FedGL
-from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive
-from fedgl_secure.methods.gap import GAP
-from fedgl_secure.methods.graphfl import GraphFL
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedgl_secure.data.graph import GraphDataset
+    from fedgl_secure.engine.config import ExperimentConfig
+    from fedgl_secure.methods.base import FederatedMethod
+
+METHOD_CLASSES = {
+    "federated": ("fedavg", "FedAvg"),
+    "fed2gnn": ("fed2gnn", "Fed2GNN"),
+    "fedavg-full": ("fed2gnn", "FedAvgFull"),
+    "fgcl": ("fgcl", "FGCL"),
+    "fedgl": ("fedgl", "FedGL"),
+    "fedgl-no-gpg": ("fedgl", "FedGL"),
+    "fedgl-no-gpl": ("fedgl", "FedGL"),
+    "graphfl": ("graphfl", "GraphFL"),
+    "gap": ("gap", "GAP"),
+}
+"""``ExperimentConfig.method`` → (module under ``fedgl_secure.methods``, class). Baselines are not here."""
+
+
+def _method_class(module: str, name: str) -> type:
+    return getattr(importlib.import_module(f"fedgl_secure.methods.{module}"), name)
 
 
 def build_method(config: ExperimentConfig) -> FederatedMethod:
     """The federated method for ``config.method`` (baselines are not federated methods)."""
-    if config.method == "federated":
-        return FedAvg(config)
-    if config.method == "fed2gnn":
-        return Fed2GNN(config)
-    if config.method == "fedavg-full":
-        return FedAvgFull(config)
-    if config.method == "fgcl":
-        return FGCL(config)
-    if config.method in ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl"):
-        return FedGLContrastive(config) if config.fgcl.enabled else FedGL(config)
-    if config.method == "graphfl":
-        return GraphFL(config)
-    if config.method == "gap":
-        return GAP(config)
-    raise ValueError(f"{config.method!r} is a baseline, not a federated method")
+    if config.method not in METHOD_CLASSES:
+        raise ValueError(f"{config.method!r} is a baseline, not a federated method")
+    module, name = METHOD_CLASSES[config.method]
+    if module == "fedgl" and config.fgcl.enabled:  # FedGL with FGCL's contrastive term
+        module, name = "fgcl", "FedGLContrastive"
+    return _method_class(module, name)(config)
+
+
+def prepare_clients(
+    config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]
+) -> list[GraphDataset]:
+    """The clients a method trains on (see :func:`fedgl_secure.methods.fed2gnn.prepare_clients`)."""
+    if config.method not in ("fed2gnn", "fedavg-full"):
+        return clients
+    from fedgl_secure.methods.fed2gnn import prepare_clients as fed2gnn_clients
+
+    return fed2gnn_clients(config, dataset, clients)

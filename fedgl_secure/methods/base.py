@@ -23,17 +23,12 @@ import torch
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.kinds import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS  # noqa: F401 (re-exported)
 from fedgl_secure.model.sparse import SparseOperator
 
 if TYPE_CHECKING:
     from torch import nn
 
-# Upload kinds. Every kind is a sum of pre-weighted client terms.
-WEIGHTS = "weights"  # cat(w_k · W_k, [w_k]): flattened parameters, then the weight itself (for Σ_k w_k)
-PREDICTIONS = "predictions"  # w_k · P_k in global index (M x C)
-EMBEDDINGS = "embeddings"  # w_k · H_k in global index (M x D)
-NODE_WEIGHT = "node_weight"  # w_k · [i ∈ V_k] (M), the per-node normaliser of Eqs. 12/14
-META_GRADIENTS = "meta_gradients"  # cat(w_k · g_k, [w_k]): a query-loss gradient (GraphFL's meta stage)
 
 # The name of the one stage of a method that declares no ``stages``.
 SINGLE_STAGE = "round"

@@ -40,18 +40,21 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import nn
 
 from fedgl_secure.model.gcn import GCN, dense_dropout, sparse_dropout
 from fedgl_secure.model.losses import proximal_term
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import mechanisms
+
+if TYPE_CHECKING:
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
 
 RandomBytes = Callable[[int], bytes]
 
@@ -261,6 +264,9 @@ class NodeDPSGD:
         graph, gcn = trainer.graph, trainer.model
         examples = ego_examples(adjacency, graph.labels, graph.train_mask, pseudo_labels, alpha, self.max_degree)
         ego = EgoGCN(gcn.weight0.shape[0], gcn.weight0.shape[1], gcn.weight1.shape[1], gcn.dropout).to(graph.device)
+        # imported here: Opacus costs every node seconds at start-up and only a DP-SGD bank uses it
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
         private = GradSampleModuleFastGradientClipping(
             ego, loss_reduction="sum", max_grad_norm=self.max_grad_norm, use_ghost_clipping=True
         )

@@ -28,7 +28,6 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import ndtri
-from scipy.stats import binom
 
 RandomBytes = Callable[[int], bytes]
 """A source of ``n`` random bytes. The default is :func:`secrets.token_bytes`."""
@@ -339,6 +338,8 @@ def randomized_response_edges(
         )
     survive = secure_uniform(i.size, _random_bytes=random_bytes) >= p
     u = secure_uniform(1, _random_bytes=random_bytes)[0]
+    from scipy.stats import binom  # here: scipy.stats costs a node seconds at start-up, and only edge DP needs it
+
     num_added = int(binom.ppf(u, num_non_edges, p)) if num_non_edges else 0
     # Choose the new edges by rank among non-edges, then map ranks to pair indices by skipping the
     # (sorted) existing edges: rank r lands on pair r + #{existing pairs at or before it}.

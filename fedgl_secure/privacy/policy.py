@@ -60,9 +60,9 @@ from fedgl_secure.crypto.ckks_params import data_bits, moduli_problems, scale_pr
 from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.crypto.packing import KindLayout, kind_layout
 from fedgl_secure.errors import PolicyError
-from fedgl_secure.methods.base import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
+from fedgl_secure.kinds import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
 from fedgl_secure.privacy.accounting import AccountantName
-from fedgl_secure.privacy.gap import GAPSettings
+from fedgl_secure.privacy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
 KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT, META_GRADIENTS)
