@@ -19,8 +19,14 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import fed2gnn_exchange
 from fedgl_secure.methods.fed2gnn import matched_loss, prepare_clients, reconstruct_clients
 from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, exchange_level_sums
-from fedgl_secure.methods.rooted_tree import nonbacktracking_sums, rooted_tree, tree_propagation, walk_sums
-from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.methods.rooted_tree import (
+    grafted_propagation,
+    nonbacktracking_sums,
+    rooted_tree,
+    tree_propagation,
+    walk_sums,
+)
+from fedgl_secure.model.adjacency import gcn_normalize, row_normalize_features
 
 
 def small_graph(seed: int = 0, n: int = 9, p: float = 0.35) -> sp.csr_matrix:
@@ -82,6 +88,63 @@ def test_rooted_tree_gives_the_ego_graph_gcn_embedding(layers):
     )
     plain = gcn_layers(gcn_normalize(edges + edges.T), features[tree.node], weights)
     assert not np.allclose(plain[0], on_graph[0])
+
+
+def grafted_foreign_trees(adjacency: sp.csr_matrix, bank: int, copies: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Nodes 0..bank−1 as one bank: each foreign neighbour j of a bank node i grafted ``copies`` times under i
+    (multiplicity 1/copies), j's neighbours other than i under each copy, true degrees: (parent, multiplicity,
+    [(graph node it stands for, its degree)])."""
+    dense = adjacency.toarray() > 0
+    degree = dense.sum(axis=1)
+    parent, multiplicity, stands_for = [], [], []
+    for i in range(bank):
+        for j in np.flatnonzero(dense[i, bank:]) + bank:
+            for _ in range(copies):
+                child = bank + len(parent)
+                parent.append(i), multiplicity.append(1.0 / copies), stands_for.append(j)
+                for g in np.flatnonzero(dense[j]):
+                    if g != i:
+                        parent.append(child), multiplicity.append(1.0), stands_for.append(g)
+    return np.asarray(parent), np.asarray(multiplicity), [(v, degree[v]) for v in stands_for]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grafted_trees_with_appendix_a_weights_give_the_whole_graph_gcn(seed):
+    """Proposition 1 at a bank: its graph with each boundary node's foreign neighbours grafted under it and their
+    other neighbours under them, on Appendix A's weights (true degrees), gives the bank's nodes the 2-layer GCN
+    embedding of the whole graph — also when a child stands for its node twice over (multiplicity); plain edges
+    under the GCN's own normalisation do not."""
+    n, bank = 12, 6
+    adjacency = small_graph(seed, n=n, p=0.3)
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(n, 4))
+    weights = [rng.normal(size=(4, 4)) for _ in range(2)]
+    on_graph = gcn_layers(gcn_normalize(adjacency), features, weights)
+    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    assert adjacency[:bank, bank:].nnz > 0  # the bank has foreign neighbours
+    local = adjacency[:bank][:, :bank]
+    for copies in (1, 2):
+        parent, multiplicity, stands_for = grafted_foreign_trees(adjacency, bank, copies)
+        nodes = np.asarray([v for v, _ in stands_for])
+        added_degree = np.asarray([d for _, d in stands_for], dtype=np.float64)
+        operator = grafted_propagation(local, degree[:bank], parent, multiplicity, added_degree)
+        on_bank = gcn_layers(operator, features[np.concatenate([np.arange(bank), nodes])], weights)
+        assert np.allclose(on_bank[:bank], on_graph[:bank])
+    size = bank + parent.size
+    edges = sp.coo_matrix(local)
+    plain_edges = sp.csr_matrix(
+        (
+            np.ones(edges.nnz + parent.size),
+            (np.concatenate([edges.row, parent]), np.concatenate([edges.col, np.arange(bank, size)])),
+        ),
+        shape=(size, size),
+    )
+    plain = gcn_layers(
+        gcn_normalize(((plain_edges + plain_edges.T) > 0).astype(float)),
+        features[np.concatenate([np.arange(bank), nodes])],
+        weights,
+    )
+    assert not np.allclose(plain[:bank], on_graph[:bank])
 
 
 def test_sparsify_keeps_the_largest_entries():
@@ -238,6 +301,41 @@ def test_reconstruction_grafts_trees_on_boundary_nodes_only(graph):
             row = adjacency[local_of[int(i)]]
             assert int(generated[row.indices].sum()) == min(int(round(degree)), 5)
         assert exchange.bytes_sent[k] > 0
+        # Appendix A's weights: the own nodes' self-weights use their degrees in the whole graph, and the decoded
+        # neighbours of a boundary node stand for its foreign neighbours together (P[i, c] / P[c, i] = m_c)
+        operator = client.propagation.tocsr()
+        true_degree = np.asarray(graph.adjacency().sum(axis=1)).ravel()[client.node_ids[own]]
+        assert np.allclose(operator.diagonal()[own], 1.0 / (1.0 + true_degree))
+        for i, degree in zip(exchange.boundaries[k], exchange.sums[k][0][:, -1], strict=True):
+            row = local_of[int(i)]
+            children = [c for c in operator[row].indices if generated[c]]
+            assert sum(operator[row, c] / operator[c, row] for c in children) == pytest.approx(degree)
+
+
+def test_mean_reconstruction_grafts_the_exact_level_mean_without_projection(graph):
+    """``reconstruction = "mean"`` with p = 0: one virtual neighbour per boundary node carrying the mean of its
+    foreign neighbours' (normalised) feature rows, standing for all of them."""
+    config = build_config(
+        {
+            "method": "fed2gnn",
+            "federation": {"partition": "louvain", "num_clients": 3},
+            "fed2gnn": {"reconstruction": "mean", "projection_dim": 0, "hops": 1},
+        }
+    )
+    node_sets = louvain_partition(graph, 3, seed=0)
+    clients, exchange = reconstruct_clients(graph, node_sets, config)
+    normalised = row_normalize_features(graph.features).toarray()
+    adjacency = graph.adjacency().tocsr()
+    client, nodes = clients[0], node_sets[0]
+    own = np.isin(client.node_ids, nodes)
+    local_of = {int(v): i for i, v in enumerate(client.node_ids)}
+    operator = client.propagation.tocsr()
+    for i in exchange.boundaries[0]:
+        foreign = np.setdiff1d(adjacency[int(i)].indices, nodes)
+        row = local_of[int(i)]
+        (child,) = [c for c in operator[row].indices if not own[c]]
+        assert np.allclose(client.features[child].toarray().ravel(), normalised[foreign].mean(axis=0), atol=1e-6)
+        assert operator[row, child] / operator[child, row] == pytest.approx(foreign.size)
 
 
 def test_methods_refuse_overlapping_clients(graph):
@@ -334,5 +432,13 @@ def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
     recorded = config.model_dump(mode="json")
     older = {key: value for key, value in recorded.items() if key != "fed2gnn"}  # as written before the section
     assert _canonical(older) == _canonical(recorded) is not None
+    # a run recorded before fed2gnn.edge_correction existed trained on plain edges: it is not today's default run
+    before_correction = {
+        **recorded,
+        "fed2gnn": {k: v for k, v in recorded["fed2gnn"].items() if k != "edge_correction"},
+    }
+    assert _canonical(before_correction) != _canonical(recorded)
+    plain = {**recorded, "fed2gnn": {**recorded["fed2gnn"], "edge_correction": False}}
+    assert _canonical(before_correction) == _canonical(plain)
     assert _canonical({**recorded, "seed": 1}) != _canonical(recorded)
     assert _canonical({"no_such_field": 1}) is None

@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index
+from fedgl_secure.model.adjacency import gcn_normalize
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def merge_client_graphs(clients: Sequence[GraphDataset], index: GlobalIndex) -> 
     all_pos = np.concatenate(row_positions)
     _, first_occurrence = np.unique(all_pos, return_index=True)
     features = stacked[first_occurrence].tocsr()
+    propagation = _merged_propagation(clients, row_positions, m)
     return GraphDataset(
         name=f"{first.name.split('/')[0]}/merged",
         features=features,
@@ -71,4 +73,26 @@ def merge_client_graphs(clients: Sequence[GraphDataset], index: GlobalIndex) -> 
         test_mask=masks["test"],
         num_classes=first.num_classes,
         node_ids=index.node_ids,
+        propagation=propagation,
     )
+
+
+def _merged_propagation(
+    clients: Sequence[GraphDataset], positions: list[np.ndarray], size: int
+) -> sp.csr_matrix | None:
+    """The merged graph's GCN operator when a client brings its own (``GraphDataset.propagation``): each
+    client's operator (or its ``Â``) placed at its nodes' positions — the operator of the union, as the
+    clients are then disjoint (Fed²GNN's); None when every client uses the plain ``Â`` of its edges."""
+    if all(client.propagation is None for client in clients):
+        return None
+    all_positions = np.concatenate(positions)
+    if np.unique(all_positions).size != all_positions.size:
+        raise ValueError("clients with their own GCN operator (propagation) must hold disjoint nodes")
+    rows, cols, values = [], [], []
+    for client, pos in zip(clients, positions, strict=True):
+        operator = client.propagation if client.propagation is not None else gcn_normalize(client.adjacency())
+        coo = sp.coo_matrix(operator)
+        rows.append(pos[coo.row])
+        cols.append(pos[coo.col])
+        values.append(coo.data)
+    return sp.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(size, size))

@@ -24,6 +24,9 @@ class GraphDataset:
             raw files for a benchmark dataset, the shared customer keys (strings) for a bank's own
             tables (:mod:`fedgl_secure.data.sources`). Clients keep these ids, so the global index
             can be rebuilt from them.
+        propagation: the GCN's ``N x N`` operator where it is not Kipf's ``Â`` of ``edge_index``
+            (Fed²GNN's grafted rooted trees with Appendix A's edge weights,
+            ``methods/rooted_tree.grafted_propagation``); None: ``Â`` of the edges.
     """
 
     name: str
@@ -35,6 +38,7 @@ class GraphDataset:
     test_mask: np.ndarray
     num_classes: int
     node_ids: np.ndarray
+    propagation: sp.csr_matrix | None = None
 
     @property
     def num_nodes(self) -> int:

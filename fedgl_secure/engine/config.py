@@ -154,6 +154,16 @@ class Fed2GNNConfig(_Section):
     decoder_epochs: int = Field(200, ge=1, description="full-batch Adam epochs of the decoder on the local graph")
     decoder_learning_rate: float = Field(0.005, gt=0.0)
     decoder: Literal["local"] = Field("local", description="each bank trains its own decoder (the paper's local form)")
+    reconstruction: Literal["decoder", "mean"] = Field(
+        "decoder",
+        description="decoder: the paper's set decoder (d rows per level); mean: one count-weighted virtual node per "
+        "level carrying the level's mean row (a deviation from the paper, docs/reproduction.md)",
+    )
+    edge_correction: bool = Field(
+        True,
+        description="grafted trees carry Appendix A's edge weights (true degrees, multiplicities); false: plain edges "
+        "under the GCN's own normalisation",
+    )
     secure: bool = Field(True, description="bank-to-bank sums travel under pairwise masks (crypto/pairwise_masks.py)")
 
 

@@ -52,7 +52,7 @@ class GraphTensors:
             test_mask=torch.as_tensor(graph.test_mask, device=device),
             positions=np.asarray(positions, dtype=np.int64),
             num_global_nodes=num_global_nodes,
-            base_adjacency=gcn_normalize(graph.adjacency()),
+            base_adjacency=gcn_normalize(graph.adjacency()) if graph.propagation is None else graph.propagation,
             num_classes=graph.num_classes,
             device=device,
         )

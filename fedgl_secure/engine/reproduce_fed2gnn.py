@@ -110,6 +110,9 @@ def run_table1(
 def _canonical(config: dict) -> str | None:
     """A stored run's configuration as today's model reads it (fields added since take their defaults), as a
     key; None when it no longer validates."""
+    section = config.get("fed2gnn")
+    if isinstance(section, dict) and "edge_correction" not in section:  # recorded before the field: plain edges
+        config = {**config, "fed2gnn": {**section, "edge_correction": False}}
     try:
         dumped = ExperimentConfig.model_validate(config).model_dump(mode="json")
     except ValueError:

@@ -40,7 +40,7 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, ExchangeResult, exchange_level_sums
 from fedgl_secure.methods.fedavg import FedAvg
-from fedgl_secure.methods.rooted_tree import eta_correction, nonbacktracking_sums
+from fedgl_secure.methods.rooted_tree import eta_correction, grafted_propagation, nonbacktracking_sums
 from fedgl_secure.model.adjacency import row_normalize_features
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
@@ -49,6 +49,8 @@ GENERATED_ID_STRIDE = 10_000_000  # generated node ids: n + client · stride + t
 # feature, and dense rows made each epoch's sparse X·W0 an order of magnitude dearer than the real rows
 # (Cora's have 18 non-zeros on average).
 DECODED_NONZEROS = 32
+# A regressed level mean stands for a dozen rows and is denser (the mean of 4 Cora rows has ~70 non-zeros).
+MEAN_NONZEROS = 256
 
 
 class Fed2GNN(FedAvg):
@@ -262,19 +264,16 @@ def level_targets(
 
 def train_decoder(
     inputs: torch.Tensor,
-    features: torch.Tensor,
-    samples: list[np.ndarray],
+    targets: torch.Tensor,
+    sizes: np.ndarray,
     config: Fed2GNNConfig,
     generator: torch.Generator,
 ) -> SetDecoder:
-    """ϕ trained full batch with Adam on the matched loss (the bank's own graph only)."""
-    d, out_dim = config.max_degree, features.shape[1]
+    """ϕ trained full batch with Adam on the matched loss (the bank's own graph only): row b of ``targets``
+    (B x slots x F) holds ``sizes[b]`` true nodes."""
+    slots, out_dim = targets.shape[1], targets.shape[2]
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))  # nn.Linear's init
-    decoder = SetDecoder(inputs.shape[1], config.decoder_hidden, d, out_dim)
-    sizes = np.asarray([s.size for s in samples])
-    targets = torch.zeros(len(samples), d, out_dim)
-    for b, sample in enumerate(samples):
-        targets[b, : sample.size] = features[torch.as_tensor(sample)]
+    decoder = SetDecoder(inputs.shape[1], config.decoder_hidden, slots, out_dim)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=config.decoder_learning_rate)
     for _ in range(config.decoder_epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -283,6 +282,68 @@ def train_decoder(
         optimizer.step()
     decoder.eval()
     return decoder
+
+
+def sampled_targets(features: torch.Tensor, samples: list[np.ndarray], slots: int) -> tuple[torch.Tensor, np.ndarray]:
+    """The decoder's targets: row b holds the features of ``samples[b]`` (zero-padded to ``slots``), and the sizes."""
+    targets = torch.zeros(len(samples), slots, features.shape[1])
+    for b, sample in enumerate(samples):
+        targets[b, : sample.size] = features[torch.as_tensor(sample)]
+    return targets, np.asarray([s.size for s in samples])
+
+
+@dataclass(frozen=True)
+class LevelDecoding:
+    """What a bank decodes its received level sums with: its share of the exchange, its own (normalised) feature
+    rows, the level sums of its own trees (``local_sums[k]`` = B_k of its local graph), the settings and its
+    seeded streams."""
+
+    bank: ExchangeBank
+    own_features: torch.Tensor
+    local_sums: list[np.ndarray]
+    settings: Fed2GNNConfig
+    rng: np.random.Generator
+    generator: torch.Generator
+
+
+def decode_sets(level: int, sums: np.ndarray, counts: np.ndarray, ctx: LevelDecoding) -> list[np.ndarray]:
+    """``reconstruction = "decoder"`` (the paper): ϕ trained on the bank's own level-``level`` trees decodes each
+    received sum into ``min(count, d)`` feature rows."""
+    settings = ctx.settings
+    roots, samples = level_targets(ctx.bank.adjacency, level, settings.max_degree, ctx.rng)
+    shown = np.minimum(counts, settings.max_degree).astype(np.int64)
+    if roots.size == 0:  # nothing to learn from: this level stays empty
+        return [np.zeros((0, ctx.own_features.shape[1]), np.float32) for _ in shown]
+    targets, sizes = sampled_targets(ctx.own_features, samples, settings.max_degree)
+    decoder = train_decoder(decoder_input(ctx.local_sums[level][roots]), targets, sizes, settings, ctx.generator)
+    with torch.no_grad():
+        decoded = sparsify(decoder(decoder_input(sums)).clamp_min(0.0), DECODED_NONZEROS).numpy()
+    return [decoded[b, : shown[b]] for b in range(shown.shape[0])]
+
+
+def decode_means(level: int, sums: np.ndarray, counts: np.ndarray, ctx: LevelDecoding) -> list[np.ndarray]:
+    """``reconstruction = "mean"`` (a deviation from the paper): one row per non-empty level, the mean feature row
+    of the level's nodes. Without projection (p = 0) the received sum holds the features, so the mean is exact;
+    with R it is regressed (a one-slot ϕ, mean squared error) from the projected mean on the bank's own trees."""
+    if ctx.settings.projection_dim == 0:
+        means = sums[:, :-1] / np.maximum(counts, 1.0)[:, None]
+    else:
+        own = ctx.own_features.numpy().astype(np.float64)
+        local = nonbacktracking_sums(ctx.bank.adjacency, np.hstack([own, np.ones((own.shape[0], 1))]), level)[level]
+        roots = np.flatnonzero(local[:, -1] > 0)
+        if roots.size == 0:
+            return [np.zeros((0, own.shape[1]), np.float32) for _ in counts]
+        targets = torch.as_tensor(local[roots, :-1] / local[roots, -1:], dtype=torch.float32)[:, None, :]
+        sizes = np.ones(roots.size, np.int64)
+        decoder = train_decoder(
+            decoder_input(ctx.local_sums[level][roots]), targets, sizes, ctx.settings, ctx.generator
+        )
+        with torch.no_grad():
+            means = sparsify(decoder(decoder_input(sums))[:, 0].clamp_min(0.0), MEAN_NONZEROS).numpy()
+    return [
+        means[b : b + 1].astype(np.float32) if counts[b] > 0 else means[b:b].astype(np.float32)
+        for b in range(counts.shape[0])
+    ]
 
 
 def reconstruct_clients(
@@ -357,55 +418,106 @@ def augment_bank(
     if settings.hops >= 2:  # η_2: the walks i → j → i, one per foreign neighbour j
         level_sums.append(received[1] - eta_correction(d_ext, bank.signals[rows], 2))
     local_sums = nonbacktracking_sums(bank.adjacency, bank.signals, settings.hops)
-    rng = numpy_stream(config.seed, "fed2gnn", "decoder", k)
-    generator = torch_stream(config.seed, "fed2gnn", "decoder", k)
-    generated: list[list[np.ndarray]] = []  # per level: decoded feature rows of each boundary node
-    for level, sums in enumerate(level_sums, start=1):
-        roots, samples = level_targets(bank.adjacency, level, settings.max_degree, rng)
-        counts = np.minimum(np.rint(np.maximum(sums[:, -1], 0)).astype(np.int64), settings.max_degree)
-        if roots.size == 0:  # nothing to learn from: this level stays empty
-            generated.append([np.zeros((0, features.shape[1]), np.float32) for _ in counts])
+    counts = [np.rint(np.maximum(sums[:, -1], 0.0)) for sums in level_sums]  # exact level sizes (count channel)
+    ctx = LevelDecoding(
+        bank,
+        own_features,
+        local_sums,
+        settings,
+        numpy_stream(config.seed, "fed2gnn", "decoder", k),
+        torch_stream(config.seed, "fed2gnn", "decoder", k),
+    )
+    decode = decode_means if settings.reconstruction == "mean" else decode_sets
+    # per level: the decoded feature rows of each boundary node
+    generated = [
+        decode(level, sums, count, ctx)
+        for level, (sums, count) in enumerate(zip(level_sums, counts, strict=True), start=1)
+    ]
+    true_degree = None
+    if settings.edge_correction:  # the bank knows its own nodes' inter-bank edges, so their true degrees
+        cross = np.bincount(bank.local_rows(bank.cross[0]), minlength=bank.nodes.size)
+        true_degree = np.asarray(bank.adjacency.sum(axis=1)).ravel() + cross
+    return _graft(local, rows, generated, counts, dataset.num_nodes + k * GENERATED_ID_STRIDE, true_degree)
+
+
+def tree_weights(
+    generated: list[list[np.ndarray]], counts: list[np.ndarray], default_degree: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """For the grafted nodes in ``_graft``'s order: how many graph nodes each stands for, and their degree.
+
+    Root i has ``c_1`` foreign neighbours and ``c_2`` non-backtracking level-2 nodes (the count channel): each of
+    its n_1 level-1 nodes stands for ``c_1/n_1`` of them, of degree ``1 + c_2/c_1`` (their mean degree: the edge
+    to i and their level-2 nodes); a level-2 node dealt to a child with k of them stands for ``(c_2/c_1)/k``
+    nodes, of the same degree (its own is not sent). With K = 1 the degree is ``default_degree``."""
+    multiplicity, degree = [], []
+    for b, children in enumerate(generated[0]):
+        n1 = children.shape[0]
+        if n1 == 0:
             continue
-        decoder = train_decoder(decoder_input(local_sums[level][roots]), own_features, samples, settings, generator)
-        with torch.no_grad():
-            decoded = sparsify(decoder(decoder_input(sums)).clamp_min(0.0), DECODED_NONZEROS).numpy()
-        generated.append([decoded[b, : counts[b]] for b in range(counts.shape[0])])
-    return _graft(local, rows, generated, dataset.num_nodes + k * GENERATED_ID_STRIDE)
+        c1 = counts[0][b]
+        below = counts[1][b] / c1 if len(counts) > 1 else default_degree - 1.0
+        multiplicity.append(np.full(n1, c1 / n1))
+        degree.append(np.full(n1, 1.0 + below))
+        if len(generated) > 1:
+            n2 = generated[1][b].shape[0]
+            under = np.arange(n2) % n1
+            per_child = np.bincount(under, minlength=n1)
+            multiplicity.append(below / per_child[under])
+            degree.append(np.full(n2, 1.0 + below))
+    if not multiplicity:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(multiplicity), np.concatenate(degree)
 
 
-def _graft(local: GraphDataset, roots: np.ndarray, generated: list[list[np.ndarray]], first_id: int) -> GraphDataset:
-    """``local`` plus, for each root, its decoded level-1 nodes as neighbours and level-2 nodes under them."""
+def _graft(
+    local: GraphDataset,
+    roots: np.ndarray,
+    generated: list[list[np.ndarray]],
+    counts: list[np.ndarray],
+    first_id: int,
+    true_degree: np.ndarray | None,
+) -> GraphDataset:
+    """``local`` plus, for each root, its decoded level-1 nodes as neighbours and level-2 nodes under them (dealt
+    round robin: the sum does not say how they split among the children). With ``true_degree`` (the local
+    nodes' degrees in the whole graph) the GCN runs on Appendix A's weights (:func:`tree_weights`,
+    ``rooted_tree.grafted_propagation``); without, on the plain edges."""
     n = local.num_nodes
     rows_added: list[np.ndarray] = []
-    src, dst = [local.edge_index[0]], [local.edge_index[1]]
+    parents: list[np.ndarray] = []
     next_index = n
     for b, root in enumerate(roots):
         children = generated[0][b]
         child_ids = np.arange(next_index, next_index + children.shape[0])
         next_index += children.shape[0]
         rows_added.append(children)
-        src.append(np.full(child_ids.size, root))
-        dst.append(child_ids)
+        parents.append(np.full(child_ids.size, root))
         if len(generated) > 1 and child_ids.size:
             grandchildren = generated[1][b]
-            grand_ids = np.arange(next_index, next_index + grandchildren.shape[0])
             next_index += grandchildren.shape[0]
             rows_added.append(grandchildren)
-            src.append(child_ids[np.arange(grand_ids.size) % child_ids.size])
-            dst.append(grand_ids)
+            parents.append(child_ids[np.arange(grandchildren.shape[0]) % child_ids.size])
     added = next_index - n
+    parent = np.concatenate(parents) if parents else np.zeros(0, np.int64)
     extra = sp.csr_matrix(np.vstack(rows_added)) if added else sp.csr_matrix((0, local.num_features))
     total = n + added
-    src_all, dst_all = np.concatenate(src), np.concatenate(dst)
+    new_ids = n + np.arange(added)
+    edge_index = canonical_edge_index(
+        np.concatenate([local.edge_index[0], parent]), np.concatenate([local.edge_index[1], new_ids]), total
+    )
+    propagation = None
+    if true_degree is not None:
+        multiplicity, degree = tree_weights(generated, counts, float(true_degree.mean()) if n else 1.0)
+        propagation = grafted_propagation(local.adjacency(), true_degree, parent, multiplicity, degree)
     no = np.zeros(added, dtype=bool)
     return GraphDataset(
         name=f"{local.name}-fed2gnn",
         features=sp.vstack([local.features, extra.astype(np.float32)]).tocsr(),
         labels=np.concatenate([local.labels, np.full(added, -1, dtype=np.int64)]),
-        edge_index=canonical_edge_index(src_all, dst_all, total),
+        edge_index=edge_index,
         train_mask=np.concatenate([local.train_mask, no]),
         val_mask=np.concatenate([local.val_mask, no]),
         test_mask=np.concatenate([local.test_mask, no]),
         num_classes=local.num_classes,
         node_ids=np.concatenate([local.node_ids, first_id + np.arange(added, dtype=np.int64)]),
+        propagation=propagation,
     )

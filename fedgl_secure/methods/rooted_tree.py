@@ -104,3 +104,38 @@ def tree_propagation(adjacency: sp.spmatrix, tree: RootedTree) -> sp.csr_matrix:
     cols = np.concatenate([np.arange(tree.size), children])
     values = np.concatenate([self_weight, child_weight])
     return sp.csr_matrix((values, (rows, cols)), shape=(tree.size, tree.size))
+
+
+def grafted_propagation(
+    adjacency: sp.spmatrix,
+    degree: np.ndarray,
+    parent: np.ndarray,
+    multiplicity: np.ndarray,
+    added_degree: np.ndarray,
+) -> sp.csr_matrix:
+    """The GCN operator of a bank's graph with rooted trees grafted on, with Appendix A's edge weights.
+
+    ``adjacency``: the bank's own graph over its n nodes; ``degree``: their *true* degrees (foreign
+    neighbours included); added node a (index n + a) hangs under ``parent[a]`` (an index below n + a),
+    stands for ``multiplicity[a]`` graph nodes of degree ``added_degree[a]`` each. With ``d̃ = degree + 1``:
+    row u holds ``1/d̃_u`` for itself, ``1/√(d̃_u d̃_v)`` for a real neighbour v, ``m_c/√(d̃_u d̃_c)`` for a
+    grafted child c (its message counted once per node it stands for) and ``1/√(d̃_u d̃_p)`` for its
+    parent p — the weights of ``Â`` on the graph the tree unrolls (Proposition 1). A grafted child also
+    sends to its parent and hears from it: a child standing for foreign neighbour j of i must aggregate
+    x_i, as j does; its other neighbours are its own children (the non-backtracking level below)."""
+    adjacency = sp.coo_matrix(adjacency)
+    n, added = adjacency.shape[0], parent.shape[0]
+    scale = np.concatenate([np.asarray(degree, np.float64), np.asarray(added_degree, np.float64)]) + 1.0
+    inv_sqrt = scale**-0.5
+    child = n + np.arange(added)
+    rows = np.concatenate([np.arange(n + added), adjacency.row, parent, child])
+    cols = np.concatenate([np.arange(n + added), adjacency.col, child, parent])
+    values = np.concatenate(
+        [
+            1.0 / scale,
+            inv_sqrt[adjacency.row] * inv_sqrt[adjacency.col],
+            multiplicity * inv_sqrt[parent] * inv_sqrt[child],
+            inv_sqrt[parent] * inv_sqrt[child],
+        ]
+    )
+    return sp.csr_matrix((values, (rows, cols)), shape=(n + added, n + added))
