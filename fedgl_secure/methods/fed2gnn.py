@@ -14,7 +14,11 @@ Before round 1 (a one-off set-up exchange, :func:`reconstruct_clients`):
    and log count), target: at most d sampled nodes of that level, loss: mean squared error under the
    best (Hungarian, ``scipy.optimize.linear_sum_assignment``) matching of generated to true nodes;
 5. it decodes each received ``E_k(i)`` into ``min(count, d)`` nodes and grafts the tree onto i: level-1
-   nodes as i's neighbours, level-2 nodes dealt round robin under them.
+   nodes as i's neighbours, level-2 nodes dealt round robin under them; with ``edge_correction`` the GCN runs
+   on Appendix A's weights (``rooted_tree.grafted_propagation``): the bank's nodes keep their true degrees, a
+   decoded node stands for its share of the level's count, with the mean degree the counts give.
+   ``reconstruction = "mean"`` (not the paper's) grafts one node per level instead, the level's mean row
+   standing for the whole level.
 
 The GNN is then trained by FedAvg on the augmented graphs (generated nodes carry no label), and
 evaluated on them. ``fedavg-full`` is the same FedAvg on each bank's true K-hop neighbourhood (the
