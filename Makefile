@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/fedgl-secure simulate --output runs/demo.json
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fedgl_secure tests benchmarks

@@ -10,6 +10,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread: torch's
+    own pool per worker would oversubscribe the cores, and its spinning threads slow small GCN steps badly.
+    The consortium processes a test starts inherit it (they use one thread on a shared host anyway)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """Directory with the raw datasets: ``$FEDGL_DATA``, else ``<repo>/../shared/datasets``.
