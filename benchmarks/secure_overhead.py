@@ -141,13 +141,18 @@ class LockstepSummation:
         self.baton.wait(self.name)
         self.resumed = time.perf_counter()
 
-    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]):
+    def __call__(
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
+    ):
         if self.keep_first_round and self.first_round is None:
             self.first_round = {
                 k: {kind: t.detach().clone() for kind, t in c.items()} for k, c in contributions.items()
             }
         started = time.perf_counter()
-        sums = self.inner(round_number, contributions)
+        sums = self.inner(round_number, contributions, reference=reference)
         finished = time.perf_counter()
         self.summation_seconds.append(finished - started)
         self.round_seconds.append(finished - self.resumed)
@@ -235,10 +240,15 @@ class ProfiledSummation:
     def __init__(self, inner: Summation, profiler: cProfile.Profile) -> None:
         self.inner, self.profiler = inner, profiler
 
-    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]):
+    def __call__(
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
+    ):
         self.profiler.enable()
         try:
-            return self.inner(round_number, contributions)
+            return self.inner(round_number, contributions, reference=reference)
         finally:
             self.profiler.disable()
 

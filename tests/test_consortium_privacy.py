@@ -90,7 +90,7 @@ class ReplayedSums:
         self.decrypted = decrypted
         self.noiseless: dict[int, dict[str, np.ndarray]] = {}
 
-    def __call__(self, round_number, contributions):
+    def __call__(self, round_number, contributions, reference=None):
         sums = PlaintextSummation()(round_number, contributions)
         self.noiseless[round_number] = {kind: s.double().numpy().reshape(-1) for kind, s in sums.items()}
         if round_number not in self.decrypted:

@@ -42,8 +42,8 @@ class Recording:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def __call__(self, round_number, contributions):
-        sums = self.inner(round_number, contributions)
+    def __call__(self, round_number, contributions, reference=None):
+        sums = self.inner(round_number, contributions, reference=reference)
         self.calls.append((round_number, tuple(sorted(sums)), sums))
         return sums
 

@@ -28,8 +28,8 @@ class Recording:
     def __init__(self, inner):
         self.inner, self.rounds = inner, []
 
-    def __call__(self, round_number, contributions):
-        sums = self.inner(round_number, contributions)
+    def __call__(self, round_number, contributions, reference=None):
+        sums = self.inner(round_number, contributions, reference=reference)
         self.rounds.append(sums)
         return sums
 

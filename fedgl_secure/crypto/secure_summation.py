@@ -41,6 +41,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto.centring import centre_term, restore_sum
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
@@ -168,10 +169,14 @@ class SecureSummation:
         return shapes
 
     def __call__(
-        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         if not contributions:
             raise PolicyError("secure summation: no client contributed to this round")
+        centre = _reference_array(reference)
         shapes = self._check_kinds(contributions)
         banks = {client_id: self._bank(client_id) for client_id in sorted(contributions)}
         ticket = RoundTicket(self.federation, round_number, secrets.token_hex(16), len(banks), self.fingerprint)
@@ -180,12 +185,14 @@ class SecureSummation:
         fusing: dict[str, Future] = {}
         # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next
         with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
-            for kind, uploads in self._encrypt_round(ticket, banks, contributions, self._largest_first(shapes)):
+            kinds = self._largest_first(shapes)
+            for kind, uploads in self._encrypt_round(ticket, banks, contributions, kinds, centre):
                 fusing[kind] = aggregator.submit(self._fuse, ticket, kind, banks, uploads)
             fused = {kind: future.result() for kind, future in fusing.items()}
         sums = {}
         for kind, (values, uploads) in fused.items():
             self.accepted_receipts.extend(upload.receipt for upload in uploads)
+            values = restore_sum(kind, values, centre)
             sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
             log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums
@@ -227,14 +234,17 @@ class SecureSummation:
         banks: Mapping[int, _Bank],
         contributions: Mapping[int, Mapping[str, torch.Tensor]],
         kinds: list[str],
+        reference: np.ndarray | None,
     ) -> Iterator[tuple[str, list[Upload]]]:
-        """Every bank's side of the round: encrypt and sign each kind, banks concurrently (module doc); yields
-        each kind's uploads, in order, as soon as every bank has made its own."""
+        """Every bank's side of the round: encrypt and sign each kind (the weights centred on ``reference``),
+        banks concurrently (module doc); yields each kind's uploads, in order, as soon as every bank has made
+        its own."""
         busy: dict[int, float] = defaultdict(float)
 
         def encrypt(client_id: int, kind: str) -> Upload:
             begun = time.perf_counter()
-            values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
+            term = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
+            values = centre_term(kind, term, reference)
             bank = banks[client_id]
             upload = make_upload(
                 self.public_context,
@@ -287,19 +297,33 @@ class QuantisedSummation:
         self.layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
 
     def __call__(
-        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         if not contributions:
             raise PolicyError("quantised summation: no client contributed to this round")
+        centre = _reference_array(reference)
         ordered = [contributions[k] for k in sorted(contributions)]
         sums = {}
         for kind in sorted(ordered[0]):
-            terms = [c[kind].detach().to(torch.float64).cpu().numpy().reshape(-1) for c in ordered]
+            terms = [
+                centre_term(kind, c[kind].detach().to(torch.float64).cpu().numpy().reshape(-1), centre) for c in ordered
+            ]
             layout = self.layouts.get(kind)
             if layout is None:
                 total = np.sum(terms, axis=0)
             else:
                 digits = np.sum([packing.quantise(term, layout) for term in terms], axis=0)
                 total = packing.decode_sum(packing.pack(digits, layout), layout, terms[0].size, len(terms))
+            total = restore_sum(kind, total, centre)
             sums[kind] = torch.from_numpy(total.astype(np.float32)).reshape(ordered[0][kind].shape)
         return sums
+
+
+def _reference_array(reference: torch.Tensor | None) -> np.ndarray | None:
+    """W̄ as the banks downloaded it (float32 on the wire), in float64 for centring."""
+    if reference is None:
+        return None
+    return reference.detach().to(torch.float32).cpu().numpy().astype(np.float64).reshape(-1)

@@ -47,19 +47,28 @@ class Summation(Protocol):
     """Adds the clients' pre-weighted terms of one round, kind by kind (plaintext, or CKKS).
 
     ``contributions`` maps each participating client id to its ``{kind: tensor}`` terms; the
-    round number and the sender ids are what a secure backend binds its receipts to.
+    round number and the sender ids are what a secure backend binds its receipts to. ``reference`` is
+    the broadcast W̄ the terms were trained from: a secure backend encrypts the weights kind centred on
+    it (:mod:`fedgl_secure.crypto.centring`) and returns the same sums.
     """
 
     def __call__(
-        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]: ...
 
 
 class PlaintextSummation:
-    """The simulation's summation: plain float64 addition, nothing hidden."""
+    """The simulation's summation: plain float64 addition, nothing hidden (and no range to keep within, so the
+    weights are not centred on ``reference``)."""
 
     def __call__(
-        self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         return plaintext_sum([contributions[k] for k in sorted(contributions)])
 

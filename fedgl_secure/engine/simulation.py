@@ -199,7 +199,8 @@ def run_round_stages(
             k: normalise_contribution(stage_contribution(method, stage, trainers[k], broadcast), weight_normaliser)
             for k in participants
         }
-        broadcast = stage_update(method, stage, summation(round_number, contributions), round_number, broadcast)
+        sums = summation(round_number, contributions, reference=broadcast.weights)
+        broadcast = stage_update(method, stage, sums, round_number, broadcast)
     return broadcast
 
 
@@ -366,7 +367,9 @@ def _run_federated(
                 )
                 break
             participants = sorted(contributions)
-            broadcast = method.server_update(summation(round_number, contributions), round_number)
+            broadcast = method.server_update(
+                summation(round_number, contributions, reference=broadcast.weights), round_number
+            )
         if observer is not None:
             observer(broadcast)
         evaluator.load_flat_parameters(broadcast.weights)

@@ -483,8 +483,13 @@ class _CentrallyNoised:
     def __init__(self, inner: Callable, noise: Callable[[str, tuple[int, ...]], np.ndarray | None]) -> None:
         self.inner, self.noise = inner, noise
 
-    def __call__(self, round_number: int, contributions: Mapping[int, Mapping[str, torch.Tensor]]) -> dict:
-        sums = self.inner(round_number, contributions)
+    def __call__(
+        self,
+        round_number: int,
+        contributions: Mapping[int, Mapping[str, torch.Tensor]],
+        reference: torch.Tensor | None = None,
+    ) -> dict:
+        sums = self.inner(round_number, contributions, reference=reference)
         for kind, tensor in sums.items():
             noise = self.noise(kind, tuple(tensor.shape))
             if noise is not None:

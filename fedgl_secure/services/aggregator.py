@@ -53,6 +53,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto.centring import restore_sum
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
@@ -278,6 +279,8 @@ class Coordinator:
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
         self._num_parameters: int | None = None  # likewise
+        # (version, its W̄ as banks download it): the weights sums of a round from that version are centred on it
+        self._reference: tuple[int, np.ndarray] | None = None
         # Fed²GNN's set-up exchange, relayed before enrolment (the banks enrol their reconstructed graphs); kept in
         # memory: a restarted aggregator has a fresh nonce, and banks still exchanging start again
         self._exchange: ExchangeRelay | None = None
@@ -605,6 +608,16 @@ class Coordinator:
         neighbors = self.config.self_supervision.neighbors
         return decode_broadcast(version, self.model(version), self._num_parameters, size, neighbors)
 
+    def _version_weights(self, version: int) -> np.ndarray:
+        """W̄ of model ``version`` as the banks download it: what a round from it centres its weights on."""
+        if self._reference is None or self._reference[0] != version:
+            self._shapes()
+            size, _ = self._index
+            neighbors = self.config.self_supervision.neighbors
+            broadcast = decode_broadcast(version, self.model(version), self._num_parameters, size, neighbors)
+            self._reference = (version, wire_weights(broadcast))
+        return self._reference[1]
+
     def _resume(self) -> int:
         """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
         version = self.store.latest_version() or 0
@@ -737,15 +750,17 @@ class Coordinator:
         opened = time.monotonic()
         log.info("round.opened", participants=list(participants), base_version=version, stages=list(self._stages))
         broadcast = self._base_broadcast(version)
+        reference = self._version_weights(version)
         timer = PhaseTimer()
         for index, stage in enumerate(self._stages):
             outcome, participants, sums = self._run_stage(
-                stop, round_number, version, nonce, stage, participants, required, timer, first=index == 0
+                stop, round_number, version, nonce, stage, participants, required, timer, reference, first=index == 0
             )
             if outcome != "decrypted":
                 return outcome
             with timer.phase("server_step"):
                 broadcast = self._stage_update(stage, version, sums, broadcast)
+                reference = wire_weights(broadcast)  # the next stage's banks train from this broadcast
                 if index < len(self._stages) - 1:  # the next stage starts from it
                     self.store.save_stage_model(round_number, stage, encode_broadcast(broadcast))
                     log.info("round.stage_published", stage=stage, contributors=list(participants))
@@ -770,10 +785,12 @@ class Coordinator:
         participants: tuple[str, ...],
         required: int,
         timer: PhaseTimer,
+        reference: np.ndarray,
         *,
         first: bool,
     ) -> tuple[str, tuple[str, ...], dict[str, np.ndarray]]:
-        """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums.
+        """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums
+        (the weights restored from their centring on ``reference``, the W̄ the stage's banks trained from).
         Returns ("decrypted", the banks whose uploads the sums hold, the sums), or the round's outcome with
         nothing: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
         round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries)."""
@@ -817,7 +834,7 @@ class Coordinator:
         if withdrew:
             log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
         try:
-            sums = self._decrypt_sums(current, complete, timer)
+            sums = self._decrypt_sums(current, complete, timer, reference)
         except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
@@ -827,7 +844,9 @@ class Coordinator:
                 self._aggregating = False
         return "decrypted", complete, sums
 
-    def _decrypt_sums(self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer) -> dict[str, np.ndarray]:
+    def _decrypt_sums(
+        self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer, reference: np.ndarray
+    ) -> dict[str, np.ndarray]:
         sums = {}
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
@@ -843,6 +862,7 @@ class Coordinator:
             with timer.phase("aggregation"):  # summing, padding, unpadding, decoding; decryption apart
                 summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
                 values = masked_decryption(self.context, summed, length, self._layouts.get(kind), len(uploads), decrypt)
+                values = restore_sum(kind, values, reference)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums
@@ -865,6 +885,7 @@ class Coordinator:
             None if state is None else encodings.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
         )
         self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors, encoded_state)
+        self._reference = (version + 1, wire_weights(broadcast))
         with self._changed:
             self._latest_version = version + 1
             self._changed.notify_all()
@@ -918,3 +939,8 @@ class Coordinator:
         if stopped_reason is not None:
             self.log.warning("rounds.stopped", latest_version=version, reason=stopped_reason)
         self.log.info("rounds.finished", latest_version=version, stopped_reason=stopped_reason)
+
+
+def wire_weights(broadcast: Broadcast) -> np.ndarray:
+    """``broadcast``'s W̄ exactly as :func:`~fedgl_secure.wire.broadcast.encode_broadcast` sends it (float32)."""
+    return broadcast.weights.detach().cpu().numpy().astype(np.float32)

@@ -59,6 +59,7 @@ from fastapi import Depends, FastAPI
 from torch import nn
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
@@ -590,12 +591,16 @@ class BankWorker:
             self._withdraw()
             return None
         ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
-        return self._encrypt_kinds(ticket, contribution)
+        return self._encrypt_kinds(ticket, contribution, broadcast.weights)
 
-    def _encrypt_kinds(self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor]) -> Iterator[Upload]:
+    def _encrypt_kinds(
+        self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor], reference: torch.Tensor
+    ) -> Iterator[Upload]:
         """Each kind's upload, in the order the encryptions finish: kinds are encrypted concurrently on a
         thread pool (TenSEAL releases the GIL while it encodes and encrypts), so the caller can send the
-        first while the rest are still being encrypted (:meth:`_send` times the waiting)."""
+        first while the rest are still being encrypted (:meth:`_send` times the waiting). The weights are
+        centred on ``reference``, the W̄ this stage trained from (:mod:`~fedgl_secure.crypto.centring`)."""
+        centre = reference.detach().to(torch.float32).cpu().numpy().astype(np.float64)
 
         def encrypt(kind: str) -> Upload:
             return make_upload(
@@ -605,7 +610,7 @@ class BankWorker:
                 self.name,
                 self.signing_key,
                 kind,
-                contribution[kind].detach().to(torch.float64).cpu().numpy(),
+                centre_term(kind, contribution[kind].detach().to(torch.float64).cpu().numpy(), centre),
                 layout=self.policy.upload_layout(kind),
             )
 
