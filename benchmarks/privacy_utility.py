@@ -152,6 +152,7 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
         return {
             "seed": config.seed,
             "accuracy": result.global_test_accuracy,
+            "val_accuracy": result.best_val_accuracy,
             "best_round": result.best_round,
             "mia_auc": None,
             "link_auc": None,
@@ -177,6 +178,7 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
     return {
         "seed": config.seed,
         "accuracy": result.global_test_accuracy,
+        "val_accuracy": result.best_val_accuracy,
         "best_round": result.best_round,
         "rounds_run": result.rounds_run,
         "stopped_reason": result.stopped_reason,
@@ -220,12 +222,26 @@ UNIT_TEMPLATES = {
 }
 
 
-def unit_policy(unit: str, epsilon: float):
-    """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``."""
+def parse_options(text: str) -> dict:
+    """``key=value,...`` → a dict; integer values become ints (``stages=3``), the others stay strings."""
+    options = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, separator, value = item.partition("=")
+        if not separator:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected key=value")
+        options[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return options
+
+
+def unit_policy(unit: str, epsilon: float, label_options: dict | None = None):
+    """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``; for the label unit,
+    ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``)."""
     path = UNIT_TEMPLATES[unit]
     values = tomllib.loads(path.read_text(encoding="utf-8"))
     if unit != "gap":
         values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
+    if unit == "label" and label_options:
+        values["dp"]["labels"].update(label_options)
     values["budget"]["epsilon"] = float(epsilon)
     return policy_from_dict(values, source=f"{path.name} (ε = {epsilon:g})")
 
@@ -284,7 +300,8 @@ def run_units(args) -> int:
                 run = _run_private(config, privacy, dataset_of(seed))
             runs.append(run)
             print(
-                f"  {unit} ε = {epsilon:g} {method} seed {seed}: acc {run['accuracy']:.4f} MIA {run['mia_auc']} "
+                f"  {unit} ε = {epsilon:g} {method} seed {seed}: acc {run['accuracy']:.4f} "
+                f"val {run['val_accuracy']:.4f} MIA {run['mia_auc']} "
                 f"link {run['link_auc']} ({run['wall_seconds']:.1f}s)",
                 file=sys.stderr,
                 flush=True,
@@ -298,6 +315,8 @@ def run_units(args) -> int:
                 "method": method,
                 "accuracy_mean": statistics.fmean(accuracies),
                 "accuracy_std": statistics.stdev(accuracies) if len(runs) > 1 else 0.0,
+                "val_accuracy_mean": statistics.fmean(r["val_accuracy"] for r in runs),
+                **({"label_options": args.label_options} if unit == "label" and args.label_options else {}),
                 "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
                 "link_auc_mean": statistics.fmean(links) if links else None,
                 "runs": runs,
@@ -316,7 +335,8 @@ def run_units(args) -> int:
                         continue  # no DP: the same run for every unit
                     record("none", epsilon, method, None, datasets.__getitem__)
                 else:
-                    record(unit, epsilon, method, unit_policy(unit, epsilon), datasets.__getitem__)
+                    policy = unit_policy(unit, epsilon, args.label_options)
+                    record(unit, epsilon, method, policy, datasets.__getitem__)
     write(complete=True)
     print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
     return 0
@@ -350,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         "--units", default=None, help="edge,label,gap,mlp: the units-of-privacy table (module doc; gap: node by GAP)"
     )
     parser.add_argument("--methods", default="fedgl,fgcl", help="methods of the units table")
+    parser.add_argument(
+        "--label-options",
+        type=parse_options,
+        default={},
+        help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. "
+        "mechanism=rr-with-prior,stages=2,stage_order=validation-first",
+    )
     args = parser.parse_args(argv)
     if args.units is not None:
         args.units = [u.strip() for u in args.units.split(",") if u.strip()]

@@ -62,7 +62,7 @@ import torch
 
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import label_release, mechanisms
 from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
@@ -245,19 +245,45 @@ class BankPrivacy:
             self.log.info("privacy.edges_released", edges=graph.nnz // 2, posterior_weight=round(weight, 6))
         return graph
 
-    def prepare_labels(self, labels: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:
-        """The bank's labels as it will use them: k-ary randomised response once on ``mask`` (recorded at round 0).
-
-        ``mask`` is every label the bank trains or selects models with (training and validation nodes).
-        Without label DP the labels are returned unchanged.
+    def prepare_labels(
+        self,
+        labels: np.ndarray,
+        train_mask: np.ndarray,
+        val_mask: np.ndarray,
+        num_classes: int,
+        adjacency: sp.spmatrix,
+        features: sp.spmatrix | np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The bank's labels as it will use them, released once on its training and validation nodes (recorded at
+        round 0): k-ary randomised response, or RRWithPrior in stages with a prior from ``adjacency`` (the bank's
+        prepared graph), ``features`` and the labels released in earlier stages
+        (:func:`~fedgl_secure.privacy.label_release.multi_stage_release`). Every label is released once with
+        ε, whichever mechanism, so one release of ε is recorded. Without label DP the labels are returned unchanged.
         """
         labels = np.asarray(labels, dtype=np.int64)
+        settings = self.policy.dp.labels
+        train_mask, val_mask = np.asarray(train_mask, dtype=bool), np.asarray(val_mask, dtype=bool)
         for release in setup_releases(self.policy):
             if release.channel != LABELS:
                 continue
-            labels = mechanisms.randomized_response_labels(
-                labels, release.epsilon, num_classes, mask, _random_bytes=self._random_bytes
-            )
+            if settings.mechanism == "rr-with-prior":
+                labels = label_release.multi_stage_release(
+                    labels,
+                    train_mask,
+                    val_mask,
+                    adjacency,
+                    num_classes,
+                    release.epsilon,
+                    settings.effective_stages,
+                    settings.effective_stage_order,
+                    settings.effective_prior,
+                    features,
+                    _random_bytes=self._random_bytes,
+                )
+            else:
+                labels = mechanisms.randomized_response_labels(
+                    labels, release.epsilon, num_classes, train_mask | val_mask, _random_bytes=self._random_bytes
+                )
             self.ledger.extend([release])
         return labels
 
@@ -468,13 +494,28 @@ class FederationPrivacy:
 
         changes = {"base_adjacency": gcn_normalize(adjacency)}
         if self.policy.dp.labels.enabled:
-            mask = (graph.train_mask | graph.val_mask).cpu().numpy()
-            released = self.banks[client_id].prepare_labels(graph.labels.cpu().numpy(), mask, graph.num_classes)
+            released = self.banks[client_id].prepare_labels(
+                graph.labels.cpu().numpy(),
+                graph.train_mask.cpu().numpy(),
+                graph.val_mask.cpu().numpy(),
+                graph.num_classes,
+                adjacency,
+                _scipy_features(graph.features),
+            )
             changes["labels"] = torch.as_tensor(released, dtype=torch.int64, device=graph.device)
         return dataclasses.replace(graph, **changes)
 
     def ledgers(self) -> dict[str, PrivacyLedger]:
         return {bank.bank: bank.ledger for bank in self.banks.values()}
+
+
+def _scipy_features(features) -> sp.csr_matrix:
+    """A :class:`~fedgl_secure.model.sparse.SparseOperator`'s CSR matrix as scipy, on the CPU."""
+    matrix = features.matrix.cpu()
+    return sp.csr_matrix(
+        (matrix.values().double().numpy(), matrix.col_indices().numpy(), matrix.crow_indices().numpy()),
+        shape=tuple(matrix.shape),
+    )
 
 
 class _CentrallyNoised:

@@ -405,13 +405,7 @@ def _assumptions(policy: Policy) -> list[str]:
             "is released as is, so a link's existence is NOT hidden."
         )
     if dp.labels.enabled:
-        lines.append(
-            f"Label DP: {'k'}-ary randomised response on each bank's training and validation labels once before "
-            f"round 1 (ε = {dp.labels.epsilon:g}; a label is kept with e^ε/(e^ε + C − 1)). Training with the forward "
-            "correction uses only ε and the number of classes C, both public: post-processing. Test labels are "
-            "used by the simulation to measure accuracy only (a deployment has none). Which customers are labelled "
-            "is not hidden."
-        )
+        lines.append(_label_assumption(dp.labels))
     lines.append(
         "Noise comes from the OS CSPRNG (mechanisms.secure_gaussian): floating-point Gaussians with tails cut at "
         "≈ 8σ, a loss far below δ."
@@ -467,11 +461,35 @@ def _sgd_guarantee(policy: Policy) -> ChannelGuarantee:
     )
 
 
+def _label_assumption(labels) -> str:
+    """The assumption line of ``[dp.labels]``: which mechanism releases the labels, and why ε is paid once."""
+    common = (
+        "Training with the forward correction uses only ε and the number of classes C, both public: post-processing. "
+        "Test labels are used by the simulation to measure accuracy only (a deployment has none). Which customers "
+        "are labelled is not hidden."
+    )
+    if labels.mechanism != "rr-with-prior":
+        return (
+            "Label DP (mechanism = 'randomized-response'): k-ary randomised response on each bank's training and "
+            f"validation labels once before round 1 (ε = {labels.epsilon:g}; a label is kept with e^ε/(e^ε + C − 1)). "
+            + common
+        )
+    return (
+        f"Label DP (mechanism = 'rr-with-prior', {labels.effective_stages} stages, stage_order = "
+        f"'{labels.effective_stage_order}', prior = '{labels.effective_prior}'): each bank releases its training and "
+        "validation labels once before round 1, in disjoint stages — the first by k-ary randomised response, each "
+        "later one by RRWithPrior (Ghazi et al., NeurIPS 2021) with a prior the bank computes from its features, "
+        "its graph and the labels released in earlier stages, never from the label being released. Each label is "
+        f"released once by an ε-label-DP mechanism (ε = {labels.epsilon:g}), so the whole release is ε-label-DP "
+        "(parallel composition over disjoint labels), recorded as one release. " + common
+    )
+
+
 def _label_guarantee(policy: Policy) -> ChannelGuarantee:
     epsilon = float(policy.dp.labels.epsilon)
     return ChannelGuarantee(
         channel=LABELS,
-        mechanism="randomized-response",
+        mechanism=policy.dp.labels.mechanism,
         noise="local",
         clip=None,
         sensitivity=None,

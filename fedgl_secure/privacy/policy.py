@@ -14,7 +14,9 @@ Schema (TOML keys; every table is optional and unknown keys are errors)::
     [dp.sgd]         enabled, max_grad_norm, noise_multiplier, local_epochs
     [dp]             unit = "edge" | "label" | "node" | "bank" | "none"   # what one protected change is
     [dp.edges]       mechanism = "none" | "randomized-response" | "laplace", epsilon
-    [dp.labels]      mechanism = "none" | "randomized-response", epsilon, correction = "forward" | "none"
+    [dp.labels]      mechanism = "none" | "randomized-response" | "rr-with-prior", epsilon, correction = "forward" | "none",
+                     stages, stage_order = "random" | "validation-first", prior = "sgc" | "propagation"
+                     # (the last three with rr-with-prior only)
     [dp.graph]       max_degree, neighbouring = "node" | "edge" | "features", num_layers
     [budget]         epsilon, delta, accountant = "rdp" | "prv", rounds, on_exhausted = "stop-contributing"
 
@@ -218,13 +220,14 @@ class Timeouts(BaseModel):
 DATA_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS)  # the kinds with a DP channel of their own
 DEGREE_BOUND_CHANNELS = (PREDICTIONS, EMBEDDINGS, "sgd")  # channels whose sensitivity needs dp.graph.max_degree
 EDGE_MECHANISMS = ("none", "randomized-response", "laplace")
-LABEL_MECHANISMS = ("none", "randomized-response")
+LABEL_MECHANISMS = ("none", "randomized-response", "rr-with-prior")
 UNITS = ("edge", "label", "node", "bank", "none")
 Unit = Literal["edge", "label", "node", "bank", "none"]
 # Which mechanism each unit is protected by (dp.unit's validator refuses the others).
 UNIT_MECHANISMS = {
     "edge": "dp.edges (randomised response once at the source; uploads are post-processing)",
-    "label": "dp.labels (randomised response once at the source; uploads are post-processing)",
+    "label": "dp.labels (randomised response, or RRWithPrior in stages, once at the source; uploads are "
+    "post-processing)",
     "node": "Gaussian channels dp.weights / dp.predictions / dp.embeddings and/or dp.sgd, degree-bounded "
     "(dp.node_mechanism = 'channels'), or GAP's modules (dp.node_mechanism = 'gap' with [dp.gap])",
     "bank": "dp.weights only (bank-level sensitivity 2C); predictions and embeddings may not leave a bank",
@@ -363,10 +366,45 @@ class LabelDP(_SourceRelease):
     al., CVPR 2017), which uses only the public ε and C: still post-processing. It is an option, not the
     default: on Cora (FedGL, 25 rounds) it measured worse than plain cross-entropy (ε = 2, seed 1:
     63.0 % against 77.0 %; at ε = 1 one seed collapsed to 6.3 %), docs/privacy.md §6.
+
+    ``mechanism = "rr-with-prior"`` is Ghazi et al.'s multi-stage release (NeurIPS 2021, RRWithPrior): the
+    labels are split into ``stages`` disjoint stages (``stage_order = "random"``: equal random parts of
+    training and validation; ``"validation-first"``: the validation labels in the first stages − 1 parts,
+    the training labels last); stage 1 by randomised response, every later stage by RRWithPrior with a
+    label-propagation prior from the labels released before it
+    (:func:`~fedgl_secure.privacy.label_release.multi_stage_release`). Each label is released once by an
+    ε-label-DP mechanism whose prior does not depend on it, so the guarantee and the ledger are the same
+    ε, paid once.
     """
 
     mechanisms: ClassVar[tuple[str, ...]] = LABEL_MECHANISMS
     correction: Literal["forward", "none"] = "none"
+    stages: int | None = Field(default=None, ge=2)
+    stage_order: Literal["random", "validation-first"] | None = None
+    prior: Literal["sgc", "propagation"] | None = None
+
+    @model_validator(mode="after")
+    def _stages_with_prior(self) -> LabelDP:
+        if self.mechanism != "rr-with-prior":
+            for name in ("stages", "stage_order", "prior"):
+                if getattr(self, name) is not None:
+                    raise field_error(name, f"read only with mechanism = 'rr-with-prior' (here {self.mechanism!r})")
+        return self
+
+    @property
+    def effective_stages(self) -> int:
+        """How many stages the release has: ``stages`` (default 2) under RRWithPrior, else 1."""
+        if self.mechanism != "rr-with-prior":
+            return 1
+        return 2 if self.stages is None else self.stages
+
+    @property
+    def effective_stage_order(self) -> str:
+        return "random" if self.stage_order is None else self.stage_order
+
+    @property
+    def effective_prior(self) -> str:
+        return "sgc" if self.prior is None else self.prior
 
 
 class GraphBound(_Section):
@@ -506,7 +544,9 @@ class DPSettings(_Section):
                 )
         if unit == "label":
             if not self.labels.enabled:
-                raise field_error("unit", f"{wanted}; set [dp.labels] mechanism = 'randomized-response' and epsilon")
+                raise field_error(
+                    "unit", f"{wanted}; set [dp.labels] mechanism = 'randomized-response' or 'rr-with-prior' and epsilon"
+                )
             if per_round or self.edges.enabled:
                 raise field_error(
                     "unit",

@@ -1,0 +1,224 @@
+"""Multi-stage label release inside a bank (``[dp.labels] mechanism = "rr-with-prior"``).
+
+Ghazi et al., "Deep Learning with Label Differential Privacy" (NeurIPS 2021), §3.2: split the labels
+into disjoint stages; release stage 1 by plain k-ary randomised response; learn a prior from the labels
+released so far and release the next stage by RRWithPrior
+(:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_labels`) with it; repeat. Each label is released
+**exactly once**, by an ε-label-DP mechanism whose prior depends only on features, links and *other*
+labels' releases (never on the label itself), so the whole release is ε-label-DP by parallel
+composition over disjoint labels plus adaptivity (each stage's mechanism is chosen from earlier
+outputs only): one ε, recorded once, as for plain randomised response.
+
+The prior here is label propagation over the bank's own graph (Zhou et al., "Learning with local and
+global consistency", NIPS 2003; the personalised-PageRank form of APPNP), not a trained GNN: it needs
+no training, takes milliseconds, and uses only the bank's graph and its released labels — nothing the
+consortium computed, so a bank's release does not depend on other banks. Graph and features are
+outside the label unit (docs/privacy.md §6), so using the graph costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.mechanisms import RandomBytes
+
+# Label propagation: teleport weight (1 − α) back to the released labels and the number of power steps;
+# α = 0.9 with 10 steps reaches ≈ 10 hops, the range over which Cora-like graphs stay homophilous.
+PROPAGATION_ALPHA = 0.9
+PROPAGATION_STEPS = 10
+# SGC prior: K = 2 hops (as the engine's 2-layer GCN sees); full-batch Adam from zero weights, so the prior is a
+# deterministic function of its inputs. Weight decay is tiny because Â²X of row-normalised features has entries
+# of order 1e-3: Adam's coupled decay at the GCN's usual 5e-4 pins the weights near 0 (measured: the prior then
+# predicts one class).
+SGC_HOPS = 2
+SGC_EPOCHS = 100
+SGC_LEARNING_RATE = 0.2
+SGC_WEIGHT_DECAY = 1e-5
+PRIORS = ("sgc", "propagation")
+
+
+def label_stages(mask: np.ndarray, stages: int, *, _random_bytes: RandomBytes | None = None) -> np.ndarray:
+    """Each node's stage (0 … stages − 1) where ``mask`` holds, −1 elsewhere: a uniformly random split into
+    near-equal parts. The split depends on nothing but the mask, so it reveals nothing about labels."""
+    if stages < 1:
+        raise ValueError(f"stages must be at least 1, got {stages}")
+    mask = np.asarray(mask, dtype=bool)
+    index = np.flatnonzero(mask)
+    shuffled = index[np.argsort(mechanisms.secure_uniform(index.size, _random_bytes=_random_bytes), kind="stable")]
+    stage = np.full(mask.shape, -1, dtype=np.int64)
+    for number, part in enumerate(np.array_split(shuffled, stages)):
+        stage[part] = number
+    return stage
+
+
+def propagation_prior(
+    adjacency: sp.spmatrix,
+    released: np.ndarray,
+    known: np.ndarray,
+    num_classes: int,
+    epsilon: float,
+    alpha: float = PROPAGATION_ALPHA,
+    steps: int = PROPAGATION_STEPS,
+) -> np.ndarray:
+    r"""A prior over every node's label from the labels released so far, by label propagation.
+
+    :math:`F \leftarrow \alpha\hat A F + (1-\alpha)Y` for ``steps`` steps (Zhou et al., NIPS 2003), with
+    :math:`\hat A` the GCN-normalised graph and Y the one-hot released labels at ``known`` nodes. A released
+    label is the true one with :math:`q = e^\varepsilon/(e^\varepsilon + C - 1)` at most and another class
+    with :math:`r = 1/(e^\varepsilon + C - 1)` at least (randomised response's rates; RRWithPrior's are
+    sharper), so every unit of propagated mass carries ≥ r of each class whatever the truth; the prior
+    removes that floor, :math:`\max(0, F - r\,\lVert F\rVert_1)`, which sharpens it towards the true-label
+    mass. Rows reached by no released label get the (floor-removed) class frequencies of all released
+    labels. Rows are normalised to sum to 1. The prior of a node depends only on the graph and on the
+    *other* nodes' released labels when that node is not ``known`` — the condition RRWithPrior needs.
+    """
+    n = adjacency.shape[0]
+    known = np.asarray(known, dtype=bool)
+    evidence = np.zeros((n, num_classes))
+    evidence[np.flatnonzero(known), np.asarray(released)[known]] = 1.0
+    operator = gcn_normalize(adjacency)
+    spread = evidence.copy()
+    for _ in range(steps):
+        spread = alpha * (operator @ spread) + (1.0 - alpha) * evidence
+    floor = (1.0 - mechanisms.label_keep_probability(epsilon, num_classes)) / (num_classes - 1)
+
+    def sharpened(mass: np.ndarray) -> np.ndarray:
+        return np.maximum(mass - floor * mass.sum(axis=-1, keepdims=True), 0.0)
+
+    prior = sharpened(spread)
+    frequencies = sharpened(evidence.sum(axis=0))
+    if frequencies.sum() == 0:
+        frequencies = np.ones(num_classes)
+    empty = prior.sum(axis=1) == 0
+    prior[empty] = frequencies
+    return prior / prior.sum(axis=1, keepdims=True)
+
+
+def propagated_features(adjacency: sp.spmatrix, features: sp.spmatrix | np.ndarray, hops: int = SGC_HOPS) -> np.ndarray:
+    r""":math:`\hat A^K X`, SGC's input (Wu et al., "Simplifying Graph Convolutional Networks", ICML 2019, Eq. 8)."""
+    operator = gcn_normalize(adjacency)
+    propagated = sp.csr_matrix(features, dtype=np.float64) if sp.issparse(features) else np.asarray(features, float)
+    for _ in range(hops):
+        propagated = operator @ propagated
+    return propagated.toarray() if sp.issparse(propagated) else np.asarray(propagated)
+
+
+def likelihood_loss(logits: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
+    r""":math:`-\frac1n\sum_i \log \sum_y \mathrm{softmax}(h_i)_y\,L_{iy}`, with :math:`L_{iy}` = P(released label of
+    i | true y): the forward correction (Patrini et al., CVPR 2017, Eq. 4) with a transition per node, as
+    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`)."""
+    probabilities = (torch.softmax(logits, dim=1) * likelihood).sum(dim=1)
+    return -torch.log(probabilities.clamp_min(1e-12)).mean()
+
+
+def sgc_prior(
+    propagated: np.ndarray,
+    likelihood: np.ndarray,
+    known: np.ndarray,
+    epochs: int = SGC_EPOCHS,
+    learning_rate: float = SGC_LEARNING_RATE,
+    weight_decay: float = SGC_WEIGHT_DECAY,
+) -> np.ndarray:
+    r"""A prior over every node's label: softmax of a linear model on :math:`\hat A^K X` (SGC, Wu et al. 2019) fitted
+    to the released labels at ``known`` by :func:`likelihood_loss` (``likelihood[i, y]`` = P(node i's released
+    label | y)), so it estimates the *true* label, not the released one.
+
+    A node's prior depends on the graph, the features and the other nodes' released labels; when the node is
+    not ``known`` its own label never enters — the condition RRWithPrior needs. Deterministic (zero start,
+    full batch), so it needs no randomness.
+    """
+    inputs = torch.as_tensor(propagated, dtype=torch.float32)
+    index = torch.as_tensor(np.flatnonzero(known))
+    target = torch.as_tensor(likelihood[np.flatnonzero(known)], dtype=torch.float32)
+    weights = torch.zeros(inputs.shape[1], target.shape[1], requires_grad=True)
+    bias = torch.zeros(target.shape[1], requires_grad=True)
+    optimizer = torch.optim.Adam([weights, bias], lr=learning_rate, weight_decay=weight_decay)
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        likelihood_loss(inputs[index] @ weights + bias, target).backward()
+        optimizer.step()
+    with torch.no_grad():
+        return torch.softmax(inputs @ weights + bias, dim=1).double().numpy()
+
+
+def release_stages(
+    train_mask: np.ndarray,
+    val_mask: np.ndarray,
+    stages: int,
+    order: str = "random",
+    *,
+    _random_bytes: RandomBytes | None = None,
+) -> np.ndarray:
+    """Each labelled node's stage (0 … stages − 1; −1 for the others), from the masks alone.
+
+    ``"random"``: training and validation nodes together, in near-equal random parts (:func:`label_stages`).
+    ``"validation-first"``: the validation nodes in the first ``stages − 1`` parts, the training nodes last —
+    the labels the model is fitted to then get the prior learnt from every other released label.
+    """
+    train_mask, val_mask = np.asarray(train_mask, dtype=bool), np.asarray(val_mask, dtype=bool)
+    if order == "random":
+        return label_stages(train_mask | val_mask, stages, _random_bytes=_random_bytes)
+    if order != "validation-first":
+        raise ValueError(f"unknown stage order {order!r}; choose 'random' or 'validation-first'")
+    if stages < 2:
+        raise ValueError(f"'validation-first' needs at least 2 stages, got {stages}")
+    stage = label_stages(val_mask & ~train_mask, stages - 1, _random_bytes=_random_bytes)
+    stage[train_mask] = stages - 1
+    return stage
+
+
+def multi_stage_release(
+    labels: np.ndarray,
+    train_mask: np.ndarray,
+    val_mask: np.ndarray,
+    adjacency: sp.spmatrix,
+    num_classes: int,
+    epsilon: float,
+    stages: int,
+    order: str = "random",
+    prior: str = "sgc",
+    features: sp.spmatrix | np.ndarray | None = None,
+    *,
+    _random_bytes: RandomBytes | None = None,
+) -> np.ndarray:
+    """Ghazi et al.'s multi-stage release of the training and validation labels: stage 1 by randomised response,
+    every later stage by RRWithPrior with a prior from all labels released before it — :func:`sgc_prior` on the
+    features and graph (``prior = "sgc"``, needs ``features``) or :func:`propagation_prior` on the graph alone
+    (stages from :func:`release_stages`). ε-label-DP for every label, paid once (module doc). Other labels and
+    negative ones are returned unchanged.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    stage = release_stages(train_mask, val_mask, stages, order, _random_bytes=_random_bytes)
+    stage[labels < 0] = -1
+    released = mechanisms.randomized_response_labels(
+        labels, epsilon, num_classes, stage == 0, _random_bytes=_random_bytes
+    )
+    # likelihood[i, y] = P(released[i] | y): the RR matrix's column for stage 1, the prior's for later stages
+    likelihood = mechanisms.label_noise_matrix(epsilon, num_classes)[:, released.clip(0)].T.copy()
+    estimate = _prior_estimator(prior, adjacency, features, num_classes, epsilon)
+    for number in range(1, stages):
+        current = stage == number
+        priors = estimate(released, likelihood, (stage >= 0) & (stage < number))
+        released = mechanisms.rr_with_prior_labels(released, priors, epsilon, current, _random_bytes=_random_bytes)
+        likelihood[current] = mechanisms.rr_with_prior_likelihood(priors[current], released[current], epsilon)
+    return released
+
+
+def _prior_estimator(
+    prior: str, adjacency: sp.spmatrix, features, num_classes: int, epsilon: float
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """(released, likelihood, known) → priors for every node, by the named prior."""
+    if prior == "propagation":
+        return lambda released, likelihood, known: propagation_prior(adjacency, released, known, num_classes, epsilon)
+    if prior != "sgc":
+        raise ValueError(f"unknown prior {prior!r}; choose one of {list(PRIORS)}")
+    if features is None:
+        raise ValueError("prior = 'sgc' needs the bank's features")
+    propagated = propagated_features(adjacency, features)
+    return lambda released, likelihood, known: sgc_prior(propagated, likelihood, known)
