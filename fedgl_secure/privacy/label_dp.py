@@ -28,8 +28,15 @@ def forward_corrected_loss(
 
     ``noise_matrix[i, j]`` = P(reported j | true i). With ``T = I`` it is cross-entropy.
     """
-    probabilities = torch.softmax(logits, dim=1) @ noise_matrix.to(logits.dtype)
-    return F.nll_loss(torch.log(probabilities.clamp_min(1e-12)), noisy_labels)
+    return likelihood_loss(logits, noise_matrix.to(logits.dtype)[:, noisy_labels].T)
+
+
+def likelihood_loss(logits: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
+    r""":math:`-\frac1n\sum_i \log \sum_y \mathrm{softmax}(h_i)_y\,L_{iy}`, with :math:`L_{iy}` = P(released label of
+    i | true y): the forward correction (Patrini et al., CVPR 2017, Eq. 4) with a transition per node, as
+    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`)."""
+    probabilities = (torch.softmax(logits, dim=1) * likelihood).sum(dim=1)
+    return -torch.log(probabilities.clamp_min(1e-12)).mean()
 
 
 class ForwardCorrectedTraining:

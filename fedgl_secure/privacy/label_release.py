@@ -26,6 +26,7 @@ import torch
 
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.label_dp import likelihood_loss
 from fedgl_secure.privacy.mechanisms import RandomBytes
 
 # Label propagation: teleport weight (1 − α) back to the released labels and the number of power steps;
@@ -107,14 +108,6 @@ def propagated_features(adjacency: sp.spmatrix, features: sp.spmatrix | np.ndarr
     for _ in range(hops):
         propagated = operator @ propagated
     return propagated.toarray() if sp.issparse(propagated) else np.asarray(propagated)
-
-
-def likelihood_loss(logits: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
-    r""":math:`-\frac1n\sum_i \log \sum_y \mathrm{softmax}(h_i)_y\,L_{iy}`, with :math:`L_{iy}` = P(released label of
-    i | true y): the forward correction (Patrini et al., CVPR 2017, Eq. 4) with a transition per node, as
-    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`)."""
-    probabilities = (torch.softmax(logits, dim=1) * likelihood).sum(dim=1)
-    return -torch.log(probabilities.clamp_min(1e-12)).mean()
 
 
 def sgc_prior(
