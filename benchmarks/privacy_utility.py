@@ -241,7 +241,10 @@ def unit_policy(unit: str, epsilon: float, label_options: dict | None = None):
     if unit != "gap":
         values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
     if unit == "label" and label_options:
-        values["dp"]["labels"].update(label_options)
+        labels = values["dp"]["labels"]
+        if "mechanism" in label_options:  # another mechanism: the template's own mechanism options do not apply
+            labels = {key: labels[key] for key in ("epsilon", "correction") if key in labels}
+        values["dp"]["labels"] = {**labels, **label_options}
     values["budget"]["epsilon"] = float(epsilon)
     return policy_from_dict(values, source=f"{path.name} (ε = {epsilon:g})")
 
@@ -374,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         "--label-options",
         type=parse_options,
         default={},
-        help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. "
-        "mechanism=rr-with-prior,stages=2,stage_order=validation-first",
+        help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. stages=3; with mechanism=... "
+        "only the template's epsilon and correction are kept (mechanism=randomized-response: plain RR)",
     )
     args = parser.parse_args(argv)
     if args.units is not None:

@@ -191,3 +191,9 @@ def test_stage_settings_are_refused_without_rr_with_prior(field):
 def test_rr_with_prior_needs_at_least_two_stages():
     with pytest.raises(PolicyError, match="stages"):
         policy_from_dict(prior_policy(2.0, stages=1), source="test")
+
+
+def test_the_forward_correction_is_refused_with_rr_with_prior():
+    with pytest.raises(PolicyError, match="dp.labels.correction"):
+        policy_from_dict(prior_policy(2.0, correction="forward"), source="test")
+

@@ -39,10 +39,10 @@ def edge_policy(epsilon: float = 4.0, **dp) -> dict:
     }
 
 
-def label_policy(epsilon: float = 2.0) -> dict:
+def label_policy(epsilon: float = 2.0, mechanism: str = "randomized-response") -> dict:
     return {
         "protection": "he",
-        "dp": {"unit": "label", "labels": {"mechanism": "randomized-response", "epsilon": epsilon}},
+        "dp": {"unit": "label", "labels": {"mechanism": mechanism, "epsilon": epsilon}},
         "budget": {"epsilon": epsilon, "rounds": 50},
     }
 
@@ -217,7 +217,7 @@ def final_weights(small, privacy=None) -> tuple[object, dict]:
     return result, seen
 
 
-@pytest.mark.parametrize("values", [edge_policy(3.0), label_policy(1.0)])
+@pytest.mark.parametrize("values", [edge_policy(3.0), label_policy(1.0), label_policy(1.0, "rr-with-prior")])
 def test_a_source_only_run_spends_its_epsilon_once_and_trains_on_the_released_data(small, values):
     privacy = FederationPrivacy(policy_from_dict(values), random_bytes=seeded_bytes(0))
     result, seen = final_weights(small, privacy)
