@@ -95,3 +95,11 @@ class SparseOperator:
 
     def to_dense(self) -> torch.Tensor:
         return self.matrix.to_dense()
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """``S`` as a scipy CSR matrix on the CPU (float64)."""
+        matrix = self.matrix.cpu()
+        return sp.csr_matrix(
+            (matrix.values().double().numpy(), matrix.col_indices().numpy(), matrix.crow_indices().numpy()),
+            shape=tuple(matrix.shape),
+        )

@@ -500,22 +500,13 @@ class FederationPrivacy:
                 graph.val_mask.cpu().numpy(),
                 graph.num_classes,
                 adjacency,
-                _scipy_features(graph.features),
+                graph.features.to_scipy(),
             )
             changes["labels"] = torch.as_tensor(released, dtype=torch.int64, device=graph.device)
         return dataclasses.replace(graph, **changes)
 
     def ledgers(self) -> dict[str, PrivacyLedger]:
         return {bank.bank: bank.ledger for bank in self.banks.values()}
-
-
-def _scipy_features(features) -> sp.csr_matrix:
-    """A :class:`~fedgl_secure.model.sparse.SparseOperator`'s CSR matrix as scipy, on the CPU."""
-    matrix = features.matrix.cpu()
-    return sp.csr_matrix(
-        (matrix.values().double().numpy(), matrix.col_indices().numpy(), matrix.crow_indices().numpy()),
-        shape=tuple(matrix.shape),
-    )
 
 
 class _CentrallyNoised:
