@@ -21,7 +21,7 @@ from fedgl_secure.engine.pseudo_graph import (
 )
 from fedgl_secure.errors import ConfigError
 
-CPU_BACKENDS = ("torch", "faiss")
+CPU_BACKENDS = ("torch", "fused", "faiss")
 
 
 def dense_reference(h: torch.Tensor, s: int, similarity: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,9 +216,10 @@ def test_invalid_arguments_raise_config_error_naming_them(arguments: dict, named
     assert str(raised.value).startswith(named), str(raised.value)
 
 
-def test_overflowing_similarities_raise_instead_of_returning_nan():
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_overflowing_similarities_raise_instead_of_returning_nan(backend: str):
     with pytest.raises(ConfigError, match="embeddings"):
-        discover_pseudo_graph(torch.full((5, 2), 1e30), 2, backend="torch")
+        discover_pseudo_graph(torch.full((5, 2), 1e30), 2, backend=backend)
 
 
 @settings(max_examples=25, deadline=None, database=None)
@@ -256,15 +257,21 @@ def test_drop_self_removes_the_node_or_else_the_last_candidate():
     assert kept_scores.tolist() == [[3.0, 1.0], [6.0, 5.0], [8.0, 7.0]]
 
 
-def test_auto_backend_on_a_cpu_host_prefers_faiss():
+def test_auto_backend_on_a_cpu_host_prefers_fused_then_faiss(monkeypatch: pytest.MonkeyPatch):
+    from fedgl_secure.engine import pseudo_graph
+
     if torch.cuda.is_available():
         assert resolve_backend("auto") == ("torch", torch.device("cuda"))
-    assert resolve_backend("auto", "cpu") == ("faiss", torch.device("cpu"))
+    assert resolve_backend("auto", "cpu") == ("fused", torch.device("cpu"))
     assert resolve_backend("torch", "cpu") == ("torch", torch.device("cpu"))
+    monkeypatch.setattr(pseudo_graph, "_import_fused", lambda: None)  # numba missing
+    assert resolve_backend("auto", "cpu") == ("faiss", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="numba"):
+        resolve_backend("fused", "cpu")
 
 
 def test_public_constants():
-    assert BACKENDS == ("auto", "torch", "faiss", "ivf") and SIMILARITIES == ("dot", "cosine")
+    assert BACKENDS == ("auto", "torch", "fused", "faiss", "ivf") and SIMILARITIES == ("dot", "cosine")
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,7 +375,7 @@ def test_auto_switches_to_ivf_above_the_threshold(monkeypatch: pytest.MonkeyPatc
     assert pseudo_graph.APPROXIMATE_MIN_NODES >= 100_000
     assert pseudo_graph.APPROXIMATE_MIN_NODES_CUDA >= pseudo_graph.APPROXIMATE_MIN_NODES
     cpu = torch.device("cpu")
-    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES) == ("faiss", cpu)
+    assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES) == ("fused", cpu)
     assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES + 1) == ("ivf", cpu)
     assert resolve_backend("faiss", "cpu", num_nodes=10**7) == ("faiss", cpu)  # forcing wins
     assert resolve_backend("ivf", "cpu", num_nodes=10) == ("ivf", cpu)

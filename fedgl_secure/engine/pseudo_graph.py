@@ -5,16 +5,20 @@ into a kNN-style graph: each node keeps its ``s`` most similar other nodes, nega
 become 0, and each row is normalised to sum 1.
 
 ``M`` reaches 10^5–10^6 in a consortium, so the ``M x M`` similarity matrix is never built: rows
-are processed in blocks and only the top ``s`` entries of each row survive a block. Two exact
-backends do the block work:
+are processed in blocks and only the top ``s`` entries of each row survive a block. Three
+exact backends do the block work:
 
 * ``torch``: ``block @ H̄ᵀ`` and ``torch.topk`` on any device; the only path that uses a GPU;
+* ``fused``: a numba kernel (``fused_knn``) that computes each small tile of scores in L1 and
+  keeps only those above each row's running s-th best, so no score is written to memory: the
+  fastest on a CPU (docs/results/pseudo_graph_100k.json);
 * ``faiss``: ``faiss.IndexFlatIP`` exact inner-product search, whose fused matmul + heap
-  selection is faster on a CPU than a dense ``topk`` over full rows.
+  selection is faster on a CPU than a dense ``topk`` over full rows; the CPU fallback where
+  numba is missing.
 
-Both give the same graph up to floating-point rounding (and the choice among tied entries).
+All give the same graph up to floating-point rounding (and the choice among tied entries).
 
-Exact search is still ``O(M² D)``: 12 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
+Exact search is still ``O(M² D)``: 7-12 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
 large ``M`` a third, **approximate** backend trades a little recall for linear time:
 
 * ``ivf``: an inverted file of spherical k-means lists of fixed size, each list searched as one
@@ -24,7 +28,7 @@ large ``M`` a third, **approximate** backend trades a little recall for linear t
   carries no structure anyway.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
-faiss) and ``ivf`` above (on the GPU when there is one); any backend can be forced. Below the
+fused, else faiss) and ``ivf`` above (on the GPU when there is one); any backend can be forced. Below the
 threshold results stay exact, so small runs (tests, the consortium-vs-simulation equality) are
 unaffected. All backends return the same ``PseudoGraph`` structure: ``M x s`` neighbours (never
 the node itself) and ``rownorm``-ed clamped weights; none holds more than a block (or a list) of
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
     import scipy.sparse as sp
 
 SIMILARITIES = ("dot", "cosine")
-BACKENDS = ("auto", "torch", "faiss", "ivf")
+BACKENDS = ("auto", "torch", "fused", "faiss", "ivf")
 # Above this many rows ``auto`` switches from exact search to ``ivf``.
 # Exact search grows as M²: ~12 s at 10^5 rows on 2 cores (docs/results/pseudo_graph_100k.json),
 # so ~75 s per round at 2·10^5, still tolerable for a server that runs a few hundred rounds, while
@@ -71,8 +75,15 @@ _BLOCK_SCORE_BYTES_CUDA = 2 * 2**30
 # tile's queries keeps its BLAS path as efficient as one call over all rows, while bounding the
 # (rows x (s+1)) candidate buffers we hold at once.
 _FAISS_BLOCK_ROWS = 4 * 4096
+# Rows per call of the fused kernel: bounds its (rows x s) results held at once besides the graph,
+# and gives the progress bar steps; each call spreads its rows over all threads.
+_FUSED_BLOCK_ROWS = 16384
+# Blocks of 64 rows handed to numba's threads one at a time (``numba.parallel_chunksize``), so a
+# thread slowed by a busy host takes fewer rather than holding up a static half.
+_FUSED_CHUNKSIZE = 1
 # (queries, database rows) per faiss distance tile; see ``_faiss_tiles``.
 _FAISS_TILE = (256, 65536)
+_OVERFLOW_MESSAGE = "embeddings: similarities overflow float32; rescale the embeddings or use similarity='cosine'"
 # Fewer blocks than this finish quickly enough that a progress bar would only be noise.
 _PROGRESS_MIN_BLOCKS = 20
 
@@ -211,14 +222,18 @@ def discover_pseudo_graph(
         similarity: ``"dot"`` (the paper's ``H̄ H̄ᵀ``) or ``"cosine"`` (rows L2-normalised first,
             zero rows stay zero), which avoids a few high-norm nodes becoming everybody's
             neighbours (DESIGN §3, pitfalls).
-        backend: ``"torch"`` (exact, any device), ``"faiss"`` (exact, CPU only), ``"ivf"``
-            (approximate, linear in M, any device; ``approximate_knn``) or ``"auto"``: exact up to
-            ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU), ``ivf``
-            above; exact means torch on a usable GPU, else faiss when installed, else torch.
+        backend: ``"torch"`` (exact, any device), ``"fused"`` and ``"faiss"`` (exact, CPU only),
+            ``"ivf"`` (approximate, linear in M, any device; ``approximate_knn``) or ``"auto"``:
+            exact up to ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU),
+            ``ivf`` above; exact means torch on a usable GPU, else fused when numba imports, else
+            faiss when installed, else torch. The first fused call in a fresh installation
+            compiles its kernel (~20 s on 2 busy cores); later processes load it from numba's
+            on-disk cache (~1 s).
         block_size: rows processed per block by the exact backends; by default as many as keep
-            one block of scores within ~256 MB (torch on a CPU; 2 GB on a GPU) or 16384 (faiss).
+            one block of scores within ~256 MB (torch on a CPU; 2 GB on a GPU) or 16384 (fused,
+            faiss).
         device: where the torch and ivf backends compute; a CPU device makes ``auto`` prefer
-            faiss. Results always come back on the CPU.
+            fused. Results always come back on the CPU.
         progress: show a progress bar over blocks (lists, for ivf); ``None`` shows one only for
             more than 20.
 
@@ -243,7 +258,10 @@ def discover_pseudo_graph(
     if similarity == "cosine":
         h = torch.nn.functional.normalize(h, p=2.0, dim=1)
 
-    if chosen == "faiss":
+    if chosen == "fused":
+        bounds = _block_bounds(m, block_size or _FUSED_BLOCK_ROWS)
+        blocks, steps = _fused_top_s(h.cpu().contiguous(), s_eff, bounds), len(bounds)
+    elif chosen == "faiss":
         # A short last block would fall below faiss' BLAS threshold onto its ~2x slower
         # one-query-at-a-time path, so the default blocking folds it into the previous block.
         bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS, fold_short_tail=block_size is None)
@@ -264,9 +282,7 @@ def discover_pseudo_graph(
     with closing(blocks), tqdm(total=steps, desc="pseudo graph", unit="block", disable=not show) as bar:
         for rows, ids, top in blocks:
             if not torch.isfinite(top).all():
-                raise ConfigError(
-                    "embeddings: similarities overflow float32; rescale the embeddings or use similarity='cosine'"
-                )
+                raise ConfigError(_OVERFLOW_MESSAGE)
             rows = rows.cpu() if isinstance(rows, torch.Tensor) else rows
             neighbors[rows] = ids.cpu()
             weights[rows] = pseudo_graph_weights(top).cpu()
@@ -286,6 +302,41 @@ def _torch_top_s(
         values, ids = top_s(scores, s)
         del scores  # free the block before the next one is allocated
         yield slice(start, stop), ids.cpu(), values.cpu()
+
+
+def _fused_top_s(
+    h: torch.Tensor, s: int, bounds: list[tuple[int, int]]
+) -> Generator[tuple[slice, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(rows, ids, similarities)`` of each block's top s via the fused numba kernel."""
+    fused_knn = _import_fused()
+    assert fused_knn is not None  # resolve_backend checked it
+    points = h.numpy()
+    # The kernel keeps scores in float32 and marks "none yet" with float32's lowest value, so no
+    # score may overflow: |h_i . h_j| <= max ||h||^2 (Cauchy-Schwarz) bounds them all.
+    largest = float((points.astype("float64") ** 2).sum(axis=1).max())
+    if not largest < float(torch.finfo(torch.float32).max) / 2:
+        raise ConfigError(_OVERFLOW_MESSAGE)
+    columns = fused_knn.prepare_columns(points)
+    with _numba_threads(torch.get_num_threads()):
+        for start, stop in bounds:
+            scores, ids = fused_knn.top_s_rows(points, columns, s, start, stop)
+            yield slice(start, stop), torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+@contextmanager
+def _numba_threads(n: int) -> Iterator[None]:
+    """Run numba kernels on ``n`` threads (at most numba's pool), handing blocks out one at a time,
+    and restore both settings afterwards (as ``_faiss_threads``: torch's count is the one knob).
+    """
+    import numba
+
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        with numba.parallel_chunksize(_FUSED_CHUNKSIZE):
+            yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def _faiss_top_s(
@@ -393,10 +444,19 @@ def _import_faiss() -> ModuleType | None:
     return faiss
 
 
+def _import_fused() -> ModuleType | None:
+    """The fused kernel's module, or ``None`` without numba."""
+    try:
+        from fedgl_secure.engine import fused_knn
+    except ImportError:
+        return None
+    return fused_knn
+
+
 def resolve_backend(
     backend: str, device: torch.device | str | None = None, num_nodes: int | None = None
 ) -> tuple[str, torch.device]:
-    """The backend ``discover_pseudo_graph`` will run and its device (faiss: always the CPU).
+    """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss: always the CPU).
 
     ``num_nodes`` is ``M``: ``auto`` picks ``ivf`` above ``APPROXIMATE_MIN_NODES`` on a CPU and
     above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU (``None``: assume small). Public so callers can
@@ -413,10 +473,12 @@ def resolve_backend(
             raise ConfigError(f"device {device!r} is not a valid torch device: {error}") from None
         if target.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but CUDA is not available")
-    if backend == "faiss":
+    if backend in ("fused", "faiss"):
         if target is not None and target.type != "cpu":
-            raise ConfigError(f"device {device!r} needs backend 'torch' or 'ivf': backend 'faiss' runs on the CPU")
-        if _import_faiss() is None:
+            raise ConfigError(f"device {device!r} needs backend 'torch' or 'ivf': backend {backend!r} runs on the CPU")
+        if backend == "fused" and _import_fused() is None:
+            raise ConfigError("backend 'fused' needs the numba package; install it or use backend 'faiss' or 'torch'")
+        if backend == "faiss" and _import_faiss() is None:
             raise ConfigError("backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'")
         return backend, cpu
     if target is None:
@@ -427,6 +489,8 @@ def resolve_backend(
     threshold = APPROXIMATE_MIN_NODES_CUDA if target.type == "cuda" else APPROXIMATE_MIN_NODES
     if num_nodes is not None and num_nodes > threshold:
         return "ivf", target
+    if target.type == "cpu" and _import_fused() is not None:
+        return "fused", cpu
     if target.type == "cpu" and _import_faiss() is not None:
         return "faiss", cpu
     return "torch", target or cpu

@@ -1,0 +1,120 @@
+"""The fused numba top-s kernel (engine/fused_knn.py) against the torch backend and plain sorts.
+
+The generic Eq. 15 checks (dense reference, ties, s >= M - 1, all-negative rows, overflow) run
+for every CPU backend in test_pseudo_graph.py; these cover what is particular to the kernel:
+several column chunks, row blocks and compactions, the column shuffle, thread settings, and its
+two building blocks.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+import torch
+from numba import njit
+
+from fedgl_secure.engine import fused_knn
+from fedgl_secure.engine.pseudo_graph import PseudoGraph, discover_pseudo_graph
+from fedgl_secure.engine.simd import above_mask
+
+
+def assert_same_graph(ours: PseudoGraph, reference: PseudoGraph) -> None:
+    """Same neighbour sets wherever the s-th and (s+1)-th similarities are not tied, weights equal
+    up to float32 rounding; ``reference`` is the torch backend's."""
+    assert ours.neighbors.shape == reference.neighbors.shape
+    torch.testing.assert_close(ours.weights, reference.weights, atol=1e-5, rtol=0)
+    rows = torch.arange(ours.num_nodes)
+    assert not (ours.neighbors == rows[:, None]).any()
+    for i in range(ours.num_nodes):
+        assert set(ours.neighbors[i].tolist()) == set(reference.neighbors[i].tolist()), f"row {i}"
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine"])
+def test_matches_the_torch_backend_over_many_chunks_blocks_and_compactions(similarity: str):
+    # 1,100 rows: 5 column chunks (the last partial), 18 row blocks of 64 split over 3 calls of
+    # 400 rows, and s = 20 fills each row's buffer of 80 several times.
+    h = torch.randn(1100, 16, generator=torch.Generator().manual_seed(1))
+    ours = discover_pseudo_graph(h, 20, similarity=similarity, backend="fused", block_size=400)
+    reference = discover_pseudo_graph(h, 20, similarity=similarity, backend="torch")
+    assert_same_graph(ours, reference)
+
+
+def test_rows_sorted_by_similarity_still_match():
+    # Rows along one direction with growing norm: without the column shuffle every score of a row
+    # would beat the bar in turn (the worst order for the threshold scan).
+    direction = torch.randn(12, generator=torch.Generator().manual_seed(2))
+    h = torch.linspace(0.1, 3.0, 600)[:, None] * direction + 0.05 * torch.randn(600, 12)
+    assert_same_graph(discover_pseudo_graph(h, 15, backend="fused"), discover_pseudo_graph(h, 15, backend="torch"))
+
+
+def test_float64_input_and_a_row_of_zeros():
+    h = torch.randn(300, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    h[7] = 0
+    ours = discover_pseudo_graph(h, 12, backend="fused")
+    reference = discover_pseudo_graph(h, 12, backend="torch")
+    # Row 7 scores 0 against everybody: any 12 others are a top 12, all with weight 0.
+    assert (ours.weights[7] == 0).all() and 7 not in ours.neighbors[7].tolist()
+    keep = torch.arange(300) != 7
+    torch.testing.assert_close(ours.weights[keep], reference.weights[keep], atol=1e-5, rtol=0)
+    for i in torch.nonzero(keep).flatten().tolist():
+        assert set(ours.neighbors[i].tolist()) == set(reference.neighbors[i].tolist()), f"row {i}"
+
+
+def test_uses_torch_thread_count_and_restores_numba_settings():
+    h = torch.randn(200, 8, generator=torch.Generator().manual_seed(4))
+    before = (numba.get_num_threads(), numba.get_parallel_chunksize())
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = discover_pseudo_graph(h, 10, backend="fused")
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert (numba.get_num_threads(), numba.get_parallel_chunksize()) == before
+    assert torch.equal(single.neighbors, discover_pseudo_graph(h, 10, backend="fused").neighbors)
+
+
+def test_refuses_a_gpu_device():
+    from fedgl_secure.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^device"):
+        discover_pseudo_graph(torch.randn(10, 3), 3, backend="fused", device="cuda:0")
+
+
+@njit(cache=True)
+def _keep_best(values, members, s):
+    spare_values = np.empty_like(values)
+    spare_members = np.empty_like(members)
+    return fused_knn._keep_best(values, members, values.shape[0], s, spare_values, spare_members)
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "equal"])
+@pytest.mark.parametrize("s", [1, 7, 50, 99])
+def test_keep_best_moves_the_s_largest_to_the_front(kind: str, s: int):
+    rng = np.random.default_rng(s)
+    values = {
+        "random": rng.standard_normal(100),
+        "ties": rng.integers(0, 5, 100),  # many equal to the s-th largest
+        "equal": np.zeros(100),
+    }[kind].astype(np.float32)
+    original = values.copy()
+    members = np.arange(100, dtype=np.int32)
+    threshold = _keep_best(values, members, s)
+    expected = np.sort(original)[::-1][:s]
+    assert np.array_equal(np.sort(values[:s])[::-1], expected)
+    assert threshold == expected[-1]
+    assert np.array_equal(original[members], values), "members must move with their values"
+    assert sorted(members.tolist()) == list(range(100))
+
+
+@njit(cache=True)
+def _masks(array, bar):
+    return [above_mask(array, start, bar) for start in range(array.shape[0] - 7)]
+
+
+def test_above_mask_sets_one_bit_per_lane_above_the_bar():
+    array = np.random.default_rng(5).standard_normal(40).astype(np.float32)
+    bar = np.float32(0.3)
+    for start, mask in enumerate(_masks(array, bar)):
+        expected = sum(1 << lane for lane in range(8) if array[start + lane] > bar)
+        assert mask == expected, start
