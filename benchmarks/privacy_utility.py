@@ -39,7 +39,9 @@ centralised: what a model learns with no graph at all). Each run records accurac
 the final W̄ and, when the final broadcast carries a pseudo graph, the link-inference AUC
 (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
-pipeline without noise); its rows have no MIA (the attack reads a GCN's weights).
+pipeline without noise); its rows have no MIA (the attack reads a GCN's weights). ``--label-options
+key=value,...`` replaces keys of the label template's ``[dp.labels]`` (e.g. ``stages=3``; with ``mechanism=``
+only the template's ε and correction are kept), to compare label releases (docs/privacy.md §6.10).
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora --units edge,label \
         --methods fedgl,fgcl --epsilons 0.5,1,2,4,8,inf --seeds 1 --rounds 20 \

@@ -9,11 +9,14 @@ labels' releases (never on the label itself), so the whole release is ε-label-D
 composition over disjoint labels plus adaptivity (each stage's mechanism is chosen from earlier
 outputs only): one ε, recorded once, as for plain randomised response.
 
-The prior here is label propagation over the bank's own graph (Zhou et al., "Learning with local and
-global consistency", NIPS 2003; the personalised-PageRank form of APPNP), not a trained GNN: it needs
-no training, takes milliseconds, and uses only the bank's graph and its released labels — nothing the
-consortium computed, so a bank's release does not depend on other banks. Graph and features are
-outside the label unit (docs/privacy.md §6), so using the graph costs nothing.
+The prior is fitted inside the bank, to its own features, graph and earlier releases — nothing the
+consortium computed, so a bank's release does not depend on other banks: SGC (Wu et al., "Simplifying
+Graph Convolutional Networks", ICML 2019: softmax regression on Â²X, the shipped choice) fitted by the
+likelihood of each released label under the mechanism that released it, or label propagation over the
+graph (Zhou et al., "Learning with local and global consistency", NIPS 2003), which needs no features.
+Graph and features are outside the label unit (docs/privacy.md §6), so using them costs nothing. Measured
+on Cora at ε = 2 (docs/privacy.md §6.10): SGC with the validation labels first releases 66 % of the
+training labels right against 56 % by randomised response; label propagation 59 %.
 """
 
 from __future__ import annotations
