@@ -8,7 +8,11 @@ two building blocks.
 
 from __future__ import annotations
 
-import numba
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -61,17 +65,29 @@ def test_float64_input_and_a_row_of_zeros():
         assert set(ours.neighbors[i].tolist()) == set(reference.neighbors[i].tolist()), f"row {i}"
 
 
-def test_uses_torch_thread_count_and_restores_numba_settings():
-    h = torch.randn(200, 8, generator=torch.Generator().manual_seed(4))
-    before = (numba.get_num_threads(), numba.get_parallel_chunksize())
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        single = discover_pseudo_graph(h, 10, backend="fused")
-    finally:
-        torch.set_num_threads(torch_threads)
-    assert (numba.get_num_threads(), numba.get_parallel_chunksize()) == before
-    assert torch.equal(single.neighbors, discover_pseudo_graph(h, 10, backend="fused").neighbors)
+def test_a_pinned_host_stays_pinned_in_a_fresh_process():
+    """numba's OpenMP layer sets the caller's OpenMP thread count when it first launches, and torch
+    (and faiss imported after torch) share that libgomp here: a fused call must leave torch,
+    faiss and numba's own settings as it found them. A fresh process, because that first launch
+    happens once per process."""
+    script = textwrap.dedent(
+        """
+        import torch, faiss, numba
+        from fedgl_secure.engine.pseudo_graph import discover_pseudo_graph
+        torch.set_num_threads(1)
+        faiss.omp_set_num_threads(1)
+        before = (numba.get_num_threads(), numba.get_parallel_chunksize())
+        h = torch.randn(200, 8, generator=torch.Generator().manual_seed(4))
+        discover_pseudo_graph(h, 10, backend="fused", block_size=50)
+        after = (numba.get_num_threads(), numba.get_parallel_chunksize())
+        assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == (1, 1), (
+            torch.get_num_threads(), faiss.omp_get_max_threads())
+        assert after == before, (before, after)
+        """
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_refuses_a_gpu_device():

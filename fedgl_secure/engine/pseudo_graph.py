@@ -38,6 +38,7 @@ rows' candidates besides that result.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -317,26 +318,36 @@ def _fused_top_s(
     if not largest < float(torch.finfo(torch.float32).max) / 2:
         raise ConfigError(_OVERFLOW_MESSAGE)
     columns = fused_knn.prepare_columns(points)
-    with _numba_threads(torch.get_num_threads()):
-        for start, stop in bounds:
+    threads = torch.get_num_threads()
+    for start, stop in bounds:
+        # Per block, not around the generator: the caller runs torch between blocks.
+        with _numba_threads(threads):
             scores, ids = fused_knn.top_s_rows(points, columns, s, start, stop)
-            yield slice(start, stop), torch.from_numpy(ids), torch.from_numpy(scores)
+        yield slice(start, stop), torch.from_numpy(ids), torch.from_numpy(scores)
 
 
 @contextmanager
 def _numba_threads(n: int) -> Iterator[None]:
     """Run numba kernels on ``n`` threads (at most numba's pool), handing blocks out one at a time,
-    and restore both settings afterwards (as ``_faiss_threads``: torch's count is the one knob).
+    and restore every thread setting it touches afterwards.
+
+    numba's OpenMP threading layer sets the calling thread's OpenMP thread count when it launches
+    a kernel, and torch (and faiss, when imported after torch) may resolve to that same libgomp:
+    without the restore a fused call silently moves a host pinned to one thread onto all cores.
     """
     import numba
 
-    previous = numba.get_num_threads()
+    faiss = sys.modules.get("faiss")
+    previous = numba.get_num_threads(), torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else None
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
     try:
         with numba.parallel_chunksize(_FUSED_CHUNKSIZE):
             yield
     finally:
-        numba.set_num_threads(previous)
+        numba.set_num_threads(previous[0])
+        torch.set_num_threads(previous[1])
+        if faiss is not None:
+            faiss.omp_set_num_threads(previous[2])
 
 
 def _faiss_top_s(
