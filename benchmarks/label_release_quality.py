@@ -45,7 +45,7 @@ def released(variant: str, bank, graph, epsilon: float, random_bytes) -> np.ndar
         prior,
         graph.features.to_scipy(),
         _random_bytes=random_bytes,
-    )
+    ).labels
 
 
 def main(argv: list[str] | None = None) -> int:

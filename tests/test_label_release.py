@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.privacy import label_release, mechanisms
@@ -155,9 +156,13 @@ def test_the_multi_stage_release_gets_more_labels_right_than_randomised_response
     for seed in range(4):
         source = seeded_bytes(seed)
         rr = mechanisms.randomized_response_labels(labels, 1.0, 4, train | val, _random_bytes=source)
-        staged = label_release.multi_stage_release(
+        staged, likelihood = label_release.multi_stage_release(
             labels, train, val, adjacency, 4, 1.0, 2, "validation-first", prior, features, _random_bytes=source
         )
+        # each released label's likelihood row is its transition column: randomised response's for stage 1
+        rr_column = mechanisms.label_noise_matrix(1.0, 4)[:, staged[val]].T
+        assert np.allclose(likelihood[val], rr_column)
+        assert np.allclose(likelihood[train, staged[train]], likelihood[train].max(axis=1))
         assert np.array_equal(staged[~(train | val)], labels[~(train | val)])
         right_rr += int((rr[train] == labels[train]).sum())
         right_staged += int((staged[train] == labels[train]).sum())
@@ -193,7 +198,23 @@ def test_rr_with_prior_needs_at_least_two_stages():
         policy_from_dict(prior_policy(2.0, stages=1), source="test")
 
 
-def test_the_forward_correction_is_refused_with_rr_with_prior():
-    with pytest.raises(PolicyError, match="dp.labels.correction"):
-        policy_from_dict(prior_policy(2.0, correction="forward"), source="test")
+def test_the_forward_correction_under_rr_with_prior_trains_with_each_nodes_own_transition():
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
 
+    policy = policy_from_dict(prior_policy(2.0, correction="forward", stage_order="validation-first"), source="test")
+    labels, adjacency, features, train, val = planted_bank()
+    privacy = FederationPrivacy(policy, random_bytes=seeded_bytes(0))
+    privacy.setup_bank(0, "bank-0", 1.0, adjacency, np.random.default_rng(0))
+    released = privacy.banks[0].prepare_labels(labels, train, val, 4, adjacency, features)
+
+    class Trainer:  # what attach_training reads of a LocalTrainer
+        graph = type("Graph", (), {"num_classes": 4, "labels": torch.as_tensor(released)})()
+        private_training = None
+
+    trainer = Trainer()
+    privacy.attach_training(0, trainer)
+    expected = privacy.banks[0].label_likelihood
+    assert np.allclose(trainer.private_training.likelihood.numpy(), expected, atol=1e-7)
+    # RRWithPrior's rows are not randomised response's: the training labels had a prior
+    rr_rows = mechanisms.label_noise_matrix(2.0, 4)[:, released].T
+    assert not np.allclose(expected[train], rr_rows[train])

@@ -137,14 +137,12 @@ class _Contrastive:
         return views
 
     def _supervised(self, trainer: LocalTrainer, logits: torch.Tensor, pseudo_labels, alpha: float) -> torch.Tensor:
-        from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, forward_corrected_loss
+        from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
 
         graph = trainer.graph
         hook = trainer.private_training
         if isinstance(hook, ForwardCorrectedTraining):  # label DP: the training labels are randomised
-            loss = forward_corrected_loss(
-                logits[graph.train_mask], graph.labels[graph.train_mask], hook.noise_matrix.to(logits.device)
-            )
+            loss = hook.label_loss(logits, graph)
             pseudo_mask = None if pseudo_labels is None else (pseudo_labels >= 0) & ~graph.train_mask
             if alpha > 0 and pseudo_mask is not None and bool(pseudo_mask.any()):
                 loss = loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask])

@@ -210,6 +210,8 @@ class BankPrivacy:
         self.normaliser = float(normaliser)
         self.ledger = ledger if ledger is not None else PrivacyLedger(bank)
         self.stopped_round: int | None = None  # the first round it refused to contribute to
+        # under rr-with-prior: P(released label | true class) per node, for the forward-corrected loss
+        self.label_likelihood: np.ndarray | None = None
         self._random_bytes = random_bytes
         self.log = get_logger(role="bank-privacy", bank=bank)
 
@@ -267,7 +269,7 @@ class BankPrivacy:
             if release.channel != LABELS:
                 continue
             if settings.mechanism == "rr-with-prior":
-                labels = label_release.multi_stage_release(
+                labels, self.label_likelihood = label_release.multi_stage_release(
                     labels,
                     train_mask,
                     val_mask,
@@ -444,8 +446,14 @@ class FederationPrivacy:
         """
         labels = self.policy.dp.labels
         if labels.enabled and labels.correction == "forward":
-            trainer.private_training = ForwardCorrectedTraining(
-                mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes)
+            likelihood = self.banks[client_id].label_likelihood
+            trainer.private_training = (
+                ForwardCorrectedTraining(likelihood)
+                if likelihood is not None  # RRWithPrior: each node's own transition
+                else ForwardCorrectedTraining.for_randomized_response(
+                    mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes),
+                    trainer.graph.labels.cpu().numpy(),
+                )
             )
         sgd = self.policy.dp.sgd
         if not self.policy.dp.sgd_enabled:

@@ -43,11 +43,24 @@ class ForwardCorrectedTraining:
     """A :class:`~fedgl_secure.engine.client.LocalTrainer`'s ``private_training`` hook under label DP.
 
     Full-batch Adam as the trainer's own loop, with the training-label term replaced by
-    :func:`forward_corrected_loss` (the pseudo-label term of Eq. 8 unchanged).
+    :func:`likelihood_loss` (the pseudo-label term of Eq. 8 unchanged). ``likelihood[i, y]`` = P(node i's
+    released label | true y), one row per node of the bank's graph: randomised response's matrix column of the
+    released label (:meth:`for_randomized_response`, Patrini et al.'s forward correction), or the node's own
+    RRWithPrior transition (``label_release.LabelRelease.likelihood``).
     """
 
-    def __init__(self, noise_matrix: np.ndarray) -> None:
-        self.noise_matrix = torch.as_tensor(noise_matrix, dtype=torch.float32)
+    def __init__(self, likelihood: np.ndarray) -> None:
+        self.likelihood = torch.as_tensor(likelihood, dtype=torch.float32)
+
+    @classmethod
+    def for_randomized_response(cls, noise_matrix: np.ndarray, labels: np.ndarray) -> ForwardCorrectedTraining:
+        """Rows ``T[:, ỹ_i]`` of the randomised-response matrix for the released labels ỹ (negative: unlabelled)."""
+        return cls(np.asarray(noise_matrix)[:, np.clip(np.asarray(labels), 0, None)].T)
+
+    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
+        """The training-label term: :func:`likelihood_loss` on the graph's training nodes."""
+        likelihood = self.likelihood.to(logits.device)[graph.train_mask]
+        return likelihood_loss(logits[graph.train_mask], likelihood.to(logits.dtype))
 
     def train(
         self,
@@ -59,14 +72,13 @@ class ForwardCorrectedTraining:
         epochs: int,
     ) -> float:
         graph, model = trainer.graph, trainer.model
-        matrix = self.noise_matrix.to(graph.device)
         anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
         model.train()
         loss = torch.zeros(())
         for _ in range(epochs):
             trainer.optimizer.zero_grad(set_to_none=True)
             logits = model(graph.features, adjacency, trainer.generator).logits
-            loss = forward_corrected_loss(logits[graph.train_mask], graph.labels[graph.train_mask], matrix)
+            loss = self.label_loss(logits, graph)
             if pseudo_labels is not None and alpha > 0:
                 pseudo_mask = (pseudo_labels >= 0) & ~graph.train_mask
                 if bool(pseudo_mask.any()):

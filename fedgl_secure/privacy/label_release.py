@@ -22,6 +22,7 @@ training labels right against 56 % by randomised response; label propagation 59 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -169,6 +170,14 @@ def release_stages(
     return stage
 
 
+class LabelRelease(NamedTuple):
+    """The released labels and, per node, the likelihood of its released label under each true class
+    (``likelihood[i, y]``; rows of unreleased nodes are meaningless): what the bank may train with."""
+
+    labels: np.ndarray
+    likelihood: np.ndarray
+
+
 def multi_stage_release(
     labels: np.ndarray,
     train_mask: np.ndarray,
@@ -182,12 +191,13 @@ def multi_stage_release(
     features: sp.spmatrix | np.ndarray | None = None,
     *,
     _random_bytes: RandomBytes | None = None,
-) -> np.ndarray:
+) -> LabelRelease:
     """Ghazi et al.'s multi-stage release of the training and validation labels: stage 1 by randomised response,
     every later stage by RRWithPrior with a prior from all labels released before it — :func:`sgc_prior` on the
     features and graph (``prior = "sgc"``, needs ``features``) or :func:`propagation_prior` on the graph alone
     (stages from :func:`release_stages`). ε-label-DP for every label, paid once (module doc). Other labels and
-    negative ones are returned unchanged.
+    negative ones are returned unchanged. The likelihood rows are each released label's transition column
+    (randomised response's for stage 1, the node's RRWithPrior transition after): post-processing.
     """
     labels = np.asarray(labels, dtype=np.int64)
     stage = release_stages(train_mask, val_mask, stages, order, _random_bytes=_random_bytes)
@@ -203,7 +213,7 @@ def multi_stage_release(
         priors = estimate(released, likelihood, (stage >= 0) & (stage < number))
         released = mechanisms.rr_with_prior_labels(released, priors, epsilon, current, _random_bytes=_random_bytes)
         likelihood[current] = mechanisms.rr_with_prior_likelihood(priors[current], released[current], epsilon)
-    return released
+    return LabelRelease(released, likelihood)
 
 
 def _prior_estimator(

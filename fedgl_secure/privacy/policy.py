@@ -389,12 +389,6 @@ class LabelDP(_SourceRelease):
             for name in ("stages", "stage_order", "prior"):
                 if getattr(self, name) is not None:
                     raise field_error(name, f"read only with mechanism = 'rr-with-prior' (here {self.mechanism!r})")
-        elif self.correction == "forward":
-            # the forward correction trains with randomised response's matrix T; RRWithPrior's transition is
-            # another one per node (mechanisms.rr_with_prior_likelihood), so T would be the wrong likelihood
-            raise field_error(
-                "correction", "'forward' corrects with randomised response's matrix, not RRWithPrior's; set 'none'"
-            )
         return self
 
     @property
