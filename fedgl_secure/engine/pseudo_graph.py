@@ -335,19 +335,21 @@ def _numba_threads(n: int) -> Iterator[None]:
     a kernel, and torch (and faiss, when imported after torch) may resolve to that same libgomp:
     without the restore a fused call silently moves a host pinned to one thread onto all cores.
     """
+    # Read before numba's first call in the process, which is what starts its layer.
+    faiss = sys.modules.get("faiss")
+    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else None
     import numba
 
-    faiss = sys.modules.get("faiss")
-    previous = numba.get_num_threads(), torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else None
+    numba_threads = numba.get_num_threads()
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
     try:
         with numba.parallel_chunksize(_FUSED_CHUNKSIZE):
             yield
     finally:
-        numba.set_num_threads(previous[0])
-        torch.set_num_threads(previous[1])
+        numba.set_num_threads(numba_threads)
+        torch.set_num_threads(torch_threads)
         if faiss is not None:
-            faiss.omp_set_num_threads(previous[2])
+            faiss.omp_set_num_threads(faiss_threads)
 
 
 def _faiss_top_s(
