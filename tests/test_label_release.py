@@ -170,6 +170,16 @@ def test_the_multi_stage_release_gets_more_labels_right_than_randomised_response
     assert right_staged > right_rr + 60
 
 
+@pytest.mark.parametrize("prior", label_release.PRIORS)
+def test_a_bank_without_validation_labels_releases_its_training_labels_by_plain_randomised_response(prior):
+    labels, adjacency, features, train, val = planted_bank()
+    released, likelihood = label_release.multi_stage_release(
+        labels, train, np.zeros_like(val), adjacency, 4, 1.0, 2, "validation-first", prior, features,
+        _random_bytes=seeded_bytes(0),
+    )
+    assert np.allclose(likelihood[train], mechanisms.label_noise_matrix(1.0, 4)[:, released[train]].T)
+
+
 # --- policy, ledger, guarantees -----------------------------------------------------------------
 
 

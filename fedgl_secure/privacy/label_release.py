@@ -130,6 +130,8 @@ def sgc_prior(
     not ``known`` its own label never enters — the condition RRWithPrior needs. Deterministic (zero start,
     full batch), so it needs no randomness.
     """
+    if not np.any(known):  # nothing released yet (e.g. a bank without validation labels): a uniform prior, i.e. RR
+        return np.full((propagated.shape[0], likelihood.shape[1]), 1.0 / likelihood.shape[1])
     inputs = torch.as_tensor(propagated, dtype=torch.float32)
     index = torch.as_tensor(np.flatnonzero(known))
     target = torch.as_tensor(likelihood[np.flatnonzero(known)], dtype=torch.float32)
