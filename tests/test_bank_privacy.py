@@ -14,6 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
@@ -176,10 +177,11 @@ def test_the_bank_releases_exactly_what_the_simulation_releases(world, small_he,
     _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch, random_bytes=seeded_bytes(7))
     released = {kind: values for _, _, kind, values in encrypted}
 
-    seen = {}
+    seen, references = {}, {}
 
-    def summation(round_number, contributions):
+    def summation(round_number, contributions, reference=None):
         seen.setdefault(round_number, contributions)
+        references.setdefault(round_number, reference.double().numpy())
         return PlaintextSummation()(round_number, contributions)
 
     # bank 0 draws its noise first in the simulation's round 1, so the same byte source gives the same noise
@@ -189,7 +191,9 @@ def test_the_bank_releases_exactly_what_the_simulation_releases(world, small_he,
     simulated = seen[1][0]
     assert set(released) == set(simulated)
     for kind, tensor in simulated.items():
-        np.testing.assert_array_equal(released[kind].reshape(-1), tensor.detach().double().numpy().reshape(-1))
+        # the bank encrypts its weights centred on W̄, as the simulation's secure summation would (centring.py)
+        expected = centre_term(kind, tensor.detach().double().numpy().reshape(-1), references[1])
+        np.testing.assert_array_equal(released[kind].reshape(-1), expected)
 
 
 def released_weights_and_plain(world, policy, tmp_path, monkeypatch):
@@ -212,7 +216,8 @@ def test_released_weights_carry_a_clipped_update_and_a_share_of_the_right_scale(
     weights = plain["contribution"]["weights"].double().numpy()
     w_k, w_max = weights[-1], max(client.num_nodes for client in world.clients)
     scale = w_k / w_max
-    expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
+    # encrypted centred on W̄ (centring.py): ŵ_k·clip(W_k − W̄) plus the share
+    expected = scale * clip_vector(weights[:-1] / w_k - plain["reference"], 1.0)
     assert released[-1] == pytest.approx(scale)  # the public ŵ_k, no noise
     noise = released[:-1] - expected
     share = noise_std(policy, "weights") / np.sqrt(policy.quorum)
@@ -228,7 +233,7 @@ def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(worl
     weights = plain["contribution"]["weights"].double().numpy()
     w_k = weights[-1]
     scale = w_k / max(client.num_nodes for client in world.clients)
-    expected = scale * (plain["reference"] + clip_vector(weights[:-1] / w_k - plain["reference"], 1.0))
+    expected = scale * clip_vector(weights[:-1] / w_k - plain["reference"], 1.0)  # centred on W̄ (centring.py)
     # clipped and scaled (float32, as every release), with no share: a share here would be of std σ/√q = 1.4
     np.testing.assert_allclose(released[:-1], expected, rtol=0, atol=1e-6)
     ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
@@ -302,11 +307,12 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
 
 
 def test_without_dp_the_bank_uploads_its_contribution_over_the_public_w_max(world, small_policy, tmp_path, monkeypatch):
-    contributions = []
+    contributions, references = [], []
     original = bank_module.BankWorker._release
 
     def spy(self, session, view, broadcast, contribution):
         contributions.append({k: v.detach().double().numpy().reshape(-1) for k, v in contribution.items()})
+        references.append(broadcast.weights.double().numpy())
         return original(self, session, view, broadcast, contribution)
 
     monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
@@ -316,7 +322,8 @@ def test_without_dp_the_bank_uploads_its_contribution_over_the_public_w_max(worl
     assert worker.privacy_normaliser == w_max
     assert {kind for _, _, kind, _ in encrypted} == set(contributions[0])
     for _, _, kind, values in encrypted:
-        np.testing.assert_allclose(values.reshape(-1), contributions[0][kind] / w_max, rtol=1e-6, atol=0)
+        expected = centre_term(kind, contributions[0][kind] / w_max, references[0])  # weights centred on W̄
+        np.testing.assert_allclose(values.reshape(-1), expected, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize(
