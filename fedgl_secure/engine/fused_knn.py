@@ -11,18 +11,25 @@ registers and L1:
    while every row tile of a block passes over it and the ``D``-term dot products vectorise across
    columns. The tile's ``4 x CHUNK`` scores live in a small thread-local buffer.
 2. **Threshold scan.** Each row keeps a candidate buffer of ``CAPACITY_FACTOR · s`` (value, id)
-   pairs and a threshold, the ``s``-th best score seen so far (``-inf`` until a first compaction).
-   Only scores above the threshold enter the buffer; a full buffer is cut back to its ``s`` best
-   by quickselect, which raises the threshold. With the rows in no particular order a row admits
-   about ``s · ln(M / s)`` scores of its ``M``, so the scan is a compare per score.
+   pairs and a threshold, the ``s``-th best score seen so far (``LOWEST`` until a first
+   compaction). Eight scores at a time are compared with the threshold in one vector compare and
+   movemask (``simd.above_mask``); only the set bits enter the buffer. A full buffer is cut back
+   to its ``s`` best by a branch-free quickselect, which raises the threshold. Columns are
+   scanned in a seeded shuffle, so a row admits about ``s · (1 + ln(M / s))`` of its ``M``
+   scores whatever the input order (~1,400 at ``M = 10^5``, s = 100, with the lazy threshold).
 3. **Finish.** Each row's buffer is cut to its ``s`` best and sorted by decreasing score.
 
 The node itself is skipped in the scan, so the result is each row's top ``s`` among the others.
 Ties at the threshold keep whichever came first (as any top-s may). Rows are split over threads
-with ``prange``; the caller sets numba's thread count.
+with ``prange`` in blocks of ``BLOCK``; the caller sets numba's thread count. Each row is scanned
+by one thread in the same column order, so the result does not depend on the thread count.
 
-The kernel is compiled on first use and cached on disk next to this module (``cache=True``), so
-the compile cost (~5 s) is paid once per installation, not per process.
+Cost per score, one thread, 10^5 x 16, s = 100 (2-core AMD EPYC VM under load 3-7 from other
+work, so ±30 %): tile products ~0.6-0.75 ns, vector scan ~0.13 ns, admissions and compactions
+~0.5 ns; faiss ``IndexFlatIP`` ~2.5-3 ns on the same machine.
+
+The kernel is compiled on its first call and cached on disk next to this module
+(``cache=True``): 17-24 s to compile on the 2 busy cores, ~1.4 s for a later process to load it.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ exact backends do the block work:
 
 All give the same graph up to floating-point rounding (and the choice among tied entries).
 
-Exact search is still ``O(M² D)``: 7-12 s at ``M = 10^5`` on 2 cores, hours at ``2.5·10^6``. For
-large ``M`` a third, **approximate** backend trades a little recall for linear time:
+Exact search is still ``O(M² D)``: 24 s fused (faiss 75 s) at ``M = 10^5`` on 2 cores under
+load 4-5, hours at ``2.5·10^6``. For large ``M`` a third, **approximate** backend trades a
+little recall for linear time:
 
 * ``ivf``: an inverted file of spherical k-means lists of fixed size, each list searched as one
   dense product against the lists nearest to it (``approximate_knn``); torch, so it runs on a CPU
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 SIMILARITIES = ("dot", "cosine")
 BACKENDS = ("auto", "torch", "fused", "faiss", "ivf")
 # Above this many rows ``auto`` switches from exact search to ``ivf``.
-# Exact search grows as M²: ~12 s at 10^5 rows on 2 cores (docs/results/pseudo_graph_100k.json),
+# Exact search grows as M²: ~12 s at 10^5 rows on 2 quiet cores with faiss, less with the fused kernel
+# (docs/results/pseudo_graph_100k.json, measured under load),
 # so ~75 s per round at 2·10^5, still tolerable for a server that runs a few hundred rounds, while
 # beyond it exact search soon dominates a round (the 3-bank consortium at M ≈ 2.5·10^5 timed out).
 # Up to here the graph stays exact, which every test and small consortium relies on.
