@@ -260,12 +260,17 @@ def test_drop_self_removes_the_node_or_else_the_last_candidate():
 def test_auto_backend_on_a_cpu_host_prefers_fused_then_faiss(monkeypatch: pytest.MonkeyPatch):
     from fedgl_secure.engine import pseudo_graph
 
+    cpu, large = torch.device("cpu"), pseudo_graph.FUSED_MIN_NODES
     if torch.cuda.is_available():
-        assert resolve_backend("auto") == ("torch", torch.device("cuda"))
-    assert resolve_backend("auto", "cpu") == ("fused", torch.device("cpu"))
-    assert resolve_backend("torch", "cpu") == ("torch", torch.device("cpu"))
+        assert resolve_backend("auto", num_nodes=large) == ("torch", torch.device("cuda"))
+    assert resolve_backend("auto", "cpu", num_nodes=large) == ("fused", cpu)
+    # Small inputs stay on faiss: the kernel's one-off load would cost more than it saves.
+    assert resolve_backend("auto", "cpu", num_nodes=large - 1) == ("faiss", cpu)
+    assert resolve_backend("auto", "cpu") == ("faiss", cpu)
+    assert resolve_backend("fused", "cpu", num_nodes=10) == ("fused", cpu)  # forcing wins
+    assert resolve_backend("torch", "cpu") == ("torch", cpu)
     monkeypatch.setattr(pseudo_graph, "_import_fused", lambda: None)  # numba missing
-    assert resolve_backend("auto", "cpu") == ("faiss", torch.device("cpu"))
+    assert resolve_backend("auto", "cpu", num_nodes=large) == ("faiss", cpu)
     with pytest.raises(ConfigError, match="numba"):
         resolve_backend("fused", "cpu")
 

@@ -29,10 +29,11 @@ little recall for linear time:
   carries no structure anyway.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
-fused, else faiss) and ``ivf`` above (on the GPU when there is one); any backend can be forced. Below the
-threshold results stay exact, so small runs (tests, the consortium-vs-simulation equality) are
-unaffected. All backends return the same ``PseudoGraph`` structure: ``M x s`` neighbours (never
-the node itself) and ``rownorm``-ed clamped weights; none holds more than a block (or a list) of
+fused from ``FUSED_MIN_NODES`` rows, else faiss) and ``ivf`` above (on the GPU when there is
+one); any backend can be forced. Below the threshold results stay exact, so small runs (tests,
+the consortium-vs-simulation equality) are unaffected. All backends return the same
+``PseudoGraph`` structure: ``M x s`` neighbours (never the node itself) and ``rownorm``-ed
+clamped weights; none holds more than a block (or a list) of
 rows' candidates besides that result.
 """
 
@@ -67,6 +68,12 @@ APPROXIMATE_MIN_NODES = 200_000
 # On a GPU exact search stays affordable further (the M x M products run at GPU speed); above
 # this it switches too. See docs/results/pseudo_graph_cuda.json.
 APPROXIMATE_MIN_NODES_CUDA = 2_000_000
+# From this many rows ``auto`` runs the fused kernel on a CPU, below it faiss. A process pays
+# ~1.5 s once to import numba and load the cached kernel (and 17-24 s where it was never
+# compiled); faiss' search of 20,000 rows takes ~1 s, so below this the saving per call is a
+# fraction of a second that a short run (tests, small consortia, their service processes) never
+# earns back. Forcing ``backend="fused"`` works at any size.
+FUSED_MIN_NODES = 20_000
 
 # Bound on one block of similarity scores (float32). A block of rows is the torch backend's
 # working set; 256 MB keeps it well inside a GPU and a modest CPU host while blocks stay large
@@ -228,15 +235,15 @@ def discover_pseudo_graph(
         backend: ``"torch"`` (exact, any device), ``"fused"`` and ``"faiss"`` (exact, CPU only),
             ``"ivf"`` (approximate, linear in M, any device; ``approximate_knn``) or ``"auto"``:
             exact up to ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU),
-            ``ivf`` above; exact means torch on a usable GPU, else fused when numba imports, else
-            faiss when installed, else torch. The first fused call in a fresh installation
-            compiles its kernel (~20 s on 2 busy cores); later processes load it from numba's
-            on-disk cache (~1 s).
+            ``ivf`` above; exact means torch on a usable GPU, else fused from
+            ``FUSED_MIN_NODES`` rows when numba imports, else faiss when installed, else torch.
+            The first fused call in a fresh installation compiles its kernel (17-24 s on 2 busy
+            cores); later processes load it from numba's on-disk cache (~1.5 s).
         block_size: rows processed per block by the exact backends; by default as many as keep
             one block of scores within ~256 MB (torch on a CPU; 2 GB on a GPU) or 16384 (fused,
             faiss).
         device: where the torch and ivf backends compute; a CPU device makes ``auto`` prefer
-            fused. Results always come back on the CPU.
+            fused (from ``FUSED_MIN_NODES`` rows) or faiss. Results always come back on the CPU.
         progress: show a progress bar over blocks (lists, for ivf); ``None`` shows one only for
             more than 20.
 
@@ -474,8 +481,9 @@ def resolve_backend(
     """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss: always the CPU).
 
     ``num_nodes`` is ``M``: ``auto`` picks ``ivf`` above ``APPROXIMATE_MIN_NODES`` on a CPU and
-    above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU (``None``: assume small). Public so callers can
-    log or record what ``"auto"`` chose on this host.
+    above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU, and on a CPU the fused kernel from
+    ``FUSED_MIN_NODES`` (``None``: assume small). Public so callers can log or record what
+    ``"auto"`` chose on this host.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -504,7 +512,8 @@ def resolve_backend(
     threshold = APPROXIMATE_MIN_NODES_CUDA if target.type == "cuda" else APPROXIMATE_MIN_NODES
     if num_nodes is not None and num_nodes > threshold:
         return "ivf", target
-    if target.type == "cpu" and _import_fused() is not None:
+    large = num_nodes is not None and num_nodes >= FUSED_MIN_NODES
+    if target.type == "cpu" and large and _import_fused() is not None:
         return "fused", cpu
     if target.type == "cpu" and _import_faiss() is not None:
         return "faiss", cpu
