@@ -29,7 +29,7 @@ work, so ±30 %): tile products ~0.6-0.75 ns, vector scan ~0.13 ns, admissions a
 ~0.5 ns; faiss ``IndexFlatIP`` ~2.5-3 ns on the same machine.
 
 The kernel is compiled on its first call and cached on disk next to this module
-(``cache=True``): 17-24 s to compile on the 2 busy cores, ~1.4 s for a later process to load it.
+(``cache=True``): 17-33 s to compile on the 2 busy cores, ~1.4 s for a later process to load it.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ APPROXIMATE_MIN_NODES = 200_000
 # this it switches too. See docs/results/pseudo_graph_cuda.json.
 APPROXIMATE_MIN_NODES_CUDA = 2_000_000
 # From this many rows ``auto`` runs the fused kernel on a CPU, below it faiss. A process pays
-# ~1.5 s once to import numba and load the cached kernel (and 17-24 s where it was never
+# ~1.5 s once to import numba and load the cached kernel (and 17-33 s where it was never
 # compiled); faiss' search of 20,000 rows takes ~1 s, so below this the saving per call is a
 # fraction of a second that a short run (tests, small consortia, their service processes) never
 # earns back. Forcing ``backend="fused"`` works at any size.
@@ -237,7 +237,7 @@ def discover_pseudo_graph(
             exact up to ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU),
             ``ivf`` above; exact means torch on a usable GPU, else fused from
             ``FUSED_MIN_NODES`` rows when numba imports, else faiss when installed, else torch.
-            The first fused call in a fresh installation compiles its kernel (17-24 s on 2 busy
+            The first fused call in a fresh installation compiles its kernel (17-33 s on 2 busy
             cores); later processes load it from numba's on-disk cache (~1.5 s).
         block_size: rows processed per block by the exact backends; by default as many as keep
             one block of scores within ~256 MB (torch on a CPU; 2 GB on a GPU) or 16384 (fused,
