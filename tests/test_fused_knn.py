@@ -16,11 +16,73 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numba import njit
+from test_pseudo_graph import assert_invariants, assert_matches_reference, random_embeddings
 
 from fedgl_secure.engine import fused_knn
-from fedgl_secure.engine.pseudo_graph import PseudoGraph, discover_pseudo_graph
+from fedgl_secure.engine.pseudo_graph import SIMILARITIES, PseudoGraph, discover_pseudo_graph
 from fedgl_secure.engine.simd import above_mask
+from fedgl_secure.errors import ConfigError
+
+# test_pseudo_graph.py's generic Eq. 15 checks, for this backend (kept here so that only this
+# file's worker compiles the kernel).
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+@pytest.mark.parametrize(
+    ("m", "d", "s", "block_size"),
+    [(50, 8, 5, 7), (137, 16, 10, 64), (20, 3, 19, 3), (20, 3, 100, None)],  # s = M - 1; s > M - 1
+)
+def test_matches_dense_reference(similarity: str, m: int, d: int, s: int, block_size: int | None):
+    h = random_embeddings(m, d, seed=m + d + s)
+    graph = discover_pseudo_graph(h, s, similarity=similarity, backend="fused", block_size=block_size)
+    assert_matches_reference(graph, h, s, similarity)
+
+
+def test_high_norm_hubs_outrank_self_similarity():
+    h = random_embeddings(60, 4, seed=3)
+    h[:8] *= 20
+    assert_matches_reference(discover_pseudo_graph(h, 6, backend="fused", block_size=16), h, 6, "dot")
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_all_negative_similarities_give_an_all_zero_row(similarity: str):
+    h = random_embeddings(30, 2, seed=1).abs() + 0.1
+    h[0] = torch.tensor([-1.0, -2.0])
+    graph = discover_pseudo_graph(h, 29, similarity=similarity, backend="fused")
+    assert_matches_reference(graph, h, 29, similarity)
+    assert (graph.weights[0] == 0).all()
+
+
+def test_ties_never_make_a_node_its_own_neighbour():
+    graph = discover_pseudo_graph(torch.ones(30, 4), 5, backend="fused", block_size=8)
+    assert_invariants(graph)
+    torch.testing.assert_close(graph.weights, torch.full((30, 5), 0.2))
+
+
+def test_overflowing_similarities_raise_instead_of_returning_nan():
+    with pytest.raises(ConfigError, match="embeddings"):
+        discover_pseudo_graph(torch.full((5, 2), 1e30), 2, backend="fused")
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(
+    m=st.integers(2, 40),
+    d=st.integers(2, 6),
+    s=st.integers(1, 45),
+    seed=st.integers(0, 2**16),
+    similarity=st.sampled_from(SIMILARITIES),
+    block_size=st.one_of(st.none(), st.integers(1, 45)),
+)
+def test_property_any_size_matches_reference(m, d, s, seed, similarity, block_size):
+    h = random_embeddings(m, d, seed)
+    graph = discover_pseudo_graph(h, s, similarity=similarity, backend="fused", block_size=block_size)
+    assert_matches_reference(graph, h, s, similarity)
+
+
+# Particular to the kernel.
 
 
 def assert_same_graph(ours: PseudoGraph, reference: PseudoGraph) -> None:
@@ -90,8 +152,6 @@ def test_a_pinned_host_stays_pinned_in_a_fresh_process():
 
 
 def test_refuses_a_gpu_device():
-    from fedgl_secure.errors import ConfigError
-
     with pytest.raises(ConfigError, match="^device"):
         discover_pseudo_graph(torch.randn(10, 3), 3, backend="fused", device="cuda:0")
 
