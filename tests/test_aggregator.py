@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config
@@ -318,11 +319,14 @@ def _stage_terms(view, seed):
     return terms
 
 
-def _upload_terms(coordinator, policy, keys, view, terms, banks=BANKS):
+def _upload_terms(coordinator, policy, keys, view, terms, banks=BANKS, reference=None):
+    """Each bank's terms as a bank uploads them: weights centred on ``reference``, the W̄ it trained the stage
+    from (crypto/centring.py; the coordinator adds it back after decryption)."""
     ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
     for bank in banks:
         for kind, values in terms[bank].items():
-            made = make_upload(coordinator.context, policy.he, ticket, bank, keys[bank], kind, values)
+            sent = centre_term(kind, values, reference)
+            made = make_upload(coordinator.context, policy.he, ticket, bank, keys[bank], kind, sent)
             coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
 
 
@@ -394,9 +398,10 @@ def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_the
         expected = method.stage_update(
             META, {META_GRADIENTS: _summed(gradients, META_GRADIENTS)}, 1, Broadcast(0, theta)
         )
-        assert torch.allclose(_weights(coordinator, coordinator.stage_model(1, META)), expected.weights, atol=1e-5)
+        theta_hat = _weights(coordinator, coordinator.stage_model(1, META))
+        assert torch.allclose(theta_hat, expected.weights, atol=1e-5)
         averaged = _stage_terms(finetune, seed=2)
-        _upload_terms(coordinator, policy, keys, finetune, averaged)
+        _upload_terms(coordinator, policy, keys, finetune, averaged, reference=theta_hat.numpy())
         driver.join(timeout=60)
         assert not driver.is_alive()
     status = coordinator.status()
