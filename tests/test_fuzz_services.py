@@ -134,3 +134,8 @@ def test_what_the_fuzzer_first_found_is_refused_with_4xx(consortium):
         assert error(http.post("/v1/reports", json={**report, "version": True}))[0] == 422
         # a whole-valued float is a JSON Schema integer: not refused as malformed (409: no such version yet)
         assert error(http.post("/v1/reports", json={**report, "version": 0.0}))[0] == 409
+        # a withdrawal from a round never opened (the soak's fuzzer withdrew bank-d "at round 2^53 - 2"): refused,
+        # and not recorded
+        far = {"reason": "privacy-budget-exhausted", "round": 2**53 - 2}
+        assert error(http.post("/v1/withdraw", json=far)) == (409, "bad-withdrawal")
+        assert all(w["round"] != far["round"] for w in http.get("/v1/status").json()["withdrawn"])

@@ -318,6 +318,12 @@ class Coordinator:
         if reason not in WITHDRAWAL_REASONS:
             raise ProtocolConflict("bad-withdrawal", f"unknown reason {reason!r}; known: {sorted(WITHDRAWAL_REASONS)}")
         with self._changed:
+            # a bank declines a round it was invited to: one this aggregator opened (or is about to open)
+            latest = self.store.last_round_number()
+            if round_number > latest + 1:
+                raise ProtocolConflict(
+                    "bad-withdrawal", f"round {round_number} was never opened (the latest is {latest}); not recorded"
+                )
             self._seen[bank] = time.monotonic()
             if bank in self._withdrawn:
                 return False
