@@ -442,3 +442,52 @@ def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
     assert _canonical(before_correction) == _canonical(plain)
     assert _canonical({**recorded, "seed": 1}) != _canonical(recorded)
     assert _canonical({"no_such_field": 1}) is None
+
+
+@pytest.mark.parametrize("posture", ["strict-edge-dp", "strict-dp"])
+def test_the_neighbour_exchange_is_refused_under_an_edge_or_node_dp_policy(posture):
+    """Fail closed: the set-up exchange releases per-node neighbour sums from the true graph, outside every DP
+    channel, so an edge or node guarantee would not hold (the simulation and the consortium both refuse)."""
+    from pathlib import Path
+
+    from fedgl_secure.privacy.dp_round import check_runnable
+    from fedgl_secure.privacy.policy import load_policy
+
+    policy = load_policy(Path(__file__).parent.parent / "policies" / f"{posture}.toml")
+    louvain = {"partition": "louvain", "num_clients": 3}
+    for method in ("fed2gnn", "fedavg-full"):
+        with pytest.raises(ConfigError, match=f"method '{method}' sends other banks per-node neighbour sums"):
+            check_runnable(policy, build_config({"method": method, "federation": louvain}))
+
+
+def test_label_dp_keeps_the_grafted_graphs_appendix_a_operator(graph):
+    """Label DP changes no graph: a bank's training graph keeps Fed²GNN's corrected propagation, where edge DP
+    (which perturbs the adjacency) rebuilds the operator from the released graph."""
+    from pathlib import Path
+
+    from fedgl_secure.engine.graph_tensors import GraphTensors
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
+    from fedgl_secure.privacy.policy import load_policy
+
+    config = build_config(
+        {
+            "method": "fed2gnn",
+            "federation": {"partition": "louvain", "num_clients": 3},
+            "fed2gnn": {"decoder_epochs": 2, "projection_dim": 0, "reconstruction": "mean"},
+        }
+    )
+    from fedgl_secure.data.graph import induced_subgraph
+
+    parts = louvain_partition(graph, 3, seed=0)
+    clients = prepare_clients(config, graph, [induced_subgraph(graph, nodes) for nodes in parts])
+    client = clients[0]
+    assert client.propagation is not None
+    tensors = GraphTensors.from_graph(client, np.arange(client.num_nodes), client.num_nodes, torch.device("cpu"))
+    policies = Path(__file__).parent.parent / "policies"
+    operators = {}
+    for posture in ("label-dp", "strict-edge-dp"):
+        privacy = FederationPrivacy(load_policy(policies / f"{posture}.toml"))
+        (adjacency,) = privacy.setup(["bank-a"], [1.0], [client.adjacency()], [np.random.default_rng(0)])
+        operators[posture] = privacy.private_graph(0, tensors, adjacency).base_adjacency
+    assert operators["label-dp"] is tensors.base_adjacency
+    assert operators["strict-edge-dp"] is not tensors.base_adjacency

@@ -102,6 +102,11 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
         )
 
 
+NEIGHBOUR_EXCHANGE_METHODS = ("fed2gnn", "fedavg-full")
+"""Methods whose banks learn other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange;
+FedAvg-Full's oracle halo): refused under every DP unit but the label (:func:`check_runnable`)."""
+
+
 def check_runnable(policy: Policy, config) -> None:
     """Everything refused under ``policy`` before round 1 of ``config`` (an ``ExperimentConfig``).
 
@@ -117,6 +122,15 @@ def check_runnable(policy: Policy, config) -> None:
             f"method 'gap' carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} with "
             f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
             "dp.node_mechanism = 'gap' (policies/node-dp-gap.toml) or one without DP"
+        )
+    unit = policy.dp.effective_unit
+    if config.method in NEIGHBOUR_EXCHANGE_METHODS and policy.has_dp and unit != "label":
+        # fail closed: Fed²GNN's set-up exchange releases per-node sums of neighbours' features (and counts)
+        # computed from the true edges, before any DP step; no channel covers or accounts for them
+        raise ConfigError(
+            f"method {config.method!r} sends other banks per-node neighbour sums (features and counts) from its "
+            f"true graph before round 1, which no DP channel covers: dp.unit = {unit!r} would not hold. Use a policy "
+            "without DP, or dp.unit = 'label' (the exchange carries no labels)"
         )
     check_method(policy, config.method, config.effective_alpha_beta()[1])
     check_local_epochs(policy, config.training.local_epochs)
@@ -396,6 +410,11 @@ class FederationPrivacy:
         return self.policy.has_dp
 
     @property
+    def changes_graphs(self) -> bool:
+        """Whether the one-off preparation changes a bank's graph (edge DP, degree bound); label DP does not."""
+        return self.policy.dp.edges.enabled or self.policy.dp.needs_degree_bound
+
+    @property
     def recomputes_node_terms(self) -> bool:
         """Whether P_k and H_k must be computed with the public W̄ (their Gaussian channels' sensitivity assumes
         it). Under a source-only unit (edge, label) they are post-processing and come from the trained model."""
@@ -500,7 +519,9 @@ class FederationPrivacy:
 
         from fedgl_secure.model.adjacency import gcn_normalize
 
-        changes = {"base_adjacency": gcn_normalize(adjacency)}
+        changes = {}
+        if self.changes_graphs:  # else keep the graph's own operator (e.g. Fed²GNN's Appendix-A weights)
+            changes["base_adjacency"] = gcn_normalize(adjacency)
         if self.policy.dp.labels.enabled:
             released = self.banks[client_id].prepare_labels(
                 graph.labels.cpu().numpy(),
