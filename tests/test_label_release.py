@@ -146,7 +146,9 @@ def test_a_prior_never_reads_the_labels_it_will_release(prior):
     changed = np.where(train, other, labels)
     changed_likelihood = mechanisms.label_noise_matrix(1.0, 4)[:, changed].T
     assert np.array_equal(estimate(labels, likelihood, val), estimate(changed, changed_likelihood, val))
-    assert not np.array_equal(estimate(labels, likelihood, val | train), estimate(changed, changed_likelihood, val | train))
+    assert not np.array_equal(
+        estimate(labels, likelihood, val | train), estimate(changed, changed_likelihood, val | train)
+    )
 
 
 @pytest.mark.parametrize("prior", label_release.PRIORS)
@@ -174,7 +176,16 @@ def test_the_multi_stage_release_gets_more_labels_right_than_randomised_response
 def test_a_bank_without_validation_labels_releases_its_training_labels_by_plain_randomised_response(prior):
     labels, adjacency, features, train, val = planted_bank()
     released, likelihood = label_release.multi_stage_release(
-        labels, train, np.zeros_like(val), adjacency, 4, 1.0, 2, "validation-first", prior, features,
+        labels,
+        train,
+        np.zeros_like(val),
+        adjacency,
+        4,
+        1.0,
+        2,
+        "validation-first",
+        prior,
+        features,
         _random_bytes=seeded_bytes(0),
     )
     assert np.allclose(likelihood[train], mechanisms.label_noise_matrix(1.0, 4)[:, released[train]].T)

@@ -27,6 +27,10 @@ Method = Literal[
     "gap",
 ]
 METHODS: tuple[str, ...] = get_args(Method)
+NEIGHBOUR_EXCHANGE_METHODS: tuple[str, ...] = ("fed2gnn", "fedavg-full")
+"""Methods whose banks see other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange,
+FedAvg-Full's oracle halo): their clients are rebuilt (``methods.prepare_clients``) and DP refuses them
+outside the label unit (``privacy.dp_round.check_runnable``)."""
 
 
 class _Section(BaseModel):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
+
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
     from fedgl_secure.engine.config import ExperimentConfig
@@ -43,11 +45,9 @@ def build_method(config: ExperimentConfig) -> FederatedMethod:
     return _method_class(module, name)(config)
 
 
-def prepare_clients(
-    config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]
-) -> list[GraphDataset]:
+def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]) -> list[GraphDataset]:
     """The clients a method trains on (see :func:`fedgl_secure.methods.fed2gnn.prepare_clients`)."""
-    if config.method not in ("fed2gnn", "fedavg-full"):
+    if config.method not in NEIGHBOUR_EXCHANGE_METHODS:  # the others need not import Fed²GNN's module
         return clients
     from fedgl_secure.methods.fed2gnn import prepare_clients as fed2gnn_clients
 

@@ -60,6 +60,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy import label_release, mechanisms
@@ -100,11 +101,6 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
             "the pseudo graph is not degree-bounded. Use --method fedgl-no-gpg or --set self_supervision.beta=0, "
             "or a policy without [dp.sgd]"
         )
-
-
-NEIGHBOUR_EXCHANGE_METHODS = ("fed2gnn", "fedavg-full")
-"""Methods whose banks learn other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange;
-FedAvg-Full's oracle halo): refused under every DP unit but the label (:func:`check_runnable`)."""
 
 
 def check_runnable(policy: Policy, config) -> None:

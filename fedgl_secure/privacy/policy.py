@@ -14,7 +14,8 @@ Schema (TOML keys; every table is optional and unknown keys are errors)::
     [dp.sgd]         enabled, max_grad_norm, noise_multiplier, local_epochs
     [dp]             unit = "edge" | "label" | "node" | "bank" | "none"   # what one protected change is
     [dp.edges]       mechanism = "none" | "randomized-response" | "laplace", epsilon
-    [dp.labels]      mechanism = "none" | "randomized-response" | "rr-with-prior", epsilon, correction = "forward" | "none",
+    [dp.labels]      mechanism = "none" | "randomized-response" | "rr-with-prior", epsilon,
+                     correction = "forward" | "none",
                      stages, stage_order = "random" | "validation-first", prior = "sgc" | "propagation"
                      # (the last three with rr-with-prior only)
     [dp.graph]       max_degree, neighbouring = "node" | "edge" | "features", num_layers
@@ -545,7 +546,8 @@ class DPSettings(_Section):
         if unit == "label":
             if not self.labels.enabled:
                 raise field_error(
-                    "unit", f"{wanted}; set [dp.labels] mechanism = 'randomized-response' or 'rr-with-prior' and epsilon"
+                    "unit",
+                    f"{wanted}; set [dp.labels] mechanism = 'randomized-response' or 'rr-with-prior' and epsilon",
                 )
             if per_round or self.edges.enabled:
                 raise field_error(
