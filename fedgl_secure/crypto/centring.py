@@ -18,11 +18,19 @@ they do not accumulate across rounds.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from fedgl_secure.errors import CiphertextError
 from fedgl_secure.kinds import WEIGHTS
 
 CENTRED_KINDS = frozenset({WEIGHTS})
+
+
+def wire_reference(weights: torch.Tensor | None) -> np.ndarray | None:
+    """W̄ exactly as the banks download it (float32, as the broadcast is encoded), the reference both ends centre on."""
+    if weights is None:
+        return None
+    return weights.detach().to(torch.float32).cpu().numpy().reshape(-1)
 
 
 def _offset(kind: str, values: np.ndarray, reference: np.ndarray) -> np.ndarray:

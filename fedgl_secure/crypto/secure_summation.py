@@ -41,7 +41,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.centring import centre_term, restore_sum
+from fedgl_secure.crypto.centring import centre_term, restore_sum, wire_reference
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
@@ -176,7 +176,7 @@ class SecureSummation:
     ) -> dict[str, torch.Tensor]:
         if not contributions:
             raise PolicyError("secure summation: no client contributed to this round")
-        centre = _reference_array(reference)
+        centre = wire_reference(reference)
         shapes = self._check_kinds(contributions)
         banks = {client_id: self._bank(client_id) for client_id in sorted(contributions)}
         ticket = RoundTicket(self.federation, round_number, secrets.token_hex(16), len(banks), self.fingerprint)
@@ -304,7 +304,7 @@ class QuantisedSummation:
     ) -> dict[str, torch.Tensor]:
         if not contributions:
             raise PolicyError("quantised summation: no client contributed to this round")
-        centre = _reference_array(reference)
+        centre = wire_reference(reference)
         ordered = [contributions[k] for k in sorted(contributions)]
         sums = {}
         for kind in sorted(ordered[0]):
@@ -320,10 +320,3 @@ class QuantisedSummation:
             total = restore_sum(kind, total, centre)
             sums[kind] = torch.from_numpy(total.astype(np.float32)).reshape(ordered[0][kind].shape)
         return sums
-
-
-def _reference_array(reference: torch.Tensor | None) -> np.ndarray | None:
-    """W̄ as the banks downloaded it (float32 on the wire), in float64 for centring."""
-    if reference is None:
-        return None
-    return reference.detach().to(torch.float32).cpu().numpy().astype(np.float64).reshape(-1)

@@ -53,7 +53,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.centring import restore_sum
+from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
@@ -621,7 +621,7 @@ class Coordinator:
             size, _ = self._index
             neighbors = self.config.self_supervision.neighbors
             broadcast = decode_broadcast(version, self.model(version), self._num_parameters, size, neighbors)
-            self._reference = (version, wire_weights(broadcast))
+            self._reference = (version, wire_reference(broadcast.weights))
         return self._reference[1]
 
     def _resume(self) -> int:
@@ -766,7 +766,7 @@ class Coordinator:
                 return outcome
             with timer.phase("server_step"):
                 broadcast = self._stage_update(stage, version, sums, broadcast)
-                reference = wire_weights(broadcast)  # the next stage's banks train from this broadcast
+                reference = wire_reference(broadcast.weights)  # the next stage's banks train from this broadcast
                 if index < len(self._stages) - 1:  # the next stage starts from it
                     self.store.save_stage_model(round_number, stage, encode_broadcast(broadcast))
                     log.info("round.stage_published", stage=stage, contributors=list(participants))
@@ -891,7 +891,7 @@ class Coordinator:
             None if state is None else encodings.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
         )
         self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors, encoded_state)
-        self._reference = (version + 1, wire_weights(broadcast))
+        self._reference = (version + 1, wire_reference(broadcast.weights))
         with self._changed:
             self._latest_version = version + 1
             self._changed.notify_all()
@@ -945,8 +945,3 @@ class Coordinator:
         if stopped_reason is not None:
             self.log.warning("rounds.stopped", latest_version=version, reason=stopped_reason)
         self.log.info("rounds.finished", latest_version=version, stopped_reason=stopped_reason)
-
-
-def wire_weights(broadcast: Broadcast) -> np.ndarray:
-    """``broadcast``'s W̄ exactly as :func:`~fedgl_secure.wire.broadcast.encode_broadcast` sends it (float32)."""
-    return broadcast.weights.detach().cpu().numpy().astype(np.float32)

@@ -59,7 +59,7 @@ from fastapi import Depends, FastAPI
 from torch import nn
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.centring import centre_term
+from fedgl_secure.crypto.centring import centre_term, wire_reference
 from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
@@ -600,7 +600,7 @@ class BankWorker:
         thread pool (TenSEAL releases the GIL while it encodes and encrypts), so the caller can send the
         first while the rest are still being encrypted (:meth:`_send` times the waiting). The weights are
         centred on ``reference``, the W̄ this stage trained from (:mod:`~fedgl_secure.crypto.centring`)."""
-        centre = reference.detach().to(torch.float32).cpu().numpy().astype(np.float64)
+        centre = wire_reference(reference)
 
         def encrypt(kind: str) -> Upload:
             return make_upload(
