@@ -405,7 +405,12 @@ LEAKAGE_LEDGER: tuple[tuple[str, str, str, str], ...] = (
         "aggregator, network",
         "shapes, N_k via timing (R10)",
     ),
-    ("Uploads: N_k·W_k, N_k·P_k, N_k·H_k, node_weight", "bank → aggregator", "nobody (CKKS)", "none while encrypted"),
+    (
+        "Uploads: N_k·(W_k − W̄) (centred on the public W̄), N_k·P_k, N_k·H_k, node_weight",
+        "bank → aggregator",
+        "nobody (CKKS)",
+        "none while encrypted",
+    ),
     ("Masked sums s + r", "aggregator → key authority → aggregator", "key authority sees masked only", "R7"),
     ("Σ N_k W_k and Σ N_k", "aggregator (unmasked)", "aggregator", "two contributors: the other's update (R2)"),
     ("Σ N_k P_k and Σ N_k H_k per row", "aggregator (unmasked)", "aggregator", "single-holder rows in clear (R1)"),
