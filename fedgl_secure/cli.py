@@ -304,9 +304,14 @@ def reproduce_fed2gnn(
     data_root: Annotated[Path | None, typer.Option(help="directory holding <dataset>/raw/")] = None,
     workers: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override: section.field=value")] = None,
+    backbones: Annotated[
+        str, typer.Option(help="comma-separated training.backbone values (gcn, sage, dagnn): one table each")
+    ] = "gcn",
 ) -> None:
-    """Run Table 1 of the Fed²GNN paper (FedAvg, FedAvg-Full, Fed²GNN, Central; GCN) and write fed2gnn.md / .json."""
+    """Run Table 1 (GCN, GraphSAGE) / Table 2 (DAGNN) of the Fed²GNN paper (FedAvg, FedAvg-Full, Fed²GNN, Central) and
+    write fed2gnn[-<backbone>].md / .json."""
     from fedgl_secure.data.registry import DATASETS
+    from fedgl_secure.engine.config import BACKBONES
     from fedgl_secure.engine.reproduce_fed2gnn import run_table1
 
     try:
@@ -320,12 +325,19 @@ def reproduce_fed2gnn(
             raise ConfigError(f"--clients: not a comma-separated list of integers: {clients!r}") from error
         if not client_list or min(client_list) < 2:
             raise ConfigError(f"--clients: every M must be at least 2, got {clients!r}")
+        backbone_list = [b.strip() for b in backbones.split(",") if b.strip()]
+        for name in backbone_list:
+            if name not in BACKBONES:
+                raise ConfigError(f"--backbones: unknown backbone {name!r}; choose from {', '.join(BACKBONES)}")
         root = str(data_root) if data_root else None
-        run_table1(dataset_list, client_list, seeds, output_dir, root, workers, parse_assignments(set_ or []))
+        overrides = parse_assignments(set_ or [])
+        tables = run_table1(dataset_list, client_list, seeds, output_dir, root, workers, overrides, backbone_list)
     except FedGLError as error:
         _fail(error)
-    typer.echo((output_dir / "fed2gnn.md").read_text())
-    typer.echo(f"wrote {output_dir / 'fed2gnn.md'} and {output_dir / 'fed2gnn.json'}")
+    for backbone in tables:
+        stem = "fed2gnn" if backbone == "gcn" else f"fed2gnn-{backbone}"
+        typer.echo((output_dir / f"{stem}.md").read_text())
+        typer.echo(f"wrote {output_dir / f'{stem}.md'} and {output_dir / f'{stem}.json'}")
 
 
 @reproduce_app.command("table2")

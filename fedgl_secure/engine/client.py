@@ -7,7 +7,8 @@ from torch import nn
 
 from fedgl_secure.engine.config import TrainingConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.model.gcn import GCN, GCNOutput
+from fedgl_secure.model.backbones import build_backbone
+from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.seeding import torch_stream
@@ -28,8 +29,8 @@ class LocalTrainer:
         self.client_id = client_id
         self.graph = graph
         self.config = config
-        # the method's backbone when it brings one (e.g. GraphFL's SGC), else the 2-layer GCN
-        model = model or GCN(graph.features.shape[1], config.hidden, graph.num_classes, config.dropout)
+        # the method's backbone when it brings one (e.g. GraphFL's SGC), else the engine's (training.backbone)
+        model = model or build_backbone(config, graph.features.shape[1], graph.num_classes)
         self.model = model.to(graph.device)
         self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
         self.optimizer = self._new_optimizer()

@@ -11,7 +11,7 @@ from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.privacy.accounting import AccountantName
 from fedgl_secure.privacy.gap_settings import GAPSettings
-from fedgl_secure.tomlio import format_validation_error
+from fedgl_secure.tomlio import field_error, format_validation_error
 
 Method = Literal[
     "fedgl",
@@ -37,9 +37,19 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-class TrainingConfig(_Section):
-    """Local GCN training (Kipf & Welling defaults)."""
+Backbone = Literal["gcn", "sage", "dagnn"]
+BACKBONES: tuple[str, ...] = get_args(Backbone)
 
+
+class TrainingConfig(_Section):
+    """Local training (Kipf & Welling defaults) of the engine's model (``backbone``, model/backbones.py)."""
+
+    backbone: Backbone = Field(
+        "gcn",
+        description="the model every method without its own (FedAvg, FedAvg-Full, Fed²GNN, FedGL, Central, Local) "
+        "trains: gcn (Kipf & Welling), sage (GraphSAGE, mean aggregator), dagnn (Liu et al. 2020)",
+    )
+    dagnn_hops: int = Field(5, ge=0, le=64, description="K of DAGNN's Â^k Z, k = 0..K (the Fed²GNN paper's 5 layers)")
     hidden: int = Field(16, ge=1)
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
     learning_rate: float = Field(0.01, gt=0.0)
@@ -54,6 +64,11 @@ class TrainingConfig(_Section):
     reset_optimizer_each_round: bool = Field(
         False, description="fresh Adam state every round instead of each bank keeping its own"
     )
+
+    @property
+    def receptive_field(self) -> int:
+        """How many hops the backbone reads: 2 for the 2-layer GCN and GraphSAGE, K for DAGNN."""
+        return self.dagnn_hops if self.backbone == "dagnn" else 2
 
 
 class FederationConfig(_Section):
@@ -269,6 +284,18 @@ class ExperimentConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
     gap: GAPConfig = GAPConfig()
+
+    @model_validator(mode="after")
+    def _backbone_is_the_engines(self) -> ExperimentConfig:
+        # GraphFL and GAP build their own model (graphfl.backbone, gap.*); a training.backbone they would
+        # silently ignore is refused instead
+        if self.training.backbone != "gcn" and self.method in ("graphfl", "gap"):
+            raise field_error(
+                "training.backbone",
+                f"{self.training.backbone!r} is not used by method {self.method!r}, which builds its own model "
+                f"(graphfl.backbone / the gap section); leave it at 'gcn'",
+            )
+        return self
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""

@@ -1,4 +1,5 @@
-"""Reproduction of Fed²GNN's Table 1 (Cora, GCN): FedAvg, FedAvg-Full, Fed²GNN on M Louvain clients, and Central.
+"""Reproduction of Fed²GNN's Table 1 (Cora, GCN and GraphSAGE) and Table 2 (DAGNN): FedAvg, FedAvg-Full, Fed²GNN on
+M Louvain clients, and Central, with the backbone ``training.backbone`` (one table per backbone).
 
 Protocol (paper §5.1): random 40/30/30 split of the labelled nodes (``data.split = "fraction"``), M
 disjoint Louvain clients (``federation.partition = "louvain"``). FedAvg trains on the clients'
@@ -24,8 +25,10 @@ from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.engine.reproduce import RunSpec, _run_one
 from fedgl_secure.methods.fed2gnn_exchange import upload_values
+from fedgl_secure.model.backbones import build_backbone
 
-# Fed²GNN paper, Table 1 (Cora, accuracy %, mean of 10 seeds), keyed by backbone, method and M.
+# Fed²GNN paper, Table 1 (GCN, GraphSAGE) and Table 2 (DAGNN, 5 layers) on Cora (accuracy %, mean of 10 seeds), keyed
+# by backbone (training.backbone), method and M.
 PAPER_TABLE1 = MappingProxyType(
     {
         "gcn": {
@@ -34,10 +37,16 @@ PAPER_TABLE1 = MappingProxyType(
             "fed2gnn": {5: 86.15, 10: 83.30, 15: 82.20},
             "centralized": {0: 87.88},
         },
-        "graphsage": {
+        "sage": {
             "federated": {5: 84.64, 10: 81.37, 15: 77.62},
             "fedavg-full": {5: 85.19, 10: 83.41, 15: 80.84},
             "fed2gnn": {5: 86.07, 10: 84.22, 15: 80.46},
+        },
+        "dagnn": {
+            "federated": {5: 87.62, 10: 84.04, 15: 81.42},
+            "fedavg-full": {5: 87.65, 10: 86.79, 15: 85.20},
+            "fed2gnn": {5: 87.41, 10: 86.78, 15: 86.72},
+            "centralized": {0: 88.15},
         },
     }
 )
@@ -48,9 +57,15 @@ LABELS = MappingProxyType(
 
 
 def table1_specs(
-    dataset: str, clients: Sequence[int], seeds: int, data_root: str | None, overrides: dict | None = None
+    dataset: str,
+    clients: Sequence[int],
+    seeds: int,
+    data_root: str | None,
+    overrides: dict | None = None,
+    backbone: str = "gcn",
 ) -> list[tuple[int, RunSpec]]:
-    """(M, run) for every cell: the three federated methods per M, Central once per seed (M = 0)."""
+    """(M, run) for every cell: the three federated methods per M, Central once per seed (M = 0), all training
+    ``backbone`` (``training.backbone``; an override of it wins)."""
     specs = []
     for seed in range(seeds):
         for num_clients in [0, *clients]:
@@ -58,6 +73,7 @@ def table1_specs(
             for method in methods:
                 values: dict = {"dataset": dataset, "method": method, "seed": seed, "data_root": data_root}
                 values["data"] = {"split": "fraction"}
+                values["training"] = {"backbone": backbone}
                 values["federation"] = (
                     {"proportions": [1.0]} if num_clients == 0 else {"partition": "louvain", "num_clients": num_clients}
                 )
@@ -75,11 +91,32 @@ def run_table1(
     data_root: str | None,
     workers: int = 1,
     overrides: dict | None = None,
+    backbones: Sequence[str] = ("gcn",),
 ) -> dict:
-    """Run every missing cell, then write ``fed2gnn.json`` and ``fed2gnn.md`` beside the paper's numbers."""
+    """Run every missing cell, then write ``fed2gnn.json`` and ``fed2gnn.md`` beside the paper's numbers (GCN), and
+    ``fed2gnn-<backbone>.json`` / ``.md`` for each other backbone; returns ``{backbone: table}``."""
     runs_dir = output_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    specs = [spec for dataset in datasets for spec in table1_specs(dataset, clients, seeds, data_root, overrides)]
+    chosen = (overrides or {}).get("training", {}).get("backbone")
+    tables = {}
+    for backbone in (chosen,) if chosen else backbones:  # --set training.backbone=… names the one table
+        specs = [
+            spec
+            for dataset in datasets
+            for spec in table1_specs(dataset, clients, seeds, data_root, overrides, backbone)
+        ]
+        tables[backbone] = _run_cells(specs, runs_dir, workers)
+        for dataset in datasets:
+            config = next(spec.config for m, spec in specs if m > 0 and spec.config.dataset == dataset)
+            tables[backbone][dataset]["communication"] = communication(dataset, data_root, clients, config)
+        stem = "fed2gnn" if backbone == "gcn" else f"fed2gnn-{backbone}"
+        (output_dir / f"{stem}.json").write_text(json.dumps(tables[backbone], indent=2))
+        (output_dir / f"{stem}.md").write_text(render_markdown(tables[backbone], backbone))
+    return tables
+
+
+def _run_cells(specs: Sequence[tuple[int, RunSpec]], runs_dir: Path, workers: int) -> dict:
+    """Run the cells not stored under ``runs_dir`` yet, then :func:`summarize` them all."""
     # a stored run counts when its recorded configuration is the spec's, whatever its file name: the name's hash
     # changes with the serialisation of the config model (e.g. a section added for another method)
     stored = {_canonical(json.loads(path.read_text()).get("config", {})): path for path in runs_dir.glob("*.json")}
@@ -98,13 +135,7 @@ def run_table1(
         for job in tqdm(jobs, desc="fed2gnn table 1", unit="run"):
             _run_one(job)
     results = [(m, json.loads(path.read_text())) for (m, _), path in zip(specs, paths, strict=True)]
-    table = summarize(results)
-    for dataset in datasets:
-        config = next(spec.config for m, spec in specs if m > 0 and spec.config.dataset == dataset)
-        table[dataset]["communication"] = communication(dataset, data_root, clients, config)
-    (output_dir / "fed2gnn.json").write_text(json.dumps(table, indent=2))
-    (output_dir / "fed2gnn.md").write_text(render_markdown(table))
-    return table
+    return summarize(results)
 
 
 def _canonical(config: dict) -> str | None:
@@ -124,12 +155,12 @@ def _canonical(config: dict) -> str | None:
 
 def communication(dataset: str, data_root: str | None, clients: Sequence[int], config: ExperimentConfig) -> dict:
     """Values each bank sends, per M (seed 0's partition): Fed²GNN's one-off level sums (8 bytes each, masked
-    fixed point) and every method's per-round FedAvg upload (the GCN's parameters and the weight w_k)."""
+    fixed point) and every method's per-round FedAvg upload (the backbone's parameters and the weight w_k)."""
     dataset_graph = load_dataset(dataset, data_root, seed=0, split=config.data)
     settings = config.fed2gnn
     width = (settings.projection_dim or dataset_graph.num_features) + 1
-    hidden, classes = config.training.hidden, dataset_graph.num_classes
-    per_round = dataset_graph.num_features * hidden + hidden + hidden * classes + classes + 1
+    model = build_backbone(config.training, dataset_graph.num_features, dataset_graph.num_classes)
+    per_round = sum(parameter.numel() for parameter in model.parameters()) + 1
     report = {}
     for num_clients in clients:
         node_sets = louvain_partition(dataset_graph, num_clients, seed=0)
@@ -146,7 +177,8 @@ def communication(dataset: str, data_root: str | None, clients: Sequence[int], c
 
 
 def summarize(results: Sequence[tuple[int, dict]]) -> dict:
-    """``{dataset: {method: {M: cell}}}``, each cell the mean ± std test accuracy (%) with the paper's value."""
+    """``{dataset: {method: {M: cell}}}``, each cell the mean ± std test accuracy (%) with the paper's value for the
+    runs' backbone (``config.training.backbone``; runs of one table share it)."""
     table: dict = {}
     for num_clients, result in results:
         cell = (
@@ -158,17 +190,19 @@ def summarize(results: Sequence[tuple[int, dict]]) -> dict:
         cell["accuracy"].append(100.0 * result["global_test_accuracy"])
         cell["val_accuracy"].append(100.0 * result["best_val_accuracy"])
         cell["rounds"].append(result["best_round"])
+        cell["backbone"] = result.get("config", {}).get("training", {}).get("backbone", "gcn")
     for dataset, methods in table.items():
         for method, cells in methods.items():
             for num_clients, cell in cells.items():
                 cell["mean"], cell["std"] = float(np.mean(cell["accuracy"])), float(np.std(cell["accuracy"]))
-                paper = PAPER_TABLE1["gcn"].get(method, {}) if dataset == "cora" else {}
+                paper = PAPER_TABLE1.get(cell["backbone"], {}).get(method, {}) if dataset == "cora" else {}
                 cell["paper"] = paper.get(int(num_clients))
     return table
 
 
-def render_markdown(table: dict) -> str:
-    lines = ["# Fed²GNN Table 1 — test accuracy % (mean ± std over seeds; paper in brackets), GCN", ""]
+def render_markdown(table: dict, backbone: str = "gcn") -> str:
+    title = {"gcn": "Table 1, GCN", "sage": "Table 1, GraphSAGE", "dagnn": "Table 2, DAGNN"}.get(backbone, backbone)
+    lines = [f"# Fed²GNN {title} — test accuracy % (mean ± std over seeds; paper in brackets)", ""]
     for dataset, everything in table.items():
         methods = {k: v for k, v in everything.items() if k != "communication"}
         columns = sorted({int(m) for cells in methods.values() for m in cells if int(m) > 0})

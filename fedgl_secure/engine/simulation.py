@@ -45,7 +45,7 @@ from fedgl_secure.methods.base import (
     stage_contribution,
     stage_update,
 )
-from fedgl_secure.model.gcn import GCN
+from fedgl_secure.model.backbones import build_backbone
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class RunResult:
 
 def initial_parameters(config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
     """W̄ of round 0, drawn from the run's "init" stream so every party can rebuild it."""
-    model = GCN(num_features, config.training.hidden, num_classes, config.training.dropout)
+    model = build_backbone(config.training, num_features, num_classes)
     model.reset_parameters(torch_stream(config.seed, "init"))
     return model.flat_parameters()
 
@@ -331,7 +331,7 @@ def _run_federated(
         evaluator = evaluator.to(merged.device)
     else:
         trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
-        evaluator = GCN(num_features, config.training.hidden, merged.num_classes).to(merged.device)
+        evaluator = build_backbone(config.training, num_features, merged.num_classes, 0.0).to(merged.device)
     if privacy is not None:
         for k, trainer in enumerate(trainers):
             privacy.attach_training(k, trainer)
@@ -467,7 +467,7 @@ def protect_contributions(
 
 
 def _run_centralized(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
-    """One GCN on the merged client graph; a "round" is E epochs so schedules are comparable."""
+    """One model (``training.backbone``) on the merged client graph; a "round" is E epochs (comparable schedules)."""
     merged = federation.merged
     trainer = LocalTrainer(-1, merged, config.training, config.seed)
     trainer.model.load_flat_parameters(initial_parameters(config, merged.features.shape[1], merged.num_classes))

@@ -180,9 +180,11 @@ def method_model(
     method: FederatedMethod | MultiStageMethod, num_features: int, hidden: int, num_classes: int, dropout: float
 ) -> nn.Module:
     """The model a method trains and the engine evaluates: the method's ``build_model`` when it has one
-    (e.g. GraphFL's SGC backbone), else the 2-layer GCN every other method uses."""
+    (e.g. GraphFL's SGC backbone), else the engine's ``training.backbone`` (the 2-layer GCN by default), with
+    ``hidden`` as its width."""
     if hasattr(method, "build_model"):
         return method.build_model(num_features, num_classes)
-    from fedgl_secure.model.gcn import GCN
+    from fedgl_secure.model.backbones import build_backbone
 
-    return GCN(num_features, hidden, num_classes, dropout)
+    training = method.config.training.model_copy(update={"hidden": hidden})
+    return build_backbone(training, num_features, num_classes, dropout)

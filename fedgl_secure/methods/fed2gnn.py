@@ -64,7 +64,8 @@ class Fed2GNN(FedAvg):
 
 
 class FedAvgFull(FedAvg):
-    """FedAvg with every bank seeing its nodes' true K-hop neighbourhoods (no information loss)."""
+    """FedAvg with every bank seeing its nodes' true neighbourhoods (no information loss): K hops, or the
+    backbone's receptive field where it is deeper (``training.receptive_field``, e.g. DAGNN's K = 5)."""
 
     name = "fedavg-full"
 
@@ -80,7 +81,9 @@ def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: li
         )
     node_sets = [np.asarray(c.node_ids, dtype=np.int64) for c in clients]
     if config.method == "fedavg-full":
-        return full_neighbourhood_clients(dataset, node_sets, config.fed2gnn.hops)
+        # no information loss for the model trained: the halo covers the backbone's receptive field (DAGNN's K)
+        hops = max(config.fed2gnn.hops, config.training.receptive_field)
+        return full_neighbourhood_clients(dataset, node_sets, hops)
     return reconstruct_clients(dataset, node_sets, config)[0]
 
 

@@ -45,7 +45,21 @@ def project_features(
 
 
 class FlatParameters:
-    """A model's parameters as one flat vector (the W_k of Eq. 10), in and out; shared by every backbone."""
+    """A model's parameters as one flat vector (the W_k of Eq. 10), in and out; shared by every backbone.
+
+    Also the weight-decay split the trainer's Adam uses: the parameters named in ``decayed`` (Kipf decays only
+    the first layer) and the rest; a backbone may override either method.
+    """
+
+    decayed: tuple[str, ...] = ("weight0", "bias0")
+
+    def first_layer_parameters(self) -> list[nn.Parameter]:
+        """Parameters that get weight decay."""
+        return [getattr(self, name) for name in self.decayed]
+
+    def second_layer_parameters(self) -> list[nn.Parameter]:
+        """Every other parameter (no weight decay)."""
+        return [parameter for name, parameter in self.named_parameters() if name not in self.decayed]
 
     def flat_parameters(self) -> torch.Tensor:
         """All parameters as one detached vector (the W_k of Eq. 10)."""
@@ -57,6 +71,9 @@ class FlatParameters:
         Copies rather than ``vector_to_parameters``, which would make the parameters views of
         ``vector``: training would then write into the broadcast W̄ shared by every client.
         """
+        needed = sum(parameter.numel() for parameter in self.parameters())
+        if vector.numel() != needed:  # checked first: a short vector would fail mid-copy with a shape error
+            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {needed}")
         vector = vector.to(next(self.parameters()).device, torch.float32)
         offset = 0
         with torch.no_grad():
@@ -64,8 +81,6 @@ class FlatParameters:
                 count = parameter.numel()
                 parameter.copy_(vector[offset : offset + count].view_as(parameter))
                 offset += count
-        if offset != vector.numel():
-            raise ValueError(f"parameter vector has {vector.numel()} values, the model needs {offset}")
 
 
 class GCN(FlatParameters, nn.Module):

@@ -128,6 +128,13 @@ def check_runnable(policy: Policy, config) -> None:
             f"true graph before round 1, which no DP channel covers: dp.unit = {unit!r} would not hold. Use a policy "
             "without DP, or dp.unit = 'label' (the exchange carries no labels)"
         )
+    if policy.dp.sgd_enabled and config.training.backbone != "gcn":
+        # DP-SGD clips per-node gradients of the 2-layer GCN's ego graphs (privacy/dp_sgd.py, degree-bounded
+        # 2 hops); another backbone's receptive field and parameters are not what it bounds
+        raise ConfigError(
+            f"training.backbone: {config.training.backbone!r} under DP-SGD ([dp.sgd]): node-level DP-SGD clips the "
+            "2-layer GCN's ego-graph gradients only; use training.backbone = 'gcn' or a policy without [dp.sgd]"
+        )
     check_method(policy, config.method, config.effective_alpha_beta()[1])
     check_local_epochs(policy, config.training.local_epochs)
     from fedgl_secure.methods import build_method  # the methods sit above the privacy floor
