@@ -9,7 +9,8 @@ three or four to a register, two registers to a complex slot); their key authori
 sealing and bank enrolment happen before round 1 and are not round time. Every path is warmed up first (one round each).
 
 Three runs: ``plain`` (plaintext sums), ``secure`` (CKKS, the banks of a round encrypting
-concurrently on a thread pool, as separate machines would) and ``secure_serial`` (the same, the
+concurrently on the encryption pool's worker processes, as separate machines would; the pool starts
+in round 1, which is not timed) and ``secure_serial`` (the same, the
 banks encrypting one after another: ``encrypt_workers = 1``).
 
 **Interleaved timing.** On a shared machine the load drifts by more than the effect measured, so

@@ -2,4 +2,5 @@
 
 from fedgl_secure.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned worker process re-imports the main module
+    main()

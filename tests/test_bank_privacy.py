@@ -11,10 +11,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.centring import centre_term
+from fedgl_secure.crypto.centring import centre_term, wire_reference
+from fedgl_secure.crypto.receipts import verify_receipt
+from fedgl_secure.crypto.upload import RoundTicket
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
@@ -137,6 +140,24 @@ def view(world, round_number: int, nonce: str) -> RoundResponse:
     )
 
 
+def bank_a(world, policy, aggregator, config=CONFIG, **options) -> BankWorker:
+    """bank-a's worker over the world's first client (``options``: state_dir, random_bytes)."""
+    return BankWorker(
+        name="bank-a",
+        federation="fed",
+        client_index=0,
+        config=config,
+        graph=world.clients[0],
+        aggregator=aggregator,
+        public_context=world.public,
+        policy=policy,
+        signing_key=Ed25519PrivateKey.generate(),
+        pseudonym_key=b"k" * 32,
+        poll_seconds=0.01,
+        **options,
+    )
+
+
 def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=None, config=CONFIG):
     """One bank-a process over the scripted ``rounds`` ((round, nonce) pairs); returns what it would encrypt."""
     encrypted = []
@@ -153,21 +174,7 @@ def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=No
         [view(world, r, n) for r, n in rounds],
         max_bank_nodes=max(client.num_nodes for client in world.clients),
     )
-    worker = BankWorker(
-        name="bank-a",
-        federation="fed",
-        client_index=0,
-        config=config,
-        graph=world.clients[0],
-        aggregator=aggregator,
-        public_context=world.public,
-        policy=policy,
-        signing_key=Ed25519PrivateKey.generate(),
-        pseudonym_key=b"k" * 32,
-        poll_seconds=0.01,
-        state_dir=state_dir,
-        random_bytes=random_bytes,
-    )
+    worker = bank_a(world, policy, aggregator, config, state_dir=state_dir, random_bytes=random_bytes)
     worker.run(stop=SimpleNamespace(is_set=lambda: False, wait=lambda seconds: None))
     return worker, encrypted
 
@@ -351,3 +358,24 @@ def test_the_consortium_runs_central_noise_and_refuses_plaintext(small_he):
     plaintext = policy_from_dict({"protection": "none", "quorum": 2})
     with pytest.raises(ConfigError, match="protection = 'none'"):
         check_consortium_can_run(CONFIG, plaintext, 3)
+
+
+def test_a_large_upload_is_encrypted_on_the_banks_pool_and_decrypts_to_its_terms(world, small_policy, small_context):
+    worker = bank_a(world, small_policy, None)  # _encrypt_kinds only encrypts and signs; nothing is sent
+    worker.encryption.min_chunks = 0  # this small upload on the workers too
+    generator = torch.Generator().manual_seed(3)
+    contribution = {kind: torch.rand(shape, generator=generator) for kind, shape in world.shapes.items()}
+    reference = torch.rand(contribution["weights"].numel() - 1, generator=generator)
+    ticket = RoundTicket("fed", 1, "ab" * 16, len(BANKS), ckks.fingerprint(world.public))
+    try:
+        uploads = list(worker._encrypt_kinds(ticket, contribution, reference))
+        assert worker.encryption.started or worker.encryption.workers == 1
+    finally:
+        worker.close()
+    assert sorted(upload.kind for upload in uploads) == sorted(contribution)
+    centre = wire_reference(reference)
+    for upload in uploads:
+        verify_receipt(worker.signing_key.public_key(), upload.receipt)
+        term = centre_term(upload.kind, contribution[upload.kind].double().numpy().reshape(-1), centre)
+        decrypted = ckks.decrypt_vector(small_context, upload.chunks, upload.length)
+        np.testing.assert_allclose(decrypted, term, atol=1e-4)

@@ -12,13 +12,16 @@ It implements :class:`fedgl_secure.engine.aggregation.Summation`, so ``run_exper
 unchanged; the multi-process services reuse the same upload, check and decryption code.
 
 **Concurrency.** On separate machines every bank encrypts at the same time, so a round waits for the
-slowest bank, not for all of them in turn. The banks' encryption of a round therefore runs on a thread
-pool (``encrypt_workers``, default the CPU count; SEAL's encoder and encryptor release the GIL), one job
-per (bank, kind); ``encrypt_workers = 1`` is the serial baseline. Banks upload a kind as soon as it is
-encrypted, so the aggregator (one thread of its own) checks, adds and has each kind decrypted while the
-banks still encrypt the next one: the key authority's work (much of it waiting for its ledger and audit
-log to reach the disk) overlaps the banks' instead of following it. ``seconds`` counts each party's own
-time, so with that overlap its phases add up to more than the round.
+slowest bank, not for all of them in turn. The banks' encryption of a round therefore runs on a pool of
+worker *processes* (:class:`~fedgl_secure.crypto.encryption_pool.EncryptionPool`, ``encrypt_workers``,
+default the CPU count: TenSEAL holds the GIL, so threads would take turns), one job per (bank, kind); each
+bank signs its receipts in this process, so signing keys stay here. ``encrypt_workers = 1`` is the serial
+baseline, and a round of fewer than ``pool_min_chunks`` ciphertexts is encrypted serially here too, until the
+pool has started (its start, about a second once, is not repaid by rounds of a few milliseconds). Banks
+upload a kind as soon as it is encrypted, so the aggregator (one thread of its own) checks, adds and has each
+kind decrypted while the banks still encrypt the next one: the key authority's work (much of it waiting for
+its ledger and audit log to reach the disk) overlaps the banks' instead of following it. ``seconds`` counts
+each party's own time, so with that overlap its phases add up to more than the round.
 
 :class:`QuantisedSummation` is the plaintext twin: the same quantisation and exact integer sums as the
 packed CKKS path, without encryption, so a plaintext simulation can be compared value for value.
@@ -42,10 +45,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.centring import centre_term, restore_sum, wire_reference
+from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, make_upload
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, finite_term, make_upload, sign_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.policy import Policy
@@ -113,6 +117,7 @@ class SecureSummation:
         operator_secret: bytes | str | None = None,
         federation: str | None = None,
         encrypt_workers: int | None = None,
+        pool_min_chunks: int = 24,
     ) -> None:
         self.policy = policy
         self.encrypt_workers = max(1, encrypt_workers or os.cpu_count() or 1)
@@ -123,6 +128,10 @@ class SecureSummation:
         self.federation = federation or f"fed-{secrets.token_hex(8)}"
         # what banks and the aggregator receive: the public context, checked to carry no secret
         self.public_context = ckks.load_public_context(self.authority.public_context)
+        # the banks' encryption of a round: on worker processes once a round is large enough (module doc)
+        self.encryption = EncryptionPool(
+            self.authority.public_context, policy.he, self.encrypt_workers, min_chunks=pool_min_chunks
+        )
         self.fingerprint = ckks.fingerprint(self.authority.public_context)
         self._banks: dict[int, _Bank] = {}
         self.wire = WireStats()
@@ -131,6 +140,7 @@ class SecureSummation:
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
     def close(self) -> None:
+        self.encryption.close()
         self.authority.close()
         if self._temporary is not None:
             self._temporary.cleanup()
@@ -237,14 +247,16 @@ class SecureSummation:
         reference: np.ndarray | None,
     ) -> Iterator[tuple[str, list[Upload]]]:
         """Every bank's side of the round: encrypt and sign each kind (the weights centred on ``reference``),
-        banks concurrently (module doc); yields each kind's uploads, in order, as soon as every bank has made
-        its own."""
+        banks concurrently on the encryption pool (module doc); yields each kind's uploads, in order, as soon as
+        every bank has made its own."""
         busy: dict[int, float] = defaultdict(float)
 
-        def encrypt(client_id: int, kind: str) -> Upload:
+        def term(client_id: int, kind: str) -> np.ndarray:
+            values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
+            return finite_term(kind, centre_term(kind, values, reference))
+
+        def encrypt_here(client_id: int, kind: str) -> Upload:
             begun = time.perf_counter()
-            term = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
-            values = centre_term(kind, term, reference)
             bank = banks[client_id]
             upload = make_upload(
                 self.public_context,
@@ -253,25 +265,41 @@ class SecureSummation:
                 bank.name,
                 bank.signing_key,
                 kind,
-                values,
+                term(client_id, kind),
                 layout=self._layouts[kind],
             )
-            busy[client_id] += time.perf_counter() - begun  # one job per (bank, kind): no two threads share a key
+            busy[client_id] += time.perf_counter() - begun
             return upload
 
         started = time.perf_counter()
-        if self.encrypt_workers == 1:
+        chunks = sum(
+            term_chunks(self.policy.he, self._layouts[kind], contribution[kind].numel())
+            for contribution in contributions.values()
+            for kind in kinds
+        )
+        if not self.encryption.use_for(chunks):
             for kind in kinds:
-                yield kind, self._count([encrypt(client_id, kind) for client_id in banks])
+                yield kind, self._count([encrypt_here(client_id, kind) for client_id in banks])
         else:
-            with ThreadPoolExecutor(self.encrypt_workers, thread_name_prefix="bank-encrypt") as pool:
-                jobs = {kind: [pool.submit(encrypt, client_id, kind) for client_id in banks] for kind in kinds}
-                try:
-                    for kind in kinds:
-                        yield kind, self._count([job.result() for job in jobs[kind]])
-                finally:  # a failed (or abandoned) round: do not encrypt the kinds nobody will fuse
-                    for job in (job for queued in jobs.values() for job in queued):
-                        job.cancel()
+
+            def submit(client_id: int, kind: str) -> Future:
+                return self.encryption.submit(kind, term(client_id, kind), self._layouts[kind], ticket.participants)
+
+            jobs = {kind: [(client_id, submit(client_id, kind)) for client_id in banks] for kind in kinds}
+            try:
+                for kind in kinds:
+                    uploads = []
+                    for client_id, job in jobs[kind]:
+                        encrypted = job.result()
+                        busy[client_id] += encrypted.seconds
+                        bank = banks[client_id]
+                        length = contributions[client_id][kind].numel()
+                        upload = sign_upload(ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length)
+                        uploads.append(upload)
+                    yield kind, self._count(uploads)
+            finally:  # a failed (or abandoned) round: do not encrypt the kinds nobody will fuse
+                for _, job in (pair for queued in jobs.values() for pair in queued):
+                    job.cancel()
         self.seconds.encrypt += time.perf_counter() - started  # the hand-over of a finished kind takes microseconds
         self.seconds.encrypt_slowest_bank += max(busy.values(), default=0.0)
 

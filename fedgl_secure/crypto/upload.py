@@ -99,11 +99,25 @@ def make_upload(
 
     ``layout`` is how the kind is packed (``Policy.upload_layout``: central-noise kinds travel unpacked);
     by default ``params.layout(kind)``."""
+    flat = finite_term(kind, values)
+    chosen = params.layout(kind) if layout is _FROM_PARAMS else layout
+    chunks = encrypt_term(context, params, chosen, ticket.participants, kind, flat)  # type: ignore[arg-type]
+    return sign_upload(ticket, sender, signing_key, kind, chunks, int(flat.size))
+
+
+def finite_term(kind: str, values: np.ndarray) -> np.ndarray:
+    """``values`` as a flat float64 vector; NaN or infinite values are refused before anything is encrypted."""
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
         raise CiphertextError(f"{kind}: refusing to encrypt NaN or infinite values")
-    chosen = params.layout(kind) if layout is _FROM_PARAMS else layout
-    chunks = encrypt_term(context, params, chosen, ticket.participants, kind, flat)  # type: ignore[arg-type]
+    return flat
+
+
+def sign_upload(
+    ticket: RoundTicket, sender: str, signing_key: Ed25519PrivateKey, kind: str, chunks: list[bytes], length: int
+) -> Upload:
+    """The bank's signed receipt over its ciphertext chunks of one kind, bound to the round (the signing half of
+    :func:`make_upload`, for chunks encrypted elsewhere, e.g. on an encryption pool's worker)."""
     fields = ReceiptFields(
         federation=ticket.federation,
         round=ticket.round,
@@ -113,7 +127,7 @@ def make_upload(
         ciphertext_sha256=ciphertext_digest(chunks),
         context_fingerprint=ticket.context_fingerprint,
     )
-    return Upload(kind, chunks, int(flat.size), sign_receipt(signing_key, fields))
+    return Upload(kind, chunks, length, sign_receipt(signing_key, fields))
 
 
 def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTicket, sender: str) -> None:

@@ -47,7 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +60,8 @@ from torch import nn
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import centre_term, wire_reference
-from fedgl_secure.crypto.upload import RoundTicket, Upload, make_upload
+from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
+from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload, sign_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.registry import load_dataset
@@ -193,6 +194,8 @@ class BankWorker:
         self.graph_data = graph
         self.aggregator = aggregator
         self.context = ckks.load_public_context(public_context)
+        # a large upload's kinds are encrypted on worker processes, started by the first such upload
+        self.encryption = EncryptionPool(public_context, policy.he, workers=max(1, min(4, os.cpu_count() or 1)))
         self.fingerprint = ckks.fingerprint(public_context)
         self.policy = policy
         self.signing_key = signing_key
@@ -596,28 +599,40 @@ class BankWorker:
     def _encrypt_kinds(
         self, ticket: RoundTicket, contribution: Mapping[str, torch.Tensor], reference: torch.Tensor
     ) -> Iterator[Upload]:
-        """Each kind's upload, in the order the encryptions finish: kinds are encrypted concurrently on a
-        thread pool (TenSEAL releases the GIL while it encodes and encrypts), so the caller can send the
-        first while the rest are still being encrypted (:meth:`_send` times the waiting). The weights are
-        centred on ``reference``, the W̄ this stage trained from (:mod:`~fedgl_secure.crypto.centring`)."""
+        """Each kind's upload, in the order the encryptions finish: a large upload's kinds are encrypted
+        concurrently on the bank's encryption pool (worker processes: TenSEAL holds the GIL, so threads would
+        take turns), so the caller can send the first while the rest are still being encrypted (:meth:`_send`
+        times the waiting); a small one here, kind after kind. The weights are centred on ``reference``, the W̄
+        this stage trained from (:mod:`~fedgl_secure.crypto.centring`). Receipts are signed here: the signing
+        key never leaves this process."""
         centre = wire_reference(reference)
-
-        def encrypt(kind: str) -> Upload:
-            return make_upload(
-                self.context,
-                self.policy.he,
-                ticket,
-                self.name,
-                self.signing_key,
-                kind,
-                centre_term(kind, contribution[kind].detach().to(torch.float64).cpu().numpy(), centre),
-                layout=self.policy.upload_layout(kind),
+        kinds = sorted(contribution)
+        terms = {
+            kind: finite_term(
+                kind, centre_term(kind, contribution[kind].detach().to(torch.float64).cpu().numpy(), centre)
             )
+            for kind in kinds
+        }
+        layouts = {kind: self.policy.upload_layout(kind) for kind in kinds}
+        chunks = sum(term_chunks(self.policy.he, layouts[kind], terms[kind].size) for kind in kinds)
+        if not self.encryption.use_for(chunks):
+            for kind in kinds:
+                yield make_upload(
+                    self.context, self.policy.he, ticket, self.name, self.signing_key, kind, terms[kind], layouts[kind]
+                )
+            return
+        jobs = {self.encryption.submit(kind, terms[kind], layouts[kind], ticket.participants): kind for kind in kinds}
+        try:
+            for job in as_completed(jobs):
+                kind = jobs[job]
+                yield sign_upload(ticket, self.name, self.signing_key, kind, job.result().chunks, terms[kind].size)
+        finally:  # an abandoned round: do not encrypt the kinds nobody will send
+            for job in jobs:
+                job.cancel()
 
-        workers = max(1, min(len(contribution), os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-encrypt") as pool:
-            for future in as_completed([pool.submit(encrypt, kind) for kind in sorted(contribution)]):
-                yield future.result()
+    def close(self) -> None:
+        """Stop the encryption pool's workers (the node calls it when it shuts down)."""
+        self.encryption.close()
 
     def _send(self, round_number: int, uploads: Iterator[Upload], sent: list[Upload], timer: PhaseTimer) -> int:
         """Upload each of ``uploads`` as it comes (appending it to ``sent``); the bytes sent. Encryption and
@@ -797,5 +812,6 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
             stop_serving_when_done=True,  # the federation is over (or the worker failed)
         )
     finally:
+        worker.close()
         ka_http.close()
         agg_http.close()
