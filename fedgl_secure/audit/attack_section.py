@@ -301,14 +301,53 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
     except (ValueError, RuntimeError) as error:
         section.add("link", AMBER, f"link inference not run: {error}")
         return None
-    section.add(
-        "link",
-        GREEN if link.auc <= LINK_AUC_GREEN else AMBER,
-        f"link inference from the pseudo graph ({_dp_phrase(files)}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
-        f"({link.positives} true edges vs {link.negatives} non-edges; green ≤ {LINK_AUC_GREEN}; "
-        "homophily alone lifts it above 0.5)",
-    )
+    section.add("link", *link_grade(link, _edge_guarantee(files), _dp_phrase(files)))
     return link
+
+
+def link_grade(link: LinkResult, guarantee: tuple[float, int] | None, dp_phrase: str) -> tuple[str, str]:
+    """The link check's status and text. Without an edge guarantee, a fixed threshold (green ≤
+    ``LINK_AUC_GREEN``). Under the edge unit (``guarantee`` = ε per bank, banks that may hold one link), the
+    run is checked against what it promised: green while the attack stays within the AUC that guarantee allows
+    (:func:`edge_dp_auc_bound`), red when it beats it by more than two standard errors — the guarantee would
+    then not hold."""
+    measured = (
+        f"link inference from the pseudo graph ({dp_phrase}): AUC {link.auc:.3f} ± {link.auc_stderr:.3f} "
+        f"({link.positives} true edges vs {link.negatives} non-edges"
+    )
+    if guarantee is None:
+        status = GREEN if link.auc <= LINK_AUC_GREEN else AMBER
+        return status, f"{measured}; green ≤ {LINK_AUC_GREEN}; homophily alone lifts it above 0.5)"
+    epsilon, holders = guarantee
+    bound = edge_dp_auc_bound(epsilon * holders)
+    contradicted = link.auc - 2 * link.auc_stderr > bound
+    verdict = "the attack exceeds it: the guarantee does not hold" if contradicted else "the attack is within it"
+    return RED if contradicted else GREEN, (
+        f"{measured}): the edge unit's guarantee (ε = {epsilon:g} per bank, a link held by up to {holders} "
+        f"banks: {epsilon * holders:g}-DP) allows any test of one link an AUC up to {bound:.4f}; {verdict} "
+        f"(without the edge unit this check is green only ≤ {LINK_AUC_GREEN})"
+    )
+
+
+def edge_dp_auc_bound(epsilon: float) -> float:
+    """The largest ROC AUC any test of "is this link present?" reaches against an ε-DP release of the links:
+    ε-DP bounds every test's power by TPR ≤ min(e^ε·FPR, 1 − e^−ε·(1 − FPR)) (the hypothesis-testing view of
+    DP, Kairouz, Oh and Viswanath, ICML 2015), and the area under that curve is e^ε / (1 + e^ε)."""
+    return 1.0 / (1.0 + math.exp(-epsilon))
+
+
+def _edge_guarantee(files: RunFiles) -> tuple[float, int] | None:
+    """(ε per bank, banks that may hold one link) when the run is under the edge unit with randomised
+    response on the links; None otherwise (the link check then keeps its fixed threshold). Banks that share two
+    customers may each hold their link and each randomise it, so a link's guarantee composes over its holders:
+    every bank of the run is the worst case."""
+    policy = files.policy
+    if policy.protection != "he" or policy.dp.effective_unit != "edge":
+        return None
+    edges = policy.dp.edges
+    if edges.mechanism != "randomized-response" or edges.epsilon is None:
+        return None
+    return float(edges.epsilon), max(1, len(files.banks))
 
 
 def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[ExperimentConfig, GraphDataset]:
