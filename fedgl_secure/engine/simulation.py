@@ -319,7 +319,7 @@ def _run_federated(
     client_graphs = federation.client_graphs
     staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (dp_round.check_stages)
     if privacy is not None:
-        client_graphs = _private_client_graphs(config, federation, privacy)
+        client_graphs = _private_client_graphs(config, federation, privacy, summation)
         summation = privacy.with_central_noise(summation)
     num_features = merged.features.shape[1]
     if hasattr(method, "build_model"):
@@ -409,9 +409,11 @@ def _run_federated(
 
 
 def _private_client_graphs(
-    config: ExperimentConfig, federation: Federation, privacy: FederationPrivacy
+    config: ExperimentConfig, federation: Federation, privacy: FederationPrivacy, summation: Summation
 ) -> list[GraphTensors]:
-    """Each bank's graph after its one-off DP preparation (edge DP, degree bound); checks the method first."""
+    """Each bank's graph after its one-off DP preparation (edge DP, degree bound, label release); checks the method
+    first. A label release with the consortium prior sums the prior's weights on a summation like the run's
+    (:func:`_release_summation`)."""
     from fedgl_secure.crypto.secure_summation import bank_name
     from fedgl_secure.privacy.dp_round import check_runnable
 
@@ -425,10 +427,26 @@ def _private_client_graphs(
     )
     if not privacy.active:
         return graphs
-    return [
-        privacy.private_graph(k, graph, adjacency)
-        for k, (graph, adjacency) in enumerate(zip(graphs, adjacencies, strict=True))
-    ]
+    if not privacy.releases_labels_together:
+        return privacy.private_graphs(graphs, adjacencies, summation)
+    release_summation = _release_summation(summation)
+    try:
+        return privacy.private_graphs(graphs, adjacencies, release_summation)
+    finally:
+        if release_summation is not summation:
+            release_summation.close()
+
+
+def _release_summation(summation: Summation) -> Summation:
+    """The summation of the round-0 label release (``prior = "consortium-sgc"``): under ``--secure`` a CKKS summation
+    with a key authority of its own — the run's key authority decrypts each (round, kind) once and only in rising
+    round order, and the release's rounds come before round 1 — so the aggregator still sees sums only; the
+    plaintext summations hold no state and serve both."""
+    from fedgl_secure.crypto.secure_summation import SecureSummation
+
+    if isinstance(summation, SecureSummation):
+        return SecureSummation(summation.policy, encrypt_workers=summation.encrypt_workers)
+    return summation
 
 
 def protect_contributions(

@@ -297,6 +297,7 @@ class BankPrivacy:
                     settings.effective_stage_order,
                     settings.effective_prior,
                     features,
+                    settings.effective_prior_temperature,
                     _random_bytes=self._random_bytes,
                 )
             else:
@@ -305,6 +306,16 @@ class BankPrivacy:
                 )
             self.ledger.extend([release])
         return labels
+
+    def accept_label_release(self, release: label_release.LabelRelease) -> np.ndarray:
+        """Record a release this bank made together with the others (``prior = "consortium-sgc"``,
+        :func:`~fedgl_secure.privacy.consortium_prior.consortium_release`): one release of ε at round 0, exactly
+        as :meth:`prepare_labels` records its own; returns the released labels."""
+        for release_record in setup_releases(self.policy):
+            if release_record.channel == LABELS:
+                self.ledger.extend([release_record])
+        self.label_likelihood = release.likelihood
+        return release.labels
 
     # --- a round -------------------------------------------------------------------------------
 
@@ -515,9 +526,53 @@ class FederationPrivacy:
             return summation
         return _CentrallyNoised(summation, self.central_noise)
 
-    def private_graph(self, client_id: int, graph, adjacency: sp.spmatrix):
+    @property
+    def releases_labels_together(self) -> bool:
+        """Whether the banks release their labels together (``prior = "consortium-sgc"``): :meth:`private_graphs`."""
+        labels = self.policy.dp.labels
+        return labels.mechanism == "rr-with-prior" and labels.effective_prior == label_release.CONSORTIUM_PRIOR
+
+    def private_graphs(self, graphs: Sequence, adjacencies: Sequence[sp.spmatrix], summation: Callable) -> list:
+        """Every bank's :meth:`private_graph`; with the consortium prior the labels are first released by all banks
+        together (:func:`~fedgl_secure.privacy.consortium_prior.consortium_release`), the prior's weights summed
+        by ``summation`` (a summation of the release's own: its rounds are numbered from 1)."""
+        if not self.releases_labels_together:
+            return [
+                self.private_graph(k, graph, adjacency)
+                for k, (graph, adjacency) in enumerate(zip(graphs, adjacencies, strict=True))
+            ]
+        from fedgl_secure.privacy import consortium_prior
+
+        settings = self.policy.dp.labels
+        banks = [
+            consortium_prior.BankLabels(
+                graph.labels.cpu().numpy(),
+                graph.train_mask.cpu().numpy(),
+                graph.val_mask.cpu().numpy(),
+                label_release.propagated_features(adjacency, graph.features.to_scipy()),
+                self._random_bytes,
+            )
+            for graph, adjacency in zip(graphs, adjacencies, strict=True)
+        ]
+        releases = consortium_prior.consortium_release(
+            banks,
+            graphs[0].num_classes,
+            float(settings.epsilon),
+            settings.effective_stages,
+            settings.effective_stage_order,
+            summation,
+            self.banks[0].normaliser,
+            settings.effective_prior_temperature,
+        )
+        return [
+            self.private_graph(k, graph, adjacency, self.banks[k].accept_label_release(release))
+            for k, (graph, adjacency, release) in enumerate(zip(graphs, adjacencies, releases, strict=True))
+        ]
+
+    def private_graph(self, client_id: int, graph, adjacency: sp.spmatrix, released: np.ndarray | None = None):
         """Bank ``client_id``'s :class:`~fedgl_secure.engine.graph_tensors.GraphTensors` with its prepared
-        adjacency and, under label DP, its randomised training and validation labels."""
+        adjacency and, under label DP, its randomised training and validation labels (``released`` when the
+        banks released them together, :meth:`private_graphs`)."""
         import dataclasses
 
         from fedgl_secure.model.adjacency import gcn_normalize
@@ -525,7 +580,7 @@ class FederationPrivacy:
         changes = {}
         if self.changes_graphs:  # else keep the graph's own operator (e.g. Fed²GNN's Appendix-A weights)
             changes["base_adjacency"] = gcn_normalize(adjacency)
-        if self.policy.dp.labels.enabled:
+        if self.policy.dp.labels.enabled and released is None:
             released = self.banks[client_id].prepare_labels(
                 graph.labels.cpu().numpy(),
                 graph.train_mask.cpu().numpy(),
@@ -534,6 +589,7 @@ class FederationPrivacy:
                 adjacency,
                 graph.features.to_scipy(),
             )
+        if released is not None:
             changes["labels"] = torch.as_tensor(released, dtype=torch.int64, device=graph.device)
         return dataclasses.replace(graph, **changes)
 

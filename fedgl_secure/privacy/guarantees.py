@@ -478,8 +478,19 @@ def _label_assumption(labels) -> str:
         f"Label DP (mechanism = 'rr-with-prior', {labels.effective_stages} stages, stage_order = "
         f"'{labels.effective_stage_order}', prior = '{labels.effective_prior}'): each bank releases its training and "
         "validation labels once before round 1, in disjoint stages — the first by k-ary randomised response, each "
-        "later one by RRWithPrior (Ghazi et al., NeurIPS 2021) with a prior the bank computes from its features, "
-        "its graph and the labels released in earlier stages, never from the label being released. Each label is "
+        "later one by RRWithPrior (Ghazi et al., NeurIPS 2021) with a prior "
+        + (
+            "all banks fit together (FedAvg of an SGC prior, the weights summed as the run's) from their features, "
+            "graphs and the labels released in earlier stages, "
+            if labels.effective_prior == "consortium-sgc"
+            else "the bank computes from its features, its graph and the labels released in earlier stages, "
+        )
+        + (
+            f"sharpened to temperature {labels.effective_prior_temperature:g}, "
+            if labels.effective_prior_temperature != 1.0
+            else ""
+        )
+        + "never from the label being released. Each label is "
         f"released once by an ε-label-DP mechanism (ε = {labels.epsilon:g}), so the whole release is ε-label-DP "
         "(parallel composition over disjoint labels), recorded as one release. " + common
     )

@@ -16,8 +16,9 @@ Schema (TOML keys; every table is optional and unknown keys are errors)::
     [dp.edges]       mechanism = "none" | "randomized-response" | "laplace", epsilon
     [dp.labels]      mechanism = "none" | "randomized-response" | "rr-with-prior", epsilon,
                      correction = "forward" | "none",
-                     stages, stage_order = "random" | "validation-first", prior = "sgc" | "propagation"
-                     # (the last three with rr-with-prior only)
+                     stages, stage_order = "random" | "validation-first",
+                     prior = "sgc" | "propagation" | "consortium-sgc", prior_temperature
+                     # (the last four with rr-with-prior only)
     [dp.graph]       max_degree, neighbouring = "node" | "edge" | "features", num_layers
     [budget]         epsilon, delta, accountant = "rdp" | "prv", rounds, on_exhausted = "stop-contributing"
 
@@ -375,19 +376,23 @@ class LabelDP(_SourceRelease):
     label-propagation prior from the labels released before it
     (:func:`~fedgl_secure.privacy.label_release.multi_stage_release`). Each label is released once by an
     ε-label-DP mechanism whose prior does not depend on it, so the guarantee and the ledger are the same
-    ε, paid once.
+    ε, paid once. ``prior = "consortium-sgc"`` fits the SGC prior by FedAvg over all banks' earlier releases
+    (:mod:`~fedgl_secure.privacy.consortium_prior`), the same guarantee. ``prior_temperature`` T sharpens the
+    prior to p^(1/T) (renormalised) before RRWithPrior reads it: post-processing of the prior, the same guarantee.
     """
 
     mechanisms: ClassVar[tuple[str, ...]] = LABEL_MECHANISMS
     correction: Literal["forward", "none"] = "none"
     stages: int | None = Field(default=None, ge=2)
     stage_order: Literal["random", "validation-first"] | None = None
-    prior: Literal["sgc", "propagation"] | None = None
+    prior: Literal["sgc", "propagation", "consortium-sgc"] | None = None
+    # the prior sharpened as p^(1/T), renormalised, before RRWithPrior reads it (1: as fitted); docs/privacy.md §6.10
+    prior_temperature: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _stages_with_prior(self) -> LabelDP:
         if self.mechanism != "rr-with-prior":
-            for name in ("stages", "stage_order", "prior"):
+            for name in ("stages", "stage_order", "prior", "prior_temperature"):
                 if getattr(self, name) is not None:
                     raise field_error(name, f"read only with mechanism = 'rr-with-prior' (here {self.mechanism!r})")
         return self
@@ -406,6 +411,10 @@ class LabelDP(_SourceRelease):
     @property
     def effective_prior(self) -> str:
         return "sgc" if self.prior is None else self.prior
+
+    @property
+    def effective_prior_temperature(self) -> float:
+        return 1.0 if self.prior_temperature is None else float(self.prior_temperature)
 
 
 class GraphBound(_Section):
