@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from consortium_harness import BANKS, NODES, LocalConsortium
 from typer.testing import CliRunner
 
+from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
@@ -22,6 +24,7 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.privacy.policy import HEParameters, load_policy
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
+from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow
 
@@ -168,3 +171,29 @@ def test_services_log_where_each_round_spent_its_time(finished_bank_consortium):
         assert set(event["phases"]) == {"aggregation", "decryption", "server_step"}
     discovered = consortium.events("aggregator", "pseudo_graph.discovered")
     assert len(discovered) == ROUNDS and all(event["neighbors"] == 10 for event in discovered)
+
+
+def test_a_bank_runs_the_audits_attacks_on_its_own_customers(finished_bank_consortium, tmp_path):
+    consortium, _ = finished_bank_consortium
+    run_dir = collect_consortium_run(consortium.consortium_path, tmp_path / "run")
+
+    def attack_checks(**options) -> dict:
+        report = audit_run(run_dir, **options)
+        return {check.name: check for key, check in report.checks() if key == "attacks"}, report
+
+    # nobody holds the merged graph of banks' own tables: the attacks cannot run, and the report says who can
+    merged, _ = attack_checks()
+    assert merged["not-run"].status == "amber" and "--bank-config" in merged["not-run"].detail
+    # bank-a's risk officer runs them on bank-a's customers (its tables and union index)
+    own, report = attack_checks(bank_config=consortium.config_path("bank-a"))
+    assert "not-run" not in own and own["membership"].status in ("green", "amber", "red")
+    assert "membership-reference" in own and "every bank's data" in own["membership-reference"].detail
+    _, banks = consortium_bank_graphs(consortium.consortium_path)
+    bank_a = banks[BANKS.index("bank-a")].graph
+    figures = next(s for s in report.sections if s.key == "attacks").data["membership"]["run"]
+    assert 0 < figures["members"] <= int(bank_a.train_mask.sum())
+    link = re.search(r"\((\d+) true edges", own["link"].detail)
+    assert link is not None and 0 < int(link.group(1)) <= bank_a.adjacency().nnz // 2
+    # another node's file is refused by name
+    wrong, _ = attack_checks(bank_config=consortium.config_path("aggregator"))
+    assert wrong["not-run"].status == "amber" and "role 'aggregator'" in wrong["not-run"].detail

@@ -1,4 +1,5 @@
-"""The audit's link check: a fixed threshold without the edge unit, the guarantee's own bound under it."""
+"""The audit's link check: a fixed threshold without the edge unit, the guarantee's own bound under it; a bank's
+view of the pseudo graph for the attacks on its own customers."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from fedgl_secure.audit.attack_section import edge_dp_auc_bound, link_grade
 from fedgl_secure.audit.model import AMBER, GREEN, RED
-from fedgl_secure.privacy.attacks import LinkResult
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.privacy.attacks import LinkResult, restricted_pseudo_graph
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 1.0, 3.0])
@@ -47,3 +50,17 @@ def test_under_the_edge_unit_the_attack_is_checked_against_the_guarantee():
     # strict-edge-dp's ε = 8 over 6 banks bounds nothing an attack on Cora reaches
     status, text = link_grade(link(0.563), (8.0, 6), "with DP")
     assert status == GREEN and "48-DP" in text
+
+
+def test_a_bank_reads_the_pseudo_graph_on_the_pairs_of_its_own_customers():
+    # 5 global nodes; the bank holds global 3 and 1 (local 0 and 1)
+    neighbors = torch.tensor([[1, 2], [3, 4], [0, 1], [1, 0], [3, 2]])
+    weights = torch.tensor([[0.5, 0.5], [0.7, 0.3], [1.0, 0.0], [0.6, 0.4], [0.5, 0.5]])
+    restricted = restricted_pseudo_graph(PseudoGraph(neighbors, weights), np.array([3, 1]))
+    dense = restricted.to_scipy().toarray()
+    # local 0 (global 3) keeps its edge to global 1 (local 1); local 1 (global 1) its edge to global 3
+    np.testing.assert_allclose(dense, [[0.0, 0.6], [0.7, 0.0]])
+    every = PseudoGraph(neighbors, weights)
+    assert restricted_pseudo_graph(every, np.arange(5)) is every
+    with pytest.raises(ValueError, match="outside the pseudo graph"):
+        restricted_pseudo_graph(every, np.array([5]))

@@ -41,20 +41,29 @@ def attack_section(
     data_root: str | Path | None = None,
     seed: int = 0,
     reference: ReferencePlan | None = None,
+    bank_config: str | Path | None = None,
 ) -> Section:
     """Membership inference on W̄ (beside a non-DP reference for a DP run) and link inference on Ā.
 
     Amber "not run" when the graph cannot be rebuilt. ``reference`` (default: retrain) says where
-    the without-DP model comes from (:mod:`fedgl_secure.audit.reference`).
+    the without-DP model comes from (:mod:`fedgl_secure.audit.reference`). ``bank_config`` (a bank's node
+    file) runs the attacks on that bank's own customers instead of the merged graph (:func:`_bank_view`).
     """
     from fedgl_secure.audit.reference import ReferencePlan
 
     section = Section("attacks", "Empirical attacks")
     try:
-        config, dataset = _experiment(files, data_root)
-        merged = _merged(config, dataset)
+        if bank_config is not None:
+            config, dataset, merged = _bank_view(files, Path(bank_config))
+        else:
+            config, dataset = _experiment(files, data_root)
+            merged = _merged(config, dataset)
     except (FedGLError, OSError, ValueError, KeyError) as error:
-        section.add("not-run", AMBER, f"attacks not run: the merged graph could not be rebuilt ({error})")
+        what = (
+            "the bank's graph could not be read" if bank_config is not None else "the merged graph could not be rebuilt"
+        )
+        hint = "" if bank_config is not None else "; a bank's risk officer can run them on its own data: --bank-config"
+        section.add("not-run", AMBER, f"attacks not run: {what} ({error}){hint}")
         return section
     rows: list[tuple[Any, ...]] = []
     membership = _membership(section, files, config, merged, seed)
@@ -69,7 +78,14 @@ def attack_section(
                 json.dumps(membership.variants),
             )
         )
-    _membership_reference(section, files, membership, (config, dataset, merged), seed, reference or ReferencePlan())
+    if bank_config is not None:
+        _reference_note(
+            section,
+            "not-available",
+            "no reference on one bank's data: a without-DP model of the same experiment needs every bank's data",
+        )
+    else:
+        _membership_reference(section, files, membership, (config, dataset, merged), seed, reference or ReferencePlan())
     _membership_floor(section, config, merged, seed)
     link = _link(section, files, merged, seed)
     if link is not None:
@@ -287,7 +303,7 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
     import torch
 
     from fedgl_secure.engine.pseudo_graph import PseudoGraph
-    from fedgl_secure.privacy.attacks import link_inference_auc, true_edge_index
+    from fedgl_secure.privacy.attacks import link_inference_auc, restricted_pseudo_graph, true_edge_index
 
     if "pseudo_graph_neighbors" not in files.directory.model or "pseudo_graph_weights" not in files.directory.model:
         section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
@@ -297,7 +313,10 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
             torch.as_tensor(files.directory.model["pseudo_graph_neighbors"], dtype=torch.int64),
             torch.as_tensor(files.directory.model["pseudo_graph_weights"], dtype=torch.float32),
         )
-        link = link_inference_auc(pseudo, true_edge_index(merged), merged.num_nodes, seed)
+        # the attacker's pairs: every pair of the merged graph, or of one bank's own customers (bank view)
+        link = link_inference_auc(
+            restricted_pseudo_graph(pseudo, merged.positions), true_edge_index(merged), merged.num_nodes, seed
+        )
     except (ValueError, RuntimeError) as error:
         section.add("link", AMBER, f"link inference not run: {error}")
         return None
@@ -348,6 +367,40 @@ def _edge_guarantee(files: RunFiles) -> tuple[float, int] | None:
     if edges.mechanism != "randomized-response" or edges.epsilon is None:
         return None
     return float(edges.epsilon), max(1, len(files.banks))
+
+
+def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, GraphDataset, GraphTensors]:
+    """One bank's own customers as the attacks' graph: what a bank's risk officer can audit without anyone
+    else's data — its tables read as for training (:func:`~fedgl_secure.services.bank.bank_graph`), its rows
+    placed at their union-index positions (saved by the bank at enrolment), so W̄ is attacked on its customers
+    and Ā on the pairs of its customers. For a consortium on banks' own tables, whose merged graph nobody
+    holds. Raises ValueError naming the mismatch for a node file of another role or federation."""
+    import torch
+
+    from fedgl_secure.engine.graph_tensors import GraphTensors
+    from fedgl_secure.services.bank import bank_graph, load_union_index
+    from fedgl_secure.services.config import NodeRole, load_node_config
+
+    node, consortium = load_node_config(bank_config)
+    if node.role is not NodeRole.BANK:
+        raise ValueError(f"{bank_config}: a node of role {node.role.value!r}; --bank-config needs a bank's node file")
+    federation = files.directory.run.get("federation")
+    if federation is not None and federation != consortium.federation:
+        raise ValueError(f"{bank_config}: a bank of federation {consortium.federation!r}, the run is {federation!r}")
+    config = consortium.experiment_config()
+    if config.method == "fed2gnn":
+        raise ValueError("the bank view does not rebuild Fed²GNN's reconstructed graph; audit the simulation instead")
+    data = bank_graph(node, consortium)
+    size, positions = load_union_index(node.state_dir)
+    if positions.shape != (data.graph.num_nodes,):
+        raise ValueError(
+            f"{node.state_dir}: the union index holds {positions.size} positions, the bank's tables "
+            f"{data.graph.num_nodes} customers; the data changed since the federation ran"
+        )
+    graph = GraphTensors.from_graph(
+        data.graph, positions, size, torch.device("cpu"), config.training.normalize_features
+    )
+    return config, data.graph, graph
 
 
 def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[ExperimentConfig, GraphDataset]:

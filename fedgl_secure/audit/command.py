@@ -51,6 +51,14 @@ def audit(
     no_reference: Annotated[
         bool, typer.Option("--no-reference", help="DP runs: skip the without-DP reference (no retraining)")
     ] = False,
+    bank_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--bank-config",
+            help="run the attacks on this bank's own customers (its node file: its tables and union index), e.g. "
+            "for a consortium on banks' own data, whose merged graph nobody holds",
+        ),
+    ] = None,
 ) -> None:
     """Check a finished run against its privacy policy and write a report a risk officer can read.
 
@@ -75,6 +83,7 @@ def audit(
                 reference_dir=reference,
                 reference=not no_reference,
                 progress=sys.stderr.isatty(),
+                bank_config=bank_config,
             )
     except FedGLError as error:
         typer.echo(f"error: {error}", err=True)

@@ -28,6 +28,7 @@ def audit_run(
     reference_dir: str | Path | None = None,
     reference: bool = True,
     progress: bool = False,
+    bank_config: str | Path | None = None,
 ) -> AuditReport:
     """Audit a run directory against its policy (or ``policy_path``).
 
@@ -36,6 +37,7 @@ def audit_run(
     For a DP run the membership attack also runs on a non-DP reference of the same experiment:
     ``reference_dir`` (checked to be one, else :class:`~fedgl_secure.audit.reference.ReferenceRunError`),
     else retrained in-process (``progress``: a bar over its rounds); ``reference=False`` skips it.
+    ``bank_config`` (a bank's node file) runs the attacks on that bank's own customers and their pairs.
     """
     if reference_dir is not None and not reference:
         raise ConfigError("--reference and --no-reference contradict each other: give one of them")
@@ -54,7 +56,7 @@ def audit_run(
     sections.extend(later)
     sections.append(leakage_section(files))
     if attacks:
-        sections.append(attack_section(files, data_root, seed, plan))
+        sections.append(attack_section(files, data_root, seed, plan, bank_config))
     else:
         skipped = Section("attacks", "Empirical attacks")
         skipped.add("not-run", AMBER, "attacks skipped (--no-attacks)")

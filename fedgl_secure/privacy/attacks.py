@@ -365,6 +365,28 @@ def sample_non_edges(edge_keys: np.ndarray, num_nodes: int, count: int, rng: np.
     return chosen
 
 
+def restricted_pseudo_graph(pseudo_graph: PseudoGraph, positions: np.ndarray) -> PseudoGraph:
+    """``Ā`` over the nodes at ``positions`` only, renumbered 0..len − 1: what a bank reads of its own customers'
+    pairs. A kept neighbour outside them becomes a zero-weight self entry (zero weights are not edges); the
+    whole graph is returned as it is when ``positions`` is every node in order."""
+    from fedgl_secure.engine.pseudo_graph import PseudoGraph
+
+    positions = np.asarray(positions, dtype=np.int64)
+    m = pseudo_graph.num_nodes
+    if positions.size == m and np.array_equal(positions, np.arange(m)):
+        return pseudo_graph
+    if positions.size and (positions.min() < 0 or positions.max() >= m):
+        raise ValueError(f"positions outside the pseudo graph's {m} rows")
+    local_of = np.full(m, -1, dtype=np.int64)
+    local_of[positions] = np.arange(positions.size)
+    neighbors = local_of[pseudo_graph.neighbors.cpu().numpy()[positions]]
+    weights = pseudo_graph.weights.cpu().numpy()[positions].copy()
+    outside = neighbors < 0
+    neighbors[outside] = np.broadcast_to(np.arange(positions.size)[:, None], neighbors.shape)[outside]
+    weights[outside] = 0.0
+    return PseudoGraph(torch.from_numpy(neighbors), torch.from_numpy(weights))
+
+
 def pseudo_graph_pair_scores(pseudo_graph: PseudoGraph, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``Ā[u, v] + Ā[v, u]`` for each pair (0 where neither direction is an edge of ``Ā``)."""
     matrix = pseudo_graph.to_scipy().astype(np.float64)
