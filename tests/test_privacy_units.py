@@ -265,13 +265,11 @@ def test_the_released_graph_is_weighted_by_the_posterior_of_a_true_edge():
     assert np.all(unweighted.prepare_adjacency(ring, np.random.default_rng(0)).data == 1.0)
 
 
-def test_a_consortium_refuses_the_label_unit_and_accepts_the_edge_unit():
-    from fedgl_secure.errors import ConfigError
+def test_a_consortium_accepts_the_edge_unit_and_a_label_unit_released_by_each_bank():
     from fedgl_secure.privacy.dp_round import check_consortium
 
     config = build_config({"method": "fedgl"})
-    with pytest.raises(ConfigError, match="dp.unit = 'label' runs in the simulation only"):
-        check_consortium(policy_from_dict(label_policy(2.0)), config)
+    check_consortium(policy_from_dict(label_policy(2.0)), config)  # the consortium prior: test_bank_label_release
     check_consortium(load_policy(POLICIES / "strict-edge-dp.toml"), config)
     # under a source-only unit the bank service uploads P_k and H_k of its trained model, as the simulation
     assert not FederationPrivacy(load_policy(POLICIES / "strict-edge-dp.toml")).recomputes_node_terms

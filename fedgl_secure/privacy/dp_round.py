@@ -178,6 +178,13 @@ def check_upload_kinds(policy: Policy, method: str, kinds: Sequence[str]) -> Non
         )
 
 
+def releases_labels_together(policy: Policy) -> bool:
+    """Whether the policy's label release is made by all banks together (``prior = "consortium-sgc"``,
+    :mod:`~fedgl_secure.privacy.consortium_prior`) rather than by each bank alone."""
+    labels = policy.dp.labels
+    return labels.mechanism == "rr-with-prior" and labels.effective_prior == label_release.CONSORTIUM_PRIOR
+
+
 def check_consortium(policy: Policy, config) -> None:
     """What a consortium (aggregator and banks) refuses at start: the simulation's rules, plus what only it lacks.
 
@@ -195,11 +202,13 @@ def check_consortium(policy: Policy, config) -> None:
             "--secure for CKKS sums): a consortium bank does not yet keep GAP's phase and perturbed hops across rounds "
             "and restarts; use `simulate`, or node_mechanism = 'channels'"
         )
-    if policy.dp.labels.enabled:
+    if releases_labels_together(policy):
+        # a bank service releases its labels alone, at its start (services/bank.py); the joint release needs a
+        # federated stage before round 1 (the prior's FedAvg rounds) that the aggregator does not run
         raise ConfigError(
-            "dp.unit = 'label' runs in the simulation only: a consortium bank does not yet apply and keep its "
-            "randomised labels across restarts, and would train on its true labels; use `simulate --secure`, or "
-            "another unit"
+            f"dp.labels.prior = {label_release.CONSORTIUM_PRIOR!r} runs in the simulation only: its prior is fitted by "
+            "all banks together in federated rounds before round 1, a stage the consortium services do not have; "
+            f"use a bank-local prior (dp.labels.prior = one of {list(label_release.PRIORS)}), or `simulate --secure`"
         )
     check_runnable(policy, config)
 
@@ -314,6 +323,12 @@ class BankPrivacy:
         for release_record in setup_releases(self.policy):
             if release_record.channel == LABELS:
                 self.ledger.extend([release_record])
+        self.label_likelihood = release.likelihood
+        return release.labels
+
+    def restore_label_release(self, release: label_release.LabelRelease) -> np.ndarray:
+        """Take back a release this bank made and recorded in an earlier run (a restarted bank service): nothing is
+        drawn or recorded — its ε is already in the ledger; returns the released labels."""
         self.label_likelihood = release.likelihood
         return release.labels
 
@@ -529,8 +544,7 @@ class FederationPrivacy:
     @property
     def releases_labels_together(self) -> bool:
         """Whether the banks release their labels together (``prior = "consortium-sgc"``): :meth:`private_graphs`."""
-        labels = self.policy.dp.labels
-        return labels.mechanism == "rr-with-prior" and labels.effective_prior == label_release.CONSORTIUM_PRIOR
+        return releases_labels_together(self.policy)
 
     def private_graphs(self, graphs: Sequence, adjacencies: Sequence[sp.spmatrix], summation: Callable) -> list:
         """Every bank's :meth:`private_graph`; with the consortium prior the labels are first released by all banks

@@ -19,8 +19,12 @@ and a consortium run reproduces the in-process simulation with the same seed.
 
 Under a policy with DP the bank applies it exactly as the simulation does
 (:mod:`fedgl_secure.privacy.dp_round`), before encryption: its graph is prepared once (edge DP,
-degree bound), each contribution goes through its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy`
-step (P/H with the public W̄, clipping, its noise share, the ``w_max`` normalisation), and its
+degree bound) and its training and validation labels released once (label DP: randomised response, or
+RRWithPrior in stages with the bank's own prior; ``prior = "consortium-sgc"`` is refused at start), both
+before round 1 and kept in its state directory (``privacy-graph.npz``, ``privacy-labels.npz``) so that a
+restart reuses them instead of drawing (and paying for) them again; each contribution goes through
+its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` step (P/H with the public W̄, clipping, its
+noise share, the ``w_max`` normalisation), and its
 :class:`~fedgl_secure.privacy.accounting.PrivacyLedger` is saved to ``<state_dir>/privacy-ledger.json``
 after every recorded round, before anything is uploaded, and loaded at start — a restart never
 refills the budget. ``w_max`` is public: it is the largest bank's size in the consortium's
@@ -39,7 +43,6 @@ budget again nor re-draws the noise.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import io
 import json
@@ -80,11 +83,11 @@ from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
-from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.phase_timer import PhaseTimer
-from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
 from fedgl_secure.privacy.guarantees import setup_releases
+from fedgl_secure.privacy.label_release import LabelRelease
 from fedgl_secure.privacy.policy import Policy, load_policy
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
@@ -105,6 +108,7 @@ from fedgl_secure.wire.broadcast import decode_broadcast
 
 LEDGER_FILE = "privacy-ledger.json"
 PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it
+LABEL_RELEASE_FILE = "privacy-labels.npz"  # the labels after label DP (and their likelihood rows), likewise
 INDEX_FILE = "union-index.npz"  # M and this bank's positions in the union index (for scoring after the run)
 FINAL_MODEL_FILE = "final-model.npz"  # the federation's final model (the broadcast bytes), for predict
 FINAL_META_FILE = "final-model.json"  # which version that is, and of which federation
@@ -231,15 +235,18 @@ class BankWorker:
 
     def _private_graph(self, graph: GraphTensors) -> GraphTensors:
         """The graph the bank trains on: as it is, or under DP prepared once as the simulation does
-        (:meth:`FederationPrivacy.setup_bank`), with the ledger of earlier runs of this bank."""
+        (:meth:`FederationPrivacy.setup_bank`, :meth:`FederationPrivacy.private_graph`: edge DP, degree bound,
+        the label release), with the ledger of earlier runs of this bank. What was drawn at the source is kept
+        in the state directory and reused on restart, never drawn (and paid for) again."""
         if self.privacy is None:
             return graph
         ledger = PrivacyLedger.load(self.ledger_path) if self.ledger_path.exists() else None
         if ledger is not None and ledger.bank != self.name:
             raise ConfigError(f"{self.ledger_path}: the ledger of {ledger.bank!r}, not of {self.name!r}")
         graph_path = self.state_dir / PREPARED_GRAPH_FILE
+        releases_edges = any(release.channel == EDGES for release in setup_releases(self.policy))
         prepared = None
-        if setup_releases(self.policy) and ledger is not None and graph_path.exists():
+        if releases_edges and ledger is not None and graph_path.exists():
             prepared = sp.load_npz(graph_path)  # already drawn and paid for: never re-drawn on restart
         adjacency = self.privacy.setup_bank(
             self.client_index,
@@ -250,14 +257,46 @@ class BankWorker:
             ledger=ledger,
             prepared=prepared,
         )
-        if setup_releases(self.policy) and prepared is None:
+        if releases_edges and prepared is None:
             sp.save_npz(graph_path, adjacency)
+        kept = self._kept_labels(graph, ledger)
+        private = self.privacy.private_graph(self.client_index, graph, adjacency, kept)
+        if self.policy.dp.labels.enabled and kept is None:  # released just now: on disk before the ledger records it
+            release = LabelRelease(private.labels.cpu().numpy(), self.bank_privacy.label_likelihood)
+            save_label_release(self.state_dir / LABEL_RELEASE_FILE, release, release_settings(self.policy))
         self._save_ledger()
         spent = self.bank_privacy.ledger.epsilon(self.policy.budget.delta, self.policy.budget.accountant)
         self.log.info(
             "privacy.ready", epsilon_spent=spent, budget=self.policy.budget.epsilon, resumed=ledger is not None
         )
-        return dataclasses.replace(graph, base_adjacency=gcn_normalize(adjacency))
+        return private
+
+    def _kept_labels(self, graph: GraphTensors, ledger: PrivacyLedger | None) -> np.ndarray | None:
+        """Under label DP, the labels this bank released in an earlier run (``privacy-labels.npz``), taken back
+        without a new draw; None when it has released none yet (:meth:`FederationPrivacy.private_graph` then
+        releases them once, recorded at round 0, and :meth:`_private_graph` stores them before the ledger).
+
+        A release on disk that the ledger does not record (stopped between the two writes) is recorded now, once;
+        a ledger that records a release whose labels are gone refuses to start: drawing again would spend ε twice.
+        """
+        settings = self.policy.dp.labels
+        if not settings.enabled:
+            return None
+        path = self.state_dir / LABEL_RELEASE_FILE
+        recorded = ledger is not None and any(release.channel == LABELS for release in ledger.releases)
+        if not path.exists():
+            if recorded:
+                raise ConfigError(
+                    f"{path}: missing, but {self.ledger_path} records this bank's label release (dp.labels): "
+                    "drawing the labels again would spend ε a second time; restore the file, or start the bank "
+                    "with a new state directory and a new budget"
+                )
+            return None
+        release = load_label_release(path, release_settings(self.policy), graph.num_nodes)
+        bank = self.bank_privacy
+        labels = bank.restore_label_release(release) if recorded else bank.accept_label_release(release)
+        self.log.info("privacy.labels_reused", recorded_before=recorded)
+        return labels
 
     def _save_ledger(self) -> None:
         """Write the ledger (:meth:`PrivacyLedger.save` replaces the file atomically: a torn file would
@@ -710,6 +749,40 @@ def load_union_index(state_dir: Path) -> tuple[int, np.ndarray]:
         raise ConfigError(f"{path}: no union index; this bank has not enrolled in the federation yet")
     with np.load(path, allow_pickle=False) as archive:
         return int(archive["num_global_nodes"]), archive["positions"].astype(np.int64)
+
+
+def release_settings(policy: Policy) -> dict:
+    """The ``[dp.labels]`` settings a label release depends on (all but ``correction``, which only changes how the
+    bank trains on it): a kept release is reused only under the same ones."""
+    return policy.dp.labels.model_dump(mode="json", exclude={"correction"})
+
+
+def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:
+    """A bank's label release (labels; the likelihood rows when the mechanism keeps them) and the ``[dp.labels]``
+    settings it was made under, written atomically: a torn file would fail the next start."""
+    buffer = io.BytesIO()
+    arrays = {"labels": np.asarray(release.labels, dtype=np.int64), "settings": np.array(json.dumps(settings))}
+    if release.likelihood is not None:
+        arrays["likelihood"] = np.asarray(release.likelihood, dtype=np.float64)
+    np.savez(buffer, **arrays)
+    write_atomically(path, buffer.getvalue())
+
+
+def load_label_release(path: Path, settings: dict, num_nodes: int) -> LabelRelease:
+    """The release :func:`save_label_release` kept, refused (naming the file) when it was made under other
+    ``[dp.labels]`` settings or for a graph of another size: it would not be the release the ledger paid for."""
+    with np.load(path, allow_pickle=False) as archive:
+        made_under = json.loads(str(archive["settings"]))
+        labels = archive["labels"].astype(np.int64)
+        likelihood = archive["likelihood"] if "likelihood" in archive.files else None
+    if made_under != settings:
+        raise ConfigError(
+            f"{path}: a label release made under dp.labels = {made_under}, but the policy now has dp.labels = "
+            f"{settings}; start the bank with a new state directory (and a new budget) to release under new settings"
+        )
+    if labels.shape != (num_nodes,) or (likelihood is not None and likelihood.shape[0] != num_nodes):
+        raise ConfigError(f"{path}: a label release of {labels.shape[0]} nodes, but this bank's graph has {num_nodes}")
+    return LabelRelease(labels, likelihood)
 
 
 def load_exchange_sums(state_dir: Path, hops: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
