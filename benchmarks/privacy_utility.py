@@ -63,10 +63,10 @@ import torch
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
+from fedgl_secure.policy.schema import DATA_KINDS, Policy, load_policy, policy_from_dict
 from fedgl_secure.privacy.attacks import link_inference_auc, membership_inference_auc, true_edge_index
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
-from fedgl_secure.privacy.policy import DATA_KINDS, Policy, load_policy, policy_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -256,7 +256,7 @@ def _checked_policy(policy_path: Path | None, secure: bool):
     if policy_path is None:
         return None
     from fedgl_secure.errors import PolicyError
-    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.policy.schema import load_policy
 
     try:
         loaded = load_policy(policy_path)

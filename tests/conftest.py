@@ -38,14 +38,14 @@ def small_he():
     """Small but 128-bit-secure CKKS parameters (N = 4096, 108 of 109 bits) to keep unit tests fast; one float
     per slot (``packing = "none"``), so the key authority's and aggregator's rules are tested on plain sums.
     Packing has its own tests (``test_packing.py``) and the consortium tests run the default, packed."""
-    from fedgl_secure.privacy.policy import HEParameters
+    from fedgl_secure.policy.schema import HEParameters
 
     return HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36, packing="none")
 
 
 @pytest.fixture(scope="session")
 def small_policy(small_he):
-    from fedgl_secure.privacy.policy import Policy
+    from fedgl_secure.policy.schema import Policy
 
     return Policy(he=small_he, quorum=2)
 

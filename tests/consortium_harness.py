@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from fedgl_secure.privacy.policy import HEParameters
+from fedgl_secure.policy.schema import HEParameters
 from fedgl_secure.services.config import PkiLayout, load_consortium
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, stop_processes

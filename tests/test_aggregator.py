@@ -16,7 +16,7 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
-from fedgl_secure.privacy.policy import Policy, Timeouts
+from fedgl_secure.policy.schema import Policy, Timeouts
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.pseudonyms import pseudonymise

@@ -28,9 +28,9 @@ from fedgl_secure.crypto.masking import mask_sum
 from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.guarantees import round_releases
-from fedgl_secure.privacy.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 BANKS = ("bank-a", "bank-b")

@@ -22,7 +22,7 @@ from fedgl_secure.model.dagnn import DAGNN
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sage import GraphSAGE, mean_aggregation
 from fedgl_secure.model.sparse import SparseOperator
-from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.policy.schema import load_policy
 
 BASELINE = Path(__file__).resolve().parents[1] / "policies" / "baseline.toml"
 BACKBONES = ("gcn", "sage", "dagnn")

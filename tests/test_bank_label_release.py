@@ -16,9 +16,9 @@ from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
-from fedgl_secure.privacy.policy import policy_from_dict
 from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, PREPARED_GRAPH_FILE
 

@@ -9,7 +9,7 @@ import torch
 from fedgl_secure.crypto.centring import centre_term, restore_sum
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.errors import CiphertextError
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.policy.schema import Policy
 
 
 def weights_terms(rng: np.random.Generator, reference: np.ndarray, banks: int, spread: float) -> dict[int, dict]:

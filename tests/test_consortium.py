@@ -19,7 +19,7 @@ from fedgl_secure.crypto.receipts import ReceiptFields, ciphertext_digest, sign_
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import DecryptionRefused
-from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_key

@@ -18,10 +18,10 @@ from fedgl_secure.audit.run import audit_run
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger
-from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 from fedgl_secure.privacy.run_record import load_run_dir
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices

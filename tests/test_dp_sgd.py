@@ -20,12 +20,12 @@ from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.losses import fedgl_loss
 from fedgl_secure.model.sparse import SparseOperator
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import dp_sgd
 from fedgl_secure.privacy.accounting import DP_SGD, PREDICTIONS
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
 from fedgl_secure.privacy.mechanisms import affected_rows, bound_degree
-from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 NODES, FEATURES, CLASSES, HIDDEN, MAX_DEGREE = 60, 20, 3, 8, 4

@@ -14,7 +14,7 @@ from fedgl_secure.crypto.receipts import ciphertext_digest, verify_receipt
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, sign_upload
 from fedgl_secure.errors import CiphertextError, PackingOverflow
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.policy.schema import Policy
 
 
 @pytest.fixture(scope="module")

@@ -409,7 +409,7 @@ def test_reproduce_command_refuses_bad_client_counts():
 def test_consortium_services_run_fed2gnn_on_louvain_slices_only():
     from pathlib import Path
 
-    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.services.aggregator import check_consortium_can_run
 
     policy = load_policy(Path(__file__).parent.parent / "policies" / "baseline.toml")
@@ -451,8 +451,8 @@ def test_the_neighbour_exchange_is_refused_under_an_edge_or_node_dp_policy(postu
     channel, so an edge or node guarantee would not hold (the simulation and the consortium both refuse)."""
     from pathlib import Path
 
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.dp_round import check_runnable
-    from fedgl_secure.privacy.policy import load_policy
 
     policy = load_policy(Path(__file__).parent.parent / "policies" / f"{posture}.toml")
     louvain = {"partition": "louvain", "num_clients": 3}
@@ -467,8 +467,8 @@ def test_label_dp_keeps_the_grafted_graphs_appendix_a_operator(graph):
     from pathlib import Path
 
     from fedgl_secure.engine.graph_tensors import GraphTensors
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.dp_round import FederationPrivacy
-    from fedgl_secure.privacy.policy import load_policy
 
     config = build_config(
         {

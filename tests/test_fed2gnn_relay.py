@@ -29,7 +29,7 @@ from fedgl_secure.methods.fed2gnn_relay import (
     run_bank_exchange,
     sign_exchange_key,
 )
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.services import tls, wire
 from fedgl_secure.services.aggregator import Coordinator
 from fedgl_secure.services.aggregator_service import AggregatorClient, create_app

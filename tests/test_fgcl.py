@@ -17,8 +17,8 @@ from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import WEIGHTS
 from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive, info_nce, perturbed_view, released_adjacency
 from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.dp_round import FederationPrivacy
-from fedgl_secure.privacy.policy import load_policy
 
 
 def test_info_nce_in_batch_matches_a_hand_computed_example():

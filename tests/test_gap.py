@@ -17,11 +17,11 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.gap import bounded_adjacency, check_gap_policy
 from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import gap
 from fedgl_secure.privacy.accounting import gaussian_epsilon
 from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
 from fedgl_secure.privacy.guarantees import effective_guarantees
-from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 from fedgl_secure.tomlio import read_toml
 
 POLICY = "policies/node-dp-gap.toml"

@@ -27,7 +27,7 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method_stages, stage_upload_kinds
 from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL, meta_step
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.seeding import numpy_stream
 
 
@@ -259,7 +259,7 @@ def test_the_consortium_runs_graphfl_but_refuses_it_under_any_dp_policy():
     (edge DP), the consortium refuses it before any key is used, as the simulation does (dp_round.check_stages)."""
     from pathlib import Path
 
-    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.services.aggregator import check_consortium_can_run
 
     policies = Path(__file__).resolve().parents[1] / "policies"

@@ -18,8 +18,8 @@ from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_re
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
 from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
+from fedgl_secure.policy.schema import HEParameters, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
-from fedgl_secure.privacy.policy import HEParameters, policy_from_dict
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"

@@ -11,11 +11,11 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.errors import PolicyError
+from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy import label_release, mechanisms
 from fedgl_secure.privacy.accounting import LABELS
 from fedgl_secure.privacy.dp_round import BankPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
-from fedgl_secure.privacy.policy import policy_from_dict
 
 
 def seeded_bytes(seed: int):

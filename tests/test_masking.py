@@ -120,7 +120,7 @@ def test_a_sum_that_does_not_fill_its_chunks_is_refused(parties):
 
 def test_several_data_primes_pad_and_decode_per_prime():
     """Under [60, 40, 40, 60] the data level has three primes: one uniform residue vector each, same recovery."""
-    from fedgl_secure.privacy.policy import HEParameters
+    from fedgl_secure.policy.schema import HEParameters
 
     he = HEParameters(
         poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40, packing="none"

@@ -15,7 +15,8 @@ from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import CiphertextError, PackingOverflow, PolicyError
-from fedgl_secure.privacy.policy import HEParameters, Policy, policy_from_dict
+from fedgl_secure.policy import packing_layout
+from fedgl_secure.policy.schema import HEParameters, Policy, policy_from_dict
 
 KINDS = ("weights", "predictions", "embeddings", "node_weight")
 
@@ -146,9 +147,9 @@ def test_the_noise_model_covers_measured_fresh_encryption_error(default_keys):
         ckks.decrypt_vector(secret, ckks.encrypt_vector(public, values, 16), values.size) - values for _ in range(4)
     ]
     measured_std = float(np.std(np.concatenate(errors)) * 2**16)
-    assert measured_std <= packing.NOISE_STD_PER_DEGREE * degree
+    assert measured_std <= packing_layout.NOISE_STD_PER_DEGREE * degree
     assert float(np.abs(np.concatenate(errors)).max()) * 2**16 <= packing.noise_bound(degree, 1)  # tails too
-    assert measured_std >= packing.NOISE_STD_PER_DEGREE * degree / 4  # the model is not wildly loose either
+    assert measured_std >= packing_layout.NOISE_STD_PER_DEGREE * degree / 4  # the model is not wildly loose either
 
 
 def test_the_noise_model_covers_both_parts_of_complex_slots(default_keys):
@@ -166,8 +167,8 @@ def test_the_noise_model_covers_both_parts_of_complex_slots(default_keys):
         errors.append((ring_mask.decode(public, level, residues, 2.0**16, complex_slots=True) - values) * 2**16)
     error = np.concatenate(errors)
     for part in (error.real, error.imag):
-        assert float(np.std(part)) <= packing.NOISE_STD_PER_DEGREE * degree
-        assert float(np.std(part)) >= packing.NOISE_STD_PER_DEGREE * degree / 4
+        assert float(np.std(part)) <= packing_layout.NOISE_STD_PER_DEGREE * degree
+        assert float(np.std(part)) >= packing_layout.NOISE_STD_PER_DEGREE * degree / 4
         assert float(np.abs(part).max()) <= packing.noise_bound(degree, 1)
 
 

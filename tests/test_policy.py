@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fedgl_secure.crypto.ckks_params import sum_bound, upload_bound
-from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
 from fedgl_secure.errors import PolicyError
-from fedgl_secure.privacy.policy import KNOWN_KINDS, HEParameters, load_policy, policy_from_dict
+from fedgl_secure.policy.ckks_params import sum_bound, upload_bound
+from fedgl_secure.policy.he_security import MAX_LOG_Q_128, security_check
+from fedgl_secure.policy.schema import KNOWN_KINDS, HEParameters, load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 BASELINE = POLICIES / "baseline.toml"

@@ -12,6 +12,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import DP_SGD, EDGES, PRV_EPS_ERROR
 from fedgl_secure.privacy.guarantees import (
     central_noise,
@@ -23,7 +24,6 @@ from fedgl_secure.privacy.guarantees import (
     round_releases,
     setup_releases,
 )
-from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 STRICT = POLICIES / "strict-dp.toml"

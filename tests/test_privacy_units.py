@@ -17,11 +17,11 @@ from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import WEIGHTS
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
 from fedgl_secure.privacy.label_dp import forward_corrected_loss
-from fedgl_secure.privacy.policy import load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 

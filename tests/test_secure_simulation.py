@@ -17,7 +17,7 @@ from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import WEIGHTS, split_weights_sum
-from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.policy.schema import load_policy
 
 BASELINE = Path(__file__).resolve().parents[1] / "policies" / "baseline.toml"
 

@@ -33,8 +33,7 @@ from fedgl_secure.engine.config import (
     SelfSupervisionConfig,
     TrainingConfig,
 )
-from fedgl_secure.privacy.accounting import LEDGER_FORMAT, GaussianRelease, PureRelease, _LedgerFile
-from fedgl_secure.privacy.policy import (
+from fedgl_secure.policy.schema import (
     DPSGD,
     Budget,
     DPSettings,
@@ -45,6 +44,7 @@ from fedgl_secure.privacy.policy import (
     Policy,
     Timeouts,
 )
+from fedgl_secure.privacy.accounting import LEDGER_FORMAT, GaussianRelease, PureRelease, _LedgerFile
 from fedgl_secure.services.aggregator_service import (
     EnrolRequest,
     IndexResponse,
@@ -85,7 +85,7 @@ class Case:
 
 
 CASES = [
-    # --- privacy/policy.py
+    # --- policy/schema.py
     Case(
         HEParameters,
         {},

@@ -18,14 +18,14 @@ from fedgl_secure.privacy.run_record import (
 )
 
 if TYPE_CHECKING:
-    from fedgl_secure.privacy.policy import Policy
+    from fedgl_secure.policy.schema import Policy
 
 # --- 1. policy conformance -----------------------------------------------------------------------
 
 
 def check_policy(files: RunFiles) -> Section:
     """Protection, HE security, quorum and the effective guarantees."""
-    from fedgl_secure.crypto.he_security import max_total_bits, security_check
+    from fedgl_secure.policy.he_security import max_total_bits, security_check
     from fedgl_secure.privacy.guarantees import effective_guarantees
 
     policy = files.policy

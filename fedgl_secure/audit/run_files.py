@@ -21,7 +21,7 @@ from fedgl_secure.privacy.run_record import (
 )
 
 if TYPE_CHECKING:
-    from fedgl_secure.privacy.policy import Policy
+    from fedgl_secure.policy.schema import Policy
 
 # --- reading the run directory (through run_record.load_run_dir) ----------------------------------
 
@@ -114,7 +114,7 @@ def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> 
     corrupt file. ``policy_path`` audits against another policy than the run's own ``policy.toml``
     copy; a run that recorded no policy (a plaintext simulation) is audited as ``protection = "none"``.
     """
-    from fedgl_secure.privacy.policy import Policy, load_policy
+    from fedgl_secure.policy.schema import Policy, load_policy
 
     loaded = load_run_dir(run_dir)
     if policy_path is not None:

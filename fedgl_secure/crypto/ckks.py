@@ -20,7 +20,7 @@ import tenseal as ts
 
 from fedgl_secure.crypto import ring_mask
 from fedgl_secure.errors import CiphertextError, ContextError
-from fedgl_secure.privacy.policy import HEParameters
+from fedgl_secure.policy.schema import HEParameters
 
 
 def create_secret_context(params: HEParameters) -> ts.Context:

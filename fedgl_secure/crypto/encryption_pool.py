@@ -25,7 +25,7 @@ import tenseal as ts
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.upload import encrypt_term
-from fedgl_secure.privacy.policy import HEParameters
+from fedgl_secure.policy.schema import HEParameters
 
 # A worker process's own copy of the public context, set once by the pool's initializer. ProcessPoolExecutor
 # offers no other place to keep per-process state; it exists only in worker processes, never in the caller.

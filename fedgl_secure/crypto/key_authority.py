@@ -54,7 +54,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, ring_mask
 from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
-from fedgl_secure.crypto.ckks_params import sum_bound
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
@@ -69,8 +68,9 @@ from fedgl_secure.errors import (
 )
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.log import get_logger
+from fedgl_secure.policy.ckks_params import sum_bound
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
-from fedgl_secure.privacy.policy import Policy
 
 AGGREGATOR = "aggregator"
 SEALED_FILE = "secret_context.sealed"

@@ -52,7 +52,7 @@ from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, finite_term, make_upload, sign_upload
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy.policy import Policy
+from fedgl_secure.policy.schema import Policy
 
 
 def bank_name(client_id: int) -> str:

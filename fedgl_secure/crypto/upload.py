@@ -14,10 +14,10 @@ import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.ckks_params import sum_bound
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
 from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
-from fedgl_secure.privacy.policy import HEParameters
+from fedgl_secure.policy.ckks_params import sum_bound
+from fedgl_secure.policy.schema import HEParameters
 
 # The round's sum of unpacked terms may use this share of the wrap-around bound; the rest is room for the key
 # authority's central DP noise and the encryption noise (the one-time pad needs none: masking.py).

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fileio import write_atomically
+from fedgl_secure.policy.schema import AccountantName
 
-AccountantName = Literal["rdp", "prv"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 
 # Release channels. The first three are FedGL's upload kinds (fedgl.methods), named here as

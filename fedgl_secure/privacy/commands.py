@@ -13,8 +13,8 @@ import typer
 from fedgl_secure.errors import FedGLError
 
 if TYPE_CHECKING:
+    from fedgl_secure.policy.schema import Policy
     from fedgl_secure.privacy.guarantees import Guarantees
-    from fedgl_secure.privacy.policy import Policy
 
 policy_app = typer.Typer(help="Validate privacy policies.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -159,8 +159,8 @@ def check(
     Exit 0: valid. Exit 1: valid, but the budget does not cover the policy's rounds (banks would stop
     contributing early). Exit 2: invalid; the message names the file and the field.
     """
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.guarantees import effective_guarantees
-    from fedgl_secure.privacy.policy import load_policy
 
     try:
         policy = load_policy(file)

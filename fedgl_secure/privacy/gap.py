@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.accounting import AccountantName, GaussianRelease, gaussian_epsilon
-from fedgl_secure.privacy.gap_settings import GAPSettings
 
 RandomBytes = Callable[[int], bytes]
 

@@ -1,6 +1,6 @@
 """What a policy guarantees (DESIGN §6): per channel sensitivity, noise and ε; per bank (ε, δ) over a whole run.
 
-:func:`effective_guarantees` turns a validated :class:`~fedgl_secure.privacy.policy.Policy` into
+:func:`effective_guarantees` turns a validated :class:`~fedgl_secure.policy.schema.Policy` into
 numbers a risk officer can check, with the assumptions they rest on. It only *reads* the
 library: sensitivities come from :mod:`fedgl_secure.privacy.mechanisms`, composition from
 :class:`~fedgl_secure.privacy.accounting.PrivacyLedger` (Opacus' RDP or PRV accountant). The
@@ -30,6 +30,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedgl_secure.policy.schema import DATA_KINDS, Policy
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.accounting import (
     DP_SGD,
@@ -44,7 +45,6 @@ from fedgl_secure.privacy.accounting import (
     Release,
     total_epsilon,
 )
-from fedgl_secure.privacy.policy import DATA_KINDS, Policy
 
 Status = Literal["no-protection", "he-only", "dp"]
 

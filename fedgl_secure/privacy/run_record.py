@@ -55,7 +55,7 @@ class RunDirectory:
     run: dict[str, Any]
     model: dict[str, np.ndarray]
     policy_text: str | None = None
-    policy: Any = None  # the policy.toml copy as loaded (fedgl_secure.privacy.policy.Policy); None: no policy
+    policy: Any = None  # the policy.toml copy as loaded (fedgl_secure.policy.schema.Policy); None: no policy
     ledgers: dict[str, PrivacyLedger] = field(default_factory=dict)
     receipts: list = field(default_factory=list)
     bank_keys: dict[str, str] = field(default_factory=dict)
@@ -139,7 +139,7 @@ def write_run_dir(
         record["federation"] = secure.federation
         record["context_fingerprint"] = secure.fingerprint
     if policy_path is not None:
-        from fedgl_secure.privacy.policy import load_policy
+        from fedgl_secure.policy.schema import load_policy
 
         shutil.copyfile(policy_path, run_dir / POLICY_FILE)
         record["privacy_unit"] = load_policy(policy_path).dp.effective_unit  # what one protected change is
@@ -192,7 +192,7 @@ def _json(path: Path) -> Any:
 def load_run_dir(run_dir: str | Path) -> RunDirectory:
     """Read a run directory back; raises :class:`RunDirectoryError` naming the first missing or corrupt file."""
     from fedgl_secure.crypto.receipts import load_public_key, parse_receipt
-    from fedgl_secure.privacy.policy import load_policy
+    from fedgl_secure.policy.schema import load_policy
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

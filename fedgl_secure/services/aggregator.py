@@ -76,8 +76,8 @@ from fedgl_secure.methods.base import (
 from fedgl_secure.methods.fed2gnn import check_services, signal_width
 from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
 from fedgl_secure.phase_timer import PhaseTimer
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.dp_round import check_consortium
-from fedgl_secure.privacy.policy import Policy
 from fedgl_secure.services.aggregator_store import (
     AggregatorStore,
     Enrolment,

@@ -45,7 +45,7 @@ from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
-from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore

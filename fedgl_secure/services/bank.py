@@ -84,11 +84,11 @@ from fedgl_secure.methods.base import Broadcast, method_model, method_stages, st
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
 from fedgl_secure.phase_timer import PhaseTimer
+from fedgl_secure.policy.schema import Policy, load_policy
 from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
 from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.label_release import LabelRelease
-from fedgl_secure.privacy.policy import Policy, load_policy
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import (

@@ -44,7 +44,7 @@ from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
-from fedgl_secure.privacy.policy import load_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import pki, tls, wire
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.wire import encodings

@@ -84,8 +84,8 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
     """Write the run directory of a consortium whose node processes have all stopped; returns its path."""
     from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
     from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
+    from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.privacy.policy import load_policy
     from fedgl_secure.privacy.run_record import MODEL_FILE, SecureRecord, write_run_dir
     from fedgl_secure.services.aggregator_store import AggregatorStore
     from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE

@@ -60,14 +60,16 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from fedgl_secure.crypto.ckks_params import data_bits, moduli_problems, scale_problems
-from fedgl_secure.crypto.he_security import MAX_LOG_Q_128, security_check
-from fedgl_secure.crypto.packing import KindLayout, kind_layout
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.kinds import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS
-from fedgl_secure.privacy.accounting import AccountantName
-from fedgl_secure.privacy.gap_settings import GAPSettings
+from fedgl_secure.policy.ckks_params import data_bits, moduli_problems, scale_problems
+from fedgl_secure.policy.gap_settings import GAPSettings
+from fedgl_secure.policy.he_security import MAX_LOG_Q_128, security_check
+from fedgl_secure.policy.packing_layout import KindLayout, kind_layout
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
+
+# The DP accountants a budget may name (privacy/accounting.py implements them with Opacus).
+AccountantName = Literal["rdp", "prv"]
 
 KNOWN_KINDS = (WEIGHTS, PREDICTIONS, EMBEDDINGS, NODE_WEIGHT, META_GRADIENTS)
 # Kinds that no longer exist, and where their values went. Σ_k w_k was its own one-value kind, which
