@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+
+import numpy as np
 
 PRIVATE_FILE_MODE = 0o600
 """Owner read/write only: private keys and anything else a secret can be read from."""
@@ -24,3 +27,11 @@ def write_atomically(path: str | Path, data: bytes, mode: int = 0o666) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def write_arrays_atomically(path: str | Path, **arrays: np.ndarray) -> None:
+    """An ``.npz`` archive of ``arrays`` at ``path``, written as :func:`write_atomically` writes (a bank's kept
+    state: a torn file would fail its next start)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_atomically(path, buffer.getvalue())

@@ -377,8 +377,7 @@ def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, Gr
     holds. Raises ValueError naming the mismatch for a node file of another role or federation."""
     import torch
 
-    from fedgl_secure.engine.graph_tensors import GraphTensors
-    from fedgl_secure.services.bank import bank_graph, load_union_index
+    from fedgl_secure.services.bank import bank_graph, bank_graph_tensors
     from fedgl_secure.services.config import NodeRole, load_node_config
 
     node, consortium = load_node_config(bank_config)
@@ -391,15 +390,7 @@ def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, Gr
     if config.method == "fed2gnn":
         raise ValueError("the bank view does not rebuild Fed²GNN's reconstructed graph; audit the simulation instead")
     data = bank_graph(node, consortium)
-    size, positions = load_union_index(node.state_dir)
-    if positions.shape != (data.graph.num_nodes,):
-        raise ValueError(
-            f"{node.state_dir}: the union index holds {positions.size} positions, the bank's tables "
-            f"{data.graph.num_nodes} customers; the data changed since the federation ran"
-        )
-    graph = GraphTensors.from_graph(
-        data.graph, positions, size, torch.device("cpu"), config.training.normalize_features
-    )
+    graph = bank_graph_tensors(node.state_dir, data.graph, torch.device("cpu"), config.training.normalize_features)
     return config, data.graph, graph
 
 

@@ -52,6 +52,12 @@ def centre_term(kind: str, values: np.ndarray, reference: np.ndarray | None) -> 
     return values - values[-1] * _offset(kind, values, reference)
 
 
+def bank_term(kind: str, contribution: torch.Tensor, reference: np.ndarray | None) -> np.ndarray:
+    """A bank's contribution of ``kind`` (a tensor on any device) as the flat float64 term it encrypts, centred by
+    :func:`centre_term`: what the bank node, the simulation's secure summation and its plaintext twin all sum."""
+    return centre_term(kind, contribution.detach().to(torch.float64).cpu().numpy().reshape(-1), reference)
+
+
 def restore_sum(kind: str, values: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
     """The decoded sum of ``kind`` as the method reads it: ``sum + sum[-1]·cat(W̄, 0)`` for a centred kind with
     a reference W̄ (the inverse of :func:`centre_term` summed over banks); otherwise unchanged."""

@@ -44,7 +44,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.centring import centre_term, restore_sum, wire_reference
+from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
@@ -252,8 +252,7 @@ class SecureSummation:
         busy: dict[int, float] = defaultdict(float)
 
         def term(client_id: int, kind: str) -> np.ndarray:
-            values = contributions[client_id][kind].detach().to(torch.float64).cpu().numpy()
-            return finite_term(kind, centre_term(kind, values, reference))
+            return finite_term(kind, bank_term(kind, contributions[client_id][kind], reference))
 
         def encrypt_here(client_id: int, kind: str) -> Upload:
             begun = time.perf_counter()
@@ -336,9 +335,7 @@ class QuantisedSummation:
         ordered = [contributions[k] for k in sorted(contributions)]
         sums = {}
         for kind in sorted(ordered[0]):
-            terms = [
-                centre_term(kind, c[kind].detach().to(torch.float64).cpu().numpy().reshape(-1), centre) for c in ordered
-            ]
+            terms = [bank_term(kind, c[kind], centre) for c in ordered]
             layout = self.layouts.get(kind)
             if layout is None:
                 total = np.sum(terms, axis=0)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import json
 import os
 import threading
@@ -62,7 +61,7 @@ from fastapi import Depends, FastAPI
 from torch import nn
 
 from fedgl_secure.crypto import ckks
-from fedgl_secure.crypto.centring import centre_term, wire_reference
+from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
 from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload, sign_upload
 from fedgl_secure.data.graph import GraphDataset
@@ -77,7 +76,7 @@ from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
-from fedgl_secure.fileio import write_atomically
+from fedgl_secure.fileio import write_arrays_atomically, write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
@@ -351,9 +350,8 @@ class BankWorker:
                 stop=stop,
             )
             if self.state_dir is not None:
-                buffer = io.BytesIO()
-                np.savez(buffer, boundary=boundary, **{f"level_{k}": e for k, e in enumerate(received, start=1)})
-                write_atomically(self.state_dir / EXCHANGE_FILE, buffer.getvalue())
+                levels = {f"level_{k}": e for k, e in enumerate(received, start=1)}
+                write_arrays_atomically(self.state_dir / EXCHANGE_FILE, boundary=boundary, **levels)
                 (self.state_dir / EXCHANGE_KEY_FILE).unlink(missing_ok=True)  # the sums are kept: the key is not needed
             self.log.info(
                 "fed2gnn.exchanged", boundary=int(boundary.size), seconds=round(time.perf_counter() - started, 3)
@@ -646,12 +644,7 @@ class BankWorker:
         key never leaves this process."""
         centre = wire_reference(reference)
         kinds = sorted(contribution)
-        terms = {
-            kind: finite_term(
-                kind, centre_term(kind, contribution[kind].detach().to(torch.float64).cpu().numpy(), centre)
-            )
-            for kind in kinds
-        }
+        terms = {kind: finite_term(kind, bank_term(kind, contribution[kind], centre)) for kind in kinds}
         layouts = {kind: self.policy.upload_layout(kind) for kind in kinds}
         chunks = sum(term_chunks(self.policy.he, layouts[kind], terms[kind].size) for kind in kinds)
         if not self.encryption.use_for(chunks):
@@ -738,9 +731,22 @@ def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
 
 
 def save_union_index(state_dir: Path, size: int, positions: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, num_global_nodes=size, positions=positions)
-    write_atomically(state_dir / INDEX_FILE, buffer.getvalue())
+    write_arrays_atomically(state_dir / INDEX_FILE, num_global_nodes=size, positions=positions)
+
+
+def bank_graph_tensors(
+    state_dir: Path, graph: GraphDataset, device: torch.device, normalize_features: bool
+) -> GraphTensors:
+    """The bank's graph with its rows at their union-index positions (saved at enrolment), as the federation
+    placed them: what ``predict`` scores and the audit's bank view attacks. Refused (naming the directory) when
+    the bank's tables no longer hold the customers the federation ran with."""
+    size, positions = load_union_index(state_dir)
+    if positions.shape != (graph.num_nodes,):
+        raise ConfigError(
+            f"{state_dir}: the union index holds {positions.size} positions, but the bank's tables now hold "
+            f"{graph.num_nodes} customers; the data changed since the federation ran"
+        )
+    return GraphTensors.from_graph(graph, positions, size, device, normalize_features)
 
 
 def load_union_index(state_dir: Path) -> tuple[int, np.ndarray]:
@@ -760,12 +766,10 @@ def release_settings(policy: Policy) -> dict:
 def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:
     """A bank's label release (labels; the likelihood rows when the mechanism keeps them) and the ``[dp.labels]``
     settings it was made under, written atomically: a torn file would fail the next start."""
-    buffer = io.BytesIO()
     arrays = {"labels": np.asarray(release.labels, dtype=np.int64), "settings": np.array(json.dumps(settings))}
     if release.likelihood is not None:
         arrays["likelihood"] = np.asarray(release.likelihood, dtype=np.float64)
-    np.savez(buffer, **arrays)
-    write_atomically(path, buffer.getvalue())
+    write_arrays_atomically(path, **arrays)
 
 
 def load_label_release(path: Path, settings: dict, num_nodes: int) -> LabelRelease:

@@ -22,7 +22,6 @@ import torch
 
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
-from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.simulation import resolve_device
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
@@ -31,10 +30,10 @@ from fedgl_secure.methods.base import method_model
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.bank import (
     bank_graph,
+    bank_graph_tensors,
     fed2gnn_setup,
     load_exchange_sums,
     load_final_model,
-    load_union_index,
     save_final_model,
 )
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
@@ -114,19 +113,17 @@ def predict(
         graph_data = data.graph
     saved = None if refresh else load_final_model(node.state_dir, consortium.federation)
     version, model_bytes = saved if saved is not None else fetch_final_model(node, consortium)
-    size, positions = load_union_index(node.state_dir)
-    if positions.shape != (graph_data.num_nodes,):
-        raise ConfigError(
-            f"{node.state_dir}: the union index holds {positions.size} positions, but the bank's tables now hold "
-            f"{graph_data.num_nodes} customers; the data changed since the federation ran"
-        )
     device = resolve_device(config.device)
-    graph = GraphTensors.from_graph(graph_data, positions, size, device, config.training.normalize_features)
+    graph = bank_graph_tensors(node.state_dir, graph_data, device, config.training.normalize_features)
     method = build_method(config)
     # the method's model (e.g. GraphFL's SGC backbone), as the banks trained it
     model = method_model(method, graph.features.shape[1], config.training.hidden, graph.num_classes, 0.0).to(device)
     broadcast = decode_broadcast(
-        version, model_bytes, int(model.flat_parameters().numel()), size, config.self_supervision.neighbors
+        version,
+        model_bytes,
+        int(model.flat_parameters().numel()),
+        graph.num_global_nodes,
+        config.self_supervision.neighbors,
     )
     model.load_flat_parameters(broadcast.weights.to(device))
     model.eval()
