@@ -415,7 +415,7 @@ def _private_client_graphs(
     first. A label release with the consortium prior sums the prior's weights on a summation like the run's
     (:func:`_release_summation`)."""
     from fedgl_secure.crypto.secure_summation import bank_name
-    from fedgl_secure.privacy.dp_round import check_runnable
+    from fedgl_secure.privacy.dp_round import check_runnable, releases_labels_together
 
     check_runnable(privacy.policy, config)
     graphs = federation.client_graphs
@@ -427,7 +427,7 @@ def _private_client_graphs(
     )
     if not privacy.active:
         return graphs
-    if not privacy.releases_labels_together:
+    if not releases_labels_together(privacy.policy):
         return privacy.private_graphs(graphs, adjacencies, summation)
     release_summation = _release_summation(summation)
     try:

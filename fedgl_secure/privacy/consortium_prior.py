@@ -29,15 +29,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fedgl_secure.engine.aggregation import fedavg
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy.accounting import WEIGHTS
-from fedgl_secure.privacy.label_dp import likelihood_loss
-from fedgl_secure.privacy.label_release import (
-    SGC_LEARNING_RATE,
-    SGC_WEIGHT_DECAY,
-    LabelRelease,
-    StagedRelease,
-)
+from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, fit_softmax_regression, softmax_regression
 from fedgl_secure.privacy.mechanisms import RandomBytes
 
 # FedAvg of the prior: 20 rounds of 10 full-batch Adam steps from zero. An ad-hoc probe (docs/privacy.md §6.10)
@@ -60,33 +55,6 @@ class BankLabels(NamedTuple):
     random_bytes: RandomBytes | None = None
 
 
-def softmax_regression(parameters: torch.Tensor, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
-    r"""Logits :math:`XW + b` of SGC's softmax regression (Wu et al. 2019, Eq. 8 on :math:`X = \hat A^2 X`) with
-    ``parameters`` = cat(vec(W), b) (W row-major, features × classes)."""
-    features = inputs.shape[1]
-    weights = parameters[: features * num_classes].reshape(features, num_classes)
-    return inputs @ weights + parameters[features * num_classes :]
-
-
-def local_update(
-    parameters: torch.Tensor,
-    inputs: torch.Tensor,
-    likelihood: torch.Tensor,
-    num_classes: int,
-    steps: int = LOCAL_STEPS,
-) -> torch.Tensor:
-    """One bank's FedAvg step: ``steps`` full-batch Adam steps from the global ``parameters`` on
-    :func:`~fedgl_secure.privacy.label_dp.likelihood_loss` of its released labels (``inputs``, ``likelihood``:
-    the rows of its known nodes only). Deterministic."""
-    local = parameters.detach().clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([local], lr=SGC_LEARNING_RATE, weight_decay=SGC_WEIGHT_DECAY)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        likelihood_loss(softmax_regression(local, inputs, num_classes), likelihood).backward()
-        optimizer.step()
-    return local.detach()
-
-
 def fit_consortium_prior(
     propagated: Sequence[np.ndarray],
     likelihoods: Sequence[np.ndarray],
@@ -99,7 +67,8 @@ def fit_consortium_prior(
     first_round: int = 1,
 ) -> torch.Tensor:
     r"""FedAvg of SGC's softmax regression over the banks (Eq. 10 with :math:`w_k` = the bank's released-label
-    count): each round every bank runs :func:`local_update` from :math:`\bar\theta` and uploads
+    count): each round every bank runs
+    :func:`~fedgl_secure.privacy.label_release.fit_softmax_regression` for ``steps`` from :math:`\bar\theta` and uploads
     :math:`\mathrm{cat}(\hat w_k\theta_k, [\hat w_k])`, :math:`\hat w_k = w_k/` ``normaliser`` (a public bound,
     so :math:`\hat w_k \le 1` as every upload's); ``summation`` adds them (as the ``weights`` kind, centred on
     :math:`\bar\theta` on the secure path) and :math:`\bar\theta = \sum_k \hat w_k\theta_k / \sum_k \hat w_k`.
@@ -121,7 +90,7 @@ def fit_consortium_prior(
         contributions = {}
         for k, (x, target, count) in enumerate(zip(inputs, targets, counts, strict=True)):
             local = (
-                local_update(parameters, x[np.flatnonzero(known[k])], target, num_classes, steps)
+                fit_softmax_regression(parameters, x[np.flatnonzero(known[k])], target, num_classes, steps)
                 if count
                 else parameters
             )
@@ -130,7 +99,7 @@ def fit_consortium_prior(
         total = summation(round_number, contributions, reference=parameters)[WEIGHTS].to(torch.float64)
         if total[-1] <= 0:  # no bank has released a label yet: the prior stays uniform (plain RR)
             return parameters
-        parameters = (total[:-1] / total[-1]).to(torch.float32)
+        parameters = fedavg(total[:-1], total[-1]).to(torch.float32)
     log.info("prior.fitted", rounds=rounds, banks=len(inputs), labelled=int(sum(counts)))
     return parameters
 

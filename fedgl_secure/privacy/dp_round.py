@@ -541,16 +541,11 @@ class FederationPrivacy:
             return summation
         return _CentrallyNoised(summation, self.central_noise)
 
-    @property
-    def releases_labels_together(self) -> bool:
-        """Whether the banks release their labels together (``prior = "consortium-sgc"``): :meth:`private_graphs`."""
-        return releases_labels_together(self.policy)
-
     def private_graphs(self, graphs: Sequence, adjacencies: Sequence[sp.spmatrix], summation: Callable) -> list:
         """Every bank's :meth:`private_graph`; with the consortium prior the labels are first released by all banks
         together (:func:`~fedgl_secure.privacy.consortium_prior.consortium_release`), the prior's weights summed
         by ``summation`` (a summation of the release's own: its rounds are numbered from 1)."""
-        if not self.releases_labels_together:
+        if not releases_labels_together(self.policy):
             return [
                 self.private_graph(k, graph, adjacency)
                 for k, (graph, adjacency) in enumerate(zip(graphs, adjacencies, strict=True))

@@ -131,20 +131,45 @@ def sgc_prior(
     not ``known`` its own label never enters — the condition RRWithPrior needs. Deterministic (zero start,
     full batch), so it needs no randomness.
     """
+    num_classes = likelihood.shape[1]
     if not np.any(known):  # nothing released yet (e.g. a bank without validation labels): a uniform prior, i.e. RR
-        return np.full((propagated.shape[0], likelihood.shape[1]), 1.0 / likelihood.shape[1])
+        return np.full((propagated.shape[0], num_classes), 1.0 / num_classes)
     inputs = torch.as_tensor(propagated, dtype=torch.float32)
-    index = torch.as_tensor(np.flatnonzero(known))
-    target = torch.as_tensor(likelihood[np.flatnonzero(known)], dtype=torch.float32)
-    weights = torch.zeros(inputs.shape[1], target.shape[1], requires_grad=True)
-    bias = torch.zeros(target.shape[1], requires_grad=True)
-    optimizer = torch.optim.Adam([weights, bias], lr=learning_rate, weight_decay=weight_decay)
-    for _ in range(epochs):
-        optimizer.zero_grad()
-        likelihood_loss(inputs[index] @ weights + bias, target).backward()
-        optimizer.step()
+    index = np.flatnonzero(known)
+    start = torch.zeros(inputs.shape[1] * num_classes + num_classes)
+    target = torch.as_tensor(likelihood[index], dtype=torch.float32)
+    parameters = fit_softmax_regression(start, inputs[index], target, num_classes, epochs, learning_rate, weight_decay)
     with torch.no_grad():
-        return torch.softmax(inputs @ weights + bias, dim=1).double().numpy()
+        return torch.softmax(softmax_regression(parameters, inputs, num_classes), dim=1).double().numpy()
+
+
+def softmax_regression(parameters: torch.Tensor, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
+    r"""Logits :math:`XW + b` of SGC's softmax regression (Wu et al. 2019, Eq. 8 on :math:`X = \hat A^2 X`) with
+    ``parameters`` = cat(vec(W), b) (W row-major, features × classes)."""
+    features = inputs.shape[1]
+    weights = parameters[: features * num_classes].reshape(features, num_classes)
+    return inputs @ weights + parameters[features * num_classes :]
+
+
+def fit_softmax_regression(
+    parameters: torch.Tensor,
+    inputs: torch.Tensor,
+    likelihood: torch.Tensor,
+    num_classes: int,
+    steps: int,
+    learning_rate: float = SGC_LEARNING_RATE,
+    weight_decay: float = SGC_WEIGHT_DECAY,
+) -> torch.Tensor:
+    """``steps`` full-batch Adam steps on :func:`likelihood_loss` of the released labels from ``parameters``
+    (``inputs``, ``likelihood``: the rows of the known nodes only); the fitted parameters. Deterministic. A bank's own
+    prior starts from zero; the consortium prior's FedAvg runs it from the global parameters each round."""
+    local = parameters.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([local], lr=learning_rate, weight_decay=weight_decay)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        likelihood_loss(softmax_regression(local, inputs, num_classes), likelihood).backward()
+        optimizer.step()
+    return local.detach()
 
 
 def at_temperature(priors: np.ndarray, temperature: float = 1.0) -> np.ndarray:
