@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
-from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
+from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
@@ -117,7 +117,7 @@ class SecureSummation:
         operator_secret: bytes | str | None = None,
         federation: str | None = None,
         encrypt_workers: int | None = None,
-        pool_min_chunks: int = 24,
+        pool_min_chunks: int = POOL_MIN_CHUNKS,
     ) -> None:
         self.policy = policy
         self.encrypt_workers = max(1, encrypt_workers or os.cpu_count() or 1)
