@@ -16,9 +16,10 @@ Sensitivities, and how graph coupling inflates them, are in :mod:`fedgl_secure.p
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -345,3 +346,45 @@ def _rdp_history(releases: Sequence[Release], channels: Sequence[str], delta: fl
             total = to_epsilon(sum(curves.values()), sum(pure.values()))
             points.append(RoundSpend(release.round, total, by_channel))
     return points
+
+
+# Integer Rényi orders: Opacus evaluates the subsampled Gaussian at an integer order in closed form (fast);
+# a bound at fewer orders is still a valid RDP bound, so calibrating on these is sound, if a little loose.
+CALIBRATION_ORDERS: tuple[float, ...] = (*range(2, 33), 40, 48, 64, 96, 128, 256)
+
+
+def warnings_ignored(function: Callable) -> Callable:
+    """Run ``function`` with Opacus' "optimal order is the smallest alpha" warning silenced: at order 2 the bound
+    is valid, only looser than fractional orders would give, and calibration asks thousands of times."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
+def calibration_epsilon(parts: list[tuple[float, float, int]], delta: float) -> float:
+    """ε at δ of the ``(noise multiplier, sample rate, steps)`` parts composed, on :data:`CALIBRATION_ORDERS`
+    (Opacus' RDP analysis; one part: that module alone)."""
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    rdp = sum(compute_rdp(q=q, noise_multiplier=z, steps=n, orders=CALIBRATION_ORDERS) for z, q, n in parts)
+    return float(get_privacy_spent(orders=CALIBRATION_ORDERS, rdp=rdp, delta=delta)[0])
+
+
+def smallest_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """The smallest noise multiplier (to 0.1 %) with which one Gaussian release (``steps`` at ``sample_rate``) alone
+    spends at most ``epsilon`` at ``delta``, on :data:`CALIBRATION_ORDERS`."""
+    low, high = 0.0, 1.0
+    while calibration_epsilon([(high, sample_rate, steps)], delta) > epsilon:
+        low, high = high, 2 * high
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        if calibration_epsilon([(middle, sample_rate, steps)], delta) > epsilon:
+            low = middle
+        else:
+            high = middle
+    return high

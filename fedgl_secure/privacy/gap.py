@@ -52,7 +52,14 @@ from torch import nn
 
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.privacy import mechanisms
-from fedgl_secure.privacy.accounting import AccountantName, GaussianRelease, gaussian_epsilon
+from fedgl_secure.privacy.accounting import (
+    AccountantName,
+    GaussianRelease,
+    calibration_epsilon,
+    gaussian_epsilon,
+    smallest_noise_multiplier,
+    warnings_ignored,
+)
 
 RandomBytes = Callable[[int], bytes]
 
@@ -135,47 +142,6 @@ def composed_epsilon(settings: GAPSettings, noise: GAPNoise, delta: float, accou
     return gaussian_epsilon(releases(settings, noise), delta, accountant)
 
 
-# Integer Rényi orders: Opacus evaluates the subsampled Gaussian at an integer order in closed form (fast);
-# a bound at fewer orders is still a valid RDP bound, so calibrating on these is sound, if a little loose.
-CALIBRATION_ORDERS: tuple[float, ...] = (*range(2, 33), 40, 48, 64, 96, 128, 256)
-
-
-def warnings_ignored(function: Callable) -> Callable:
-    """Run ``function`` with Opacus' "optimal order is the smallest alpha" warning silenced: at order 2 the bound
-    is valid, only looser than fractional orders would give, and calibration asks thousands of times."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
-            return function(*args, **kwargs)
-
-    return wrapper
-
-
-def _calibration_epsilon(parts: list[tuple[float, float, int]], delta: float) -> float:
-    """ε at δ of the ``(noise multiplier, sample rate, steps)`` parts composed, on :data:`CALIBRATION_ORDERS`
-    (Opacus' RDP analysis; one part: that module alone)."""
-    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-
-    rdp = sum(compute_rdp(q=q, noise_multiplier=z, steps=n, orders=CALIBRATION_ORDERS) for z, q, n in parts)
-    return float(get_privacy_spent(orders=CALIBRATION_ORDERS, rdp=rdp, delta=delta)[0])
-
-
-def _part_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
-    """The smallest noise multiplier (to 0.1 %) with which one module alone spends at most ``epsilon``."""
-    low, high = 0.0, 1.0
-    while _calibration_epsilon([(high, sample_rate, steps)], delta) > epsilon:
-        low, high = high, 2 * high
-    while high - low > 1e-3 * high:
-        middle = (low + high) / 2
-        if _calibration_epsilon([(middle, sample_rate, steps)], delta) > epsilon:
-            low = middle
-        else:
-            high = middle
-    return high
-
-
 @functools.lru_cache(maxsize=64)
 @warnings_ignored
 def calibrate(settings: GAPSettings, epsilon: float, delta: float) -> GAPNoise:
@@ -183,7 +149,7 @@ def calibrate(settings: GAPSettings, epsilon: float, delta: float) -> GAPNoise:
 
     Each module gets the multiplier that spends ``s·f_i·ε`` alone (f = the split); s is bisected so that
     the RDP *composition* of the three (tighter than adding the parts' ε) is just within ``epsilon``.
-    Everything is computed on :data:`CALIBRATION_ORDERS`; the ε a run reports
+    Everything is computed on :data:`~fedgl_secure.privacy.accounting.CALIBRATION_ORDERS`; the ε a run reports
     (:func:`composed_epsilon`, Opacus' accountant on its own orders) can only be lower. ``epsilon = inf``:
     no noise.
     """
@@ -196,12 +162,15 @@ def calibrate(settings: GAPSettings, epsilon: float, delta: float) -> GAPNoise:
     def noise_for(scale: float) -> GAPNoise:
         shares = settings.epsilon_split
         return GAPNoise(
-            *(_part_multiplier(scale * f * epsilon, delta, q, n) for f, (q, n) in zip(shares, parts, strict=True))
+            *(
+                smallest_noise_multiplier(scale * f * epsilon, delta, q, n)
+                for f, (q, n) in zip(shares, parts, strict=True)
+            )
         )
 
     def spent(noise: GAPNoise) -> float:
         multipliers = (noise.encoder, noise.aggregation, noise.classifier)
-        return _calibration_epsilon([(z, q, n) for z, (q, n) in zip(multipliers, parts, strict=True)], delta)
+        return calibration_epsilon([(z, q, n) for z, (q, n) in zip(multipliers, parts, strict=True)], delta)
 
     low, high = 1.0, 1.0  # bracket s: spent(low) <= ε < spent(high)
     if spent(noise_for(1.0)) <= epsilon:
