@@ -122,6 +122,48 @@ def test_one_client_round_of_the_meta_stage_by_hand():
     assert np.allclose(updated.weights.numpy(), expected_theta, atol=1e-6)
 
 
+def _one_client(labelled: int, seed: int = 0):
+    """A GraphFL method and the trainer of a 6-node client without edges holding ``labelled`` training nodes."""
+    x = np.eye(6, 2, dtype=np.float32) + 0.5
+    train = np.zeros(6, dtype=bool)
+    train[:labelled] = True
+    graph = GraphDataset(
+        "tiny",
+        sp.csr_matrix(x),
+        np.array([0, 1, 0, 1, 0, 1]),
+        np.zeros((2, 0), dtype=np.int64),
+        train,
+        np.zeros(6, dtype=bool),
+        np.zeros(6, dtype=bool),
+        2,
+        np.arange(6),
+    )
+    config = build_config(
+        {"method": "graphfl", "device": "cpu", "seed": seed, "graphfl": {"backbone": "sgc", "sgc_hops": 1}}
+    )
+    method = build_method(config)
+    tensors = GraphTensors.from_graph(graph, np.arange(6), 6, torch.device("cpu"), normalize_features=False)
+    return method, LocalTrainer(0, tensors, config.training, seed, method.build_model(2, 2))
+
+
+def test_a_client_without_query_nodes_has_no_weight_in_the_meta_step():
+    """One labelled node is support only: the client's meta term is all zeros *with weight 0*, so it does not
+    shrink the other clients' mean query gradient; a round where no sampled client has query nodes takes no
+    meta step (θ̂ = θ) instead of dividing by zero."""
+    method, trainer = _one_client(labelled=1)
+    assert method.support_query(trainer)[1].numel() == 0
+    theta = method.build_model(2, 2).flat_parameters()
+    term = method.stage_contribution(META, trainer, Broadcast(0, theta))[META_GRADIENTS]
+    assert float(term[-1]) == 0.0 and bool(torch.all(term == 0))
+    other, holder = _one_client(labelled=4)
+    with_query = other.stage_contribution(META, holder, Broadcast(0, theta))[META_GRADIENTS]
+    alone = other.stage_update(META, {META_GRADIENTS: with_query}, 1, Broadcast(0, theta)).weights
+    other.load_server_state({})
+    together = other.stage_update(META, {META_GRADIENTS: with_query + term}, 1, Broadcast(0, theta)).weights
+    assert torch.allclose(alone, together) and not torch.allclose(alone, theta)
+    assert torch.equal(method.stage_update(META, {META_GRADIENTS: term}, 1, Broadcast(0, theta)).weights, theta)
+
+
 def test_support_query_split_halves_the_labelled_nodes():
     nodes = np.arange(100, 111)
     support, query = support_query_split(nodes, 0.5, numpy_stream(0, "t"))

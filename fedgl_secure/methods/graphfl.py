@@ -49,6 +49,9 @@ from fedgl_secure.seeding import numpy_stream
 META = "meta"
 FINETUNE = "finetune"
 _ADAM_MOMENTS = ("step", "exp_avg", "exp_avg_sq")  # the meta optimiser's state per parameter
+# Σ ŵ_k of the meta stage below which no sampled client had query nodes (well above CKKS noise, ~1e-7;
+# a contributing client's ŵ_k = w_k / w_max is far larger)
+NO_QUERY_WEIGHT = 1e-3
 
 
 def supervised_loss(model: nn.Module, graph: GraphTensors, adjacency: SparseOperator, nodes: torch.Tensor, generator):
@@ -208,7 +211,9 @@ class GraphFL:
         weight = client_weight(trainer.num_nodes)
         if stage == META:
             gradient = loss_gradient(model, graph, adjacency, query, trainer.generator)
-            return {META_GRADIENTS: weights_term(weight, gradient.cpu())}
+            # a client without query nodes has no term in the meta objective: weight 0, or its zero gradient
+            # would shrink ḡ by its share (most clients at 10 labels per class hold one node, support only)
+            return {META_GRADIENTS: weights_term(weight if query.numel() > 0 else 0.0, gradient.cpu())}
         if stage == FINETUNE:
             return {WEIGHTS: weights_term(weight, model.flat_parameters().cpu())}
         raise ValueError(f"graphfl has no stage {stage!r}; its stages are {self.stages}")
@@ -225,6 +230,8 @@ class GraphFL:
             raise ValueError(f"graphfl has no stage {stage!r}; its stages are {self.stages}")
         gradient_sum, total = split_weights_sum(sums[META_GRADIENTS])
         theta = broadcast.weights.to(torch.float32)
+        if total < NO_QUERY_WEIGHT:  # no sampled client holds query nodes: no meta step this round
+            return Broadcast(round_number, theta)
         settings = self.settings
         if settings.meta_optimizer == "sgd":
             gradient_sum = gradient_sum + settings.meta_weight_decay * total * theta
