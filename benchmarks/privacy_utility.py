@@ -39,7 +39,9 @@ centralised: what a model learns with no graph at all). Each run records accurac
 the final W̄ and, when the final broadcast carries a pseudo graph, the link-inference AUC
 (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
-pipeline without noise); its rows have no MIA (the attack reads a GCN's weights). ``--label-options
+pipeline without noise); ``--units centroids`` the node unit by one release of noisy class sums
+(``policies/node-dp-centroids.toml``, ``--method centroids``); their rows have no MIA (the attack reads a GCN's
+weights). ``--label-options
 key=value,...`` replaces keys of the label template's ``[dp.labels]`` (e.g. ``stages=3``; with ``mechanism=``
 only the template's ε and correction are kept), to compare label releases (docs/privacy.md §6.10).
 
@@ -149,8 +151,9 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
     if privacy is None:
         privacy = FederationPrivacy(policy) if policy is not None else None
     result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
-    # a baseline (centralized, local) has no broadcast to attack; the MIA reads a GCN's W̄, which GAP's is not
-    if not broadcasts or config.method == "gap":
+    # a baseline (centralized, local) has no broadcast to attack; the MIA reads a GCN's W̄, which GAP's and the
+    # class sums are not
+    if not broadcasts or config.method in IN_METHOD_UNITS:
         return {
             "seed": config.seed,
             "accuracy": result.global_test_accuracy,
@@ -221,7 +224,10 @@ UNIT_TEMPLATES = {
     "edge": POLICIES / "strict-edge-dp.toml",
     "label": POLICIES / "label-dp.toml",
     "gap": POLICIES / "node-dp-gap.toml",  # the node unit by GAP (method gap); its noise is calibrated to ε
+    # the node unit by one release of noisy class sums (method centroids); its noise is calibrated to ε
+    "centroids": POLICIES / "node-dp-centroids.toml",
 }
+IN_METHOD_UNITS = ("gap", "centroids")  # units whose mechanism is a method of its own
 
 
 def parse_options(text: str) -> dict:
@@ -240,7 +246,7 @@ def unit_policy(unit: str, epsilon: float, label_options: dict | None = None):
     ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``)."""
     path = UNIT_TEMPLATES[unit]
     values = tomllib.loads(path.read_text(encoding="utf-8"))
-    if unit != "gap":
+    if unit not in IN_METHOD_UNITS:
         values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
     if unit == "label" and label_options:
         labels = values["dp"]["labels"]
@@ -334,7 +340,7 @@ def run_units(args) -> int:
             record("mlp", math.inf, "centralized", None, lambda seed: features_only(datasets[seed]))
             continue
         for epsilon in args.epsilons:
-            for method in ["gap"] if unit == "gap" else args.methods:  # GAP is its own method
+            for method in [unit] if unit in IN_METHOD_UNITS else args.methods:  # GAP, centroids: own methods
                 if math.isinf(epsilon):
                     if any(r["epsilon"] == "inf" and r["method"] == method for r in rows):
                         continue  # no DP: the same run for every unit
@@ -372,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
-        "--units", default=None, help="edge,label,gap,mlp: the units-of-privacy table (module doc; gap: node by GAP)"
+        "--units",
+        default=None,
+        help="edge,label,gap,centroids,mlp: the units-of-privacy table (module doc; gap, centroids: node unit)",
     )
     parser.add_argument("--methods", default="fedgl,fgcl", help="methods of the units table")
     parser.add_argument(

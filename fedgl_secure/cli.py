@@ -57,6 +57,7 @@ class MethodName(str, Enum):
     graphfl = "graphfl"
     fgcl = "fgcl"
     gap = "gap"
+    centroids = "centroids"
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ Method = Literal[
     "fedavg-full",
     "graphfl",
     "gap",
+    "centroids",
 ]
 METHODS: tuple[str, ...] = get_args(Method)
 NEIGHBOUR_EXCHANGE_METHODS: tuple[str, ...] = ("fed2gnn", "fedavg-full")
@@ -227,6 +228,24 @@ class GAPConfig(GAPSettings):
     learning_rate: float = Field(0.05, gt=0.0, description="Adam on the (noisy) DP-SGD gradients")
 
 
+class CentroidsConfig(_Section):
+    """Private class centroids with graph propagation (methods/centroids.py, privacy/class_sums.py).
+
+    ``epsilon = inf`` releases the class sums without noise (the same pipeline, no DP); a node-unit policy with
+    ``dp.node_mechanism = "centroids"`` sets ε, δ and the accountant from its ``[budget]``. The propagation
+    settings are post-processing inside a bank and cost no ε.
+    """
+
+    epsilon: float = Field(float("inf"), gt=0.0, description="ε per bank of the one release (inf: no DP)")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the guarantee")
+    accountant: AccountantName = "rdp"
+    propagation_steps: int = Field(10, ge=0, le=100, description="K: personalised-PageRank steps (Eq. C4)")
+    teleport: float = Field(0.05, gt=0.0, le=1.0, description="α: weight of a node's own scores at each step")
+    nonnegative: bool = Field(
+        True, description="clip the released class sums at zero (only for features that are never negative)"
+    )
+
+
 class EvaluationConfig(BaseModel):
     """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
 
@@ -284,23 +303,34 @@ class ExperimentConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
     gap: GAPConfig = GAPConfig()
+    centroids: CentroidsConfig = CentroidsConfig()
 
     @model_validator(mode="after")
     def _backbone_is_the_engines(self) -> ExperimentConfig:
         # GraphFL and GAP build their own model (graphfl.backbone, gap.*); a training.backbone they would
         # silently ignore is refused instead
-        if self.training.backbone != "gcn" and self.method in ("graphfl", "gap"):
+        if self.training.backbone != "gcn" and self.method in ("graphfl", "gap", "centroids"):
             raise field_error(
                 "training.backbone",
                 f"{self.training.backbone!r} is not used by method {self.method!r}, which builds its own model "
-                f"(graphfl.backbone / the gap section); leave it at 'gcn'",
+                f"(graphfl.backbone / the gap and centroids sections); leave it at 'gcn'",
             )
         return self
 
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in ("federated", "centralized", "local", "fgcl", "fed2gnn", "fedavg-full", "graphfl", "gap"):
+        if self.method in (
+            "federated",
+            "centralized",
+            "local",
+            "fgcl",
+            "fed2gnn",
+            "fedavg-full",
+            "graphfl",
+            "gap",
+            "centroids",
+        ):
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0

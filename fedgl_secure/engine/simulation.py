@@ -224,11 +224,12 @@ def run_experiment(
     with ``stopped_reason`` once fewer than the policy's quorum remain.
     """
     started = time.perf_counter()
-    gap_privacy = None  # GAP's DP lives inside the method: the engine's DP step is off, only ledgers are kept
-    if privacy is not None and privacy.policy.dp.node_mechanism == "gap":
-        from fedgl_secure.methods.gap import apply_gap_policy
-
-        config, gap_privacy, privacy = apply_gap_policy(config, privacy.policy), privacy, None
+    # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
+    in_method = _in_method_mechanism(privacy.policy) if privacy is not None else None
+    method_privacy = None
+    if in_method is not None:
+        apply_policy, _ = in_method
+        config, method_privacy, privacy = apply_policy(config, privacy.policy), privacy, None
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
     if clients is not None:
@@ -240,11 +241,10 @@ def run_experiment(
             dataset = load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
         federation = Federation.build(dataset, config, device)
     config.evaluation.check_classes(federation.merged.num_classes)
-    if gap_privacy is not None:
-        from fedgl_secure.methods.gap import gap_ledgers
-
+    if in_method is not None:
+        _, ledgers = in_method
         weights = [client_weight(graph.num_nodes) for graph in federation.client_graphs]
-        record = gap_ledgers(gap_privacy, config, len(weights), max(weights))
+        record = ledgers(method_privacy, config, len(weights), max(weights))
         observer = record if observer is None else _both(observer, record)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
@@ -262,6 +262,21 @@ def run_experiment(
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
     return result
+
+
+def _in_method_mechanism(policy) -> tuple[Callable, Callable] | None:
+    """``(apply_policy, ledgers)`` of a node-unit mechanism that runs inside its method (``dp.node_mechanism``
+    ``"gap"`` or ``"centroids"``), or None: the policy's settings go into the method's config, and each bank gets
+    a ledger of the method's own releases."""
+    if policy.dp.node_mechanism == "gap":
+        from fedgl_secure.methods.gap import apply_gap_policy, gap_ledgers
+
+        return apply_gap_policy, gap_ledgers
+    if policy.dp.node_mechanism == "centroids":
+        from fedgl_secure.methods.centroids import apply_centroids_policy, centroids_ledgers
+
+        return apply_centroids_policy, centroids_ledgers
+    return None
 
 
 def _both(first: Callable[[Broadcast], None], second: Callable[[Broadcast], None]) -> Callable[[Broadcast], None]:

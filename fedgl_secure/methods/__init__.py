@@ -27,6 +27,7 @@ METHOD_CLASSES = {
     "fedgl-no-gpl": ("fedgl", "FedGL"),
     "graphfl": ("graphfl", "GraphFL"),
     "gap": ("gap", "GAP"),
+    "centroids": ("centroids", "PrivateCentroids"),
 }
 """``ExperimentConfig.method`` → (module under ``fedgl_secure.methods``, class). Baselines are not here."""
 

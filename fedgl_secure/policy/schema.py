@@ -233,10 +233,14 @@ UNIT_MECHANISMS = {
     "label": "dp.labels (randomised response, or RRWithPrior in stages, once at the source; uploads are "
     "post-processing)",
     "node": "Gaussian channels dp.weights / dp.predictions / dp.embeddings and/or dp.sgd, degree-bounded "
-    "(dp.node_mechanism = 'channels'), or GAP's modules (dp.node_mechanism = 'gap' with [dp.gap])",
+    "(dp.node_mechanism = 'channels'), GAP's modules (dp.node_mechanism = 'gap' with [dp.gap]), or one release of "
+    "noisy class sums (dp.node_mechanism = 'centroids')",
     "bank": "dp.weights only (bank-level sensitivity 2C); predictions and embeddings may not leave a bank",
     "none": "no differential privacy",
 }
+# Node-unit mechanisms that run inside their own method (GAP's modules, the class-sums release): every upload is
+# post-processing of them, and they are the policy's only mechanism.
+IN_METHOD_MECHANISMS = ("gap", "centroids")
 ON_EXHAUSTED = ("stop-contributing",)
 MAX_DELTA = 1e-3
 
@@ -444,8 +448,9 @@ class DPSettings(_Section):
 
     unit: Unit | None = None
     # "channels": the Gaussian channels and DP-SGD below; "gap": GAP's encoder, perturbed hops and classifier
-    # (privacy/gap.py, method gap), whose uploads are post-processing of its DP-SGD
-    node_mechanism: Literal["channels", "gap"] = "channels"
+    # (privacy/gap.py, method gap), whose uploads are post-processing of its DP-SGD; "centroids": one Gaussian
+    # release of each bank's class sums (privacy/class_sums.py, method centroids)
+    node_mechanism: Literal["channels", "gap", "centroids"] = "channels"
     gap: GAPSettings | None = None
     weights: GaussianChannel | None = None
     predictions: GaussianChannel | None = None
@@ -475,8 +480,8 @@ class DPSettings(_Section):
     def enabled_channels(self) -> tuple[str, ...]:
         """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges, labels."""
         names = list(self.round_channels())
-        if self.node_mechanism == "gap":
-            names.append("gap")
+        if self.node_mechanism in IN_METHOD_MECHANISMS:
+            names.append(self.node_mechanism)
         if self.edges.enabled:
             names.append("edges")
         if self.labels.enabled:
@@ -493,13 +498,17 @@ class DPSettings(_Section):
     @property
     def source_only(self) -> bool:
         """Whether every DP mechanism acts once at the source (edges, labels): uploads are post-processing."""
-        return bool(self.enabled_channels()) and not self.round_channels() and self.node_mechanism != "gap"
+        return (
+            bool(self.enabled_channels())
+            and not self.round_channels()
+            and self.node_mechanism not in IN_METHOD_MECHANISMS
+        )
 
     @property
     def uploads_post_processed(self) -> bool:
         """Whether every upload is post-processing of a mechanism inside the bank (source-only units, GAP), so the
         data kinds need no Gaussian channel of their own."""
-        return self.source_only or self.node_mechanism == "gap"
+        return self.source_only or self.node_mechanism in IN_METHOD_MECHANISMS
 
     @property
     def effective_unit(self) -> str:
@@ -534,8 +543,8 @@ class DPSettings(_Section):
         unit, enabled, per_round = self.unit, self.enabled_channels(), self.round_channels()
         if self.gap is not None and self.node_mechanism != "gap":
             raise field_error("gap", "[dp.gap] is read only with node_mechanism = 'gap'; set it, or remove [dp.gap]")
-        if self.node_mechanism == "gap":
-            self._check_gap(unit, per_round)
+        if self.node_mechanism in IN_METHOD_MECHANISMS:
+            self._check_in_method(unit, per_round)
         if unit is None:
             return self
         wanted = f"unit = {unit!r} is protected by {UNIT_MECHANISMS[unit]}"
@@ -567,7 +576,7 @@ class DPSettings(_Section):
                     "another unit — one unit per policy",
                 )
         if unit in ("node", "bank"):
-            if not per_round and self.node_mechanism != "gap":
+            if not per_round and self.node_mechanism not in IN_METHOD_MECHANISMS:
                 raise field_error("unit", f"{wanted}; no such channel is enabled")
             if self.labels.enabled:
                 raise field_error("labels", f"label DP protects unit 'label', not {unit!r}; remove [dp.labels]")
@@ -586,19 +595,22 @@ class DPSettings(_Section):
                 )
         return self
 
-    def _check_gap(self, unit: str | None, per_round: tuple[str, ...]) -> None:
-        """GAP is a node-unit mechanism on its own: unit 'node', its [dp.gap] table, and no other DP mechanism."""
+    def _check_in_method(self, unit: str | None, per_round: tuple[str, ...]) -> None:
+        """GAP and the class-sums release are node-unit mechanisms on their own: unit 'node', GAP's [dp.gap] table,
+        and no other DP mechanism."""
+        mechanism = self.node_mechanism
         if unit != "node":
             raise field_error(
-                "node_mechanism", f"'gap' protects unit 'node' (one customer); set dp.unit = 'node' (got {unit!r})"
+                "node_mechanism",
+                f"{mechanism!r} protects unit 'node' (one customer); set dp.unit = 'node' (got {unit!r})",
             )
-        if self.gap is None:
+        if mechanism == "gap" and self.gap is None:
             raise field_error("gap", "required with node_mechanism = 'gap' (max_degree, hops, rounds, DP-SGD settings)")
         others = [*per_round, *(["edges"] if self.edges.enabled else []), *(["labels"] if self.labels.enabled else [])]
         if others:
             raise field_error(
                 "node_mechanism",
-                f"'gap' brings its own DP-SGD and aggregation noise; {others} would be a second mechanism on the same "
+                f"{mechanism!r} brings its own noise; {others} would be a second mechanism on the same "
                 "uploads — remove them, or use node_mechanism = 'channels'",
             )
 
@@ -749,14 +761,15 @@ class Policy(BaseModel):
                     f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
                     f"remove them (FedAvg uploads weights only)",
                 )
-        if self.budget is not None and self.dp.node_mechanism == "gap":
+        if self.budget is not None and self.dp.node_mechanism in IN_METHOD_MECHANISMS:
             node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
             if node_kinds:
                 raise field_error(
                     "allowed_kinds",
-                    f"node_mechanism = 'gap' uploads weights only (its modules' FedAvg terms); {node_kinds} would "
-                    "leave a bank outside GAP's accounting — remove them",
+                    f"node_mechanism = {self.dp.node_mechanism!r} uploads weights only (its method's model); "
+                    f"{node_kinds} would leave a bank outside its accounting — remove them",
                 )
+        if self.budget is not None and self.dp.node_mechanism == "gap":
             if self.budget.rounds < self.dp.gap.rounds:
                 raise field_error(
                     "budget.rounds",

@@ -119,6 +119,17 @@ def check_runnable(policy: Policy, config) -> None:
             f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
             "dp.node_mechanism = 'gap' (policies/node-dp-gap.toml) or one without DP"
         )
+    if policy.dp.node_mechanism == "centroids" and config.method != "centroids":
+        raise ConfigError(
+            f"dp.node_mechanism = 'centroids' protects the node unit with the method's own release; method "
+            f"{config.method!r} has none: run --method centroids, or choose another dp.node_mechanism"
+        )
+    if config.method == "centroids" and policy.has_dp and policy.dp.node_mechanism != "centroids":
+        raise ConfigError(
+            f"method 'centroids' carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} with "
+            f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
+            "dp.node_mechanism = 'centroids' (policies/node-dp-centroids.toml) or one without DP"
+        )
     unit = policy.dp.effective_unit
     if config.method in NEIGHBOUR_EXCHANGE_METHODS and policy.has_dp and unit != "label":
         # fail closed: Fed²GNN's set-up exchange releases per-node sums of neighbours' features (and counts)
@@ -201,6 +212,12 @@ def check_consortium(policy: Policy, config) -> None:
             "dp.node_mechanism = 'gap' runs in the simulation only (`simulate --method gap --policy ...`, with "
             "--secure for CKKS sums): a consortium bank does not yet keep GAP's phase and perturbed hops across rounds "
             "and restarts; use `simulate`, or node_mechanism = 'channels'"
+        )
+    if policy.dp.node_mechanism == "centroids":
+        raise ConfigError(
+            "dp.node_mechanism = 'centroids' runs in the simulation only (`simulate --method centroids --policy ...`, "
+            "with --secure for CKKS sums): a consortium bank does not yet keep its one release of class sums across "
+            "restarts (a second draw would be a second release); use `simulate`, or node_mechanism = 'channels'"
         )
     if releases_labels_together(policy):
         # a bank service releases its labels alone, at its start (services/bank.py); the joint release needs a

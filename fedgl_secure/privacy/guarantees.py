@@ -96,6 +96,13 @@ UNIT_DOES_NOT_PROTECT = {
     "none": "everything the decrypted sums reveal",
 }
 
+# The node unit under the class-sums release (dp.node_mechanism = "centroids"): no degree bound is involved.
+CENTROIDS_PROTECTS = "one customer with all its features, its label and its links, whatever its degree"
+CENTROIDS_DO_NOT_PROTECT = (
+    "a bank's size and which (pseudonymous) global nodes it holds; the scores a bank computes for its own "
+    "customers, if it publishes them"
+)
+
 
 @dataclass(frozen=True)
 class ChannelGuarantee:
@@ -573,6 +580,10 @@ def effective_guarantees(policy: Policy) -> Guarantees:
 
     if policy.dp.node_mechanism == "gap":
         return _gap_guarantees(policy, common)
+    if policy.dp.node_mechanism == "centroids":
+        return _centroids_guarantees(
+            policy, {**common, "protects": CENTROIDS_PROTECTS, "does_not_protect": CENTROIDS_DO_NOT_PROTECT}
+        )
     budget = policy.budget
     channels = [_upload_guarantee(policy, kind) for kind in DATA_KINDS if policy.dp.upload_channel(kind)]
     if policy.dp.sgd_enabled:
@@ -703,5 +714,55 @@ def _gap_guarantees(policy: Policy, common: dict) -> Guarantees:
         rounds=settings.rounds,
         epsilon=epsilon,
         rounds_within_budget=settings.rounds if epsilon <= budget.epsilon else 0,
+        assumptions=assumptions,
+    )
+
+
+def _centroids_guarantees(policy: Policy, common: dict) -> Guarantees:
+    """Node-level DP by one release of noisy class sums (``dp.node_mechanism = "centroids"``, Eqs. C1–C2).
+
+    One Gaussian release per bank, sensitivity 1 under node add/remove whatever the graph, its noise multiplier
+    calibrated by :func:`~fedgl_secure.privacy.class_sums.noise_multiplier` to the budget's ε and δ (what
+    ``--method centroids`` runs with).
+    """
+    from fedgl_secure.privacy import class_sums
+
+    budget = policy.budget
+    z = class_sums.noise_multiplier(budget.epsilon, budget.delta)
+    epsilon = class_sums.spent_epsilon(z, budget.delta, budget.accountant)
+    channel = ChannelGuarantee(
+        channel=class_sums.CLASS_SUMS,
+        mechanism="gaussian",
+        noise="local",
+        clip=1.0,
+        sensitivity=class_sums.SENSITIVITY,
+        noise_multiplier=z,
+        noise_std=z * class_sums.SENSITIVITY,
+        share_std=None,
+        accounted_noise_multiplier=z,
+        steps_per_round=0,
+        epsilon_per_round=math.nan,
+        epsilon_total=epsilon,
+    )
+    assumptions = (
+        f"Unit of privacy (dp.unit = 'node', node_mechanism = 'centroids'): {_UNIT_OF_PRIVACY['node']}. ε is per bank "
+        f"at δ = {budget.delta:g} and paid once, in round 1: every later upload re-sends the same released sums.",
+        "Release: each bank sums its training customers' feature rows, each scaled to unit L2 norm, per class (a C × F "
+        f"matrix) and adds N(0, σ²) to every entry once, σ = {z:.3f} (z = {z:.3f} × sensitivity 1). Removing a "
+        "customer removes at most its own row from one class sum; its links and the other customers' features enter "
+        "nothing released, so no degree bound is needed and the guarantee holds for the bank's graph as it is.",
+        "Inside the bank (post-processing, not released): the customers' cosines to the consortium's class directions, "
+        "propagated over the bank's own graph. Scores a bank publishes are outside the guarantee.",
+        "Noise is drawn from the OS CSPRNG inside the bank; HE hides each bank's release from the aggregator, but the "
+        "guarantee does not rely on it. w_k and node membership are public, as everywhere.",
+    )
+    return _dp_guarantees(
+        policy,
+        common,
+        released_without_dp=tuple(kind for kind in policy.allowed_kinds if kind not in DATA_KINDS),
+        channels=(channel,),
+        rounds=1,
+        epsilon=epsilon,
+        rounds_within_budget=policy.budget.rounds if epsilon <= budget.epsilon else 0,
         assumptions=assumptions,
     )

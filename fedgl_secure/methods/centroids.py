@@ -1,0 +1,147 @@
+"""Private class centroids with graph propagation (``--method centroids``): node-level DP at one release per bank.
+
+Each bank sums its training customers' unit-norm feature rows per class (Eq. C1), adds Gaussian noise
+calibrated to the node unit's ε **once** (:mod:`fedgl_secure.privacy.class_sums`: sensitivity 1, whatever the
+graph), and uploads the noisy sums as its ``weights`` term; the consortium averages them (Eq. 10's form, every
+bank weighted 1) through the engine's summation (plaintext, or CKKS with ``--secure``). The global model is
+that matrix of class directions: each bank scores its customers by their cosine to them (Eq. C3) and propagates
+the scores over its own graph (Eq. C4, :mod:`fedgl_secure.model.centroids`). Nothing is trained, so the model
+is final after round 1; later rounds upload the same released sums again (post-processing: no new spend).
+
+Why this and not GAP for the node unit (docs/privacy.md §6.11): with 20 labelled customers per class, DP-SGD's
+noise over thousands of parameters, and the noise GAP puts on every hop, leave nothing (GAP measures at chance
+at ε ≤ 16 on Cora). Sufficient statistics released once need noise on C × F numbers of sensitivity 1, and the
+graph — where most of a GNN's gain on Cora comes from — is used inside the bank only, where it costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from fedgl_secure.engine.aggregation import fedavg
+from fedgl_secure.engine.client import LocalTrainer
+from fedgl_secure.engine.config import CentroidsConfig, ExperimentConfig
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.model.centroids import CentroidPropagation
+from fedgl_secure.model.sparse import SparseOperator
+from fedgl_secure.privacy import class_sums
+
+__all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_ledgers"]
+
+
+def centroids_config_values(policy) -> dict:
+    """The ``centroids`` config values a ``dp.node_mechanism = "centroids"`` policy fixes: its budget's ε, δ."""
+    budget = policy.budget
+    return {"epsilon": budget.epsilon, "delta": budget.delta, "accountant": budget.accountant}
+
+
+def apply_centroids_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
+    """``config`` with the policy's ε, δ and accountant, refused unless it runs ``--method centroids``.
+
+    The mechanism runs inside the method (one noisy release per bank), and what a bank uploads is
+    post-processing of it, so the engine's per-upload DP step has nothing to do under such a policy.
+    """
+    from fedgl_secure.engine.config import build_config
+
+    if config.method != "centroids":
+        raise ConfigError(
+            f"dp.node_mechanism = 'centroids' protects the node unit with the method's own release; method "
+            f"{config.method!r} has none: run --method centroids, or choose another dp.node_mechanism"
+        )
+    if policy.he is not None and policy.he.packing != "none":
+        raise ConfigError(
+            f"he.packing = {policy.he.packing!r} quantises the weights kind for a GCN's weights, far coarser than the "
+            "class sums this method uploads (divided by the public w_max, they are of order 1e-3): use "
+            "he.packing = 'none' (policies/node-dp-centroids.toml)"
+        )
+    values = config.model_dump(mode="json")
+    values["centroids"] = {**values["centroids"], **centroids_config_values(policy)}
+    return build_config(values)
+
+
+def centroids_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
+    """Give every bank of ``privacy`` a ledger with the one class-sums channel, and return the observer that
+    records the release in round 1 for every bank (all banks, selected or not: it never under-reports)."""
+    from fedgl_secure.crypto.secure_summation import bank_name
+    from fedgl_secure.privacy.accounting import PrivacyLedger
+    from fedgl_secure.privacy.dp_round import BankPrivacy
+
+    for k in range(num_banks):
+        name = bank_name(k)
+        ledger = PrivacyLedger(name, channels=(class_sums.CLASS_SUMS,))
+        privacy.banks[k] = BankPrivacy(name, privacy.policy, normaliser, ledger=ledger)
+    z = class_sums.noise_multiplier(config.centroids.epsilon, config.centroids.delta)
+
+    def record(broadcast: Broadcast) -> None:
+        if broadcast.round_number == 1:
+            for bank in privacy.banks.values():
+                bank.ledger.extend(class_sums.releases(z, broadcast.round_number))
+
+    return record
+
+
+def bank_class_sums(graph: GraphTensors, nonnegative: bool) -> np.ndarray:
+    """Eq. C1 on a bank's own graph: its training customers' unit-norm feature rows summed per class.
+
+    Refuses ``nonnegative`` when the bank holds a negative feature value: clipping the released sums at zero
+    (Eq. C3) would then throw away real signal, not noise.
+    """
+    features = graph.features.to_scipy()
+    if nonnegative and features.nnz and features.data.min() < 0:
+        raise ConfigError(
+            "centroids.nonnegative = true, but this bank's features hold negative values; set it to false "
+            "(the class directions are then used as released)"
+        )
+    rows = class_sums.unit_rows(features.toarray())
+    labels = graph.labels.cpu().numpy()
+    return class_sums.class_sums(rows, labels, graph.train_mask.cpu().numpy(), graph.num_classes)
+
+
+class PrivateCentroids:
+    """``--method centroids``: one noisy release of class sums per bank, averaged; scores propagated in the bank."""
+
+    name = "centroids"
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+        self.settings: CentroidsConfig = config.centroids
+        self.noise_multiplier = class_sums.noise_multiplier(self.settings.epsilon, self.settings.delta)
+        self._released: dict[int, torch.Tensor] = {}  # per bank: drawn once, re-sent unchanged
+
+    @property
+    def upload_kinds(self) -> tuple[str, ...]:
+        return (WEIGHTS,)
+
+    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
+        return {WEIGHTS: (num_parameters + 1,)}
+
+    def build_model(self, num_features: int, num_classes: int) -> CentroidPropagation:
+        s = self.settings
+        return CentroidPropagation(num_features, num_classes, s.propagation_steps, s.teleport, s.nonnegative)
+
+    def released_sums(self, trainer: LocalTrainer) -> torch.Tensor:
+        """The bank's noisy class sums, drawn on first use and kept: a second draw would be a second release."""
+        released = self._released.get(trainer.client_id)
+        if released is None:
+            sums = bank_class_sums(trainer.graph, self.settings.nonnegative)
+            released = torch.as_tensor(class_sums.release(sums, self.noise_multiplier).ravel(), dtype=torch.float32)
+            self._released[trainer.client_id] = released
+        return released
+
+    def client_contribution(
+        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
+    ) -> dict[str, torch.Tensor]:
+        # every bank weighs 1: the sum of the banks' class sums is the consortium's, and equal weights add the
+        # banks' independent noise with the least variance for that signal
+        return {WEIGHTS: weights_term(1.0, self.released_sums(trainer))}
+
+    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
+        return Broadcast(round_number, fedavg(*split_weights_sum(sums[WEIGHTS])))
+
+    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator:
+        return graph.adjacency(None, 0.0, False)
