@@ -89,6 +89,13 @@ class FederationConfig(_Section):
         "num_clients disjoint clients from Louvain communities (FedSage+/Fed²GNN, data/partition.py)",
     )
     num_clients: int | None = Field(None, ge=1, description="M for partition = 'louvain'")
+    louvain_balance: Literal["fedsage", "least-loaded"] = Field(
+        "fedsage",
+        description="how Louvain communities become M clients (data/partition.py): fedsage = FedSage+'s "
+        "louvain_graph_cut, the split the Fed²GNN paper follows; least-loaded = pieces of ceil(n/M) dealt to the "
+        "smallest client (this framework's first rule)",
+    )
+    louvain_delta: int = Field(20, ge=0, description="FedSage+'s delta for louvain_balance = 'fedsage' (nodes)")
 
     @model_validator(mode="after")
     def _louvain_needs_clients(self) -> FederationConfig:

@@ -144,6 +144,9 @@ def _canonical(config: dict) -> str | None:
     section = config.get("fed2gnn")
     if isinstance(section, dict) and "edge_correction" not in section:  # recorded before the field: plain edges
         config = {**config, "fed2gnn": {**section, "edge_correction": False}}
+    federation = config.get("federation")
+    if isinstance(federation, dict) and "louvain_balance" not in federation:  # recorded before the field
+        config = {**config, "federation": {**federation, "louvain_balance": "least-loaded"}}
     try:
         dumped = ExperimentConfig.model_validate(config).model_dump(mode="json")
     except ValueError:
@@ -163,7 +166,10 @@ def communication(dataset: str, data_root: str | None, clients: Sequence[int], c
     per_round = sum(parameter.numel() for parameter in model.parameters()) + 1
     report = {}
     for num_clients in clients:
-        node_sets = louvain_partition(dataset_graph, num_clients, seed=0)
+        federation = config.federation
+        node_sets = louvain_partition(
+            dataset_graph, num_clients, 0, federation.louvain_balance, federation.louvain_delta
+        )
         cut = cross_client_edges(dataset_graph, node_sets)
         boundary = [int(np.unique(cut.of_client(k)[0]).size) for k in range(num_clients)]
         setup = upload_values(boundary, width, settings.hops)

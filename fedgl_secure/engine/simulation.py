@@ -73,7 +73,9 @@ class Federation:
         """Benchmark slices: client k samples ``proportions[k]`` of ``dataset`` (DESIGN §4)."""
         federation = config.federation
         if federation.partition == "louvain":  # disjoint clients; cross-client edges known by id only
-            clients = louvain_clients(dataset, federation.num_clients, config.seed)
+            clients = louvain_clients(
+                dataset, federation.num_clients, config.seed, federation.louvain_balance, federation.louvain_delta
+            )
         else:
             clients = make_clients(dataset, federation.proportions, config.seed, federation.overlap)
         clients = prepare_clients(config, dataset, clients)  # a method's one-off set-up (Fed²GNN's trees)

@@ -138,7 +138,10 @@ class BankReconstruction:
 
 def bank_reconstruction(config: ExperimentConfig, dataset: GraphDataset, client_index: int) -> BankReconstruction:
     """Bank ``client_index``'s :class:`BankReconstruction` (the clients of ``Federation.build``, in its order)."""
-    clients = louvain_clients(dataset, config.federation.num_clients, config.seed)
+    federation = config.federation
+    clients = louvain_clients(
+        dataset, federation.num_clients, config.seed, federation.louvain_balance, federation.louvain_delta
+    )
     banks, features = exchange_banks(dataset, [np.asarray(c.node_ids, dtype=np.int64) for c in clients], config)
     return BankReconstruction(dataset, banks[client_index], features)
 

@@ -144,7 +144,10 @@ def consortium_slices(config: ExperimentConfig, data_root: str | None) -> list[G
     # one proportion (or Louvain client) per bank is checked when the consortium file is loaded (ConsortiumConfig)
     dataset = load_dataset(config.dataset, data_root, seed=config.seed, split=config.data)
     if config.federation.partition == "louvain":  # disjoint banks, as Federation.build makes them
-        return louvain_clients(dataset, config.federation.num_clients, config.seed)
+        federation = config.federation
+        return louvain_clients(
+            dataset, federation.num_clients, config.seed, federation.louvain_balance, federation.louvain_delta
+        )
     return make_clients(dataset, config.federation.proportions, config.seed, config.federation.overlap)
 
 
