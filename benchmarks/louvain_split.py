@@ -54,6 +54,17 @@ def fedsage_steps(communities: list[np.ndarray], labels: np.ndarray, num_nodes: 
     return before, top_up_classes(before, labels)
 
 
+def modularity(dataset: GraphDataset, communities: list[np.ndarray]) -> float:
+    """Newman's modularity of ``communities`` on the undirected graph (networkx)."""
+    import networkx as nx
+
+    graph = nx.Graph()
+    graph.add_nodes_from(range(dataset.num_nodes))
+    src, dst = dataset.edge_index
+    graph.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
+    return float(nx.community.modularity(graph, [set(c.tolist()) for c in communities]))
+
+
 def python_louvain_communities(dataset: GraphDataset, seed: int) -> list[np.ndarray]:
     """python-louvain's ``best_partition`` (FedSage+'s library), as communities."""
     import community as community_louvain  # optional: not a dependency of the framework
@@ -80,10 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dataset = load_dataset(args.dataset, args.data_root, seed=0, split=SplitConfig(split="fraction"))
     labels = np.asarray(dataset.labels)
-    runs = []
+    runs, libraries = [], []
     for seed in range(args.seeds):
         communities = louvain_communities(dataset, seed)
         other = python_louvain_communities(dataset, seed) if args.python_louvain else None
+        found = {"networkx": communities} | ({"python-louvain": other} if other is not None else {})
+        libraries.extend(
+            {"seed": seed, "library": name, "communities": len(found_), "modularity": modularity(dataset, found_)}
+            for name, found_ in found.items()
+        )
         for num_clients in (int(m) for m in args.clients.split(",")):
             before, after = fedsage_steps(communities, labels, dataset.num_nodes, num_clients)
             rows = {
@@ -122,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "undirected_edges": int(dataset.edge_index.shape[1] // 2),
         "delta": FEDSAGE_DELTA,
         "summary": summary,
+        "communities": libraries,
         "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
