@@ -2,11 +2,11 @@
 
 Every setting is post-processing inside a bank (it costs no ε), so it may be chosen freely — but on the validation
 nodes, never the test nodes. For each setting and seed: one federated run under ``policies/node-dp-centroids.toml``
-with the budget's ε set (the six sampled banks, one round: the model is final after it), its best-round validation
-and test accuracy. Writes JSON (settings ranked by mean validation accuracy).
+with the budget's ε and ``--noise`` set (the six sampled banks, one round: the model is final after it), its
+best-round validation and test accuracy. Writes JSON (settings ranked by mean validation accuracy).
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/centroid_settings.py --dataset cora --epsilon 8 --seeds 5 \
-        --output docs/results/centroid_settings_cora.json
+        --noise central --output docs/results/centroid_settings_cora.json
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--noise", choices=("central", "local"), default="central", help="[dp.centroids] noise")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
     values = tomllib.loads(POLICY.read_text(encoding="utf-8"))
     values["budget"]["epsilon"] = args.epsilon
+    values["dp"]["centroids"]["noise"] = args.noise
     policy = policy_from_dict(values, source=f"{POLICY.name} (ε = {args.epsilon:g})")
     datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
     started = time.perf_counter()
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     output = {
         "dataset": args.dataset,
         "epsilon": args.epsilon,
+        "noise": args.noise,
         "seeds": args.seeds,
         "selection": "mean validation accuracy (test shown, not used)",
         "command": "python benchmarks/centroid_settings.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -241,13 +241,16 @@ def parse_options(text: str) -> dict:
     return options
 
 
-def unit_policy(unit: str, epsilon: float, label_options: dict | None = None):
+def unit_policy(unit: str, epsilon: float, label_options: dict | None = None, centroids_noise: str | None = None):
     """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``; for the label unit,
-    ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``)."""
+    ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``); for the class sums,
+    ``centroids_noise`` replaces ``[dp.centroids] noise`` (``--centroids-noise``)."""
     path = UNIT_TEMPLATES[unit]
     values = tomllib.loads(path.read_text(encoding="utf-8"))
     if unit not in IN_METHOD_UNITS:
         values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
+    if unit == "centroids" and centroids_noise:
+        values["dp"].setdefault("centroids", {})["noise"] = centroids_noise
     if unit == "label" and label_options:
         labels = values["dp"]["labels"]
         if "mechanism" in label_options:  # another mechanism: the template's own mechanism options do not apply
@@ -328,6 +331,7 @@ def run_units(args) -> int:
                 "accuracy_std": statistics.stdev(accuracies) if len(runs) > 1 else 0.0,
                 "val_accuracy_mean": statistics.fmean(r["val_accuracy"] for r in runs),
                 **({"label_options": args.label_options} if unit == "label" and args.label_options else {}),
+                **({"centroids_noise": args.centroids_noise} if unit == "centroids" and args.centroids_noise else {}),
                 "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
                 "link_auc_mean": statistics.fmean(links) if links else None,
                 "runs": runs,
@@ -346,7 +350,7 @@ def run_units(args) -> int:
                         continue  # no DP: the same run for every unit
                     record("none", epsilon, method, None, datasets.__getitem__)
                 else:
-                    policy = unit_policy(unit, epsilon, args.label_options)
+                    policy = unit_policy(unit, epsilon, args.label_options, args.centroids_noise)
                     record(unit, epsilon, method, policy, datasets.__getitem__)
     write(complete=True)
     print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
@@ -389,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         default={},
         help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. stages=3; with mechanism=... "
         "only the template's epsilon and correction are kept (mechanism=randomized-response: plain RR)",
+    )
+    parser.add_argument(
+        "--centroids-noise",
+        choices=("central", "local"),
+        default=None,
+        help="[dp.centroids] noise of the class-sums unit (default: the shipped policy's, central)",
     )
     args = parser.parse_args(argv)
     if args.units is not None:

@@ -161,22 +161,62 @@ def _dataset():
     return synthetic_consortium(seed=0, num_nodes=400, num_features=40, num_val=60, num_test=100)
 
 
-def test_a_federation_under_the_policy_records_one_release_per_bank_and_beats_chance():
+@pytest.mark.parametrize("noise", ["central", "local"])
+def test_a_federation_under_the_policy_records_one_release_per_bank_and_beats_chance(noise):
     dataset = _dataset()
-    policy = policy_from_dict(_policy(**{"budget.epsilon": 50.0}), source="centroids-eps50")
+    policy = policy_from_dict(_policy(**{"budget.epsilon": 50.0, "dp.centroids.noise": noise}), source="eps50")
     config = build_config({"method": "centroids", "seed": 0, "device": "cpu", "federation": {"max_rounds": 4}})
     privacy = FederationPrivacy(policy)
-    broadcasts = []
-    result = run_experiment(config, dataset, progress=False, privacy=privacy, observer=broadcasts.append)
+    result = run_experiment(config, dataset, progress=False, privacy=privacy)
     assert result.config["centroids"]["epsilon"] == 50.0  # the policy's ε, not the config's default (no DP)
+    assert result.config["centroids"]["noise"] == noise
+    assert result.rounds_run == 1  # one release: the policy's run has one round
     assert result.global_test_accuracy > 1.0 / dataset.num_classes + 0.15
-    # the release is drawn once: every round re-sends it, so the global model never changes after round 1
-    assert all(torch.equal(b.weights, broadcasts[0].weights) for b in broadcasts[1:])
     ledgers = privacy.ledgers()
     assert len(ledgers) == 6
     for ledger in ledgers.values():
         assert [(r.round, r.channel) for r in ledger.releases] == [(1, class_sums.CLASS_SUMS)]
         assert ledger.epsilon(1e-5) == pytest.approx(effective_guarantees(policy).epsilon)
+
+
+def _summed(config_values: dict, policy=None) -> torch.Tensor:
+    broadcasts = []
+    privacy = FederationPrivacy(policy) if policy is not None else None
+    run_experiment(build_config(config_values), _dataset(), progress=False, privacy=privacy, observer=broadcasts.append)
+    return broadcasts[0].weights.to(torch.float64) * 6  # W̄ = Σ_k S_k (+ noise) over the six banks, each weighted 1
+
+
+@pytest.mark.parametrize(("noise", "total_std_factor"), [("central", 1.0), ("local", math.sqrt(6))])
+def test_the_sum_carries_z_with_central_noise_and_sqrt_k_z_with_local_noise(noise, total_std_factor):
+    values = {"method": "centroids", "seed": 0, "device": "cpu", "federation": {"max_rounds": 1}}
+    exact = _summed(values)  # no policy, ε = inf: the exact Σ_k S_k of the same banks
+    policy = policy_from_dict(_policy(**{"budget.epsilon": 2.0, "dp.centroids.noise": noise}), source="eps2")
+    noisy = _summed(values, policy)
+    z = class_sums.noise_multiplier(2.0, 1e-5)
+    difference = (noisy - exact).numpy()
+    assert difference.size > 100
+    assert np.std(difference) == pytest.approx(z * total_std_factor, rel=0.3)
+
+
+def test_central_noise_without_a_key_authority_that_adds_it_is_refused():
+    config = build_config({"method": "centroids", "device": "cpu", "centroids": {"noise": "central", "epsilon": 8.0}})
+    with pytest.raises(ConfigError, match="centroids.noise = 'central'"):
+        run_experiment(config, _dataset(), progress=False)
+
+
+def test_without_a_policy_later_rounds_re_send_the_one_release():
+    broadcasts = []
+    config = build_config(
+        {
+            "method": "centroids",
+            "seed": 0,
+            "device": "cpu",
+            "federation": {"max_rounds": 3, "patience": 3},
+            "centroids": {"epsilon": 8.0},
+        }
+    )
+    run_experiment(config, _dataset(), progress=False, observer=broadcasts.append)
+    assert len(broadcasts) == 3 and all(torch.equal(b.weights, broadcasts[0].weights) for b in broadcasts[1:])
 
 
 def test_without_noise_the_secure_sum_gives_the_plaintext_model():

@@ -246,10 +246,15 @@ class CentroidsConfig(_Section):
     epsilon: float = Field(float("inf"), gt=0.0, description="ε per bank of the one release (inf: no DP)")
     delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the guarantee")
     accountant: AccountantName = "rdp"
-    propagation_steps: int = Field(10, ge=0, le=100, description="K: personalised-PageRank steps (Eq. C4)")
-    teleport: float = Field(0.05, gt=0.0, le=1.0, description="α: weight of a node's own scores at each step")
+    propagation_steps: int = Field(20, ge=0, le=100, description="K: personalised-PageRank steps (Eq. C4)")
+    teleport: float = Field(0.1, gt=0.0, le=1.0, description="α: weight of a node's own scores at each step")
     nonnegative: bool = Field(
         True, description="clip the released class sums at zero (only for features that are never negative)"
+    )
+    noise: Literal["local", "central"] = Field(
+        "local",
+        description="who adds the noise: each bank ('local'), or the key authority once to the sum ('central', set "
+        "by a policy's [dp.centroids] only: it needs a key authority that adds it)",
     )
 
 

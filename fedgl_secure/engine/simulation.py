@@ -248,6 +248,13 @@ def run_experiment(
         weights = [client_weight(graph.num_nodes) for graph in federation.client_graphs]
         record = ledgers(method_privacy, config, len(weights), max(weights))
         observer = record if observer is None else _both(observer, record)
+        # a mechanism whose noise the key authority adds (the class sums' central noise): the plaintext sum gets it
+        # here, a secure summation from its own key authority
+        summation = method_privacy.with_central_noise(summation or PlaintextSummation())
+    if config.method == "centroids":
+        from fedgl_secure.methods.centroids import check_noise_source
+
+        check_noise_source(config, method_privacy.policy if method_privacy is not None else None)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
     if privacy is not None and config.method in ("centralized", "local"):
@@ -355,7 +362,11 @@ def _run_federated(
     broadcast = Broadcast(0, method_initial_parameters(method, config, num_features, merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
     result = _new_result(config, federation)
-    weight_normaliser = max(client_weight(graph.num_nodes) for graph in federation.client_graphs)
+    # the public w_max (aggregation.normalise_contribution), unless the method fixes its own scale (the class sums,
+    # whose central noise is calibrated on the sums themselves)
+    weight_normaliser = getattr(method, "weight_normaliser", None) or max(
+        client_weight(graph.num_nodes) for graph in federation.client_graphs
+    )
     best: Broadcast | None = None
     bar = _round_bar(config, progress)
     for round_number in bar:

@@ -16,6 +16,7 @@ graph — where most of a GNN's gain on Cora comes from — is used inside the b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,7 +38,8 @@ __all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_ledgers"]
 def centroids_config_values(policy) -> dict:
     """The ``centroids`` config values a ``dp.node_mechanism = "centroids"`` policy fixes: its budget's ε, δ."""
     budget = policy.budget
-    return {"epsilon": budget.epsilon, "delta": budget.delta, "accountant": budget.accountant}
+    noise = policy.dp.centroids.noise if policy.dp.centroids is not None else "local"
+    return {"epsilon": budget.epsilon, "delta": budget.delta, "accountant": budget.accountant, "noise": noise}
 
 
 def apply_centroids_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
@@ -55,13 +57,27 @@ def apply_centroids_policy(config: ExperimentConfig, policy) -> ExperimentConfig
         )
     if policy.he is not None and policy.he.packing != "none":
         raise ConfigError(
-            f"he.packing = {policy.he.packing!r} quantises the weights kind for a GCN's weights, far coarser than the "
-            "class sums this method uploads (divided by the public w_max, they are of order 1e-3): use "
+            f"he.packing = {policy.he.packing!r} quantises the weights kind for a GCN's weights (a fixed range, "
+            "steps of 2^-7 or so), not for the class sums this method uploads (up to tens, with noise): use "
             "he.packing = 'none' (policies/node-dp-centroids.toml)"
         )
     values = config.model_dump(mode="json")
     values["centroids"] = {**values["centroids"], **centroids_config_values(policy)}
+    # one round: the model is final after it, and under central noise a second decryption would be a second release
+    values["federation"] = {**values["federation"], "max_rounds": 1}
     return build_config(values)
+
+
+def check_noise_source(config: ExperimentConfig, policy) -> None:
+    """Refuse central noise without a key authority that adds it: the banks would then release exact sums."""
+    if config.centroids.noise != "central" or math.isinf(config.centroids.epsilon):
+        return
+    if policy is None or policy.dp.central_kinds() != (WEIGHTS,):
+        raise ConfigError(
+            "centroids.noise = 'central' leaves the noise to the key authority, but this run has no policy that asks "
+            "it to add any (the banks would release exact class sums): run with a policy whose [dp.centroids] "
+            "noise = 'central' (policies/node-dp-centroids.toml), or centroids.noise = 'local'"
+        )
 
 
 def centroids_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
@@ -106,11 +122,16 @@ class PrivateCentroids:
     """``--method centroids``: one noisy release of class sums per bank, averaged; scores propagated in the bank."""
 
     name = "centroids"
+    # the engine divides every term by this instead of the public w_max: the sums keep their own scale, the one the
+    # key authority's central noise (z × sensitivity 1) is calibrated on
+    weight_normaliser = 1.0
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
         self.settings: CentroidsConfig = config.centroids
-        self.noise_multiplier = class_sums.noise_multiplier(self.settings.epsilon, self.settings.delta)
+        # central: the key authority adds the noise to the sum (the simulation checks that one does)
+        z = class_sums.noise_multiplier(self.settings.epsilon, self.settings.delta)
+        self.noise_multiplier = z if self.settings.noise == "local" else 0.0
         self._released: dict[int, torch.Tensor] = {}  # per bank: drawn once, re-sent unchanged
 
     @property

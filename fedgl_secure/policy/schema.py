@@ -443,6 +443,19 @@ class GraphBound(_Section):
     num_layers: int = Field(default=2, ge=1)
 
 
+class CentroidsRelease(_Section):
+    """``[dp.centroids]``: who adds the noise of the class-sums release (``node_mechanism = "centroids"``).
+
+    * ``"local"`` — each bank adds N(0, z²) to its own sums before encrypting: the guarantee needs nobody's
+      honesty, and the consortium's sum carries √K·z.
+    * ``"central"`` — banks encrypt exact sums; the key authority adds N(0, z²) once to the decrypted (padded)
+      sum, as for a central Gaussian channel (:class:`GaussianChannel`): every bank and the aggregator face z,
+      the sum carries z. It relies on the key authority and the aggregator not colluding (DESIGN §5.1).
+    """
+
+    noise: Literal["local", "central"] = "local"
+
+
 class DPSettings(_Section):
     """``[dp]``: the unit of privacy and one optional table per channel; an absent table means no DP on that channel."""
 
@@ -452,6 +465,7 @@ class DPSettings(_Section):
     # release of each bank's class sums (privacy/class_sums.py, method centroids)
     node_mechanism: Literal["channels", "gap", "centroids"] = "channels"
     gap: GAPSettings | None = None
+    centroids: CentroidsRelease | None = None
     weights: GaussianChannel | None = None
     predictions: GaussianChannel | None = None
     embeddings: GaussianChannel | None = None
@@ -525,6 +539,8 @@ class DPSettings(_Section):
 
     def central_kinds(self) -> tuple[str, ...]:
         """Data kinds whose enabled channel asks for central noise (added once by the key authority)."""
+        if self.node_mechanism == "centroids":  # the class sums travel as the weights kind
+            return (WEIGHTS,) if self.centroids is not None and self.centroids.noise == "central" else ()
         channels = {kind: self.upload_channel(kind) for kind in DATA_KINDS}
         return tuple(kind for kind, channel in channels.items() if channel is not None and channel.noise == "central")
 
@@ -543,6 +559,10 @@ class DPSettings(_Section):
         unit, enabled, per_round = self.unit, self.enabled_channels(), self.round_channels()
         if self.gap is not None and self.node_mechanism != "gap":
             raise field_error("gap", "[dp.gap] is read only with node_mechanism = 'gap'; set it, or remove [dp.gap]")
+        if self.centroids is not None and self.node_mechanism != "centroids":
+            raise field_error(
+                "centroids", "[dp.centroids] is read only with node_mechanism = 'centroids'; set it, or remove it"
+            )
         if self.node_mechanism in IN_METHOD_MECHANISMS:
             self._check_in_method(unit, per_round)
         if unit is None:

@@ -184,7 +184,12 @@ def upload_sensitivity(policy: Policy, kind: str) -> float:
 
 
 def noise_std(policy: Policy, kind: str) -> float:
-    """σ = noise_multiplier × sensitivity of upload ``kind``, on the normalised (ŵ_k ≤ 1) scale."""
+    """σ = noise_multiplier × sensitivity of upload ``kind``, on the normalised (ŵ_k ≤ 1) scale (the class-sums
+    release of ``node_mechanism = "centroids"``: z × 1 on the sums themselves, which that method does not normalise)."""
+    if policy.dp.node_mechanism == "centroids" and kind == WEIGHTS:
+        from fedgl_secure.privacy import class_sums
+
+        return class_sums.noise_multiplier(policy.budget.epsilon, policy.budget.delta) * class_sums.SENSITIVITY
     channel = policy.dp.upload_channel(kind)
     if channel is None:
         raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
@@ -728,12 +733,13 @@ def _centroids_guarantees(policy: Policy, common: dict) -> Guarantees:
     from fedgl_secure.privacy import class_sums
 
     budget = policy.budget
+    central = policy.dp.central_kinds() == (WEIGHTS,)
     z = class_sums.noise_multiplier(budget.epsilon, budget.delta)
     epsilon = class_sums.spent_epsilon(z, budget.delta, budget.accountant)
     channel = ChannelGuarantee(
         channel=class_sums.CLASS_SUMS,
         mechanism="gaussian",
-        noise="local",
+        noise="central" if central else "local",
         clip=1.0,
         sensitivity=class_sums.SENSITIVITY,
         noise_multiplier=z,
@@ -746,15 +752,23 @@ def _centroids_guarantees(policy: Policy, common: dict) -> Guarantees:
     )
     assumptions = (
         f"Unit of privacy (dp.unit = 'node', node_mechanism = 'centroids'): {_UNIT_OF_PRIVACY['node']}. ε is per bank "
-        f"at δ = {budget.delta:g} and paid once, in round 1: every later upload re-sends the same released sums.",
+        f"at δ = {budget.delta:g} and paid once: a run under this policy has one round (the model is final after it).",
         "Release: each bank sums its training customers' feature rows, each scaled to unit L2 norm, per class (a C × F "
-        f"matrix) and adds N(0, σ²) to every entry once, σ = {z:.3f} (z = {z:.3f} × sensitivity 1). Removing a "
+        f"matrix), released once with N(0, σ²) on every entry, σ = {z:.3f} (z = {z:.3f} × sensitivity 1). Removing a "
         "customer removes at most its own row from one class sum; its links and the other customers' features enter "
         "nothing released, so no degree bound is needed and the guarantee holds for the bank's graph as it is.",
         "Inside the bank (post-processing, not released): the customers' cosines to the consortium's class directions, "
         "propagated over the bank's own graph. Scores a bank publishes are outside the guarantee.",
-        "Noise is drawn from the OS CSPRNG inside the bank; HE hides each bank's release from the aggregator, but the "
-        "guarantee does not rely on it. w_k and node membership are public, as everywhere.",
+        (
+            "Noise (dp.centroids.noise = 'central'): banks encrypt exact sums; the key authority adds N(0, σ²) once to "
+            "the decrypted, padded sum of round 1 (the run has one round), so every bank and the aggregator face σ "
+            "and the consortium's sum carries σ, not √K·σ. It relies on HE and on the key authority and the "
+            "aggregator not colluding (together they would know the exact sum)."
+            if central
+            else "Noise (dp.centroids.noise = 'local'): drawn from the OS CSPRNG inside each bank; HE hides each "
+            "bank's release from the aggregator, but the guarantee does not rely on it."
+        ),
+        "w_k and node membership are public, as everywhere.",
     )
     return _dp_guarantees(
         policy,
