@@ -40,8 +40,8 @@ the final W̄ and, when the final broadcast carries a pseudo graph, the link-inf
 (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
 pipeline without noise); ``--units centroids`` the node unit by one release of noisy class sums
-(``policies/node-dp-centroids.toml``, ``--method centroids``); their rows have no MIA (the attack reads a GCN's
-weights). ``--label-options
+(``policies/node-dp-centroids.toml``, ``--method centroids``); every row's MIA attacks the method's own global
+model (:func:`~fedgl_secure.privacy.attacks.global_model_membership`). ``--label-options
 key=value,...`` replaces keys of the label template's ``[dp.labels]`` (e.g. ``stages=3``; with ``mechanism=``
 only the template's ε and correction are kept), to compare label releases (docs/privacy.md §6.10).
 
@@ -66,7 +66,7 @@ from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
 from fedgl_secure.policy.schema import DATA_KINDS, Policy, load_policy, policy_from_dict
-from fedgl_secure.privacy.attacks import link_inference_auc, membership_inference_auc, true_edge_index
+from fedgl_secure.privacy.attacks import global_model_membership, link_inference_auc, true_edge_index
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 
@@ -151,9 +151,8 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
     if privacy is None:
         privacy = FederationPrivacy(policy) if policy is not None else None
     result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
-    # a baseline (centralized, local) has no broadcast to attack; the MIA reads a GCN's W̄, which GAP's and the
-    # class sums are not
-    if not broadcasts or config.method in IN_METHOD_UNITS:
+    # a baseline (centralized, local) has no broadcast to attack
+    if not broadcasts:
         return {
             "seed": config.seed,
             "accuracy": result.global_test_accuracy,
@@ -165,7 +164,10 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
         }
     final = broadcasts[-1]
     federation = Federation.build(dataset, config, resolve_device(config.device))  # the attacks' merged graph
-    mia = membership_inference_auc(final.weights, federation.merged, seed=config.seed)
+    # the run's own config (a policy sets GAP's and the class sums' ε there), the method's own model
+    mia = global_model_membership(
+        build_config(result.config), final.weights, federation.merged, round_number=final.round_number, seed=config.seed
+    )
     link = None
     if final.pseudo_graph is not None:
         merged = federation.merged

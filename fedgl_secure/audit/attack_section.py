@@ -107,11 +107,13 @@ def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphT
     still reflects (degree, feature density), and the best of three variants is taken, so the floor
     is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
     """
-    from fedgl_secure.engine.simulation import initial_parameters
+    from fedgl_secure.engine.simulation import method_initial_parameters
+    from fedgl_secure.methods import METHOD_CLASSES, build_method
 
     try:
-        untrained = initial_parameters(config, merged.features.shape[1], merged.num_classes)
-        floor = _membership_auc(untrained, config.training.hidden, merged, seed)
+        method = build_method(config) if config.method in METHOD_CLASSES else None
+        untrained = method_initial_parameters(method, config, merged.features.shape[1], merged.num_classes)
+        floor = _membership_auc(untrained, config, merged, seed, 0)
     except (ValueError, RuntimeError) as error:
         section.add("membership-floor", INFO, f"attack floor not computed: {error}")
         return
@@ -129,18 +131,19 @@ def _dp_phrase(files: RunFiles) -> str:
     return "with DP" if files.policy.has_dp else "without DP"
 
 
-def _membership_auc(weights: Any, hidden: int | None, merged: GraphTensors, seed: int) -> MembershipResult:
-    """Membership inference on a flat parameter vector (array or tensor) of a model with ``hidden`` units.
+def _membership_auc(
+    weights: Any, config: ExperimentConfig, merged: GraphTensors, seed: int, round_number: int
+) -> MembershipResult:
+    """Membership inference on a flat parameter vector (array or tensor) of ``config``'s global model after round
+    ``round_number`` (:func:`~fedgl_secure.privacy.attacks.global_model_membership`: the method's own model where
+    it builds one, e.g. GAP's modules or the class sums).
 
     The same ``seed`` picks the same member and non-member nodes, so the run, its reference and the
     attack floor are scored on the same nodes.
     """
-    import torch
+    from fedgl_secure.privacy.attacks import global_model_membership
 
-    from fedgl_secure.privacy.attacks import membership_inference_auc
-
-    flat = torch.as_tensor(weights, dtype=torch.float32).reshape(-1)
-    return membership_inference_auc(flat, merged, seed=seed, hidden=hidden)
+    return global_model_membership(config, weights, merged, round_number=round_number, seed=seed)
 
 
 def _membership(
@@ -148,7 +151,9 @@ def _membership(
 ) -> MembershipResult | None:
     """The run's own membership inference check (its thresholds); the result, or None when it could not run."""
     try:
-        membership = _membership_auc(files.directory.model["weights"], config.training.hidden, merged, seed)
+        rounds = files.run.get("rounds_run")  # model.npz holds the final broadcast, after this round
+        final_round = rounds if isinstance(rounds, int) and rounds >= 0 else 0
+        membership = _membership_auc(files.directory.model["weights"], config, merged, seed, final_round)
     except (ValueError, RuntimeError) as error:
         section.add("membership", AMBER, f"membership inference not run: {error}")
         return None
@@ -224,12 +229,13 @@ def _computed_reference(
 ) -> None:
     """The reference from ``--reference`` or retrained, attacked; a failure is an info line, not an error,
     since the run's own verdict stands without it."""
-    from fedgl_secure.audit.reference import completed_rounds, retrain_reference
+    from fedgl_secure.audit.reference import completed_rounds, reference_config, retrain_reference
 
     config, dataset, merged = experiment
     try:
         model = plan.model or retrain_reference(config, dataset, completed_rounds(files.run), progress=plan.progress)
-        reference = _membership_auc(model.weights, model.hidden, merged, seed)
+        rounds = model.rounds or completed_rounds(files.run)
+        reference = _membership_auc(model.weights, reference_config(config), merged, seed, rounds)
     except (FedGLError, OSError, ValueError, RuntimeError) as error:
         _reference_note(section, "failed", f"reference not computed: {error}")
         return

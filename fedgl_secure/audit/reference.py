@@ -16,6 +16,7 @@ attack's power there, and the difference is what DP bought. The reference comes 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,17 @@ def completed_rounds(run: dict[str, Any]) -> int:
     return rounds
 
 
+def reference_config(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` without the DP a method carries in its own section (GAP's, the class sums'): the run's config holds
+    the policy's ε there, and a reference trained with it would not be the without-DP model."""
+    return config.model_copy(
+        update={
+            "gap": config.gap.model_copy(update={"epsilon": math.inf}),
+            "centroids": config.centroids.model_copy(update={"epsilon": math.inf, "noise": "local"}),
+        }
+    )
+
+
 def retrain_reference(
     config: ExperimentConfig, dataset: GraphDataset, rounds: int, *, progress: bool = False
 ) -> ReferenceModel:
@@ -137,6 +149,7 @@ def retrain_reference(
     """
     from fedgl_secure.engine.simulation import run_experiment
 
+    config = reference_config(config)
     config = config.model_copy(update={"federation": config.federation.model_copy(update={"max_rounds": rounds})})
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("audit.reference.retraining", rounds=rounds, dp=False, summation="plaintext")

@@ -48,6 +48,7 @@ from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream
 
 if TYPE_CHECKING:
+    from fedgl_secure.engine.config import ExperimentConfig
     from fedgl_secure.engine.graph_tensors import GraphTensors
     from fedgl_secure.engine.pseudo_graph import PseudoGraph
     from fedgl_secure.methods.base import Broadcast
@@ -237,7 +238,7 @@ def _as_bool_mask(mask: np.ndarray | torch.Tensor, size: int, name: str) -> np.n
 
 
 def membership_inference_auc(
-    model_weights: torch.Tensor | GCN,
+    model_weights: torch.Tensor | torch.nn.Module,
     graph: GraphTensors,
     *,
     adjacency: SparseOperator | None = None,
@@ -249,13 +250,15 @@ def membership_inference_auc(
     """Loss/entropy-threshold membership inference (Yeom et al.) on a node classifier.
 
     Args:
-        model_weights: the global model — a flat ``W̄`` (``Broadcast.weights``) or a ``GCN``
-            (moved to ``graph.device``; its train/eval mode is restored afterwards).
+        model_weights: the global model — a flat ``W̄`` (``Broadcast.weights``) of the 2-layer GCN, or a model
+            whose ``forward(features, adjacency)`` gives logits (moved to ``graph.device``; its train/eval mode
+            is restored afterwards; :func:`global_model_membership` builds any method's).
         graph: the graph it is evaluated on; for a federation, the merged client graph
             (``Federation.merged``). Its labels are the attacker's knowledge of the true labels
             (needed by ``loss`` and ``modified-entropy``, not by ``entropy``).
-        adjacency: the Â to evaluate with; default the plain ``graph.adjacency(None, 0, False)``,
-            which is how the simulation evaluates ``W̄`` unless ``pseudo_graph_at_eval`` is set.
+        adjacency: the Â (or a method's evaluation view) to evaluate with; default the plain
+            ``graph.adjacency(None, 0, False)``, which is how the simulation evaluates ``W̄`` unless
+            ``pseudo_graph_at_eval`` is set.
         seed: seeds the sampling of the balanced member / non-member sets.
         member_mask: members (default ``graph.train_mask``: the clients' training nodes).
         nonmember_mask: pool of non-members (default ``graph.test_mask``: never trained on).
@@ -290,7 +293,7 @@ def membership_inference_auc(
     member_index = np.sort(rng.choice(member_index, size=size, replace=False))
     pool_index = np.sort(rng.choice(pool_index, size=size, replace=False))
 
-    if isinstance(model_weights, GCN):
+    if isinstance(model_weights, torch.nn.Module):
         model = model_weights
     else:
         model = model_from_weights(model_weights, graph.features.shape[1], graph.num_classes, hidden)
@@ -319,6 +322,34 @@ def membership_inference_auc(
         variants=variants,
         auc_stderr=auc_standard_error(auc, size, size),
     )
+
+
+def global_model_membership(
+    config: ExperimentConfig, weights, graph: GraphTensors, *, round_number: int, seed: int = 0
+) -> MembershipResult:
+    """:func:`membership_inference_auc` on the global model of ``config``'s method, whatever its model.
+
+    A method that builds its own model (GAP's modules, the class sums of ``--method centroids``, GraphFL's backbone)
+    is scored with that model on the graph it evaluates on (its ``evaluation_adjacency`` after round
+    ``round_number``: GAP's phase and hop noise, the class sums' propagation); any other with the engine's
+    ``training.backbone`` (the 2-layer GCN by default) on the plain Â, as the simulation evaluates it.
+    """
+    from fedgl_secure.methods import METHOD_CLASSES, build_method
+    from fedgl_secure.methods.base import Broadcast
+    from fedgl_secure.model.backbones import build_backbone
+
+    flat = torch.as_tensor(np.asarray(weights), dtype=torch.float32).reshape(-1)
+    method = build_method(config) if config.method in METHOD_CLASSES else None
+    if method is not None and hasattr(method, "build_model"):
+        model = method.build_model(graph.features.shape[1], graph.num_classes)
+        adjacency = method.evaluation_adjacency(graph, Broadcast(round_number, flat))
+    else:
+        if config.training.backbone == "gcn":  # the GCN's own checks name a vector of the wrong length
+            return membership_inference_auc(flat, graph, seed=seed, hidden=config.training.hidden)
+        model = build_backbone(config.training, graph.features.shape[1], graph.num_classes, 0.0)
+        adjacency = None
+    model.load_flat_parameters(flat)
+    return membership_inference_auc(model, graph, adjacency=adjacency, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
