@@ -443,6 +443,15 @@ def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
     assert _canonical(before_correction) == _canonical(plain)
     assert _canonical({**recorded, "seed": 1}) != _canonical(recorded)
     assert _canonical({"no_such_field": 1}) is None
+    # a run recorded before federation.louvain_balance existed had the least-loaded clients, not FedSage+'s
+    before_fedsage = {
+        **recorded,
+        "federation": {k: v for k, v in recorded["federation"].items() if k != "louvain_balance"},
+    }
+    assert recorded["federation"]["louvain_balance"] == "fedsage"
+    assert _canonical(before_fedsage) != _canonical(recorded)
+    least = {**recorded, "federation": {**recorded["federation"], "louvain_balance": "least-loaded"}}
+    assert _canonical(before_fedsage) == _canonical(least)
 
 
 @pytest.mark.parametrize("posture", ["strict-edge-dp", "strict-dp"])
