@@ -18,8 +18,8 @@ the Fed²GNN paper follows; github.com/zkhku/fedsage, ``src/utils/louvain_networ
    them in the order they were cut), are dealt **sequentially**: the current owner keeps receiving
    pieces until it holds ``>= n // M`` nodes, then the next owner becomes current; a piece that would
    bring the current owner to ``>= n // M + delta`` nodes moves the pointer on to the next owner that
-   can take it (and the pointer stays there);
-   (where FedSage+'s code would not finish, :func:`deal_sequentially` says what happens instead);
+   can take it, and the pointer stays there (where FedSage+'s code would not finish,
+   :func:`deal_sequentially` says what happens instead);
 3. every owner holding fewer than 2 nodes of a class takes, once per class, the last (highest id)
    node of that class from the first owner holding more than 2 of them.
 
