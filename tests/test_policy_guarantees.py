@@ -12,6 +12,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
+from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import DP_SGD, EDGES, PRV_EPS_ERROR
 from fedgl_secure.privacy.guarantees import (
@@ -134,10 +135,12 @@ def test_over_budget_reports_the_round_at_which_a_bank_stops():
     assert planned_ledger(policy, n).epsilon(1e-5) <= 4.0 < planned_ledger(policy, n + 1).epsilon(1e-5)
 
 
-def test_edge_dp_above_the_budget_allows_no_round():
+def test_edge_dp_above_the_budget_is_refused_as_it_would_allow_no_round():
+    # it used to load with rounds_within_budget == 0, every bank stopping before its first upload
     values = _policy(budget={"epsilon": 1.0})
     values["dp"]["edges"] = {"mechanism": "randomized-response", "epsilon": 2.0}
-    assert effective_guarantees(policy_from_dict(values)).rounds_within_budget == 0
+    with pytest.raises(PolicyError, match=r"dp\.edges\.epsilon: 2 exceeds budget\.epsilon = 1"):
+        policy_from_dict(values)
 
 
 def test_round_releases_are_what_the_planned_ledger_records():

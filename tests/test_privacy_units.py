@@ -144,6 +144,17 @@ def test_a_unit_without_its_mechanism_is_refused_naming_the_field(change, field)
         policy_from_dict(values)
 
 
+@pytest.mark.parametrize(
+    ("values", "field"), [(edge_policy(4.0), "dp.edges.epsilon"), (label_policy(2.0), "dp.labels.epsilon")]
+)
+def test_a_one_off_release_over_the_budget_is_refused_naming_its_epsilon(values, field):
+    values["budget"]["epsilon"] = values["budget"]["epsilon"] / 2  # the release alone would spend twice the budget
+    with pytest.raises(PolicyError, match=field.replace(".", r"\.") + ".*exceeds budget.epsilon"):
+        policy_from_dict(values)
+    values["budget"]["epsilon"] *= 2  # equal: within budget, accepted
+    assert effective_guarantees(policy_from_dict(values)).budget_met
+
+
 def test_a_source_only_unit_needs_no_channel_per_upload_kind():
     policy = policy_from_dict(edge_policy())
     assert policy.dp.source_only and policy.dp.effective_unit == "edge"

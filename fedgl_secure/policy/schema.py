@@ -781,6 +781,17 @@ class Policy(BaseModel):
                     f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
                     f"remove them (FedAvg uploads weights only)",
                 )
+        if self.budget is not None:
+            for name, release in (("edges", self.dp.edges), ("labels", self.dp.labels)):
+                if release.enabled and release.epsilon > self.budget.epsilon:
+                    # a per-round channel over budget only stops a bank after some rounds (policy check says when);
+                    # a one-off release over budget would stop every bank before its first upload
+                    raise field_error(
+                        f"dp.{name}.epsilon",
+                        f"{release.epsilon:g} exceeds budget.epsilon = {self.budget.epsilon:g}: the one-off release "
+                        "alone spends more than the budget, so no bank could ever contribute; lower it or raise the "
+                        "budget",
+                    )
         if self.budget is not None and self.dp.node_mechanism in IN_METHOD_MECHANISMS:
             node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
             if node_kinds:
