@@ -330,3 +330,31 @@ def test_a_method_whose_stages_share_a_kind_is_refused():
     check_stage_kinds(build_method(_graphfl_config()))  # meta_gradients, then weights
     with pytest.raises(ValueError, match="'weights' is uploaded in stages 'meta' and 'finetune'"):
         check_stage_kinds(SameKindTwice(_graphfl_config()))
+
+
+def test_the_central_reference_trains_on_exactly_the_clients_labelled_nodes(dataset):
+    """The non-IID ceiling (``centralized`` on the same clients) sees the union of the clients' labelled nodes and
+    the very validation and test nodes every client is scored on, nothing more."""
+    from fedgl_secure.engine.simulation import Federation
+
+    clients = graphfl_clients(dataset, 7, 3, seed=0, test_size=100, val_size=50)
+    config = build_config({"method": "centralized", "device": "cpu"})
+    merged = Federation.from_clients(clients, config, torch.device("cpu")).merged
+    union = np.logical_or.reduce([c.train_mask for c in clients])
+    assert merged.train_mask.cpu().numpy().tolist() == union.tolist()
+    assert int(union.sum()) == 3 * dataset.num_classes
+    for name in ("val_mask", "test_mask"):
+        assert getattr(merged, name).cpu().numpy().tolist() == getattr(clients[0], name).tolist()
+
+
+def test_the_non_iid_schedule_is_applied_and_a_set_override_wins_field_by_field():
+    from fedgl_secure.methods.graphfl_experiments import merge_sections, non_iid_schedule, protocol_config
+
+    schedule = non_iid_schedule("federated")
+    config = protocol_config("cora", "federated", 0, merge_sections(schedule, {"training": {"local_epochs": 3}}))
+    assert config.training.local_epochs == 3  # the override
+    assert config.training.weight_decay == schedule["training"]["weight_decay"] == 0.0  # the schedule, kept
+    assert config.training.learning_rate == schedule["training"]["learning_rate"]
+    graphfl = protocol_config("cora", "graphfl", 0, non_iid_schedule("graphfl"))
+    assert graphfl.graphfl.inner_optimizer == "adam" and graphfl.graphfl.inner_steps == 15
+    assert non_iid_schedule("local") == non_iid_schedule("centralized") == {}
