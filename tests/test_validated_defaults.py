@@ -33,6 +33,7 @@ from fedgl_secure.engine.config import (
     SelfSupervisionConfig,
     TrainingConfig,
 )
+from fedgl_secure.methods.fgcl_graphs import GraphFederationConfig
 from fedgl_secure.policy.schema import (
     DPSGD,
     Budget,
@@ -159,6 +160,8 @@ CASES = [
         ("length", -1),
     ),
     Case(AuditReport, {"ok": True, "records": 0, "head": HEX64}, ("broken_line", "three")),
+    # --- methods/fgcl_graphs.py
+    Case(GraphFederationConfig, {}, ("rounds", 0), ({"method": "fed_noise"}, "epsilon")),
 ]
 
 

@@ -55,7 +55,7 @@ Method = Literal["federated", "fed_noise", "fgcl_noise"]
 class GraphFederationConfig(BaseModel):
     """Typed settings of one graph-classification federation (validated here, at the edge)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     method: Method = "federated"
     epsilon: float | None = Field(None, gt=0, description="fed_noise: ε of the one release per molecule")
