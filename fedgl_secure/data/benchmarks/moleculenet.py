@@ -4,7 +4,7 @@ Each CSV row is one molecule: a SMILES string and one binary column per task (em
 RDKit parses the SMILES; atoms become nodes, bonds undirected edges (bond order is dropped: the GCN and
 the edge-DP views see a 0/1 adjacency). Node features are one-hot blocks (:data:`FEATURE_BLOCKS`):
 element (the 15 commonest in these sets + other), heavy-atom degree (0..5+), formal charge (−2..+2,
-clipped), attached hydrogens (0..4+), aromatic, in a ring — 37 values per atom. SMILES that RDKit
+clipped), attached hydrogens (0..4+), aromatic, in a ring — 34 values per atom. SMILES that RDKit
 cannot parse are skipped and counted (:attr:`MoleculeSet.unparsed`), never silently dropped.
 
 Splits: a seeded random 80/10/10 train/validation/test split (or Bemis–Murcko scaffold groups
