@@ -28,6 +28,8 @@ Method = Literal[
     "centroids",
 ]
 METHODS: tuple[str, ...] = get_args(Method)
+SELF_SUPERVISED_METHODS: tuple[str, ...] = ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl")
+"""The methods that use FedGL's pseudo labels or pseudo graph (α, β); every other method runs with α = β = 0."""
 NEIGHBOUR_EXCHANGE_METHODS: tuple[str, ...] = ("fed2gnn", "fedavg-full")
 """Methods whose banks see other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange,
 FedAvg-Full's oracle halo): their clients are rebuilt (``methods.prepare_clients``) and DP refuses them
@@ -332,17 +334,7 @@ class ExperimentConfig(_Section):
     def effective_alpha_beta(self) -> tuple[float, float]:
         """α and β after the method's ablation (DESIGN §4's method list)."""
         alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method in (
-            "federated",
-            "centralized",
-            "local",
-            "fgcl",
-            "fed2gnn",
-            "fedavg-full",
-            "graphfl",
-            "gap",
-            "centroids",
-        ):
+        if self.method not in SELF_SUPERVISED_METHODS:
             return 0.0, 0.0
         if self.method == "fedgl-no-gpg":
             return alpha, 0.0
