@@ -83,22 +83,13 @@ def check_noise_source(config: ExperimentConfig, policy) -> None:
 def centroids_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
     """Give every bank of ``privacy`` a ledger with the one class-sums channel, and return the observer that
     records the release in round 1 for every bank (all banks, selected or not: it never under-reports)."""
-    from fedgl_secure.crypto.secure_summation import bank_name
-    from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.privacy.dp_round import BankPrivacy
-
-    for k in range(num_banks):
-        name = bank_name(k)
-        ledger = PrivacyLedger(name, channels=(class_sums.CLASS_SUMS,))
-        privacy.banks[k] = BankPrivacy(name, privacy.policy, normaliser, ledger=ledger)
     z = class_sums.noise_multiplier(config.centroids.epsilon, config.centroids.delta)
-
-    def record(broadcast: Broadcast) -> None:
-        if broadcast.round_number == 1:
-            for bank in privacy.banks.values():
-                bank.ledger.extend(class_sums.releases(z, broadcast.round_number))
-
-    return record
+    return privacy.in_method_ledgers(
+        num_banks,
+        normaliser,
+        (class_sums.CLASS_SUMS,),
+        lambda round_number: class_sums.releases(z, 1) if round_number == 1 else [],
+    )
 
 
 def bank_class_sums(graph: GraphTensors, nonnegative: bool) -> np.ndarray:

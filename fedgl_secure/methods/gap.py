@@ -101,22 +101,12 @@ def gap_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: f
     """Give every bank of ``privacy`` (a FederationPrivacy under a GAP policy) a ledger of GAP's channels, and
     return the observer that records each finished round's releases (:func:`~fedgl_secure.privacy.gap.
     round_releases`) for every bank — all banks, selected or not, so the ledger never under-reports."""
-    from fedgl_secure.crypto.secure_summation import bank_name
-    from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.privacy.dp_round import BankPrivacy
-
-    for k in range(num_banks):
-        name = bank_name(k)
-        ledger = PrivacyLedger(name, channels=(gap_dp.ENCODER, gap_dp.AGGREGATION, gap_dp.CLASSIFIER))
-        privacy.banks[k] = BankPrivacy(name, privacy.policy, normaliser, ledger=ledger)
     settings = accounted_settings(config)
     noise = gap_dp.calibrate(settings, config.gap.epsilon, config.gap.delta)
-
-    def record(broadcast: Broadcast) -> None:
-        for bank in privacy.banks.values():
-            bank.ledger.extend(gap_dp.round_releases(settings, noise, broadcast.round_number))
-
-    return record
+    channels = (gap_dp.ENCODER, gap_dp.AGGREGATION, gap_dp.CLASSIFIER)
+    return privacy.in_method_ledgers(
+        num_banks, normaliser, channels, lambda round_number: gap_dp.round_releases(settings, noise, round_number)
+    )
 
 
 @dataclass

@@ -773,14 +773,13 @@ class Policy(BaseModel):
                 "no DP channel is enabled, so nothing would enforce this budget; enable a [dp.*] channel "
                 "or remove [budget]",
             )
-        if self.budget is not None and self.dp.effective_unit == "bank":
-            node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
-            if node_kinds:
-                raise field_error(
-                    "allowed_kinds",
-                    f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
-                    f"remove them (FedAvg uploads weights only)",
-                )
+        node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
+        if self.budget is not None and node_kinds and self.dp.effective_unit == "bank":
+            raise field_error(
+                "allowed_kinds",
+                f"unit = 'bank' has no mechanism that hides a whole bank in {node_kinds} (one row per customer); "
+                f"remove them (FedAvg uploads weights only)",
+            )
         if self.budget is not None:
             for name, release in (("edges", self.dp.edges), ("labels", self.dp.labels)):
                 if release.enabled and release.epsilon > self.budget.epsilon:
@@ -792,14 +791,12 @@ class Policy(BaseModel):
                         "alone spends more than the budget, so no bank could ever contribute; lower it or raise the "
                         "budget",
                     )
-        if self.budget is not None and self.dp.node_mechanism in IN_METHOD_MECHANISMS:
-            node_kinds = [kind for kind in (PREDICTIONS, EMBEDDINGS) if kind in self.allowed_kinds]
-            if node_kinds:
-                raise field_error(
-                    "allowed_kinds",
-                    f"node_mechanism = {self.dp.node_mechanism!r} uploads weights only (its method's model); "
-                    f"{node_kinds} would leave a bank outside its accounting — remove them",
-                )
+        if self.budget is not None and node_kinds and self.dp.node_mechanism in IN_METHOD_MECHANISMS:
+            raise field_error(
+                "allowed_kinds",
+                f"node_mechanism = {self.dp.node_mechanism!r} uploads weights only (its method's model); "
+                f"{node_kinds} would leave a bank outside its accounting — remove them",
+            )
         if self.budget is not None and self.dp.node_mechanism == "gap":
             if self.budget.rounds < self.dp.gap.rounds:
                 raise field_error(

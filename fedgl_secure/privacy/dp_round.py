@@ -619,6 +619,31 @@ class FederationPrivacy:
             changes["labels"] = torch.as_tensor(released, dtype=torch.int64, device=graph.device)
         return dataclasses.replace(graph, **changes)
 
+    def in_method_ledgers(
+        self,
+        num_banks: int,
+        normaliser: float,
+        channels: Sequence[str],
+        releases_of_round: Callable[[int], list],
+    ) -> Callable:
+        """Give each of ``num_banks`` banks a ledger of a method's own ``channels`` (a node mechanism that runs
+        inside its method: GAP, the class sums), and return the observer that records
+        ``releases_of_round(round)`` after each broadcast for every bank — selected or not, so no ledger
+        under-reports."""
+        from fedgl_secure.crypto.secure_summation import bank_name
+
+        for k in range(num_banks):
+            name = bank_name(k)
+            ledger = PrivacyLedger(name, channels=tuple(channels))
+            self.banks[k] = BankPrivacy(name, self.policy, normaliser, ledger=ledger)
+
+        def record(broadcast) -> None:
+            releases = releases_of_round(broadcast.round_number)
+            for bank in self.banks.values():
+                bank.ledger.extend(releases)
+
+        return record
+
     def ledgers(self) -> dict[str, PrivacyLedger]:
         return {bank.bank: bank.ledger for bank in self.banks.values()}
 
