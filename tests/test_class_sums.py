@@ -5,6 +5,7 @@ small federation end to end (plaintext and CKKS)."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -266,3 +267,15 @@ def test_membership_inference_attacks_the_class_sums_model_itself():
     assert result.auc == expected.auc and result.members == expected.members > 0
     # the class sums contain every training row: without noise the attack finds the members
     assert result.auc > 0.55
+
+
+def test_every_in_method_node_mechanism_of_the_schema_has_its_methods_hooks():
+    from fedgl_secure.methods import in_method_mechanism
+    from fedgl_secure.policy.schema import IN_METHOD_MECHANISMS
+
+    for name in IN_METHOD_MECHANISMS:
+        policy = SimpleNamespace(dp=SimpleNamespace(node_mechanism=name))
+        mechanism = in_method_mechanism(policy)
+        assert mechanism is not None, name
+        assert callable(mechanism.apply_policy) and callable(mechanism.ledgers)
+    assert in_method_mechanism(SimpleNamespace(dp=SimpleNamespace(node_mechanism="channels"))) is None

@@ -35,7 +35,7 @@ from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
-from fedgl_secure.methods import build_method, prepare_clients
+from fedgl_secure.methods import build_method, check_method_privacy, in_method_mechanism, prepare_clients
 from fedgl_secure.methods.base import (
     EMBEDDINGS,
     PREDICTIONS,
@@ -227,7 +227,7 @@ def run_experiment(
     """
     started = time.perf_counter()
     # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
-    in_method = _in_method_mechanism(privacy.policy) if privacy is not None else None
+    in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None
     if in_method is not None:
         apply_policy, _ = in_method
@@ -251,10 +251,7 @@ def run_experiment(
         # a mechanism whose noise the key authority adds (the class sums' central noise): the plaintext sum gets it
         # here, a secure summation from its own key authority
         summation = method_privacy.with_central_noise(summation or PlaintextSummation())
-    if config.method == "centroids":
-        from fedgl_secure.methods.centroids import check_noise_source
-
-        check_noise_source(config, method_privacy.policy if method_privacy is not None else None)
+    check_method_privacy(config, method_privacy.policy if method_privacy is not None else None)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
     if privacy is not None and config.method in ("centralized", "local"):
@@ -271,21 +268,6 @@ def run_experiment(
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
     return result
-
-
-def _in_method_mechanism(policy) -> tuple[Callable, Callable] | None:
-    """``(apply_policy, ledgers)`` of a node-unit mechanism that runs inside its method (``dp.node_mechanism``
-    ``"gap"`` or ``"centroids"``), or None: the policy's settings go into the method's config, and each bank gets
-    a ledger of the method's own releases."""
-    if policy.dp.node_mechanism == "gap":
-        from fedgl_secure.methods.gap import apply_gap_policy, gap_ledgers
-
-        return apply_gap_policy, gap_ledgers
-    if policy.dp.node_mechanism == "centroids":
-        from fedgl_secure.methods.centroids import apply_centroids_policy, centroids_ledgers
-
-        return apply_centroids_policy, centroids_ledgers
-    return None
 
 
 def _both(first: Callable[[Broadcast], None], second: Callable[[Broadcast], None]) -> Callable[[Broadcast], None]:

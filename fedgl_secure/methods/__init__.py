@@ -8,7 +8,8 @@ Fed²GNN decoder at start-up.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
 
@@ -30,6 +31,45 @@ METHOD_CLASSES = {
     "centroids": ("centroids", "PrivateCentroids"),
 }
 """``ExperimentConfig.method`` → (module under ``fedgl_secure.methods``, class). Baselines are not here."""
+
+
+IN_METHOD_MECHANISMS = {
+    "gap": ("gap", "apply_gap_policy", "gap_ledgers"),
+    "centroids": ("centroids", "apply_centroids_policy", "centroids_ledgers"),
+}
+"""``dp.node_mechanism`` values that run inside a method → (module, its policy function, its ledgers function)."""
+
+
+class InMethodMechanism(NamedTuple):
+    """A node-unit mechanism that runs inside its method: ``apply_policy(config, policy)`` puts the policy's
+    settings into the method's config (refusing other methods); ``ledgers(privacy, config, num_banks, normaliser)``
+    gives every bank a ledger of the method's own releases and returns the observer that records them."""
+
+    apply_policy: Callable
+    ledgers: Callable
+
+
+def in_method_mechanism(policy) -> InMethodMechanism | None:
+    """The mechanism ``policy.dp.node_mechanism`` names, if it runs inside a method (GAP, class sums); else None:
+    the engine's per-upload DP step applies instead."""
+    entry = IN_METHOD_MECHANISMS.get(policy.dp.node_mechanism)
+    if entry is None:
+        return None
+    module, apply_policy, ledgers = entry
+    loaded = importlib.import_module(f"fedgl_secure.methods.{module}")
+    return InMethodMechanism(getattr(loaded, apply_policy), getattr(loaded, ledgers))
+
+
+def check_method_privacy(config: ExperimentConfig, policy) -> None:
+    """A method's own refusals of a run's privacy set-up (``policy`` may be None): the module-level
+    ``check_privacy(config, policy)`` of the method's module, where it has one (the class sums refuse central noise
+    that no key authority would add)."""
+    if config.method not in METHOD_CLASSES:
+        return
+    module, _ = METHOD_CLASSES[config.method]
+    check = getattr(importlib.import_module(f"fedgl_secure.methods.{module}"), "check_privacy", None)
+    if check is not None:
+        check(config, policy)
 
 
 def _method_class(module: str, name: str) -> type:

@@ -32,7 +32,7 @@ from fedgl_secure.model.centroids import CentroidPropagation
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import class_sums
 
-__all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_ledgers"]
+__all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_ledgers", "check_privacy"]
 
 
 def centroids_config_values(policy) -> dict:
@@ -68,8 +68,9 @@ def apply_centroids_policy(config: ExperimentConfig, policy) -> ExperimentConfig
     return build_config(values)
 
 
-def check_noise_source(config: ExperimentConfig, policy) -> None:
-    """Refuse central noise without a key authority that adds it: the banks would then release exact sums."""
+def check_privacy(config: ExperimentConfig, policy) -> None:
+    """Refuse central noise without a key authority that adds it: the banks would then release exact sums
+    (the method's hook, :func:`fedgl_secure.methods.check_method_privacy`; ``policy`` may be None)."""
     if config.centroids.noise != "central" or math.isinf(config.centroids.epsilon):
         return
     if policy is None or policy.dp.central_kinds() != (WEIGHTS,):
