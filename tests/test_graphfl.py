@@ -11,8 +11,8 @@ from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.graphfl_split import (
+    evaluation_draw,
     graphfl_clients,
-    sample_task,
     split_label_domains,
     support_query_split,
     task_client,
@@ -22,7 +22,7 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.self_training import most_confident_per_class
-from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.engine.simulation import method_initial_parameters, run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method_stages, stage_upload_kinds
@@ -219,20 +219,31 @@ def test_self_training_picks_the_most_confident_per_class():
 
 
 def test_new_label_domain_split_has_no_class_leakage(dataset):
+    """Meta-training tasks hold no node of a new class; each evaluation draw's fine-tuning shots, validation
+    nodes and test nodes are of the new classes only and pairwise disjoint (the experiment's own functions)."""
+    from fedgl_secure.methods.graphfl_experiments import new_label_tasks
+
     for seed in range(5):
-        old, new = split_label_domains(dataset.num_classes, 2, seed)
+        old, new, tasks = new_label_tasks(dataset, 2, seed, num_clients=8)
         assert np.intersect1d(old, new).size == 0 and np.union1d(old, new).tolist() == list(range(dataset.num_classes))
-        rng = numpy_stream(seed, "tasks")
-        train_task = sample_task(dataset.labels, old, 2, 5, rng)
-        assert set(dataset.labels[train_task.nodes]) <= set(old.tolist())
-        fine_tune = sample_task(dataset.labels, new, 2, 3, rng)
-        test = sample_task(dataset.labels, fine_tune.classes, 2, 20, rng, exclude=fine_tune.nodes)
-        assert set(dataset.labels[test.nodes]) == set(new.tolist())
-        assert np.intersect1d(test.nodes, fine_tune.nodes).size == 0
-        client = task_client(dataset, train_task, "c")
+        training_nodes = np.concatenate([task.nodes for task in tasks])
+        assert set(dataset.labels[training_nodes]) <= set(old.tolist())
+        client = task_client(dataset, tasks[0], "c")
         labelled = np.flatnonzero(client.labels >= 0)
-        assert np.array_equal(np.sort(labelled), np.sort(train_task.nodes)) and client.num_classes == 2
-        assert not np.isin(dataset.labels[labelled], new).any()
+        assert np.array_equal(np.sort(labelled), np.sort(tasks[0].nodes)) and client.num_classes == 2
+        rng = numpy_stream(seed, "evaluation")
+        for shots in (2, 6, 10):
+            draw = evaluation_draw(dataset.labels, new, 2, shots, rng, per_class=15)
+            parts = (draw.fine_tune.nodes, draw.val.nodes, draw.test.nodes)
+            assert [p.size for p in parts] == [2 * shots, 30, 30]
+            assert np.unique(np.concatenate(parts)).size == sum(p.size for p in parts)
+            assert set(dataset.labels[np.concatenate(parts)]) == set(new.tolist())
+            for part in (draw.val, draw.test):
+                assert np.array_equal(part.classes, draw.fine_tune.classes)
+                assert np.array_equal(dataset.labels[part.nodes], part.classes[part.labels])
+            client = task_client(dataset, draw.fine_tune, "new", val=draw.val, test=draw.test)
+            masks = np.stack([client.train_mask, client.val_mask, client.test_mask])
+            assert masks.sum(axis=1).tolist() == [p.size for p in parts] and masks.sum(axis=0).max() == 1
     with pytest.raises(ConfigError, match="new_classes"):
         split_label_domains(dataset.num_classes, dataset.num_classes, 0)
 
@@ -358,3 +369,57 @@ def test_the_non_iid_schedule_is_applied_and_a_set_override_wins_field_by_field(
     graphfl = protocol_config("cora", "graphfl", 0, non_iid_schedule("graphfl"))
     assert graphfl.graphfl.inner_optimizer == "adam" and graphfl.graphfl.inner_steps == 15
     assert non_iid_schedule("local") == non_iid_schedule("centralized") == {}
+
+
+def test_new_label_models_trained_alone_equal_those_trained_together(dataset):
+    """The grid trains FL+TL's model once for every adaptation setting: that must be the same model."""
+    from fedgl_secure.methods.graphfl_experiments import (
+        evaluate_new_label,
+        new_label_tasks,
+        protocol_config,
+        train_new_label_models,
+    )
+
+    config = protocol_config(
+        "synthetic", "graphfl", 3, {"graphfl": {"inner_optimizer": "adam", "inner_state": "fresh"}}
+    )
+    _, new, tasks = new_label_tasks(dataset, 2, 3, num_clients=10)
+    both = train_new_label_models(dataset, config, tasks, 2, episodes=2)
+    alone = {
+        name: train_new_label_models(dataset, config, tasks, 2, methods=(name,), episodes=2)[name]
+        for name in ("fl+tl", "graphfl")
+    }
+    for name in ("graphfl", "fl+tl"):
+        assert torch.equal(both[name], alone[name])
+    assert not torch.equal(both["graphfl"], both["fl+tl"])
+    scores = evaluate_new_label(dataset, config, both, new, repeats=1)
+    for name in ("graphfl", "fl+tl"):
+        assert len(scores[name]) == len(scores["val"][name]) == 3
+        assert all(0.0 <= s <= 1.0 for s in scores[name] + scores["val"][name])
+
+
+def test_fresh_inner_state_leaves_the_clients_adam_alone_and_repeats_itself(dataset):
+    """``inner_state = "fresh"``: every T_e steps start a new Adam (MAML's inner loop, the new-label protocol), so
+    the trainer's own optimiser gets no state and the same start gives the same contribution twice; ``client``
+    steps the trainer's Adam, whose moments then make a second call from the same start differ."""
+    clients = graphfl_clients(dataset, 2, 10, seed=0, test_size=100, val_size=50)
+    for state in ("fresh", "client"):
+        method = GraphFL(_graphfl_config(inner_optimizer="adam", inner_state=state, inner_learning_rate=0.05))
+        graph = GraphTensors.from_graph(
+            clients[0], np.arange(clients[0].num_nodes), clients[0].num_nodes, torch.device("cpu"), True
+        )
+        model = method.build_model(graph.features.shape[1], graph.num_classes)
+        trainer = LocalTrainer(0, graph, method.config.training, 0, model)
+        start = Broadcast(
+            0, method_initial_parameters(method, method.config, graph.features.shape[1], graph.num_classes)
+        )
+        contributions = []
+        for _ in range(2):
+            trainer.generator.manual_seed(0)  # the same dropout masks: only the optimiser's state may differ
+            contributions.append(method.stage_contribution(FINETUNE, trainer, start)[WEIGHTS])
+        first, second = contributions
+        assert not torch.equal(first[:-1], start.weights)
+        if state == "fresh":
+            assert not trainer.optimizer.state and torch.equal(first, second)
+        else:
+            assert trainer.optimizer.state and not torch.equal(first, second)

@@ -123,6 +123,30 @@ def sample_task(
     return Task(chosen, np.concatenate(nodes), np.concatenate(task_labels))
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluationDraw:
+    """One test-time draw of the new label domain (Algorithm 2): the fine-tuning shots, validation nodes and
+    test nodes of the same K₀ new classes, pairwise disjoint."""
+
+    fine_tune: Task
+    val: Task
+    test: Task
+
+
+def evaluation_draw(
+    labels: np.ndarray, new: np.ndarray, ways: int, shots: int, rng: np.random.Generator, per_class: int = 20
+) -> EvaluationDraw:
+    """``shots`` fine-tuning nodes per new class, then ``per_class`` test and ``per_class`` validation nodes
+    of the same classes that are neither (the validation nodes settle the adaptation setting; the paper has
+    none, its authors' code reads the best test accuracy)."""
+    fine_tune = sample_task(labels, new, ways, shots, rng)
+    test = sample_task(labels, fine_tune.classes, ways, per_class, rng, exclude=fine_tune.nodes)
+    val = sample_task(
+        labels, fine_tune.classes, ways, per_class, rng, exclude=np.concatenate([fine_tune.nodes, test.nodes])
+    )
+    return EvaluationDraw(fine_tune, val, test)
+
+
 def task_client(
     dataset: GraphDataset, task: Task, name: str, val: Task | None = None, test: Task | None = None
 ) -> GraphDataset:

@@ -209,6 +209,11 @@ class GraphFLConfig(_Section):
     inner_optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="sgd: θ ← θ − α∇L (the paper); adam: the client's own Adam (moments kept across rounds)"
     )
+    inner_state: Literal["client", "fresh"] = Field(
+        "client",
+        description="adam only: client: the trainer's Adam (training.learning_rate and weight decay, moments kept "
+        "across rounds); fresh: a new Adam at α without weight decay for every T_e steps (MAML's inner loop)",
+    )
     meta_learning_rate: float = Field(0.02, gt=0.0, description="β: step size of the server's meta step")
     meta_optimizer: Literal["sgd", "adam"] = Field(
         "adam", description="sgd: θ̂ = θ − β·ḡ (the paper's equation); adam: an Adam step on ḡ (the authors' code)"

@@ -180,9 +180,13 @@ class GraphFL:
         """T_e steps on ``nodes`` with the configured inner optimiser (meta stage, fine-tuning, and the new
         label domain's fine-tuning). With ``inner_optimizer = "adam"`` and a client's own ``optimizer`` (its
         trainer's Adam, Kipf's weight decay, moments kept across rounds as every bank keeps them), the steps
-        are that optimiser's; a fresh Adam restarts at sign-like steps each round and measured far worse."""
+        are that optimiser's; a fresh Adam restarts at sign-like steps each round and measured far worse in the
+        non-IID setting. Otherwise (plain SGD, ``inner_state = "fresh"``, or no client optimiser) the steps are
+        :func:`gradient_steps` at α on the support loss alone: no weight decay, since with Adam an L2 term on a
+        weight no labelled node reaches becomes a step of ~α towards 0."""
         settings = self.settings
-        if settings.inner_optimizer == "adam" and optimizer is not None and nodes.numel() > 0:
+        own = settings.inner_state == "client" and optimizer is not None
+        if settings.inner_optimizer == "adam" and own and nodes.numel() > 0:
             model.train()
             for _ in range(settings.inner_steps):
                 optimizer.zero_grad(set_to_none=True)
@@ -198,7 +202,6 @@ class GraphFL:
             settings.inner_learning_rate,
             generator,
             settings.inner_optimizer,
-            self.config.training.weight_decay,
         )
 
     def stage_contribution(self, stage: str, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:

@@ -7,8 +7,9 @@
   validation and test nodes. FL and GraphFL run the schedule chosen on validation (``NON_IID_SCHEDULE``).
 * **New label domain** (Table 2, Algorithm 2): K₀ classes are held out; every client holds a K₀-way
   task of the other classes (10 nodes per class); after federated training (GraphFL or FedAvg) the
-  global model is fine-tuned on a few labelled nodes per new class (T_e steps of the inner learning
-  rate, the same for both) and tested on 20 nodes per new class (mean over ``repeats`` draws).
+  global model is fine-tuned on a few labelled nodes per new class (T_e steps of ``NEW_LABEL_ADAPTATION``,
+  the same for both) and tested on 20 nodes per new class, with 20 other nodes per new class as validation
+  (mean over ``repeats`` draws).
 * **Self-training** (Table 3): each client trains its own model on its labelled nodes and labels its
   n most confident unlabelled nodes per class; we report the share of correct pseudo labels.
 
@@ -30,7 +31,13 @@ import torch
 from tqdm.auto import tqdm
 
 from fedgl_secure.data.graph import GraphDataset
-from fedgl_secure.data.graphfl_split import graphfl_clients, sample_task, split_label_domains, task_client
+from fedgl_secure.data.graphfl_split import (
+    evaluation_draw,
+    graphfl_clients,
+    sample_task,
+    split_label_domains,
+    task_client,
+)
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
@@ -81,6 +88,12 @@ NON_IID_SCHEDULE = MappingProxyType(
         },
     }
 )
+
+
+# The new label domain's adaptation setting (PROVISIONAL: being chosen on validation tasks). In MAML the
+# meta-training inner loop and the test-time fine-tuning are one procedure, so one setting serves both:
+# GraphFL's T_e support steps in every episode, and the fine-tuning of GraphFL's and FedAvg's (FL+TL) models.
+NEW_LABEL_ADAPTATION = MappingProxyType({"inner_optimizer": "sgd", "inner_learning_rate": 0.01, "inner_state": "fresh"})
 
 
 def protocol_config(dataset: str, method: str, seed: int, overrides: dict | None = None) -> ExperimentConfig:
@@ -185,42 +198,65 @@ def _task_graphs(dataset: GraphDataset, config: ExperimentConfig, tasks, name: s
     return graphs
 
 
-def new_label_cell(
-    dataset: GraphDataset, backbone: str, seed: int, overrides: dict, new_classes: int, repeats: int
-) -> dict:
-    """Accuracy on the new classes after fine-tuning GraphFL's and FedAvg's (FL+TL) global models."""
-    config = protocol_config(
-        dataset.name, "graphfl", seed, {**overrides, "graphfl": {**overrides.get("graphfl", {}), "backbone": backbone}}
-    )
+def new_label_adaptation(overrides: dict) -> dict:
+    """The new-label experiment's overrides: ``NEW_LABEL_ADAPTATION`` with ``overrides`` on top (its cache key)."""
+    return merge_sections({"graphfl": dict(NEW_LABEL_ADAPTATION)}, overrides)
+
+
+def new_label_tasks(dataset: GraphDataset, new_classes: int, seed: int, num_clients: int = NUM_CLIENTS):
+    """(training classes, new classes, the clients' tasks): each client a K₀-way task of the training classes,
+    10 nodes per class; no node of a new class is ever a client's training node."""
     old, new = split_label_domains(dataset.num_classes, new_classes, seed)
     rng = numpy_stream(seed, "graphfl", "tasks")
-    tasks = [sample_task(dataset.labels, old, new_classes, 10, rng) for _ in range(NUM_CLIENTS)]
+    return old, new, [sample_task(dataset.labels, old, new_classes, 10, rng) for _ in range(num_clients)]
+
+
+def train_new_label_models(
+    dataset: GraphDataset,
+    config: ExperimentConfig,
+    tasks,
+    new_classes: int,
+    methods: Sequence[str] = ("graphfl", "fl+tl"),
+    episodes: int = EPISODES,
+) -> dict:
+    """The global models after ``episodes`` episodes of GraphFL and of FedAvg (FL+TL), from the same start.
+    Each method's run depends on nothing but its own named streams, so one trained alone equals one trained
+    beside the other (FL+TL's model does not depend on the adaptation setting: a grid trains it once)."""
     graphs = _task_graphs(dataset, config, tasks, f"{dataset.name}/task")
     graphfl = GraphFL(config)
-    fedavg = FedAvg(config)
     normaliser = max(client_weight(g.num_nodes) for g in graphs)
     models = {}
-    for name, method in (("graphfl", graphfl), ("fl+tl", fedavg)):
+    for name in methods:
+        method = graphfl if name == "graphfl" else FedAvg(config)
         trainers = [
-            LocalTrainer(k, g, config.training, seed, graphfl.build_model(dataset.num_features, new_classes))
+            LocalTrainer(k, g, config.training, config.seed, graphfl.build_model(dataset.num_features, new_classes))
             for k, g in enumerate(graphs)
         ]
         broadcast = Broadcast(0, method_initial_parameters(graphfl, config, dataset.num_features, new_classes))
         summation = PlaintextSummation()
-        for episode in range(1, EPISODES + 1):
-            participants = select_participants(NUM_CLIENTS, PARTICIPATION, seed, episode)
+        for episode in range(1, episodes + 1):
+            participants = select_participants(len(graphs), PARTICIPATION, config.seed, episode)
             broadcast = run_round_stages(method, trainers, participants, broadcast, episode, summation, normaliser)
         models[name] = broadcast.weights
-    scores: dict[str, list[float]] = {name: [] for name in models}
+    return models
+
+
+def evaluate_new_label(
+    dataset: GraphDataset, config: ExperimentConfig, models: dict, new: np.ndarray, repeats: int
+) -> dict:
+    """Every model fine-tuned with GraphFL's adaptation steps (``config.graphfl``: the same for both methods)
+    on ``shots`` nodes per new class, then scored on the draw's test and validation nodes; the mean over
+    ``repeats`` draws per shot count: ``{method: [test per shots], "val": {method: [validation per shots]}}``."""
+    graphfl = GraphFL(config)
+    new_classes, seed = new.size, config.seed
+    test_scores: dict[str, list[float]] = {name: [] for name in models}
+    val_scores: dict[str, list[float]] = {name: [] for name in models}
     evaluation_rng = numpy_stream(seed, "graphfl", "new-label-evaluation")
     for shots in NEW_LABEL_SHOTS:
-        results = {name: [] for name in models}
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
         for repeat in range(repeats):
-            fine_tune = sample_task(dataset.labels, new, new_classes, shots, evaluation_rng)
-            test = sample_task(
-                dataset.labels, fine_tune.classes, new_classes, 20, evaluation_rng, exclude=fine_tune.nodes
-            )
-            client = task_client(dataset, fine_tune, "new", test=test)
+            draw = evaluation_draw(dataset.labels, new, new_classes, shots, evaluation_rng)
+            client = task_client(dataset, draw.fine_tune, "new", val=draw.val, test=draw.test)
             graph = GraphTensors.from_graph(
                 client,
                 np.arange(client.num_nodes),
@@ -238,11 +274,47 @@ def new_label_cell(
                 model.eval()
                 with torch.no_grad():
                     logits = model(graph.features, adjacency).logits
-                correct, total = accuracy(logits, graph.labels, graph.test_mask)
-                results[name].append(correct / total)
-        for name in models:
-            scores[name].append(float(np.mean(results[name])))
-    return {"new_classes": new.tolist(), **scores}
+                results[name].append(
+                    tuple(_share(*accuracy(logits, graph.labels, m)) for m in (graph.test_mask, graph.val_mask))
+                )
+        for name, pairs in results.items():
+            test_scores[name].append(float(np.mean([test for test, _ in pairs])))
+            val_scores[name].append(float(np.mean([val for _, val in pairs])))
+    return {**test_scores, "val": val_scores}
+
+
+def _share(correct: int, total: int) -> float:
+    return correct / total
+
+
+def cached_new_label_cell(
+    runs: Path, dataset: str, seed: int, backbone: str, overrides: dict, repeats: int, compute: Callable[[], dict]
+) -> dict:
+    """A new-label cell from the cache under ``runs``, else ``compute()``d and cached; keyed by the setting it
+    runs (``new_label_adaptation(overrides)``), so a new default is a new cell and ``--set`` of the default's
+    own values finds it."""
+    key = {
+        "experiment": "new-label",
+        "dataset": dataset,
+        "seed": seed,
+        "variant": backbone,
+        "lpc": None,
+        "overrides": new_label_adaptation(overrides),
+        "repeats": repeats,
+    }
+    return _cached(runs, key, compute)
+
+
+def new_label_cell(
+    dataset: GraphDataset, backbone: str, seed: int, overrides: dict, new_classes: int, repeats: int
+) -> dict:
+    """Accuracy on the new classes after fine-tuning GraphFL's and FedAvg's (FL+TL) global models, under
+    ``NEW_LABEL_ADAPTATION`` (then ``overrides``), with validation accuracy beside the test accuracy."""
+    settings = merge_sections(new_label_adaptation(overrides), {"graphfl": {"backbone": backbone}})
+    config = protocol_config(dataset.name, "graphfl", seed, settings)
+    _, new, tasks = new_label_tasks(dataset, new_classes, seed)
+    models = train_new_label_models(dataset, config, tasks, new_classes)
+    return {"new_classes": new.tolist(), **evaluate_new_label(dataset, config, models, new, repeats)}
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -299,8 +371,8 @@ def run_graphfl_reproduction(
             )
             report["self_training"].setdefault(name, []).append(result)
         elif part == "new-label":
-            key["repeats"] = repeats
-            result = _cached(runs, key, partial(new_label_cell, dataset, variant, seed, overrides, 2, repeats))
+            compute = partial(new_label_cell, dataset, variant, seed, overrides, 2, repeats)
+            result = cached_new_label_cell(runs, name, seed, variant, overrides, repeats, compute)
             report["new_label"].setdefault(f"{variant}/{name}", []).append(result)
         else:
             if non_iid_schedule(variant):  # a new schedule is a new cell, never a stale cache hit (IL keeps its cells)
@@ -328,6 +400,7 @@ def summarise(report: dict, datasets, labels_per_class, backbones) -> dict:
         summary["new_label"][key] = {
             method: {
                 "ours": [_mean_std([c[method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
+                "val": [_mean_std([c["val"][method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
                 "paper": list(paper.get(method, ())),
                 "seeds": len(cells),
             }
@@ -356,12 +429,16 @@ def markdown(summary: dict, datasets, labels_per_class, backbones, seeds: int) -
     lines = [f"# GraphFL reproduction (seeds 0-{seeds - 1}; mean ± std over seeds; paper in brackets)", ""]
     if summary["new_label"]:
         lines += ["## New label domain (paper Table 2): accuracy on the K₀ = 2 new classes", ""]
+        lines += ["Test accuracy [paper]; validation accuracy (20 other nodes per new class) in parentheses.", ""]
         lines += ["| backbone | dataset | method | 2 labels | 6 labels | 10 labels |", "|---|---|---|---|---|---|"]
         for key, methods in summary["new_label"].items():
             backbone, name = key.split("/")
             for method, values in methods.items():
                 paper = values["paper"] or [float("nan")] * len(NEW_LABEL_SHOTS)
-                cells = " | ".join(f"{_cell(o)} [{p:.3f}]" for o, p in zip(values["ours"], paper, strict=True))
+                cells = " | ".join(
+                    f"{_cell(o)} [{p:.3f}] ({v[0]:.3f})"
+                    for o, p, v in zip(values["ours"], paper, values["val"], strict=True)
+                )
                 lines.append(f"| {backbone.upper()} | {name} | {method.upper()} | {cells} |")
         lines.append("")
     if summary["self_training"]:
