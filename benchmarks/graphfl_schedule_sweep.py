@@ -8,7 +8,7 @@ time, each in its own process (one thread each); results are appended to ``--out
 
 Grids (docs/reproduction.md, "GraphFL (issue 11)"): ``1`` Kipf's weight decay; ``2`` and ``3`` without
 local/meta weight decay; ``4`` and ``5`` the steps past the edges of 3 (the runs of 4 and 5 were made on a
-2-core machine, one at a time).
+2-core machine, one at a time); ``6`` self-training's n per class on top of the chosen schedules.
 
     FEDGL_DATA=/work/shared/datasets OMP_NUM_THREADS=1 python benchmarks/graphfl_schedule_sweep.py \
         --grid 2 --workers 16 --output sweep2.jsonl
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 RUNS = {  # (dataset, seeds) each setting of a grid runs on
     "1": (("cora", (0, 1)), ("citeseer", (0,))),
@@ -29,6 +30,7 @@ RUNS = {  # (dataset, seeds) each setting of a grid runs on
     "3": (("cora", (0, 1, 2)), ("citeseer", (0,))),
     "4": (("cora", (0, 1)), ("citeseer", (0,))),
     "5": (("cora", (0, 1)), ("citeseer", (0,))),
+    "6": (("cora", (0, 1)), ("citeseer", (0,))),
 }
 
 
@@ -90,6 +92,8 @@ def grid(name: str) -> list[tuple[str, dict]]:
         return settings + [("graphfl", _graphfl_own_adam(0.01, "adam", 0.1))]
     if name == "5":
         return [("federated", _fl(0.1)), ("graphfl", _graphfl_own_adam(0.05, "adam", 0.05))]
+    if name == "6":  # GraphFL+ST: self-training's n on top of the chosen schedule, as reproduce's cell (cached)
+        return [("graphfl+st", {"self_training": {"per_class": n}}) for n in (5, 10, 20)]
     raise SystemExit(f"--grid {name!r}: choose from {', '.join(RUNS)}")
 
 
@@ -100,10 +104,20 @@ def run_one(job: dict) -> dict:
     from fedgl_secure.data.graphfl_split import graphfl_clients
     from fedgl_secure.data.registry import load_dataset
     from fedgl_secure.engine.simulation import run_experiment
-    from fedgl_secure.methods.graphfl_experiments import NUM_CLIENTS, protocol_config
+    from fedgl_secure.methods.graphfl_experiments import (
+        NUM_CLIENTS,
+        SELF_TRAINED,
+        cached_non_iid_cell,
+        protocol_config,
+    )
 
     torch.set_num_threads(1)
     dataset = load_dataset(job["dataset"], None, seed=0)
+    if job["method"].endswith(SELF_TRAINED):  # the very cell `reproduce graphfl` runs, written to its cache
+        per_class = job["overrides"]["self_training"]["per_class"]
+        started = time.time()
+        cell = cached_non_iid_cell(Path(job["runs"]), dataset, job["method"], job["lpc"], job["seed"], {}, per_class)
+        return {**job, **cell, "seconds": round(time.time() - started, 1)}
     config = protocol_config(dataset.name, job["method"], job["seed"], job["overrides"])
     started = time.time()
     result = run_experiment(
@@ -124,13 +138,22 @@ def main() -> None:
     parser.add_argument("--grid", required=True, choices=sorted(RUNS))
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--runs", default="results/graphfl/runs", help="reproduce graphfl's cell cache (grid 6)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # one run, in a worker process
     args = parser.parse_args()
     if args.job:
         print(json.dumps(run_one(json.loads(args.job))), flush=True)
         return
     jobs = [
-        {"grid": args.grid, "dataset": dataset, "method": method, "lpc": 10, "seed": seed, "overrides": overrides}
+        {
+            "grid": args.grid,
+            "dataset": dataset,
+            "method": method,
+            "lpc": 10,
+            "seed": seed,
+            "overrides": overrides,
+            "runs": args.runs,
+        }
         for method, overrides in grid(args.grid)
         for dataset, seeds in RUNS[args.grid]
         for seed in seeds

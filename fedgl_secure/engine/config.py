@@ -224,6 +224,19 @@ class GraphFLConfig(_Section):
     sgc_hops: int = Field(2, ge=1, description="K of SGC's Â^K X W")
 
 
+class SelfTrainingConfig(_Section):
+    """GraphFL's self-training (engine/self_training.py): before federated training each client adds its
+    ``per_class`` most confident pseudo-labelled nodes per class, from its own model, to its training nodes."""
+
+    per_class: int = Field(0, ge=0, description="n: pseudo labels per class and client; 0: off (the default)")
+    epochs: int = Field(100, ge=1, description="full-batch Adam epochs of the client's labelling model")
+    learning_rate: float = Field(0.01, gt=0.0, description="the labelling model's Adam step (Kipf's)")
+    weight_decay: float = Field(5e-4, ge=0.0, description="the labelling model's L2 on its first layer (Kipf's)")
+
+
+SELF_TRAINING_METHODS: tuple[str, ...] = ("federated", "graphfl")
+
+
 class GAPConfig(GAPSettings):
     """GAP node-level DP (methods/gap.py, privacy/gap.py): the accounted settings plus the budget and the model.
 
@@ -319,6 +332,7 @@ class ExperimentConfig(_Section):
     self_supervision: SelfSupervisionConfig = SelfSupervisionConfig()
     fed2gnn: Fed2GNNConfig = Fed2GNNConfig()
     graphfl: GraphFLConfig = GraphFLConfig()
+    self_training: SelfTrainingConfig = SelfTrainingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     fgcl: FGCLConfig = FGCLConfig()
     gap: GAPConfig = GAPConfig()
@@ -333,6 +347,15 @@ class ExperimentConfig(_Section):
                 "training.backbone",
                 f"{self.training.backbone!r} is not used by method {self.method!r}, which builds its own model "
                 f"(graphfl.backbone / the gap and centroids sections); leave it at 'gcn'",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _self_training_is_supported(self) -> ExperimentConfig:
+        if self.self_training.per_class > 0 and self.method not in SELF_TRAINING_METHODS:
+            raise field_error(
+                "self_training.per_class",
+                f"method {self.method!r} does not self-train; only {', '.join(SELF_TRAINING_METHODS)} do",
             )
         return self
 

@@ -33,6 +33,8 @@ class GraphTensors:
     base_adjacency: sp.csr_matrix
     num_classes: int
     device: torch.device
+    # the training nodes that carry a self-training pseudo label rather than a true one (engine/self_training.py)
+    self_trained_mask: torch.Tensor | None = None
 
     @classmethod
     def from_graph(

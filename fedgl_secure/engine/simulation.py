@@ -33,6 +33,7 @@ from fedgl_secure.engine.evaluation import (
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.self_training import self_trained_graphs
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method, check_method_privacy, in_method_mechanism, prepare_clients
@@ -328,6 +329,11 @@ def _run_federated(
         client_graphs = _private_client_graphs(config, federation, privacy, summation)
         summation = privacy.with_central_noise(summation)
     num_features = merged.features.shape[1]
+    if config.self_training.per_class > 0:
+        if privacy is not None:  # the labelling model reads every label and feature outside any accountant
+            raise ConfigError("self_training.per_class: self-training is not accounted under a privacy policy")
+        start = initial_parameters(config, num_features, merged.num_classes)
+        client_graphs = self_trained_graphs(config, client_graphs, start)
     if hasattr(method, "build_model"):
         trainers = [
             LocalTrainer(k, graph, config.training, config.seed, method.build_model(num_features, graph.num_classes))

@@ -158,14 +158,21 @@ class GraphFL:
     # --- the client's side ------------------------------------------------------------------
 
     def support_query(self, trainer: LocalTrainer) -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's support and query nodes: its training nodes halved at random (its own seeded stream)."""
+        """The client's support and query nodes: its truly labelled nodes halved at random (its own seeded
+        stream); self-training's pseudo-labelled nodes join the support set only, as the authors' code extends
+        its support groups: the query loss, which drives the meta step, stays on true labels."""
         key = trainer.client_id
         if key not in self._splits:
-            nodes = torch.nonzero(trainer.graph.train_mask, as_tuple=True)[0].cpu().numpy()
+            graph = trainer.graph
+            pseudo = graph.self_trained_mask
+            labelled = graph.train_mask if pseudo is None else graph.train_mask & ~pseudo
+            nodes = torch.nonzero(labelled, as_tuple=True)[0].cpu().numpy()
             rng = numpy_stream(self.config.seed, "graphfl", "support-query", key)
             support, query = support_query_split(nodes, self.settings.query_fraction, rng)
-            device = trainer.graph.device
-            self._splits[key] = (torch.as_tensor(support, device=device), torch.as_tensor(query, device=device))
+            support = torch.as_tensor(support, device=graph.device)
+            if pseudo is not None:
+                support = torch.sort(torch.cat([support, torch.nonzero(pseudo, as_tuple=True)[0]])).values
+            self._splits[key] = (support, torch.as_tensor(query, device=graph.device))
         return self._splits[key]
 
     def adapt(

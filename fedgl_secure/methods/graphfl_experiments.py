@@ -44,7 +44,7 @@ from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
-from fedgl_secure.engine.self_training import most_confident_per_class
+from fedgl_secure.engine.self_training import candidate_nodes, local_class_probabilities, most_confident_per_class
 from fedgl_secure.engine.simulation import method_initial_parameters, run_experiment, run_round_stages
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import Broadcast
@@ -65,8 +65,19 @@ NEW_LABEL_SHOTS = (2, 6, 10)
 # GraphFL paper, Table 3: fraction of correct self-training pseudo labels, 5/10/15/20 per class.
 PAPER_TABLE3 = MappingProxyType({"cora": (0.90, 0.85, 0.81, 0.69), "citeseer": (0.90, 0.80, 0.72, 0.64)})
 SELF_TRAINING_COUNTS = (5, 10, 15, 20)
-NON_IID_METHODS = ("local", "federated", "graphfl", "centralized")
-METHOD_LABELS = MappingProxyType({"local": "IL", "federated": "FL", "graphfl": "GraphFL", "centralized": "Central"})
+SELF_TRAINED = "+st"  # a non-IID variant: the method after self-training (``self_training.per_class``)
+NON_IID_METHODS = ("local", "federated", "graphfl", "centralized", "graphfl+st", "federated+st")
+NON_IID_COLUMNS = ("local", "federated", "federated+st", "graphfl", "graphfl+st", "centralized")
+METHOD_LABELS = MappingProxyType(
+    {
+        "local": "IL",
+        "federated": "FL",
+        "graphfl": "GraphFL",
+        "centralized": "Central",
+        "federated+st": "FL+ST",
+        "graphfl+st": "GraphFL+ST",
+    }
+)
 
 NUM_CLIENTS = 50
 PARTICIPATION = 0.2
@@ -88,6 +99,10 @@ NON_IID_SCHEDULE = MappingProxyType(
         },
     }
 )
+# Self-training's n (pseudo labels per class and client) on top of NON_IID_SCHEDULE, the same for FL+ST and
+# GraphFL+ST (so both train on the very same pseudo labels), chosen on GraphFL+ST's validation accuracy at 10
+# labels per class among 5, 10, 20 (Cora seeds 0-1, Citeseer seed 0; docs/reproduction.md).
+NON_IID_SELF_TRAINING = 10
 
 
 # The new label domain's adaptation setting (PROVISIONAL: being chosen on validation tasks). In MAML the
@@ -138,18 +153,49 @@ def _cached(directory: Path, key: dict, compute: Callable[[], dict]) -> dict:
 # --- non-IID --------------------------------------------------------------------------------
 
 
-def non_iid_cell(dataset: GraphDataset, method: str, labels_per_class: int, seed: int, overrides: dict) -> dict:
-    """Global test accuracy of one method on the paper's non-IID clients (its ``NON_IID_SCHEDULE``, then
-    ``overrides``); ``centralized`` trains one GCN on the union of the clients' labelled nodes."""
-    config = protocol_config(dataset.name, method, seed, merge_sections(non_iid_schedule(method), overrides))
+def non_iid_cell(dataset: GraphDataset, variant: str, labels_per_class: int, seed: int, settings: dict) -> dict:
+    """Global test accuracy of one method on the paper's non-IID clients with ``settings`` (its schedule, then
+    the ``--set`` overrides); ``centralized`` trains one GCN on the union of the clients' labelled nodes; a
+    ``+st`` variant's method self-trains first (its schedule's ``self_training``)."""
+    config = protocol_config(dataset.name, variant.removesuffix(SELF_TRAINED), seed, settings)
     clients = graphfl_clients(dataset, NUM_CLIENTS, labels_per_class, seed)
     result = run_experiment(config, clients=clients, progress=False)
     return {"test": result.global_test_accuracy, "val": result.best_val_accuracy, "best_round": result.best_round}
 
 
-def non_iid_schedule(method: str) -> dict:
-    """The chosen non-IID settings of ``method`` (empty for IL and the central reference)."""
-    return {section: dict(values) for section, values in NON_IID_SCHEDULE.get(method, {}).items()}
+def non_iid_schedule(variant: str, per_class: int = NON_IID_SELF_TRAINING) -> dict:
+    """The chosen non-IID settings of ``variant`` (empty for IL and the central reference); a ``+st`` variant
+    adds self-training with ``per_class`` pseudo labels per class."""
+    method = variant.removesuffix(SELF_TRAINED)
+    schedule = {section: dict(values) for section, values in NON_IID_SCHEDULE.get(method, {}).items()}
+    if variant.endswith(SELF_TRAINED):
+        schedule["self_training"] = {"per_class": per_class}
+    return schedule
+
+
+def cached_non_iid_cell(
+    runs: Path,
+    dataset: GraphDataset,
+    variant: str,
+    labels_per_class: int,
+    seed: int,
+    overrides: dict,
+    per_class: int = NON_IID_SELF_TRAINING,
+) -> dict:
+    """:func:`non_iid_cell`, cached under ``runs`` and keyed by its settings: a new schedule (or n) is a new
+    cell, never a stale cache hit; IL and the central reference keep their cells."""
+    key = {
+        "experiment": "non-iid",
+        "dataset": dataset.name,
+        "seed": seed,
+        "variant": variant,
+        "lpc": labels_per_class,
+        "overrides": overrides,
+    }
+    if non_iid_schedule(variant, per_class):
+        key["schedule"] = non_iid_schedule(variant, per_class)
+    settings = merge_sections(non_iid_schedule(variant, per_class), overrides)
+    return _cached(runs, key, partial(non_iid_cell, dataset, variant, labels_per_class, seed, settings))
 
 
 # --- self-training --------------------------------------------------------------------------
@@ -170,13 +216,9 @@ def self_training_cell(dataset: GraphDataset, seed: int, overrides: dict, counts
         graph = GraphTensors.from_graph(
             client, np.arange(client.num_nodes), client.num_nodes, device, config.training.normalize_features
         )
-        trainer = LocalTrainer(k, graph, config.training, seed)
-        adjacency = trainer.own_adjacency()
-        trainer.train(adjacency, start, epochs=epochs)
-        probabilities = torch.softmax(trainer.infer(adjacency).logits, dim=1)
-        candidates = ~(graph.train_mask | graph.val_mask | graph.test_mask)
+        probabilities = local_class_probabilities(graph, config.training, start, epochs, seed, k)
         for n in counts:
-            nodes, labels = most_confident_per_class(probabilities, candidates, n)
+            nodes, labels = most_confident_per_class(probabilities, candidate_nodes(graph), n)
             correct[n] += int((truth[nodes] == labels).sum())
             total[n] += int(nodes.numel())
     return {str(n): correct[n] / total[n] if total[n] else float("nan") for n in counts}
@@ -375,9 +417,7 @@ def run_graphfl_reproduction(
             result = cached_new_label_cell(runs, name, seed, variant, overrides, repeats, compute)
             report["new_label"].setdefault(f"{variant}/{name}", []).append(result)
         else:
-            if non_iid_schedule(variant):  # a new schedule is a new cell, never a stale cache hit (IL keeps its cells)
-                key["schedule"] = non_iid_schedule(variant)
-            result = _cached(runs, key, partial(non_iid_cell, dataset, variant, lpc, seed, overrides))
+            result = cached_non_iid_cell(runs, dataset, variant, lpc, seed, overrides)
             report["non_iid"].setdefault(f"{name}/{lpc}/{variant}", []).append(result)
         log.info("cell.done", part=part, dataset=name, seed=seed, variant=variant, lpc=lpc)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -457,11 +497,11 @@ def markdown(summary: dict, datasets, labels_per_class, backbones, seeds: int) -
             "At the best validation round; Central: one GCN on the same labelled, validation and test nodes.",
             "",
         ]
-        header = " | ".join(METHOD_LABELS[m] for m in NON_IID_METHODS)
-        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(NON_IID_METHODS)]
+        header = " | ".join(METHOD_LABELS[m] for m in NON_IID_COLUMNS)
+        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(NON_IID_COLUMNS)]
         for name in datasets:
             for lpc in labels_per_class:
-                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in NON_IID_METHODS]
+                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in NON_IID_COLUMNS]
                 if all(v is None for v in values):
                     continue
                 cells = " | ".join(_cell(v["ours"]) if v else "–" for v in values)

@@ -60,6 +60,7 @@ from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
+from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.engine.simulation import method_initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
@@ -141,6 +142,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     noise is run: the key authority adds it).
     """
     check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
+    check_self_training_services(config)
     check_consortium(policy, config)  # a method of several stages under DP is refused here (check_stages)
     method = build_method(config)
     check_stage_kinds(method)
