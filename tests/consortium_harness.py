@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fedgl_secure.policy.schema import HEParameters
 from fedgl_secure.services.config import PkiLayout, load_consortium
 from fedgl_secure.services.loopback import write_loopback_consortium
-from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, stop_processes
+from fedgl_secure.services.orchestrate import NodeProcess, consortium_up, start_node_process, stop_processes
 from fedgl_secure.services.tls import make_http_client
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -173,3 +174,15 @@ def write_consortium(
         policy_extra=policy_extra,
     )
     return LocalConsortium(root, max_rounds)
+
+
+def run_consortium_to_the_end(consortium: LocalConsortium, rounds: int, timeout: float = 240) -> dict:
+    """``consortium up`` with the test operator secret; asserts the federation finished after ``rounds`` rounds
+    with no stop reason and every process exited 0, and returns the summary."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDGL_KA_SECRET", KA_SECRET)
+        summary = consortium_up(consortium.consortium_path, progress=False, echo=lambda line: None, timeout=timeout)
+    assert summary.get("finished") and summary["rounds_applied"] == rounds and not summary.get("stopped_reason")
+    nodes = load_consortium(consortium.consortium_path).nodes
+    assert summary["exit_codes"] == {node.name: 0 for node in nodes}
+    return summary

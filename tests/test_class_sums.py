@@ -141,10 +141,12 @@ def test_shipped_policy_states_a_node_guarantee_without_degree_bound_within_budg
     assert "whatever its degree" in guarantees.protects
 
 
-def test_centroid_policy_is_refused_by_the_services_and_other_methods_and_vice_versa():
+def test_centroid_policy_is_refused_by_other_methods_and_vice_versa_and_with_local_noise_by_the_services():
     policy = load_policy(POLICY)
-    with pytest.raises(ConfigError, match="simulation only"):
-        check_consortium(policy, build_config({"method": "centroids"}))
+    check_consortium(policy, build_config({"method": "centroids"}))  # central noise: the key authority's, once
+    local = policy_from_dict(_policy(**{"dp.centroids": {"noise": "local"}}), source="local")
+    with pytest.raises(ConfigError, match="noise = 'local' runs in the simulation only"):
+        check_consortium(local, build_config({"method": "centroids"}))
     with pytest.raises(ConfigError, match="method 'fedgl' has none"):
         apply_centroids_policy(build_config({"method": "fedgl"}), policy)
     with pytest.raises(ConfigError, match="he.packing"):
@@ -277,5 +279,28 @@ def test_every_in_method_node_mechanism_of_the_schema_has_its_methods_hooks():
         policy = SimpleNamespace(dp=SimpleNamespace(node_mechanism=name))
         mechanism = in_method_mechanism(policy)
         assert mechanism is not None, name
-        assert callable(mechanism.apply_policy) and callable(mechanism.ledgers)
+        assert callable(mechanism.apply_policy) and callable(mechanism.releases)
     assert in_method_mechanism(SimpleNamespace(dp=SimpleNamespace(node_mechanism="channels"))) is None
+
+
+def test_a_bank_service_records_the_class_sums_release_once_even_when_it_re_sends_the_round():
+    from fedgl_secure.methods import apply_in_method_policy
+    from fedgl_secure.methods.centroids import centroids_releases
+    from fedgl_secure.privacy.accounting import PrivacyLedger
+    from fedgl_secure.privacy.dp_round import BankPrivacy
+
+    policy = load_policy(POLICY)
+    config = apply_in_method_policy(build_config({"method": "centroids"}), policy)
+    channels, releases_of_round = centroids_releases(config)
+    bank = BankPrivacy("bank-a", policy, 4.0, ledger=PrivacyLedger("bank-a", channels=channels))
+    contribution = {"weights": torch.full((5,), 2.0)}
+    first = bank.release_in_method(1, contribution, releases_of_round(1))
+    assert torch.equal(first["weights"], torch.full((5,), 0.5))  # normalised by w_max only: no noise of the bank's
+    assert bank.release_in_method(1, contribution, releases_of_round(1)) is not None  # a restarted bank re-sends
+    assert bank.ledger.releases == tuple(releases_of_round(1))  # ... and pays once
+    assert bank.release_in_method(2, contribution, releases_of_round(2)) is not None and not releases_of_round(2)
+    # a ledger that already spent the budget elsewhere (e.g. another federation's release) refuses a new one
+    spent = PrivacyLedger("bank-a", channels=channels)
+    spent.extend(releases_of_round(1))
+    other = BankPrivacy("bank-a", policy, 4.0, ledger=spent)
+    assert other.release_in_method(1, contribution, [releases_of_round(1)[0].model_copy(update={"round": 2})]) is None

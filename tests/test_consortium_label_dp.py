@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomllib
-from consortium_harness import BANKS, KA_SECRET, SMALL_HE, write_consortium
+from consortium_harness import BANKS, SMALL_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, consortium_slices
 from fedgl_secure.services.config import load_consortium
-from fedgl_secure.services.orchestrate import consortium_up
 from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow
@@ -30,11 +29,7 @@ def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_aud
         "budget": {"epsilon": labels["epsilon"], "delta": 1e-5, "rounds": 2},
     }
     consortium = write_consortium(tmp_path, max_rounds=2, method="fedgl", policy_extra=policy, he=SMALL_HE)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FEDGL_KA_SECRET", KA_SECRET)
-        summary = consortium_up(consortium.consortium_path, progress=False, echo=lambda line: None, timeout=240)
-    assert summary.get("finished") and summary["rounds_applied"] == 2 and not summary.get("stopped_reason")
-    assert summary["exit_codes"] == {name: 0 for name in ("key-authority", "aggregator", *BANKS)}
+    run_consortium_to_the_end(consortium, rounds=2)
 
     state = consortium.root / "state"
     slices = consortium_slices(load_consortium(consortium.consortium_path).experiment_config(), None)

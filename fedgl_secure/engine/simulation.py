@@ -231,8 +231,7 @@ def run_experiment(
     in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None
     if in_method is not None:
-        apply_policy, _ = in_method
-        config, method_privacy, privacy = apply_policy(config, privacy.policy), privacy, None
+        config, method_privacy, privacy = in_method.apply_policy(config, privacy.policy), privacy, None
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # nothing should draw from it; pinned in case a library does
     if clients is not None:
@@ -245,9 +244,8 @@ def run_experiment(
         federation = Federation.build(dataset, config, device)
     config.evaluation.check_classes(federation.merged.num_classes)
     if in_method is not None:
-        _, ledgers = in_method
         weights = [client_weight(graph.num_nodes) for graph in federation.client_graphs]
-        record = ledgers(method_privacy, config, len(weights), max(weights))
+        record = method_privacy.in_method_ledgers(len(weights), max(weights), *in_method.releases(config))
         observer = record if observer is None else _both(observer, record)
         # a mechanism whose noise the key authority adds (the class sums' central noise): the plaintext sum gets it
         # here, a secure summation from its own key authority

@@ -34,19 +34,19 @@ METHOD_CLASSES = {
 
 
 IN_METHOD_MECHANISMS = {
-    "gap": ("gap", "apply_gap_policy", "gap_ledgers"),
-    "centroids": ("centroids", "apply_centroids_policy", "centroids_ledgers"),
+    "gap": ("gap", "apply_gap_policy", "gap_releases"),
+    "centroids": ("centroids", "apply_centroids_policy", "centroids_releases"),
 }
-"""``dp.node_mechanism`` values that run inside a method → (module, its policy function, its ledgers function)."""
+"""``dp.node_mechanism`` values that run inside a method → (module, its policy function, its releases function)."""
 
 
 class InMethodMechanism(NamedTuple):
     """A node-unit mechanism that runs inside its method: ``apply_policy(config, policy)`` puts the policy's
-    settings into the method's config (refusing other methods); ``ledgers(privacy, config, num_banks, normaliser)``
-    gives every bank a ledger of the method's own releases and returns the observer that records them."""
+    settings into the method's config (refusing other methods); ``releases(config)`` gives the ledger channels of
+    the method's own releases and ``releases_of_round(round)`` (what each round releases, for every bank)."""
 
     apply_policy: Callable
-    ledgers: Callable
+    releases: Callable
 
 
 def in_method_mechanism(policy) -> InMethodMechanism | None:
@@ -55,9 +55,15 @@ def in_method_mechanism(policy) -> InMethodMechanism | None:
     entry = IN_METHOD_MECHANISMS.get(policy.dp.node_mechanism)
     if entry is None:
         return None
-    module, apply_policy, ledgers = entry
+    module, apply_policy, releases = entry
     loaded = importlib.import_module(f"fedgl_secure.methods.{module}")
-    return InMethodMechanism(getattr(loaded, apply_policy), getattr(loaded, ledgers))
+    return InMethodMechanism(getattr(loaded, apply_policy), getattr(loaded, releases))
+
+
+def apply_in_method_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
+    """``config`` with the settings an in-method node mechanism's policy fixes (its ε, δ, rounds), or as it is."""
+    mechanism = in_method_mechanism(policy)
+    return config if mechanism is None else mechanism.apply_policy(config, policy)
 
 
 def check_method_privacy(config: ExperimentConfig, policy) -> None:

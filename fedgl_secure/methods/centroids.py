@@ -17,7 +17,7 @@ graph — where most of a GNN's gain on Cora comes from — is used inside the b
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from fedgl_secure.model.centroids import CentroidPropagation
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import class_sums
 
-__all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_ledgers", "check_privacy"]
+__all__ = ["PrivateCentroids", "apply_centroids_policy", "centroids_releases", "check_privacy"]
 
 
 def centroids_config_values(policy) -> dict:
@@ -81,16 +81,12 @@ def check_privacy(config: ExperimentConfig, policy) -> None:
         )
 
 
-def centroids_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
-    """Give every bank of ``privacy`` a ledger with the one class-sums channel, and return the observer that
-    records the release in round 1 for every bank (all banks, selected or not: it never under-reports)."""
+def centroids_releases(config: ExperimentConfig) -> tuple[tuple[str, ...], Callable[[int], list]]:
+    """The class sums' one ledger channel and its releases per round: one Gaussian release in round 1, nothing
+    after (later rounds re-send the same sums), for :meth:`~fedgl_secure.privacy.dp_round.FederationPrivacy.
+    in_method_ledgers` and a bank service's ledger."""
     z = class_sums.noise_multiplier(config.centroids.epsilon, config.centroids.delta)
-    return privacy.in_method_ledgers(
-        num_banks,
-        normaliser,
-        (class_sums.CLASS_SUMS,),
-        lambda round_number: class_sums.releases(z, 1) if round_number == 1 else [],
-    )
+    return (class_sums.CLASS_SUMS,), lambda round_number: class_sums.releases(z, 1) if round_number == 1 else []
 
 
 def bank_class_sums(graph: GraphTensors, nonnegative: bool) -> np.ndarray:

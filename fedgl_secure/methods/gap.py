@@ -20,7 +20,7 @@ example's gradient on the scale of the clip C).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import scipy.sparse as sp
@@ -97,16 +97,13 @@ def apply_gap_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
     return config
 
 
-def gap_ledgers(privacy, config: ExperimentConfig, num_banks: int, normaliser: float):
-    """Give every bank of ``privacy`` (a FederationPrivacy under a GAP policy) a ledger of GAP's channels, and
-    return the observer that records each finished round's releases (:func:`~fedgl_secure.privacy.gap.
-    round_releases`) for every bank — all banks, selected or not, so the ledger never under-reports."""
+def gap_releases(config: ExperimentConfig) -> tuple[tuple[str, ...], Callable[[int], list]]:
+    """GAP's ledger channels and the releases each finished round makes (:func:`~fedgl_secure.privacy.gap.
+    round_releases`), for :meth:`~fedgl_secure.privacy.dp_round.FederationPrivacy.in_method_ledgers`."""
     settings = accounted_settings(config)
     noise = gap_dp.calibrate(settings, config.gap.epsilon, config.gap.delta)
     channels = (gap_dp.ENCODER, gap_dp.AGGREGATION, gap_dp.CLASSIFIER)
-    return privacy.in_method_ledgers(
-        num_banks, normaliser, channels, lambda round_number: gap_dp.round_releases(settings, noise, round_number)
-    )
+    return channels, lambda round_number: gap_dp.round_releases(settings, noise, round_number)
 
 
 @dataclass

@@ -213,11 +213,16 @@ def check_consortium(policy: Policy, config) -> None:
             "--secure for CKKS sums): a consortium bank does not yet keep GAP's phase and perturbed hops across rounds "
             "and restarts; use `simulate`, or node_mechanism = 'channels'"
         )
-    if policy.dp.node_mechanism == "centroids":
+    if policy.dp.node_mechanism == "centroids" and (
+        policy.dp.centroids is None or policy.dp.centroids.noise != "central"
+    ):
+        # central noise is drawn by the key authority, which decrypts round 1's sum once (its ledger survives
+        # restarts); a bank's own noise would be drawn again by a restarted bank: a second release
         raise ConfigError(
-            "dp.node_mechanism = 'centroids' runs in the simulation only (`simulate --method centroids --policy ...`, "
-            "with --secure for CKKS sums): a consortium bank does not yet keep its one release of class sums across "
-            "restarts (a second draw would be a second release); use `simulate`, or node_mechanism = 'channels'"
+            "dp.centroids.noise = 'local' runs in the simulation only (`simulate --method centroids --policy ...`): "
+            "a consortium bank does not yet keep its own noisy class sums across restarts, and a second draw would "
+            "be a second release; use noise = 'central' (policies/node-dp-centroids.toml), where the key authority "
+            "adds the noise once"
         )
     if releases_labels_together(policy):
         # a bank service releases its labels alone, at its start (services/bank.py); the joint release needs a
@@ -350,6 +355,24 @@ class BankPrivacy:
         return release.labels
 
     # --- a round -------------------------------------------------------------------------------
+
+    def release_in_method(
+        self, round_number: int, contribution: Mapping[str, torch.Tensor], releases: Sequence
+    ) -> dict[str, torch.Tensor] | None:
+        """A bank service's upload under a node mechanism inside its method (the class sums): ``releases``, what
+        the method releases this round, recorded first — unless the ledger already holds them (a restarted bank
+        re-sending a round it paid for) — then the contribution normalised by the public w_max, as it is: its
+        noise is the method's own, or the key authority's (central). None once the budget would be exceeded."""
+        if self.stopped_round is not None:
+            return None
+        new = [release for release in releases if release not in self.ledger.releases]
+        budget = self.policy.budget
+        if self.ledger.would_exceed(budget.epsilon, budget.delta, new, budget.accountant):
+            self.stopped_round = round_number
+            self.log.warning("privacy.budget_exhausted", round=round_number, budget=budget.epsilon)
+            return None
+        self.ledger.extend(new)
+        return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
 
     def protect(
         self,

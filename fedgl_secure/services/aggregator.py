@@ -64,7 +64,7 @@ from fedgl_secure.engine.self_training import check_services as check_self_train
 from fedgl_secure.engine.simulation import method_initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
-from fedgl_secure.methods import build_method
+from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import (
     Broadcast,
     check_stage_kinds,
@@ -249,6 +249,7 @@ class Coordinator:
                 f"the experiment has {len(config.federation.proportions)} client proportions but the consortium "
                 f"has {len(banks)} banks; give one proportion per bank"
             )
+        config = apply_in_method_policy(config, policy)  # e.g. the class sums' one round
         check_consortium_can_run(config, policy, len(banks))
         self.federation = federation
         self.config = config

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.methods import apply_in_method_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.config import (
     ConsortiumConfig,
     NodeEntry,
@@ -240,7 +242,9 @@ def consortium_up(
     aggregator_log = AggregatorLog(logs / f"{consortium.aggregator.name}.log")
     if aggregator_log.path.exists():
         aggregator_log.offset = aggregator_log.path.stat().st_size  # only this run's events
-    max_rounds = consortium.experiment_config().federation.max_rounds
+    policy = load_policy(consortium.policy)
+    config = consortium.experiment_config()
+    max_rounds = apply_in_method_policy(config, policy).federation.max_rounds
     bar = tqdm(total=max_rounds, desc=consortium.federation, unit="round", disable=not progress)
     started = time.monotonic()
     summary: dict = {"federation": consortium.federation, "logs": str(logs)}
