@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from fedgl_secure.model.gcn import FlatParameters, GCNOutput
+from fedgl_secure.model.propagation import personalised_pagerank
 from fedgl_secure.model.sparse import SparseOperator
 
 
@@ -46,10 +47,7 @@ def centroid_scores(
 
 def propagate(scores: torch.Tensor, adjacency: SparseOperator, steps: int, teleport: float) -> torch.Tensor:
     """Eq. C4: K steps of personalised-PageRank propagation of ``scores`` over ``adjacency`` (α = ``teleport``)."""
-    propagated = scores
-    for _ in range(steps):
-        propagated = (1.0 - teleport) * (adjacency @ propagated) + teleport * scores
-    return propagated
+    return personalised_pagerank(scores, adjacency, steps, teleport)
 
 
 class CentroidPropagation(FlatParameters, nn.Module):

@@ -29,6 +29,7 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.model.propagation import personalised_pagerank
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.label_dp import likelihood_loss
 from fedgl_secure.privacy.mechanisms import RandomBytes
@@ -88,10 +89,7 @@ def propagation_prior(
     known = np.asarray(known, dtype=bool)
     evidence = np.zeros((n, num_classes))
     evidence[np.flatnonzero(known), np.asarray(released)[known]] = 1.0
-    operator = gcn_normalize(adjacency)
-    spread = evidence.copy()
-    for _ in range(steps):
-        spread = alpha * (operator @ spread) + (1.0 - alpha) * evidence
+    spread = personalised_pagerank(evidence, gcn_normalize(adjacency), steps, teleport=1.0 - alpha)
     floor = (1.0 - mechanisms.label_keep_probability(epsilon, num_classes)) / (num_classes - 1)
 
     def sharpened(mass: np.ndarray) -> np.ndarray:
