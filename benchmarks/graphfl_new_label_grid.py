@@ -84,16 +84,34 @@ def table(results: dict) -> list[dict]:
     return rows
 
 
+def cached_results(runs: Path) -> dict:
+    """The grid's cells already in the cache, as ``run_one`` returns them (``{"dataset:seed": {setting: cell}}``)."""
+    names = {json.dumps(setting, sort_keys=True): name for name, setting in SETTINGS.items()}
+    results: dict = {}
+    for path in sorted(runs.glob("new-label-*.json")):
+        stored = json.loads(path.read_text())
+        key = stored["key"]
+        setting = {k: v for k, v in key["overrides"].get("graphfl", {}).items() if k in SETTINGS["sgd α=0.01"]}
+        name = names.get(json.dumps(setting, sort_keys=True))
+        if key["variant"] == BACKBONE and key["repeats"] == REPEATS and name and set(key["overrides"]) == {"graphfl"}:
+            results.setdefault(f"{key['dataset']}:{key['seed']}", {})[name] = stored["result"]
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="cora:0,cora:1,citeseer:0", help="dataset:seed,...")
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names of SETTINGS")
     parser.add_argument("--output-dir", type=Path, default=Path("results/graphfl-new-label"))
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--summarise-only", action="store_true", help="tabulate the cached cells, run nothing")
     args = parser.parse_args()
     names = [n.strip() for n in args.settings.split(",") if n.strip()]
     results = {}
-    for run in args.runs.split(","):
+    if args.summarise_only:
+        cached = cached_results(args.output_dir / "runs")
+        results = {run: cached[run] for run in args.runs.split(",") if run in cached}
+    for run in [] if args.summarise_only else args.runs.split(","):
         name, seed = run.split(":")
         dataset = load_dataset(name, None, seed=0)
         results[run] = run_one(dataset, int(seed), names, args.output_dir / "runs", print)
