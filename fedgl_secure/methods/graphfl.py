@@ -69,17 +69,16 @@ def gradient_steps(
     learning_rate: float,
     generator: torch.Generator | None = None,
     optimizer: str = "sgd",
-    weight_decay: float = 0.0,
 ) -> None:
     """``steps`` steps on the loss at ``nodes`` (Algorithm 1's inner loop and its fine-tuning), in place:
-    plain gradient descent θ ← θ − α ∇L(θ) (the paper), or Adam at step size α with a fresh state
-    (``optimizer = "adam"``; its weight decay is L2 on every parameter). No steps without nodes."""
+    plain gradient descent θ ← θ − α ∇L(θ) (the paper), or Adam at step size α with a fresh state and no
+    weight decay (``optimizer = "adam"``). No steps without nodes."""
     if nodes.numel() == 0:
         return
     model.train()
     parameters = list(model.parameters())
     if optimizer == "adam":
-        adam = torch.optim.Adam(parameters, lr=learning_rate, weight_decay=weight_decay)
+        adam = torch.optim.Adam(parameters, lr=learning_rate)
         for _ in range(steps):
             adam.zero_grad(set_to_none=True)
             supervised_loss(model, graph, adjacency, nodes, generator).backward()

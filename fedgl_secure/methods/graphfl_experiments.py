@@ -43,6 +43,7 @@ from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, build_config
+from fedgl_secure.engine.evaluation import ratio
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.self_training import candidate_nodes, local_class_probabilities, most_confident_per_class
 from fedgl_secure.engine.simulation import method_initial_parameters, run_experiment, run_round_stages
@@ -66,8 +67,7 @@ NEW_LABEL_SHOTS = (2, 6, 10)
 PAPER_TABLE3 = MappingProxyType({"cora": (0.90, 0.85, 0.81, 0.69), "citeseer": (0.90, 0.80, 0.72, 0.64)})
 SELF_TRAINING_COUNTS = (5, 10, 15, 20)
 SELF_TRAINED = "+st"  # a non-IID variant: the method after self-training (``self_training.per_class``)
-NON_IID_METHODS = ("local", "federated", "graphfl", "centralized", "graphfl+st", "federated+st")
-NON_IID_COLUMNS = ("local", "federated", "federated+st", "graphfl", "graphfl+st", "centralized")
+NON_IID_METHODS = ("local", "federated", "federated+st", "graphfl", "graphfl+st", "centralized")  # table order
 METHOD_LABELS = MappingProxyType(
     {
         "local": "IL",
@@ -198,9 +198,10 @@ def cached_non_iid_cell(
         "lpc": labels_per_class,
         "overrides": overrides,
     }
-    if non_iid_schedule(variant, per_class):
-        key["schedule"] = non_iid_schedule(variant, per_class)
-    settings = merge_sections(non_iid_schedule(variant, per_class), overrides)
+    schedule = non_iid_schedule(variant, per_class)
+    if schedule:
+        key["schedule"] = schedule
+    settings = merge_sections(schedule, overrides)
     return _cached(runs, key, partial(non_iid_cell, dataset, variant, labels_per_class, seed, settings))
 
 
@@ -323,16 +324,12 @@ def evaluate_new_label(
                 with torch.no_grad():
                     logits = model(graph.features, adjacency).logits
                 results[name].append(
-                    tuple(_share(*accuracy(logits, graph.labels, m)) for m in (graph.test_mask, graph.val_mask))
+                    tuple(ratio(*accuracy(logits, graph.labels, m)) for m in (graph.test_mask, graph.val_mask))
                 )
         for name, pairs in results.items():
             test_scores[name].append(float(np.mean([test for test, _ in pairs])))
             val_scores[name].append(float(np.mean([val for _, val in pairs])))
     return {**test_scores, "val": val_scores}
-
-
-def _share(correct: int, total: int) -> float:
-    return correct / total
 
 
 def cached_new_label_cell(
@@ -503,11 +500,11 @@ def markdown(summary: dict, datasets, labels_per_class, backbones, seeds: int) -
             "At the best validation round; Central: one GCN on the same labelled, validation and test nodes.",
             "",
         ]
-        header = " | ".join(METHOD_LABELS[m] for m in NON_IID_COLUMNS)
-        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(NON_IID_COLUMNS)]
+        header = " | ".join(METHOD_LABELS[m] for m in NON_IID_METHODS)
+        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(NON_IID_METHODS)]
         for name in datasets:
             for lpc in labels_per_class:
-                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in NON_IID_COLUMNS]
+                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in NON_IID_METHODS]
                 if all(v is None for v in values):
                     continue
                 cells = " | ".join(_cell(v["ours"]) if v else "–" for v in values)

@@ -366,13 +366,28 @@ class BankPrivacy:
         if self.stopped_round is not None:
             return None
         new = [release for release in releases if release not in self.ledger.releases]
-        budget = self.policy.budget
-        if self.ledger.would_exceed(budget.epsilon, budget.delta, new, budget.accountant):
-            self.stopped_round = round_number
-            self.log.warning("privacy.budget_exhausted", round=round_number, budget=budget.epsilon)
-            return None
-        self.ledger.extend(new)
+        return self._normalised(contribution) if self._spend(round_number, new) else None
+
+    def _normalised(self, contribution: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every kind divided by the public w_max, as every bank's upload is (module doc)."""
         return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
+
+    def _spend(self, round_number: int, releases: Sequence) -> bool:
+        """Record ``releases`` in the ledger, before anything is released; False, and no contribution from
+        ``round_number`` on, when they would exceed the budget."""
+        budget = self.policy.budget
+        if self.ledger.would_exceed(budget.epsilon, budget.delta, releases, budget.accountant):
+            self.stopped_round = round_number
+            self.log.warning(
+                "privacy.budget_exhausted",
+                round=round_number,
+                spent=self.ledger.epsilon(budget.delta, budget.accountant),
+                budget=budget.epsilon,
+                action=budget.on_exhausted,
+            )
+            return False
+        self.ledger.extend(releases)
+        return True
 
     def protect(
         self,
@@ -387,34 +402,18 @@ class BankPrivacy:
         ``reference_weights`` the W̄ the bank started from, ``client_weight`` w_k. See the module
         doc for the clipping, the noise scale and the normalisation by ``w_max``.
         """
-        if not self.active:  # no DP: normalised by the public w_max only, as every bank's upload is
-            return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
+        if not self.active:  # no DP: normalised by the public w_max only
+            return self._normalised(contribution)
         if self.stopped_round is not None:
             return None
         if self.policy.dp.source_only:
             # edge / label unit: everything uploaded is post-processing of the one-off release; normalised only
-            budget = self.policy.budget
-            if self.ledger.would_exceed(budget.epsilon, budget.delta, [], budget.accountant):
-                self.stopped_round = round_number
-                self.log.warning("privacy.budget_exhausted", round=round_number, budget=budget.epsilon)
-                return None
-            return {kind: tensor / self.normaliser for kind, tensor in contribution.items()}
+            return self._normalised(contribution) if self._spend(round_number, []) else None
         kinds_without_dp = [k for k in contribution if k in DATA_KINDS and not self.policy.dp.protects(k)]
         if kinds_without_dp:
             raise PolicyError(f"{self.bank}: {kinds_without_dp} would leave the bank without a DP channel; refusing")
-        budget = self.policy.budget
-        releases = round_releases(self.policy, round_number)
-        if self.ledger.would_exceed(budget.epsilon, budget.delta, releases, budget.accountant):
-            self.stopped_round = round_number
-            self.log.warning(
-                "privacy.budget_exhausted",
-                round=round_number,
-                spent=self.ledger.epsilon(budget.delta, budget.accountant),
-                budget=budget.epsilon,
-                action=budget.on_exhausted,
-            )
+        if not self._spend(round_number, round_releases(self.policy, round_number)):
             return None
-        self.ledger.extend(releases)  # recorded before anything is released
         scale = float(client_weight) / self.normaliser
         protected: dict[str, torch.Tensor] = {}
         for kind, tensor in contribution.items():

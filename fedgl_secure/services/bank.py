@@ -78,7 +78,7 @@ from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_arrays_atomically, write_atomically
 from fedgl_secure.log import configure_logging, get_logger
-from fedgl_secure.methods import apply_in_method_policy, build_method, in_method_mechanism
+from fedgl_secure.methods import build_method, in_method_mechanism
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
@@ -196,9 +196,11 @@ class BankWorker:
         self.name = name
         self.federation = federation
         self.client_index = client_index
-        # a node mechanism inside its method (the class sums) fixes the method's ε, δ and rounds from the policy
-        self.in_method = in_method_mechanism(policy)
-        config = apply_in_method_policy(config, policy)
+        # a node mechanism inside its method (the class sums) fixes the method's ε, δ and rounds from the policy,
+        # and its releases (ledger channels, what each round releases) replace the per-upload DP step
+        in_method = in_method_mechanism(policy)
+        config = config if in_method is None else in_method.apply_policy(config, policy)
+        self.method_releases = None if in_method is None else in_method.releases(config)
         self.config = config
         self.graph_data = graph
         self.aggregator = aggregator
@@ -248,8 +250,8 @@ class BankWorker:
         ledger = PrivacyLedger.load(self.ledger_path) if self.ledger_path.exists() else None
         if ledger is not None and ledger.bank != self.name:
             raise ConfigError(f"{self.ledger_path}: the ledger of {ledger.bank!r}, not of {self.name!r}")
-        if ledger is None and self.in_method is not None:  # a ledger of the method's own channels (class sums)
-            channels, _ = self.in_method.releases(self.config)
+        if ledger is None and self.method_releases is not None:  # a ledger of the method's own channels
+            channels, _ = self.method_releases
             ledger = PrivacyLedger(self.name, channels=tuple(channels))
         graph_path = self.state_dir / PREPARED_GRAPH_FILE
         releases_edges = any(release.channel == EDGES for release in setup_releases(self.policy))
@@ -324,8 +326,8 @@ class BankWorker:
         key = (view.round, view.base_version)
         if key not in session.released:
             k = self.client_index
-            if self.in_method is not None:  # the method's own release, recorded; no per-upload DP step
-                _, releases_of_round = self.in_method.releases(self.config)
+            if self.method_releases is not None:  # the method's own release, recorded; no per-upload DP step
+                _, releases_of_round = self.method_releases
                 protected = self.bank_privacy.release_in_method(view.round, contribution, releases_of_round(view.round))
                 released = {} if protected is None else {k: protected}
             else:
