@@ -392,6 +392,9 @@ def reproduce_graphfl(
         "10,40,80"
     ),
     backbones: Annotated[str, typer.Option(help="new label domain: comma-separated gcn, sgc")] = "gcn,sgc",
+    non_iid_methods: Annotated[
+        str, typer.Option(help="non-IID columns, comma-separated (default all, in table order)")
+    ] = "local,federated,federated+st,graphfl,graphfl+st,centralized",
     output_dir: Annotated[Path, typer.Option(help="where graphfl.md, graphfl.json and runs/ go")] = Path(
         "results/graphfl"
     ),
@@ -400,7 +403,7 @@ def reproduce_graphfl(
 ) -> None:
     """Run the GraphFL paper's experiments (non-IID, new label domain, self-training); write graphfl.md/.json."""
     from fedgl_secure.data.registry import DATASETS
-    from fedgl_secure.methods.graphfl_experiments import PARTS, run_graphfl_reproduction
+    from fedgl_secure.methods.graphfl_experiments import PARTS, non_iid_columns, run_graphfl_reproduction
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
@@ -421,9 +424,18 @@ def reproduce_graphfl(
             raise ConfigError(f"--labels-per-class: {labels_per_class!r} is not a list of integers") from None
         if not counts or min(counts) < 1:
             raise ConfigError("--labels-per-class: give at least one count, each >= 1")
+        columns = non_iid_columns([m.strip() for m in non_iid_methods.split(",") if m.strip()])
         root = str(data_root) if data_root else None
         run_graphfl_reproduction(
-            dataset_list, seeds, output_dir, root, parse_assignments(set_ or []), part_list, counts, backbone_list
+            dataset_list,
+            seeds,
+            output_dir,
+            root,
+            parse_assignments(set_ or []),
+            part_list,
+            counts,
+            backbone_list,
+            non_iid_methods=columns,
         )
     except FedGLError as error:
         _fail(error)

@@ -47,6 +47,7 @@ from fedgl_secure.engine.evaluation import ratio
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.self_training import candidate_nodes, local_class_probabilities, most_confident_per_class
 from fedgl_secure.engine.simulation import method_initial_parameters, run_experiment, run_round_stages
+from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.methods.fedavg import FedAvg
@@ -367,6 +368,40 @@ def new_label_cell(
 PARTS = ("non-iid", "new-label", "self-training")
 
 
+def non_iid_columns(names: Sequence[str]) -> tuple[str, ...]:
+    """The asked non-IID methods in table order (``--non-iid-methods``), each once; an unknown name is refused
+    with the allowed ones (a typo must not silently drop a column from an hour of runs)."""
+    for name in names:
+        if name not in NON_IID_METHODS:
+            raise ConfigError(f"--non-iid-methods: unknown method {name!r}; choose from {', '.join(NON_IID_METHODS)}")
+    if not names:
+        raise ConfigError(f"--non-iid-methods: give at least one of {', '.join(NON_IID_METHODS)}")
+    return tuple(m for m in NON_IID_METHODS if m in names)
+
+
+def reproduction_jobs(
+    datasets: Sequence[str],
+    seeds: int,
+    parts: Sequence[str],
+    labels_per_class: Sequence[int],
+    backbones: Sequence[str],
+    non_iid_methods: Sequence[str] = NON_IID_METHODS,
+) -> list[tuple]:
+    """The cells to run, in order: ``(part, dataset, seed, variant, labels per class)``."""
+    jobs: list[tuple] = []
+    for name in datasets:
+        for seed in range(seeds):
+            if "self-training" in parts:
+                jobs.append(("self-training", name, seed, None, None))
+            if "new-label" in parts:
+                jobs.extend(("new-label", name, seed, backbone, None) for backbone in backbones)
+            if "non-iid" in parts:
+                jobs.extend(
+                    ("non-iid", name, seed, method, lpc) for lpc in labels_per_class for method in non_iid_methods
+                )
+    return jobs
+
+
 def run_graphfl_reproduction(
     datasets: Sequence[str],
     seeds: int,
@@ -378,22 +413,22 @@ def run_graphfl_reproduction(
     backbones: Sequence[str] = ("gcn", "sgc"),
     repeats: int = 10,
     self_training_epochs: int = 100,
+    non_iid_methods: Sequence[str] = NON_IID_METHODS,
 ) -> dict:
-    """Run the asked parts for every dataset and seed 0..seeds-1; write graphfl.md and graphfl.json."""
+    """Run the asked parts for every dataset and seed 0..seeds-1 (the non-IID part: the ``non_iid_methods``
+    columns only); write graphfl.md and graphfl.json."""
     log = get_logger(experiment="reproduce-graphfl")
     runs = output_dir / "runs"
-    report: dict = {"seeds": seeds, "overrides": overrides, "non_iid": {}, "new_label": {}, "self_training": {}}
-    jobs = []
-    for name in datasets:
-        for seed in range(seeds):
-            if "self-training" in parts:
-                jobs.append(("self-training", name, seed, None, None))
-            if "new-label" in parts:
-                jobs.extend(("new-label", name, seed, backbone, None) for backbone in backbones)
-            if "non-iid" in parts:
-                jobs.extend(
-                    ("non-iid", name, seed, method, lpc) for lpc in labels_per_class for method in NON_IID_METHODS
-                )
+    columns = non_iid_columns(non_iid_methods)
+    report: dict = {
+        "seeds": seeds,
+        "overrides": overrides,
+        "non_iid_methods": list(columns),
+        "non_iid": {},
+        "new_label": {},
+        "self_training": {},
+    }
+    jobs = reproduction_jobs(datasets, seeds, parts, labels_per_class, backbones, columns)
     loaded: dict[str, GraphDataset] = {}
     for part, name, seed, variant, lpc in tqdm(jobs, desc="reproduce graphfl", unit="cell"):
         if name not in loaded:
@@ -426,7 +461,7 @@ def run_graphfl_reproduction(
     output_dir.mkdir(parents=True, exist_ok=True)
     summary = summarise(report, datasets, labels_per_class, backbones)
     (output_dir / "graphfl.json").write_text(json.dumps({**report, "summary": summary}, indent=1))
-    (output_dir / "graphfl.md").write_text(markdown(summary, datasets, labels_per_class, backbones, seeds))
+    (output_dir / "graphfl.md").write_text(markdown(summary, datasets, labels_per_class, backbones, seeds, columns))
     return summary
 
 
@@ -468,7 +503,9 @@ def _cell(mean_std: Sequence[float]) -> str:
     return f"{mean_std[0]:.3f} ± {mean_std[1]:.3f}"
 
 
-def markdown(summary: dict, datasets, labels_per_class, backbones, seeds: int) -> str:
+def markdown(
+    summary: dict, datasets, labels_per_class, backbones, seeds: int, non_iid_methods: Sequence[str] = NON_IID_METHODS
+) -> str:
     lines = [f"# GraphFL reproduction (seeds 0-{seeds - 1}; mean ± std over seeds; paper in brackets)", ""]
     if summary["new_label"]:
         lines += ["## New label domain (paper Table 2): accuracy on the K₀ = 2 new classes", ""]
@@ -500,11 +537,11 @@ def markdown(summary: dict, datasets, labels_per_class, backbones, seeds: int) -
             "At the best validation round; Central: one GCN on the same labelled, validation and test nodes.",
             "",
         ]
-        header = " | ".join(METHOD_LABELS[m] for m in NON_IID_METHODS)
-        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(NON_IID_METHODS)]
+        header = " | ".join(METHOD_LABELS[m] for m in non_iid_methods)  # only the columns that ran
+        lines += [f"| dataset | labels per class | {header} |", "|---|---|" + "---|" * len(non_iid_methods)]
         for name in datasets:
             for lpc in labels_per_class:
-                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in NON_IID_METHODS]
+                values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in non_iid_methods]
                 if all(v is None for v in values):
                     continue
                 cells = " | ".join(_cell(v["ours"]) if v else "–" for v in values)
