@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedgl_secure import cli
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import graphfl_experiments
 from fedgl_secure.methods.graphfl_experiments import (
@@ -16,9 +17,17 @@ from fedgl_secure.methods.graphfl_experiments import (
     non_iid_columns,
     reproduction_jobs,
     run_graphfl_reproduction,
+    undrawable,
 )
 
 WITHOUT_SELF_TRAINING = ("local", "federated", "graphfl", "centralized")
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    """1,700 nodes in 4 classes leave ~50 per class outside the 1,000 test and 500 validation nodes: 10 labels per
+    class can be drawn, 100 cannot."""
+    return synthetic_consortium(seed=0, num_nodes=1700, num_features=40)
 
 
 def test_the_asked_columns_come_back_in_table_order_once_each():
@@ -47,7 +56,7 @@ def test_the_job_list_holds_only_the_asked_non_iid_columns():
     assert sum(part == "self-training" for part, *_ in everything) == 1
 
 
-def test_the_command_runs_and_reports_only_the_asked_columns(tmp_path, monkeypatch):
+def test_the_command_runs_and_reports_only_the_asked_columns(tmp_path, monkeypatch, dataset):
     """The wiring, with every cell stubbed (no training): only the asked variants are computed, and the markdown
     header and the JSON name those columns and no other."""
     computed = []
@@ -56,16 +65,17 @@ def test_the_command_runs_and_reports_only_the_asked_columns(tmp_path, monkeypat
         computed.append((variant, lpc, seed))
         return {"test": 0.5, "val": 0.5, "best_round": 1}
 
-    monkeypatch.setattr(graphfl_experiments, "load_dataset", lambda name, root, seed: name)
+    monkeypatch.setattr(graphfl_experiments, "load_dataset", lambda name, root, seed: dataset)
     monkeypatch.setattr(graphfl_experiments, "cached_non_iid_cell", fake_cell)
     asked = ("federated", "graphfl")
-    run_graphfl_reproduction(["cora"], 1, tmp_path, None, {}, ["non-iid"], [40], non_iid_methods=asked)
-    assert sorted(computed) == [("federated", 40, 0), ("graphfl", 40, 0)]
+    run_graphfl_reproduction(["cora"], 1, tmp_path, None, {}, ["non-iid"], [10], non_iid_methods=asked)
+    assert sorted(computed) == [("federated", 10, 0), ("graphfl", 10, 0)]
     header = next(line for line in (tmp_path / "graphfl.md").read_text().splitlines() if "labels per class |" in line)
     assert header == "| dataset | labels per class | FL | GraphFL |"
     report = json.loads((tmp_path / "graphfl.json").read_text())
     assert report["non_iid_methods"] == list(asked)
-    assert sorted(report["summary"]["non_iid"]) == ["cora/40/federated", "cora/40/graphfl"]
+    assert sorted(report["summary"]["non_iid"]) == ["cora/10/federated", "cora/10/graphfl"]
+    assert report["not_drawn"] == []
 
 
 def test_the_cli_refuses_a_bad_column_before_running_and_defaults_to_every_column(tmp_path):
@@ -76,3 +86,24 @@ def test_the_cli_refuses_a_bad_column_before_running_and_defaults_to_every_colum
     assert not (tmp_path / "graphfl.md").exists()
     default = inspect.signature(cli.reproduce_graphfl).parameters["non_iid_methods"].default
     assert tuple(default.split(",")) == NON_IID_METHODS
+
+
+def test_a_seed_whose_split_cannot_be_drawn_is_skipped_and_named(tmp_path, monkeypatch, dataset):
+    """A cell whose clients cannot be drawn is skipped (not run, not summarised) and named in the JSON and the
+    markdown; the drawable cells still run."""
+    assert undrawable(dataset, 10, 0) is None
+    assert "labels_per_class = 100" in undrawable(dataset, 100, 0)
+    computed = []
+
+    def fake_cell(runs, data, variant, lpc, seed, overrides):
+        computed.append((variant, lpc))
+        return {"test": 0.5, "val": 0.5, "best_round": 1}
+
+    monkeypatch.setattr(graphfl_experiments, "load_dataset", lambda name, root, seed: dataset)
+    monkeypatch.setattr(graphfl_experiments, "cached_non_iid_cell", fake_cell)
+    run_graphfl_reproduction(["cora"], 1, tmp_path, None, {}, ["non-iid"], [10, 100], non_iid_methods=["graphfl"])
+    assert computed == [("graphfl", 10)]
+    report = json.loads((tmp_path / "graphfl.json").read_text())
+    assert report["not_drawn"] == [{"part": "non-iid", "dataset": "cora", "seed": 0, "variant": "graphfl", "lpc": 100}]
+    assert list(report["summary"]["non_iid"]) == ["cora/10/graphfl"]
+    assert "* non-iid cora at 100 labels per class: seeds 0" in (tmp_path / "graphfl.md").read_text()
