@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from graphfl_examples import HAND_FEATURES, HAND_LABELS, hand_graph
 
 from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
@@ -71,19 +72,7 @@ def _linear_softmax_gradient(x: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.
 def test_one_client_round_of_the_meta_stage_by_hand():
     """A 1-hop SGC on a graph without edges (Â = I) is softmax(XW + b): one support step, the query gradient
     at the adapted parameters, and the plain meta step, all recomputed with numpy's closed form."""
-    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.5], [0.5, 2.0], [1.5, 1.0]], dtype=np.float32)
-    labels = np.array([0, 1, 1, 0, 1, 0])
-    graph = GraphDataset(
-        "hand",
-        sp.csr_matrix(x),
-        labels,
-        np.zeros((2, 0), dtype=np.int64),
-        np.ones(6, dtype=bool),
-        np.zeros(6, dtype=bool),
-        np.zeros(6, dtype=bool),
-        2,
-        np.arange(6),
-    )
+    x, labels, graph = HAND_FEATURES, HAND_LABELS, hand_graph()
     config = build_config(
         {
             "method": "graphfl",

@@ -197,7 +197,8 @@ class Fed2GNNConfig(_Section):
 
 
 class GraphFLConfig(_Section):
-    """GraphFL (methods/graphfl.py): MAML-style federated training (Algorithm 1), first-order.
+    """GraphFL (methods/graphfl.py): MAML-style federated training (Algorithm 1), first-order by default,
+    second-order with ``meta_order = 2`` (methods/maml.py).
 
     Defaults follow the authors' code where the paper is silent (inner SGD at 0.01, Adam as the meta
     optimiser at 0.02 with weight decay 5e-4) and the paper's T_e = 15; docs/reproduction.md says
@@ -222,6 +223,22 @@ class GraphFLConfig(_Section):
     query_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="a client's labelled share in its query set")
     backbone: Literal["gcn", "sgc"] = "gcn"
     sgc_hops: int = Field(2, ge=1, description="K of SGC's Â^K X W")
+    meta_order: Literal[1, 2] = Field(
+        1,
+        description="1: first-order MAML (the query gradient at the adapted parameters, as the authors' code); "
+        "2: the exact gradient through the T_e inner steps (plain SGD, or adam with inner_state = 'fresh')",
+    )
+
+    @model_validator(mode="after")
+    def _second_order_needs_a_differentiable_inner_loop(self) -> GraphFLConfig:
+        # the client's own Adam carries moments from earlier rounds that are not functions of θ_t, and stepping it
+        # inside autograd would need its state rewritten; a fresh Adam or plain SGD is a function of θ_t alone
+        if self.meta_order == 2 and self.inner_optimizer == "adam" and self.inner_state == "client":
+            raise ValueError(
+                "meta_order: 2 differentiates through the inner steps, which needs inner_optimizer = 'sgd' or "
+                "inner_state = 'fresh' (the client's own Adam keeps moments from earlier rounds)"
+            )
+        return self
 
 
 class SelfTrainingConfig(_Section):

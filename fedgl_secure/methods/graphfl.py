@@ -6,10 +6,12 @@ takes the meta step θ̂_t = θ_t − β ḡ with ḡ the clients' weighted mean
 Stage ``finetune``: every sampled client fine-tunes θ̂_t on its support set for T_e steps and uploads
 its weights; the server averages them (FedAvg, Eq. 10 of FedGL) into θ_{t+1}.
 
-**First-order MAML.** The query gradient is taken at the adapted parameters and used as the gradient
-at θ_t (the Jacobian of the inner steps is dropped), as the authors' code does (its inner gradients
-are not differentiated through). It keeps the upload one gradient vector and the client's cost two
-backward passes per step.
+**First-order MAML** (``graphfl.meta_order = 1``, the default). The query gradient is taken at the
+adapted parameters and used as the gradient at θ_t (the Jacobian of the inner steps is dropped), as the
+authors' code does (its inner gradients are not differentiated through); the client's cost is one
+backward pass per step. ``meta_order = 2`` uploads the exact gradient of the query loss with respect to
+θ_t through the T_e inner steps (:mod:`fedgl_secure.methods.maml`): the same upload, at the cost of
+Hessian-vector products.
 
 **The meta step's β** applies to the weighted *mean* of the query gradients; the paper writes
 ``θ_t − β Σ_i g_i``, which equals ours with β multiplied by the number of sampled clients when their
@@ -41,6 +43,7 @@ from fedgl_secure.methods.base import (
     split_weights_sum,
     weights_term,
 )
+from fedgl_secure.methods.maml import second_order_meta_gradient
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sgc import SGC
 from fedgl_secure.model.sparse import SparseOperator
@@ -213,19 +216,42 @@ class GraphFL:
     def stage_contribution(self, stage: str, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
         """``meta``: T_e support steps from θ_t, then the query gradient; ``finetune``: T_e support steps from θ̂_t."""
         support, query = self.support_query(trainer)
-        adjacency = trainer.own_adjacency()
-        model, graph = trainer.model, trainer.graph
+        model = trainer.model
         model.load_flat_parameters(broadcast.weights)
-        self.adapt(model, graph, adjacency, support, trainer.generator, trainer.optimizer)
         weight = client_weight(trainer.num_nodes)
         if stage == META:
-            gradient = loss_gradient(model, graph, adjacency, query, trainer.generator)
+            gradient = self._meta_gradient(trainer, support, query)
             # a client without query nodes has no term in the meta objective: weight 0, or its zero gradient
             # would shrink ḡ by its share (most clients at 10 labels per class hold one node, support only)
             return {META_GRADIENTS: weights_term(weight if query.numel() > 0 else 0.0, gradient.cpu())}
         if stage == FINETUNE:
+            self.adapt(model, trainer.graph, trainer.own_adjacency(), support, trainer.generator, trainer.optimizer)
             return {WEIGHTS: weights_term(weight, model.flat_parameters().cpu())}
         raise ValueError(f"graphfl has no stage {stage!r}; its stages are {self.stages}")
+
+    def _meta_gradient(self, trainer: LocalTrainer, support: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """The client's meta term from θ_t (loaded in its model): first-order, ∇L_q at the adapted parameters after
+        T_e support steps; second-order, ∇_θ L_q(U(θ)) through those steps
+        (:func:`~fedgl_secure.methods.maml.second_order_meta_gradient`). Either way the model is left adapted."""
+        adjacency = trainer.own_adjacency()
+        model, graph, generator = trainer.model, trainer.graph, trainer.generator
+        settings = self.settings
+        if settings.meta_order == 1:
+            self.adapt(model, graph, adjacency, support, generator, trainer.optimizer)
+            return loss_gradient(model, graph, adjacency, query, generator)
+        gradient, adapted = second_order_meta_gradient(
+            model,
+            graph,
+            adjacency,
+            support,
+            query,
+            settings.inner_steps,
+            settings.inner_learning_rate,
+            generator,
+            settings.inner_optimizer,
+        )
+        model.load_flat_parameters(adapted)
+        return gradient
 
     # --- the server's side ------------------------------------------------------------------
 
