@@ -379,3 +379,10 @@ def test_a_large_upload_is_encrypted_on_the_banks_pool_and_decrypts_to_its_terms
         term = centre_term(upload.kind, contribution[upload.kind].double().numpy().reshape(-1), centre)
         decrypted = ckks.decrypt_vector(small_context, upload.chunks, upload.length)
         np.testing.assert_allclose(decrypted, term, atol=1e-4)
+
+
+def test_a_bank_refuses_self_training_at_start_as_the_aggregator_does(world, small_policy):
+    """A consortium bank does not self-train: its worker refuses the option by name instead of ignoring it."""
+    config = build_config({**CONFIG.model_dump(mode="json"), "method": "graphfl", "self_training": {"per_class": 3}})
+    with pytest.raises(ConfigError, match="self_training.per_class: the consortium services do not self-train"):
+        bank_a(world, small_policy, None, config=config)

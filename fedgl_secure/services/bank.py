@@ -74,6 +74,7 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.score_histograms import score_histogram
+from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_arrays_atomically, write_atomically
@@ -213,6 +214,7 @@ class BankWorker:
         self.pseudonym_key = pseudonym_key
         self.poll_seconds = poll_seconds
         check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
+        check_self_training_services(config)  # as the aggregator: refused, not silently ignored
         if (config.method == "fed2gnn") != (reconstruction is not None):
             raise ConfigError(f"{name}: method {config.method!r} and the Fed²GNN set-up must come together")
         self.reconstruction = reconstruction
