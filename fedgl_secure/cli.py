@@ -386,12 +386,13 @@ def reproduce_graphfl(
     datasets: Annotated[str, typer.Option(help="comma-separated datasets")] = "cora,citeseer",
     seeds: Annotated[int, typer.Option(min=1, help="seeds 0..N-1 per cell")] = 5,
     parts: Annotated[
-        str, typer.Option(help="comma-separated: non-iid, new-label, self-training")
+        str, typer.Option(help="comma-separated: non-iid, new-label, self-training, overlap")
     ] = "non-iid,new-label,self-training",
     labels_per_class: Annotated[str, typer.Option(help="non-IID: labelled nodes per class, comma-separated")] = (
         "10,40,80"
     ),
     backbones: Annotated[str, typer.Option(help="new label domain: comma-separated gcn, sgc")] = "gcn,sgc",
+    overlaps: Annotated[str, typer.Option(help="overlap part: the shared fractions γ, comma-separated")] = "0,0.1,0.3",
     non_iid_methods: Annotated[
         str, typer.Option(help="non-IID columns, comma-separated (default all, in table order)")
     ] = "local,federated,federated+st,graphfl,graphfl+st,centralized",
@@ -401,9 +402,11 @@ def reproduce_graphfl(
     data_root: Annotated[Path | None, typer.Option(help="directory holding <dataset>/raw/")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override: section.field=value")] = None,
 ) -> None:
-    """Run the GraphFL paper's experiments (non-IID, new label domain, self-training); write graphfl.md/.json."""
+    """Run the GraphFL paper's experiments (non-IID, new label domain, self-training); write graphfl.md/.json
+    (the overlap variant: graphfl_overlap.md/.json)."""
     from fedgl_secure.data.registry import DATASETS
     from fedgl_secure.methods.graphfl_experiments import PARTS, non_iid_columns, run_graphfl_reproduction
+    from fedgl_secure.methods.graphfl_overlap import OVERLAP_PART, parse_overlaps, run_graphfl_overlap
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
@@ -412,8 +415,8 @@ def reproduce_graphfl(
                 raise ConfigError(f"--datasets: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
         part_list = [p.strip() for p in parts.split(",") if p.strip()]
         for name in part_list:
-            if name not in PARTS:
-                raise ConfigError(f"--parts: unknown part {name!r}; choose from {', '.join(PARTS)}")
+            if name not in (*PARTS, OVERLAP_PART):
+                raise ConfigError(f"--parts: unknown part {name!r}; choose from {', '.join((*PARTS, OVERLAP_PART))}")
         backbone_list = [b.strip() for b in backbones.split(",") if b.strip()]
         for name in backbone_list:
             if name not in ("gcn", "sgc"):
@@ -426,6 +429,14 @@ def reproduce_graphfl(
             raise ConfigError("--labels-per-class: give at least one count, each >= 1")
         columns = non_iid_columns([m.strip() for m in non_iid_methods.split(",") if m.strip()])
         root = str(data_root) if data_root else None
+        if OVERLAP_PART in part_list:
+            run_graphfl_overlap(
+                dataset_list, seeds, output_dir, root, parse_assignments(set_ or []), counts, parse_overlaps(overlaps)
+            )
+            typer.echo((output_dir / "graphfl_overlap.md").read_text())
+            part_list = [name for name in part_list if name != OVERLAP_PART]
+            if not part_list:  # graphfl.md/.json only when one of their parts runs
+                return
         run_graphfl_reproduction(
             dataset_list,
             seeds,

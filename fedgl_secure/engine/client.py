@@ -84,6 +84,11 @@ class LocalTrainer:
             return self.private_training.train(
                 self, adjacency, pseudo_labels, alpha, proximal_mu, epochs or self.config.local_epochs
             )
+        if not bool(self.graph.train_mask.any()) and (pseudo_labels is None or alpha == 0.0):
+            # no labelled node (e.g. a subgraph client of GraphFL's overlap variant): nothing to fit. The mean
+            # cross-entropy over no nodes is nan with a zero gradient, so the epochs would apply only the L2 weight
+            # decay, which Adam turns into steps of ~lr towards 0; the client keeps W̄, as GraphFL's steps do
+            return 0.0
         anchor = [p.detach().clone() for p in self.model.parameters()] if proximal_mu > 0 else None
         self.model.train()
         loss = torch.zeros(())
