@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.engine.config import GraphFLConfig
 from fedgl_secure.methods.graphfl_experiments import (
     cached_new_label_cell,
     evaluate_new_label,
@@ -33,14 +34,36 @@ from fedgl_secure.methods.graphfl_experiments import (
     train_new_label_models,
 )
 
-SETTINGS = {  # name: the adaptation setting as graphfl overrides (all three fields, so keys never depend on defaults)
-    "sgd α=0.01": {"inner_optimizer": "sgd", "inner_learning_rate": 0.01, "inner_state": "fresh"},
-    "sgd α=0.1": {"inner_optimizer": "sgd", "inner_learning_rate": 0.1, "inner_state": "fresh"},
-    "sgd α=0.5": {"inner_optimizer": "sgd", "inner_learning_rate": 0.5, "inner_state": "fresh"},
-    "sgd α=1.0": {"inner_optimizer": "sgd", "inner_learning_rate": 1.0, "inner_state": "fresh"},
-    "adam lr=0.01": {"inner_optimizer": "adam", "inner_learning_rate": 0.01, "inner_state": "fresh"},
-    "adam lr=0.05": {"inner_optimizer": "adam", "inner_learning_rate": 0.05, "inner_state": "fresh"},
+DEFAULT_META = GraphFLConfig()  # --method graphfl's own meta step: Adam at β = 0.02, first order
+
+
+def setting(
+    optimizer: str, rate: float, meta_learning_rate: float | None = None, meta_order: int | None = None
+) -> dict:
+    """An adaptation setting (fresh inner state) with the meta step it trains under, every field explicit so a cell's
+    key never depends on a default: β and the MAML order default to ``--method graphfl``'s."""
+    return {
+        "inner_optimizer": optimizer,
+        "inner_learning_rate": rate,
+        "inner_state": "fresh",
+        "meta_learning_rate": DEFAULT_META.meta_learning_rate if meta_learning_rate is None else meta_learning_rate,
+        "meta_order": DEFAULT_META.meta_order if meta_order is None else meta_order,
+    }
+
+
+SETTINGS = {  # name: graphfl overrides. First the adaptation (inner optimiser, α), then β and the order at its winner
+    "sgd α=0.01": setting("sgd", 0.01),
+    "sgd α=0.1": setting("sgd", 0.1),
+    "sgd α=0.5": setting("sgd", 0.5),
+    "sgd α=1.0": setting("sgd", 1.0),
+    "adam lr=0.01": setting("adam", 0.01),
+    "adam lr=0.05": setting("adam", 0.05),
+    "adam lr=0.05 second-order": setting("adam", 0.05, meta_order=2),
+    "adam lr=0.05 β=0.005": setting("adam", 0.05, meta_learning_rate=0.005),
+    "adam lr=0.05 β=0.1": setting("adam", 0.05, meta_learning_rate=0.1),
+    "adam lr=0.05 β=0.3": setting("adam", 0.05, meta_learning_rate=0.3),
 }
+SETTING_KEYS = tuple(SETTINGS["sgd α=0.01"])
 REPEATS = 10
 BACKBONE = "gcn"
 
@@ -86,13 +109,15 @@ def table(results: dict) -> list[dict]:
 
 def cached_results(runs: Path) -> dict:
     """The grid's cells already in the cache, as ``run_one`` returns them (``{"dataset:seed": {setting: cell}}``)."""
-    names = {json.dumps(setting, sort_keys=True): name for name, setting in SETTINGS.items()}
+    names = {json.dumps(values, sort_keys=True): name for name, values in SETTINGS.items()}
     results: dict = {}
     for path in sorted(runs.glob("new-label-*.json")):
         stored = json.loads(path.read_text())
         key = stored["key"]
-        setting = {k: v for k, v in key["overrides"].get("graphfl", {}).items() if k in SETTINGS["sgd α=0.01"]}
-        name = names.get(json.dumps(setting, sort_keys=True))
+        stored_setting = key["overrides"].get("graphfl", {})
+        # a cell keyed before a field was explicit ran that field's default
+        values = {k: stored_setting.get(k, getattr(DEFAULT_META, k)) for k in SETTING_KEYS}
+        name = names.get(json.dumps(values, sort_keys=True))
         if key["variant"] == BACKBONE and key["repeats"] == REPEATS and name and set(key["overrides"]) == {"graphfl"}:
             results.setdefault(f"{key['dataset']}:{key['seed']}", {})[name] = stored["result"]
     return results

@@ -360,6 +360,29 @@ def test_the_non_iid_schedule_is_applied_and_a_set_override_wins_field_by_field(
     assert non_iid_schedule("local") == non_iid_schedule("centralized") == {}
 
 
+def test_the_new_label_experiment_runs_its_chosen_adaptation_and_meta_step_and_a_set_override_wins():
+    from fedgl_secure.methods.graphfl_experiments import (
+        NEW_LABEL_ADAPTATION,
+        NEW_LABEL_META_STEP,
+        new_label_adaptation,
+        protocol_config,
+    )
+
+    chosen = protocol_config("cora", "graphfl", 0, new_label_adaptation({})).graphfl
+    assert (
+        chosen.meta_learning_rate
+        == NEW_LABEL_META_STEP["meta_learning_rate"]
+        != build_config({}).graphfl.meta_learning_rate
+    )
+    assert (chosen.inner_optimizer, chosen.inner_learning_rate) == (
+        NEW_LABEL_ADAPTATION["inner_optimizer"],
+        NEW_LABEL_ADAPTATION["inner_learning_rate"],
+    )
+    overridden = protocol_config("cora", "graphfl", 0, new_label_adaptation({"graphfl": {"meta_learning_rate": 0.02}}))
+    assert overridden.graphfl.meta_learning_rate == 0.02
+    assert overridden.graphfl.inner_learning_rate == NEW_LABEL_ADAPTATION["inner_learning_rate"]
+
+
 def test_new_label_models_trained_alone_equal_those_trained_together(dataset):
     """The grid trains FL+TL's model once for every adaptation setting: that must be the same model."""
     from fedgl_secure.methods.graphfl_experiments import (
