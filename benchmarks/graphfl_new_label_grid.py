@@ -62,6 +62,7 @@ SETTINGS = {  # name: graphfl overrides. First the adaptation (inner optimiser, 
     "adam lr=0.05 β=0.005": setting("adam", 0.05, meta_learning_rate=0.005),
     "adam lr=0.05 β=0.1": setting("adam", 0.05, meta_learning_rate=0.1),
     "adam lr=0.05 β=0.3": setting("adam", 0.05, meta_learning_rate=0.3),
+    "adam lr=0.05 β=0.1 second-order": setting("adam", 0.05, meta_learning_rate=0.1, meta_order=2),
 }
 SETTING_KEYS = tuple(SETTINGS["sgd α=0.01"])
 REPEATS = 10
