@@ -151,7 +151,8 @@ def merge_sections(base: dict, extra: dict) -> dict:
     return merged
 
 
-def _cached(directory: Path, key: dict, compute: Callable[[], dict]) -> dict:
+def cached_result(directory: Path, key: dict, compute: Callable[[], dict]) -> dict:
+    """A cell's result from ``directory`` (a JSON file named by ``key``'s digest), else ``compute()``d and stored."""
     directory.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = directory / f"{key['experiment']}-{key['dataset']}-{key.get('seed', 0)}-{digest}.json"
@@ -208,7 +209,7 @@ def cached_non_iid_cell(
     if schedule:
         key["schedule"] = schedule
     settings = merge_sections(schedule, overrides)
-    return _cached(runs, key, partial(non_iid_cell, dataset, variant, labels_per_class, seed, settings))
+    return cached_result(runs, key, partial(non_iid_cell, dataset, variant, labels_per_class, seed, settings))
 
 
 # --- self-training --------------------------------------------------------------------------
@@ -354,7 +355,7 @@ def cached_new_label_cell(
         "overrides": new_label_adaptation(overrides),
         "repeats": repeats,
     }
-    return _cached(runs, key, compute)
+    return cached_result(runs, key, compute)
 
 
 def new_label_cell(
@@ -467,7 +468,7 @@ def run_graphfl_reproduction(
         }
         if part == "self-training":
             key["epochs"] = self_training_epochs
-            result = _cached(
+            result = cached_result(
                 runs,
                 key,
                 partial(self_training_cell, dataset, seed, overrides, SELF_TRAINING_COUNTS, self_training_epochs),
@@ -488,7 +489,8 @@ def run_graphfl_reproduction(
     return summary
 
 
-def _mean_std(values: Sequence[float]) -> list[float]:
+def mean_std(values: Sequence[float]) -> list[float]:
+    """[mean, population std] over seeds (nan, nan for none)."""
     return [float(np.mean(values)), float(np.std(values))] if values else [float("nan"), float("nan")]
 
 
@@ -500,8 +502,8 @@ def summarise(report: dict, datasets, labels_per_class, backbones) -> dict:
         paper = PAPER_TABLE2.get((backbone, name), {})
         summary["new_label"][key] = {
             method: {
-                "ours": [_mean_std([c[method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
-                "val": [_mean_std([c["val"][method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
+                "ours": [mean_std([c[method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
+                "val": [mean_std([c["val"][method][i] for c in cells]) for i in range(len(NEW_LABEL_SHOTS))],
                 "paper": list(paper.get(method, ())),
                 "seeds": len(cells),
             }
@@ -509,14 +511,14 @@ def summarise(report: dict, datasets, labels_per_class, backbones) -> dict:
         }
     for name, cells in report["self_training"].items():
         summary["self_training"][name] = {
-            "ours": [_mean_std([c[str(n)] for c in cells]) for n in SELF_TRAINING_COUNTS],
+            "ours": [mean_std([c[str(n)] for c in cells]) for n in SELF_TRAINING_COUNTS],
             "paper": list(PAPER_TABLE3.get(name, ())),
             "seeds": len(cells),
         }
     for key, cells in report["non_iid"].items():
         summary["non_iid"][key] = {
-            "ours": _mean_std([c["test"] for c in cells]),
-            "val": _mean_std([c["val"] for c in cells]),
+            "ours": mean_std([c["test"] for c in cells]),
+            "val": mean_std([c["val"] for c in cells]),
             "seeds": len(cells),
         }
     for cell in report.get("not_drawn", []):
@@ -527,8 +529,9 @@ def summarise(report: dict, datasets, labels_per_class, backbones) -> dict:
     return summary
 
 
-def _cell(mean_std: Sequence[float]) -> str:
-    return f"{mean_std[0]:.3f} ± {mean_std[1]:.3f}"
+def table_cell(values: Sequence[float]) -> str:
+    """A markdown table cell ``mean ± std`` from :func:`mean_std`."""
+    return f"{values[0]:.3f} ± {values[1]:.3f}"
 
 
 def markdown(
@@ -544,7 +547,7 @@ def markdown(
             for method, values in methods.items():
                 paper = values["paper"] or [float("nan")] * len(NEW_LABEL_SHOTS)
                 cells = " | ".join(
-                    f"{_cell(o)} [{p:.3f}] ({v[0]:.3f})"
+                    f"{table_cell(o)} [{p:.3f}] ({v[0]:.3f})"
                     for o, p, v in zip(values["ours"], paper, values["val"], strict=True)
                 )
                 lines.append(f"| {backbone.upper()} | {name} | {method.upper()} | {cells} |")
@@ -555,7 +558,7 @@ def markdown(
         lines += [f"| dataset | {header} |", "|---" * (len(SELF_TRAINING_COUNTS) + 1) + "|"]
         for name, values in summary["self_training"].items():
             paper = values["paper"] or [float("nan")] * len(SELF_TRAINING_COUNTS)
-            cells = " | ".join(f"{_cell(o)} [{p:.2f}]" for o, p in zip(values["ours"], paper, strict=True))
+            cells = " | ".join(f"{table_cell(o)} [{p:.2f}]" for o, p in zip(values["ours"], paper, strict=True))
             lines.append(f"| {name} | {cells} |")
         lines.append("")
     if summary["non_iid"]:
@@ -572,7 +575,7 @@ def markdown(
                 values = [summary["non_iid"].get(f"{name}/{lpc}/{m}") for m in non_iid_methods]
                 if all(v is None for v in values):
                     continue
-                cells = " | ".join(_cell(v["ours"]) if v else "–" for v in values)
+                cells = " | ".join(table_cell(v["ours"]) if v else "–" for v in values)
                 lines.append(f"| {name} | {lpc} | {cells} |")
         lines.append("")
     if summary.get("not_drawn"):

@@ -27,12 +27,12 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.methods.graphfl_experiments import (
     METHOD_LABELS,
     NUM_CLIENTS,
-    _cached,
-    _cell,
-    _mean_std,
+    cached_result,
+    mean_std,
     merge_sections,
     non_iid_schedule,
     protocol_config,
+    table_cell,
 )
 
 OVERLAP_PART = "overlap"
@@ -105,7 +105,7 @@ def cached_overlap_cell(
         "schedule": schedule,
     }
     settings = merge_sections(schedule, overrides)
-    return _cached(runs, key, partial(overlap_cell, dataset, method, labels_per_class, seed, overlap, settings))
+    return cached_result(runs, key, partial(overlap_cell, dataset, method, labels_per_class, seed, overlap, settings))
 
 
 def summarise_overlap(cells: dict) -> dict:
@@ -116,8 +116,8 @@ def summarise_overlap(cells: dict) -> dict:
         row: dict = {}
         for method, results in methods.items():
             row[method] = {
-                "ours": _mean_std([r["test"] for r in results]),
-                "val": _mean_std([r["val"] for r in results]),
+                "ours": mean_std([r["test"] for r in results]),
+                "val": mean_std([r["val"] for r in results]),
                 "per_seed": [[r["test"], r["val"]] for r in results],
                 "seeds": len(results),
             }
@@ -144,7 +144,7 @@ def overlap_markdown(summary: dict, seeds: int) -> str:
     ]
     for key, row in summary.items():
         name, lpc, overlap = key.split("/")
-        cells = " | ".join(_cell(row[m]["ours"]) if m in row else "–" for m in OVERLAP_METHODS)
+        cells = " | ".join(table_cell(row[m]["ours"]) if m in row else "–" for m in OVERLAP_METHODS)
         paired = row.get("graphfl_minus_fl")
         difference = f"{paired['mean']:+.3f} ± {paired['se']:.3f}" if paired else "–"
         division = row["division"]
