@@ -9,9 +9,7 @@ docs/reproduction.md, "Non-IID":
 import json
 import sys
 
-import numpy as np
-
-from fedgl_secure.methods.graphfl_experiments import METHOD_LABELS
+from fedgl_secure.methods.graphfl_experiments import METHOD_LABELS, mean_std, paired_difference, table_cell
 
 
 def drawn_seeds(report: dict, dataset: str, lpc: int) -> list[int]:
@@ -34,16 +32,14 @@ def main(path: str) -> None:
         cells = []
         for m in columns:
             test = [c["test"] for c in methods.get(m, [])]
-            cells.append(f"{np.mean(test):.3f} ± {np.std(test):.3f}" if test else "–")
+            cells.append(table_cell(mean_std(test)) if test else "–")
         print(f"| {dataset} | {lpc} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
     print()
     for (dataset, lpc), methods in rows.items():
         if "graphfl" in methods and "federated" in methods:
-            pairs = zip(methods["graphfl"], methods["federated"], strict=True)  # the same seeds, in order
-            gap = np.array([g["test"] - f["test"] for g, f in pairs])
-            error = gap.std(ddof=1) / np.sqrt(gap.size) if gap.size > 1 else float("nan")
-            per_seed = " / ".join(f"{d:+.3f}" for d in gap)
-            print(f"{dataset} {lpc}: GraphFL - FL {gap.mean():+.3f} (s.e. {error:.3f}; per seed {per_seed})")
+            gap = paired_difference(methods["federated"], methods["graphfl"])  # the same seeds, in order
+            per_seed = " / ".join(f"{d:+.3f}" for d in gap["per_seed"])
+            print(f"{dataset} {lpc}: GraphFL - FL {gap['mean']:+.3f} (s.e. {gap['se']:.3f}; per seed {per_seed})")
     print()
     for (dataset, lpc), methods in rows.items():
         seeds = drawn_seeds(report, dataset, lpc)

@@ -38,7 +38,10 @@ DEFAULT_META = GraphFLConfig()  # --method graphfl's own meta step: Adam at β =
 
 
 def setting(
-    optimizer: str, rate: float, meta_learning_rate: float | None = None, meta_order: int | None = None
+    optimizer: str,
+    rate: float,
+    meta_learning_rate: float = DEFAULT_META.meta_learning_rate,
+    meta_order: int = DEFAULT_META.meta_order,
 ) -> dict:
     """An adaptation setting (fresh inner state) with the meta step it trains under, every field explicit so a cell's
     key never depends on a default: β and the MAML order default to ``--method graphfl``'s."""
@@ -46,8 +49,8 @@ def setting(
         "inner_optimizer": optimizer,
         "inner_learning_rate": rate,
         "inner_state": "fresh",
-        "meta_learning_rate": DEFAULT_META.meta_learning_rate if meta_learning_rate is None else meta_learning_rate,
-        "meta_order": DEFAULT_META.meta_order if meta_order is None else meta_order,
+        "meta_learning_rate": meta_learning_rate,
+        "meta_order": meta_order,
     }
 
 

@@ -494,6 +494,14 @@ def mean_std(values: Sequence[float]) -> list[float]:
     return [float(np.mean(values)), float(np.std(values))] if values else [float("nan"), float("nan")]
 
 
+def paired_difference(baseline: Sequence[dict], other: Sequence[dict]) -> dict:
+    """``other`` − ``baseline`` test accuracy per seed (both lists of cells in the same seed order): the mean, its
+    standard error (std with ddof 1 over √n; nan for one seed) and the per-seed differences."""
+    per_seed = [o["test"] - b["test"] for b, o in zip(baseline, other, strict=True)]
+    error = float(np.std(per_seed, ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
+    return {"mean": float(np.mean(per_seed)), "se": error, "per_seed": per_seed}
+
+
 def summarise(report: dict, datasets, labels_per_class, backbones) -> dict:
     """Means and standard deviations over seeds, with the paper's numbers beside them."""
     summary: dict = {"new_label": {}, "self_training": {}, "non_iid": {}, "not_drawn": {}}

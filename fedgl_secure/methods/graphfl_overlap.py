@@ -31,6 +31,7 @@ from fedgl_secure.methods.graphfl_experiments import (
     mean_std,
     merge_sections,
     non_iid_schedule,
+    paired_difference,
     protocol_config,
     table_cell,
 )
@@ -124,9 +125,7 @@ def summarise_overlap(cells: dict) -> dict:
         first = next(iter(methods.values()))
         row["division"] = {name: float(np.mean([r[name] for r in first])) for name in DIVISION_STATISTICS}
         if "federated" in methods and "graphfl" in methods:
-            pairs = [g["test"] - f["test"] for f, g in zip(methods["federated"], methods["graphfl"], strict=False)]
-            error = float(np.std(pairs, ddof=1) / np.sqrt(len(pairs))) if len(pairs) > 1 else float("nan")
-            row["graphfl_minus_fl"] = {"mean": float(np.mean(pairs)), "se": error, "per_seed": pairs}
+            row["graphfl_minus_fl"] = paired_difference(methods["federated"], methods["graphfl"])
         summary[key] = row
     return summary
 

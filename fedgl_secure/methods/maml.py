@@ -71,15 +71,16 @@ def adapted_parameters(
     }
     names = list(parameters)
     beta1, beta2 = ADAM_BETAS
-    first = {name: torch.zeros_like(value) for name, value in parameters.items()}
-    second = {name: torch.zeros_like(value) for name, value in parameters.items()}
+    moments = optimizer == "adam"  # plain gradient steps keep no state
+    first = {name: torch.zeros_like(value) for name, value in parameters.items()} if moments else {}
+    second = {name: torch.zeros_like(value) for name, value in parameters.items()} if moments else {}
     model.train()
     for step in range(1, steps + 1):
         loss = functional_loss(model, parameters, graph, adjacency, nodes, generator)
         gradients = torch.autograd.grad(loss, [parameters[name] for name in names], create_graph=True)
         updated = {}
         for name, gradient in zip(names, gradients, strict=True):
-            if optimizer == "sgd":
+            if not moments:
                 updated[name] = parameters[name] - learning_rate * gradient
                 continue
             first[name] = beta1 * first[name] + (1.0 - beta1) * gradient

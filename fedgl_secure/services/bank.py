@@ -79,7 +79,7 @@ from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_arrays_atomically, write_atomically
 from fedgl_secure.log import configure_logging, get_logger
-from fedgl_secure.methods import build_method, in_method_mechanism
+from fedgl_secure.methods import apply_in_method_policy, build_method, in_method_mechanism
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
@@ -199,8 +199,8 @@ class BankWorker:
         self.client_index = client_index
         # a node mechanism inside its method (the class sums) fixes the method's ε, δ and rounds from the policy,
         # and its releases (ledger channels, what each round releases) replace the per-upload DP step
+        config = apply_in_method_policy(config, policy)
         in_method = in_method_mechanism(policy)
-        config = config if in_method is None else in_method.apply_policy(config, policy)
         self.method_releases = None if in_method is None else in_method.releases(config)
         self.config = config
         self.graph_data = graph
