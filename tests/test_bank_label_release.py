@@ -19,8 +19,10 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
+from fedgl_secure.privacy.label_release import StagedRelease
 from fedgl_secure.services.aggregator import check_consortium_can_run
-from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, PREPARED_GRAPH_FILE
+from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, PREPARED_GRAPH_FILE, release_settings
+from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE, load_staged_release, save_staged_release
 
 world = test_bank_privacy.world  # its fixture: the synthetic federation and bank-a's scripted rounds
 
@@ -147,20 +149,35 @@ def test_a_kept_release_made_under_other_label_settings_is_refused(world, small_
         run_worker(world, other, tmp_path, [], monkeypatch, random_bytes=dont_draw)
 
 
-@pytest.mark.parametrize("labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR])
-def test_the_consortium_accepts_every_release_a_bank_makes_alone(small_he, labels):
+@pytest.mark.parametrize("labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR, CONSORTIUM_PRIOR])
+def test_the_consortium_accepts_every_label_release(small_he, labels):
+    # the consortium prior too: the aggregator runs its FedAvg rounds before round 1 (test_consortium_label_dp.py)
     config = build_config({"method": "fedgl"})
     check_consortium(policy_from_dict(label_policy_dict(labels)), config)
     check_consortium_can_run(config, policy_from_dict(label_policy_dict(labels, small_he)), 3)
 
 
-def test_the_consortium_refuses_the_consortium_prior_naming_the_field(small_he):
-    config = build_config({"method": "fedgl"})
-    message = r"dp\.labels\.prior = 'consortium-sgc'.*fitted by all banks together.*stage the consortium services"
-    with pytest.raises(ConfigError, match=message):
-        check_consortium(policy_from_dict(label_policy_dict(CONSORTIUM_PRIOR)), config)
-    with pytest.raises(ConfigError, match=message):  # the aggregator at start, as every bank
-        check_consortium_can_run(config, policy_from_dict(label_policy_dict(CONSORTIUM_PRIOR, small_he)), 3)
+def test_a_release_in_progress_is_taken_back_as_it_was_and_refused_under_other_settings(tmp_path):
+    policy = policy_from_dict(label_policy_dict(CONSORTIUM_PRIOR))
+    settings = release_settings(policy)
+    rng = np.random.default_rng(0)
+    labels, train, val = rng.integers(0, 3, 40), np.arange(40) < 10, (np.arange(40) >= 10) & (np.arange(40) < 25)
+    release = StagedRelease(labels, train, val, 3, 1.0, 2, "validation-first", 0.5, _random_bytes=seeded_bytes(1))
+    path = tmp_path / STAGED_LABELS_FILE
+    save_staged_release(path, release, settings)
+
+    back = load_staged_release(path, policy, settings, 40, random_bytes=dont_draw)
+    assert back.released == 1 and not back.complete
+    for name, array in release.state().items():
+        np.testing.assert_array_equal(back.state()[name], array)
+    with pytest.raises(ValueError, match="stage 0 cannot be released: 1 of 2 are"):
+        back.release(0, np.full((40, 3), 1 / 3))  # a stage is released once, in order
+
+    other = policy_from_dict(label_policy_dict({**CONSORTIUM_PRIOR, "epsilon": 2.0}))
+    with pytest.raises(ConfigError, match="privacy-labels-staged.npz: a label release in progress under dp.labels"):
+        load_staged_release(path, other, release_settings(other), 40)
+    with pytest.raises(ConfigError, match="a release of 40 nodes, but this bank's graph has 41"):
+        load_staged_release(path, policy, settings, 41)
 
 
 def test_under_the_edge_unit_the_bank_still_releases_its_graph_once_and_keeps_it(

@@ -1,5 +1,6 @@
 """A real consortium under the label unit (``consortium up``): every bank releases its labels once, before round 1,
-keeps them in its state directory, records one ε, and the exported run passes the audit."""
+keeps them in its state directory, records one ε, and the exported run passes the audit — with each bank's own
+prior, and with the shipped policy's consortium prior, fitted in the aggregator's label-prior rounds."""
 
 from __future__ import annotations
 
@@ -8,26 +9,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomllib
-from consortium_harness import BANKS, SMALL_HE, run_consortium_to_the_end, write_consortium
+import torch
+from consortium_harness import BANKS, NODES, SMALL_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
-from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, consortium_slices
+from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
+from fedgl_secure.services.aggregator_store import AggregatorStore
+from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, bank_graph_tensors, consortium_slices
+from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.run_export import collect_consortium_run
+from fedgl_secure.wire.encodings import decode_arrays
 
 pytestmark = pytest.mark.slow
 
 SHIPPED = Path(__file__).resolve().parents[1] / "policies" / "label-dp.toml"
 
 
-def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_audit(tmp_path):
-    # the shipped label release with each bank's own prior (the shipped consortium prior is refused by the services)
-    labels = {**tomllib.loads(SHIPPED.read_text())["dp"]["labels"], "prior": "sgc"}
+def label_policy(prior: str) -> tuple[dict, dict]:
+    """The shipped ``[dp.labels]`` with ``prior``, and the policy additions that carry it."""
+    labels = {**tomllib.loads(SHIPPED.read_text())["dp"]["labels"], "prior": prior}
     policy = {
         "dp": {"unit": "label", "labels": labels},
         "budget": {"epsilon": labels["epsilon"], "delta": 1e-5, "rounds": 2},
     }
+    return labels, policy
+
+
+@pytest.mark.parametrize("prior", ["consortium-sgc", "sgc"])
+def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_audit(tmp_path, prior):
+    # the shipped label release (its consortium prior), and the same with each bank's own prior
+    labels, policy = label_policy(prior)
     consortium = write_consortium(tmp_path, max_rounds=2, method="fedgl", policy_extra=policy, he=SMALL_HE)
     run_consortium_to_the_end(consortium, rounds=2)
 
@@ -45,8 +59,83 @@ def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_aud
         np.testing.assert_array_equal(released[untouched], graph.labels[untouched])
         assert "privacy.ready" in (state / "logs" / f"{bank}.log").read_text()
 
+    if prior == "consortium-sgc":
+        check_the_banks_released_with_the_consortium_prior(state, slices, labels)
+
     run_dir = collect_consortium_run(consortium.consortium_path, tmp_path / "run")
     report = audit_run(run_dir, attacks=False)
     assert report.with_status("red") == [], [(key, check.name) for key, check in report.checks()]
     statuses = {f"{key}/{check.name}": check.status for key, check in report.checks()}
     assert statuses["audit-log/chain"] == "green"
+
+
+def check_the_banks_released_with_the_consortium_prior(state: Path, slices, labels: dict) -> None:
+    """The label-prior rounds came first (one round number each, all fitted), training took the next numbers, and
+    every bank's training labels were released by RRWithPrior with the prior the last of those rounds published:
+    their likelihood rows are that prior's transition, recomputed here from the bank's own graph."""
+    store = AggregatorStore(state / "aggregator" / "aggregator.sqlite3")
+    try:
+        rows = store.rounds()
+        steps = consortium_prior.prior_steps(labels["stages"])
+        assert [(row.round, row.base_version, row.status) for row in rows[:steps]] == [
+            (number, PRIOR_BASE_VERSION, PRIOR_FITTED) for number in range(1, steps + 1)
+        ]
+        assert [(row.round, row.status) for row in rows[steps:]] == [(steps + 1, "applied"), (steps + 2, "applied")]
+        published = decode_arrays(store.stage_model(steps, consortium_prior.LABEL_PRIOR_STAGE))["prior"]
+    finally:
+        store.close()
+    config = load_consortium(state.parent / "consortium.toml").experiment_config()
+    for bank, graph in zip(BANKS, slices, strict=True):
+        assert not (state / bank / STAGED_LABELS_FILE).exists()  # the release in progress is complete
+        tensors = bank_graph_tensors(state / bank, graph, torch.device("cpu"), config.training.normalize_features)
+        propagated = label_release.propagated_features(graph.adjacency(), tensors.features.to_scipy())
+        priors = label_release.at_temperature(
+            consortium_prior.prior_probabilities(torch.from_numpy(published), propagated, graph.num_classes),
+            labels["prior_temperature"],
+        )
+        with np.load(state / bank / LABEL_RELEASE_FILE) as kept:
+            released, likelihood = kept["labels"], kept["likelihood"]
+        train = graph.train_mask
+        expected = mechanisms.rr_with_prior_likelihood(priors[train], released[train], labels["epsilon"])
+        np.testing.assert_allclose(likelihood[train], expected, rtol=1e-5, atol=1e-9)
+
+
+def test_restarts_during_the_label_prior_rounds_neither_draw_again_nor_skip_a_round(tmp_path):
+    labels, policy = label_policy("consortium-sgc")
+    consortium = write_consortium(
+        tmp_path, max_rounds=2, policy_extra=policy, he=SMALL_HE, upload_seconds=10.0, liveness_seconds=2.0
+    )
+    state = consortium.root / "state"
+    consortium.start(*NODES)
+    try:
+        consortium.wait_for(lambda s: len(fitted_prior_rounds(s)) >= 3, "three label-prior rounds")
+        with np.load(state / "bank-c" / STAGED_LABELS_FILE) as staged:  # its stage 1, drawn at its start
+            drawn = staged["labels"].copy()
+        consortium.kill("bank-c")  # SIGKILL, mid-prior: its release is in progress
+        consortium.kill("aggregator")
+        consortium.start("aggregator", "bank-c")
+        status = consortium.wait_for(lambda s: s["phase"] == "finished", "the end after the restarts", timeout=300)
+    finally:
+        consortium.stop_all()
+
+    steps = consortium_prior.prior_steps(labels["stages"])
+    fitted = fitted_prior_rounds(status)
+    assert [row["round"] for row in fitted] == sorted(row["round"] for row in fitted) and len(fitted) == steps
+    training = [row for row in status["rounds"] if row["status"] == "applied"]
+    assert [row["base_version"] for row in training] == [0, 1]
+    assert min(row["round"] for row in training) > max(row["round"] for row in fitted)
+    assert "privacy.labels_in_progress" in consortium.logs("bank-c")  # taken back from disk, not drawn
+    graph = consortium_slices(load_consortium(consortium.consortium_path).experiment_config(), None)[2]
+    with np.load(state / "bank-c" / LABEL_RELEASE_FILE) as kept:
+        released = kept["labels"]
+    validation = graph.val_mask & ~graph.train_mask  # stage 1 under validation-first
+    np.testing.assert_array_equal(released[validation], drawn[validation])
+    assert PrivacyLedger.load(state / "bank-c" / LEDGER_FILE).releases == (
+        PureRelease(round=0, channel=LABELS, epsilon=labels["epsilon"]),
+    )
+
+
+def fitted_prior_rounds(status: dict) -> list[dict]:
+    return [
+        row for row in status["rounds"] if row["base_version"] == PRIOR_BASE_VERSION and row["status"] == PRIOR_FITTED
+    ]

@@ -55,6 +55,67 @@ class BankLabels(NamedTuple):
     random_bytes: RandomBytes | None = None
 
 
+LABEL_PRIOR_STAGE = "label-prior"
+"""The stage name of the prior's FedAvg rounds in the consortium services (before training round 1)."""
+
+
+def prior_size(num_features: int, num_classes: int) -> int:
+    """The prior's parameter count, cat(vec(W), b): a bank's upload adds one entry, its weight."""
+    return num_features * num_classes + num_classes
+
+
+def prior_steps(stages: int, rounds: int = ROUNDS) -> int:
+    """FedAvg rounds of the whole release: ``rounds`` before each stage after the first."""
+    return max(0, stages - 1) * rounds
+
+
+def step_stage(step: int, rounds: int = ROUNDS) -> int:
+    """The (0-based) stage whose prior the FedAvg round ``step`` (1-based, over the whole release) fits: every
+    stage before it must be released first. The first round of a stage's prior starts from zero."""
+    return (step - 1) // rounds + 1
+
+
+def prior_term(
+    parameters: torch.Tensor,
+    propagated: np.ndarray,
+    likelihood: np.ndarray,
+    known: np.ndarray,
+    num_classes: int,
+    normaliser: float,
+    steps: int = LOCAL_STEPS,
+) -> torch.Tensor:
+    r"""One bank's term of one FedAvg round of the prior (Eq. 10): ``steps`` of
+    :func:`~fedgl_secure.privacy.label_release.fit_softmax_regression` from :math:`\bar\theta` = ``parameters`` on its
+    ``known`` nodes, as :math:`\mathrm{cat}(\hat w_k\theta_k, [\hat w_k])`, :math:`\hat w_k` = its released-label count
+    / ``normaliser`` (a public bound, so :math:`\hat w_k \le 1` as every upload's). A bank with no released label
+    uploads a zero weight. ``likelihood[i, y]`` = P(released label of node i | y): the only label information read."""
+    index = np.flatnonzero(known)
+    count = float(index.size)
+    local = parameters
+    if count:
+        inputs = torch.as_tensor(propagated[index], dtype=torch.float32)
+        target = torch.as_tensor(likelihood[index], dtype=torch.float32)
+        local = fit_softmax_regression(parameters, inputs, target, num_classes, steps)
+    scale = count / normaliser
+    return torch.cat([scale * local, torch.tensor([scale])])
+
+
+def prior_average(total: torch.Tensor, parameters: torch.Tensor) -> torch.Tensor:
+    r""":math:`\bar\theta = \sum_k \hat w_k\theta_k / \sum_k \hat w_k` from the summed terms (Eq. 10); ``parameters``
+    unchanged while no bank has released a label (the prior stays uniform: plain RR)."""
+    total = total.to(torch.float64)
+    if total[-1] <= 0:
+        return parameters
+    return fedavg(total[:-1], total[-1]).to(torch.float32)
+
+
+def prior_probabilities(parameters: torch.Tensor, propagated: np.ndarray, num_classes: int) -> np.ndarray:
+    """The prior's softmax on a bank's own nodes (rows of ``propagated``), what RRWithPrior reads."""
+    with torch.no_grad():
+        logits = softmax_regression(parameters, torch.as_tensor(propagated, dtype=torch.float32), num_classes)
+    return torch.softmax(logits, dim=1).double().numpy()
+
+
 def fit_consortium_prior(
     propagated: Sequence[np.ndarray],
     likelihoods: Sequence[np.ndarray],
@@ -66,41 +127,25 @@ def fit_consortium_prior(
     steps: int = LOCAL_STEPS,
     first_round: int = 1,
 ) -> torch.Tensor:
-    r"""FedAvg of SGC's softmax regression over the banks (Eq. 10 with :math:`w_k` = the bank's released-label
-    count): each round every bank runs
-    :func:`~fedgl_secure.privacy.label_release.fit_softmax_regression` for ``steps`` from :math:`\bar\theta` and uploads
-    :math:`\mathrm{cat}(\hat w_k\theta_k, [\hat w_k])`, :math:`\hat w_k = w_k/` ``normaliser`` (a public bound,
-    so :math:`\hat w_k \le 1` as every upload's); ``summation`` adds them (as the ``weights`` kind, centred on
-    :math:`\bar\theta` on the secure path) and :math:`\bar\theta = \sum_k \hat w_k\theta_k / \sum_k \hat w_k`.
-    Rounds are numbered ``first_round`` onwards in ``summation``'s own sequence (a secure summation decrypts each
-    round's weights once, so a run's training rounds need a summation of their own). Returns :math:`\bar\theta`.
-
-    ``likelihoods[k][i, y]`` = P(bank k's released label of node i | y) at its ``known[k]`` nodes: the only label
-    information read — the property the release's privacy rests on.
-    """
-    inputs = [torch.as_tensor(x, dtype=torch.float32) for x in propagated]
-    targets = [
-        torch.as_tensor(lik[np.flatnonzero(mask)], dtype=torch.float32)
-        for lik, mask in zip(likelihoods, known, strict=True)
-    ]
-    counts = [float(np.count_nonzero(mask)) for mask in known]
-    parameters = torch.zeros(inputs[0].shape[1] * num_classes + num_classes)
+    r"""FedAvg of SGC's softmax regression over the banks: each round every bank uploads its :func:`prior_term`,
+    ``summation`` adds them (as the ``weights`` kind, centred on :math:`\bar\theta` on the secure path) and
+    :func:`prior_average` gives the next :math:`\bar\theta`, from zero. Rounds are numbered ``first_round`` onwards
+    in ``summation``'s own sequence (a secure summation decrypts each round's weights once, so a run's training
+    rounds need a summation of their own). Returns :math:`\bar\theta`. The consortium services run the same
+    rounds between the aggregator and the banks (``services/aggregator.py``, ``services/bank.py``)."""
+    parameters = torch.zeros(prior_size(propagated[0].shape[1], num_classes))
     log = get_logger(role="consortium-prior")
     for round_number in range(first_round, first_round + rounds):
-        contributions = {}
-        for k, (x, target, count) in enumerate(zip(inputs, targets, counts, strict=True)):
-            local = (
-                fit_softmax_regression(parameters, x[np.flatnonzero(known[k])], target, num_classes, steps)
-                if count
-                else parameters
-            )
-            scale = count / normaliser
-            contributions[k] = {WEIGHTS: torch.cat([scale * local, torch.tensor([scale])])}
-        total = summation(round_number, contributions, reference=parameters)[WEIGHTS].to(torch.float64)
-        if total[-1] <= 0:  # no bank has released a label yet: the prior stays uniform (plain RR)
+        contributions = {
+            k: {WEIGHTS: prior_term(parameters, x, lik, mask, num_classes, normaliser, steps)}
+            for k, (x, lik, mask) in enumerate(zip(propagated, likelihoods, known, strict=True))
+        }
+        total = summation(round_number, contributions, reference=parameters)[WEIGHTS]
+        if total.to(torch.float64)[-1] <= 0:  # no bank has released a label yet: the prior stays uniform (plain RR)
             return parameters
-        parameters = fedavg(total[:-1], total[-1]).to(torch.float32)
-    log.info("prior.fitted", rounds=rounds, banks=len(inputs), labelled=int(sum(counts)))
+        parameters = prior_average(total, parameters)
+    labelled = int(sum(np.count_nonzero(mask) for mask in known))
+    log.info("prior.fitted", rounds=rounds, banks=len(propagated), labelled=labelled)
     return parameters
 
 
@@ -149,6 +194,5 @@ def consortium_release(
             first_round=(number - 1) * rounds + 1,
         )
         for bank, release in zip(banks, releases, strict=True):
-            logits = softmax_regression(parameters, torch.as_tensor(bank.propagated, dtype=torch.float32), num_classes)
-            release.release(number, torch.softmax(logits, dim=1).double().numpy())
+            release.release(number, prior_probabilities(parameters, bank.propagated, num_classes))
     return [release.result() for release in releases]

@@ -224,14 +224,6 @@ def check_consortium(policy: Policy, config) -> None:
             "be a second release; use noise = 'central' (policies/node-dp-centroids.toml), where the key authority "
             "adds the noise once"
         )
-    if releases_labels_together(policy):
-        # a bank service releases its labels alone, at its start (services/bank.py); the joint release needs a
-        # federated stage before round 1 (the prior's FedAvg rounds) that the aggregator does not run
-        raise ConfigError(
-            f"dp.labels.prior = {label_release.CONSORTIUM_PRIOR!r} runs in the simulation only: its prior is fitted by "
-            "all banks together in federated rounds before round 1, a stage the consortium services do not have; "
-            f"use a bank-local prior (dp.labels.prior = one of {list(label_release.PRIORS)}), or `simulate --secure`"
-        )
     check_runnable(policy, config)
 
 
@@ -342,11 +334,19 @@ class BankPrivacy:
         """Record a release this bank made together with the others (``prior = "consortium-sgc"``,
         :func:`~fedgl_secure.privacy.consortium_prior.consortium_release`): one release of ε at round 0, exactly
         as :meth:`prepare_labels` records its own; returns the released labels."""
-        for release_record in setup_releases(self.policy):
-            if release_record.channel == LABELS:
-                self.ledger.extend([release_record])
-        self.label_likelihood = release.likelihood
-        return release.labels
+        self.record_label_release()
+        return self.restore_label_release(release)
+
+    def record_label_release(self) -> bool:
+        """Record this bank's one label release (ε at round 0) unless the ledger already holds it; True when new.
+        A bank service records it before the first upload that reads a released label (the consortium prior's)."""
+        new = [
+            record
+            for record in setup_releases(self.policy)
+            if record.channel == LABELS and record not in self.ledger.releases
+        ]
+        self.ledger.extend(new)
+        return bool(new)
 
     def restore_label_release(self, release: label_release.LabelRelease) -> np.ndarray:
         """Take back a release this bank made and recorded in an earlier run (a restarted bank service): nothing is
@@ -472,6 +472,11 @@ class FederationPrivacy:
         self.policy = policy
         self.banks: dict[int, BankPrivacy] = {}
         self._random_bytes = random_bytes
+
+    @property
+    def random_bytes(self) -> RandomBytes | None:
+        """The byte source that replaces the CSPRNG (tests only), for the draws a bank service makes itself."""
+        return self._random_bytes
 
     @property
     def active(self) -> bool:

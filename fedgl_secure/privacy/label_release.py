@@ -21,7 +21,7 @@ training labels right against 56 % by randomised response; label propagation 59 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -247,6 +247,42 @@ class StagedRelease:
         )
         # likelihood[i, y] = P(labels[i] released | y): the RR matrix's column for stage 1, the prior's after
         self.likelihood = mechanisms.label_noise_matrix(epsilon, num_classes)[:, self.labels.clip(0)].T.copy()
+        self.released = 1  # stages released so far
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a bank service keeps on disk between stages (a restart must never draw a stage again)."""
+        return {
+            "stage": self.stage,
+            "labels": self.labels,
+            "likelihood": self.likelihood,
+            "released": np.array(self.released),
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, np.ndarray],
+        epsilon: float,
+        stages: int,
+        temperature: float = 1.0,
+        *,
+        _random_bytes: RandomBytes | None = None,
+    ) -> StagedRelease:
+        """The release in progress that :meth:`state` kept; nothing is drawn."""
+        release = cls.__new__(cls)
+        release.epsilon, release.stages, release.temperature = epsilon, stages, temperature
+        release._random_bytes = _random_bytes
+        release.stage = np.asarray(state["stage"], dtype=np.int64)
+        release.labels = np.asarray(state["labels"], dtype=np.int64)
+        release.likelihood = np.asarray(state["likelihood"], dtype=np.float64)
+        release.released = int(state["released"])
+        if not 1 <= release.released <= stages:
+            raise ValueError(f"a release in progress with {release.released} of {stages} stages released")
+        return release
+
+    @property
+    def complete(self) -> bool:
+        return self.released == self.stages
 
     def known(self, number: int) -> np.ndarray:
         """The nodes released before stage ``number`` (0-based): all a prior for that stage may read."""
@@ -254,7 +290,9 @@ class StagedRelease:
 
     def release(self, number: int, priors: np.ndarray) -> None:
         """Release stage ``number`` by RRWithPrior with ``priors`` (rows of every node of the bank), sharpened to the
-        release's temperature (:func:`at_temperature`)."""
+        release's temperature (:func:`at_temperature`). Stages are released in order, each once."""
+        if number != self.released:
+            raise ValueError(f"stage {number} cannot be released: {self.released} of {self.stages} are")
         current = self.stage == number
         priors = at_temperature(priors, self.temperature)
         self.labels = mechanisms.rr_with_prior_labels(
@@ -263,6 +301,7 @@ class StagedRelease:
         self.likelihood[current] = mechanisms.rr_with_prior_likelihood(
             priors[current], self.labels[current], self.epsilon
         )
+        self.released += 1
 
     def result(self) -> LabelRelease:
         return LabelRelease(self.labels, self.likelihood)

@@ -31,6 +31,11 @@ never decrypts a (round, kind) twice, so the retry takes the next round number) 
 ``interrupted`` (the aggregator stopped while it was open). A restarted aggregator resumes
 after its last applied round; a round is applied once or not at all.
 
+Under label DP with the consortium prior (``dp.labels.prior = "consortium-sgc"``) the banks release their
+labels together before round 1: the aggregator first runs the prior's FedAvg rounds
+(:meth:`Coordinator._fit_label_prior`), numbered like training rounds and decrypted by the key authority like
+them, one ``weights`` kind each, every bank taking part; training round 1 takes the next number.
+
 Fail closed, visibly: a bank whose privacy budget is spent *withdraws* (:meth:`Coordinator.withdraw`,
 recorded in SQLite). It is invited to no further round; an open round stops waiting for it (and is
 aborted at once when the banks left cannot reach the quorum); and once fewer than the quorum of a
@@ -63,6 +68,7 @@ from fedgl_secure.engine.evaluation import EarlyStopping, ratio
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.engine.simulation import method_initial_parameters
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
+from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import (
@@ -78,7 +84,16 @@ from fedgl_secure.methods.fed2gnn import check_services, signal_width
 from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.privacy.dp_round import check_consortium
+from fedgl_secure.privacy.consortium_prior import (
+    LABEL_PRIOR_STAGE,
+    prior_average,
+    prior_size,
+    prior_steps,
+)
+from fedgl_secure.privacy.consortium_prior import (
+    ROUNDS as PRIOR_ROUNDS_PER_STAGE,
+)
+from fedgl_secure.privacy.dp_round import check_consortium, releases_labels_together
 from fedgl_secure.services.aggregator_store import (
     AggregatorStore,
     Enrolment,
@@ -93,6 +108,8 @@ from fedgl_secure.services.pseudonyms import union_positions
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import decode_broadcast, encode_broadcast
 
+PRIOR_BASE_VERSION = -1  # a label-prior round's base version in the store: it comes before model version 0
+PRIOR_FITTED = "fitted"  # a label-prior round's status once its θ̄ is published
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
 WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → what a stopped_reason says
 
@@ -203,6 +220,8 @@ class RoundView:
     stopped_reason: str | None = None
     final_version: int | None = None  # set once the finished federation has fixed its final model
     stage: str | None = None  # phase == "open": the stage of the round whose kinds (``shapes``) are collected
+    # the consortium label prior (dp.labels.prior = "consortium-sgc"): the rounds of its fitted FedAvg steps, in order
+    prior_rounds: tuple[int, ...] = ()
 
 
 FINAL_VERSION = "final_version"
@@ -287,6 +306,12 @@ class Coordinator:
         # Fed²GNN's set-up exchange, relayed before enrolment (the banks enrol their reconstructed graphs); kept in
         # memory: a restarted aggregator has a fresh nonce, and banks still exchanging start again
         self._exchange: ExchangeRelay | None = None
+        # the consortium label prior's FedAvg rounds, run before training round 1 (:meth:`_fit_label_prior`)
+        stages = policy.dp.labels.effective_stages if releases_labels_together(policy) else 1
+        self._prior_steps = prior_steps(stages)
+        self._prior_rounds: list[int] = [
+            row.round for row in store.rounds() if row.base_version == PRIOR_BASE_VERSION and row.status == PRIOR_FITTED
+        ]
         if config.method == "fed2gnn":
             width = signal_width(config, 0) if config.fed2gnn.projection_dim > 0 else None
             self._exchange = ExchangeRelay(federation, self.banks, config.fed2gnn.hops, width, signing_keys)
@@ -380,7 +405,8 @@ class Coordinator:
         if self._index is None:
             return floor
         slots = self.policy.he.poly_modulus_degree // 2
-        largest = max(int(np.prod(shape)) for shape in self._shapes().values())
+        shapes = [*self._shapes().values(), *(self._prior_shapes().values() if self._prior_steps else ())]
+        largest = max(int(np.prod(shape)) for shape in shapes)
         chunks = ckks.chunk_count(largest, slots)
         return max(floor, chunks * (ckks.max_chunk_bytes(self.policy.he) + 8) + 4096)
 
@@ -417,14 +443,16 @@ class Coordinator:
                 latest_version=latest,
                 stopped_reason=stopped_reason,
                 final_version=self.final_version(),
+                prior_rounds=tuple(self._prior_rounds),
             )
         with self._changed:
             if self._index is None:
                 return RoundView("enrolling", self.federation)
+            prior_rounds = tuple(self._prior_rounds)
             current = self._open
             if current is None:
                 phase = "aggregating" if self._aggregating else "waiting"
-                return RoundView(phase, self.federation, latest_version=latest)
+                return RoundView(phase, self.federation, latest_version=latest, prior_rounds=prior_rounds)
             return RoundView(
                 "open",
                 self.federation,
@@ -437,6 +465,7 @@ class Coordinator:
                 max(0.0, current.deadline - time.monotonic()),
                 latest,
                 stage=current.stage,
+                prior_rounds=prior_rounds,
             )
 
     def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
@@ -537,6 +566,8 @@ class Coordinator:
             if not self._wait_for_enrolment(stop):
                 return
             version = self._resume()
+            if not self._fit_label_prior(stop):
+                return
             round_number = self.store.last_round_number() + 1
             stopper = EarlyStopping(self.config.federation.patience)
             stopped_reason = self._stopped_reason  # a restarted aggregator of a stopped run says it again
@@ -647,6 +678,90 @@ class Coordinator:
             self.store.close_round(last.round, status, "the aggregator stopped while the round was open")
             self.log.warning("round.retired", round=last.round, status=status)
         return version
+
+    # --- the consortium label prior (before training round 1) ---------------------------------
+
+    def _prior_shapes(self) -> dict[str, tuple[int, ...]]:
+        """A label-prior round's one kind: the prior's parameters and the bank's weight
+        (:func:`~fedgl_secure.privacy.consortium_prior.prior_term`)."""
+        first = self.store.enrolment(self.banks[0])
+        return {WEIGHTS: (prior_size(first.num_features, first.num_classes) + 1,)}
+
+    def _prior_start(self, step: int) -> torch.Tensor:
+        """θ̄ that FedAvg round ``step`` of the prior starts from: zero at the first round of each stage's prior,
+        else the θ̄ the previous round published."""
+        size = self._prior_shapes()[WEIGHTS][0] - 1
+        if (step - 1) % PRIOR_ROUNDS_PER_STAGE == 0:
+            return torch.zeros(size)
+        arrays = encodings.decode_arrays(self.store.stage_model(self._prior_rounds[-1], LABEL_PRIOR_STAGE))
+        return torch.from_numpy(arrays["prior"])
+
+    def _fit_label_prior(self, stop: threading.Event) -> bool:
+        """Under ``dp.labels.prior = "consortium-sgc"``, the prior's FedAvg rounds before training round 1
+        (:mod:`~fedgl_secure.privacy.consortium_prior`): each a round of its own number, stage
+        ``label-prior``, one ``weights`` kind centred on the θ̄ it starts from, every bank taking part
+        (so every decrypted sum is over the same banks: two sums over different sets would reveal a bank's
+        term), and θ̄ published as the round's stage model. The banks release each stage of their labels from
+        the θ̄ of the last round before it (``RoundView.prior_rounds`` says which rounds those are). Resumes
+        after the last fitted round; False if ``stop`` was set."""
+        round_number = self.store.last_round_number() + 1
+        while len(self._prior_rounds) < self._prior_steps:
+            if not self._wait_for_every_bank(stop):
+                return False
+            step = len(self._prior_rounds) + 1
+            outcome = self._run_prior_round(stop, round_number, step)
+            if outcome == "stopped":
+                return False
+            if outcome in (PRIOR_FITTED, "abandoned"):
+                round_number += 1
+        return True
+
+    def _wait_for_every_bank(self, stop: threading.Event) -> bool:
+        """Wait until every bank was heard from within ``liveness_seconds`` (the prior needs them all)."""
+        with self._changed:
+            while not stop.is_set():
+                now = time.monotonic()
+                if all(now - self._seen.get(bank, -1e18) <= self.liveness_seconds for bank in self.banks):
+                    return True
+                self._changed.wait(0.2)
+        return False
+
+    def _run_prior_round(self, stop: threading.Event, round_number: int, step: int) -> str:
+        """FedAvg round ``step`` of the label prior as round ``round_number``: "fitted", or "stopped", "aborted"
+        (the same number reopens) or "abandoned" (the next number retries), as :meth:`_run_stage` says."""
+        log = self.log.bind(round=round_number, stage=LABEL_PRIOR_STAGE)
+        try:
+            nonce = self._open_at_key_authority(stop, round_number, self.banks)
+        except FedGLError:
+            return "stopped"
+        self.store.open_round(round_number, PRIOR_BASE_VERSION, nonce, self.banks)
+        start = self._prior_start(step)
+        timer = PhaseTimer()
+        outcome, contributors, sums = self._run_stage(
+            stop,
+            round_number,
+            PRIOR_BASE_VERSION,
+            nonce,
+            LABEL_PRIOR_STAGE,
+            self.banks,
+            len(self.banks),
+            timer,
+            wire_reference(start),
+            first=True,
+            shapes=self._prior_shapes(),
+        )
+        if outcome != "decrypted":
+            return outcome
+        fitted = prior_average(torch.from_numpy(np.asarray(sums[WEIGHTS])), start)
+        self.store.save_stage_model(
+            round_number, LABEL_PRIOR_STAGE, encodings.encode_arrays({"prior": fitted.to(torch.float32).numpy()})
+        )
+        self.store.close_round(round_number, PRIOR_FITTED, f"label prior: FedAvg round {step} of {self._prior_steps}")
+        with self._changed:
+            self._prior_rounds.append(round_number)
+            self._changed.notify_all()
+        log.info("prior.round_fitted", step=step, steps=self._prior_steps, contributors=list(contributors))
+        return PRIOR_FITTED
 
     def _chosen(self, training_round: int) -> tuple[str, ...]:
         """The banks :func:`select_participants` draws for ``training_round``, withdrawn ones included."""
@@ -797,16 +912,19 @@ class Coordinator:
         reference: np.ndarray,
         *,
         first: bool,
+        shapes: dict[str, tuple[int, ...]] | None = None,
     ) -> tuple[str, tuple[str, ...], dict[str, np.ndarray]]:
         """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums
         (the weights restored from their centring on ``reference``, the W̄ the stage's banks trained from).
         Returns ("decrypted", the banks whose uploads the sums hold, the sums), or the round's outcome with
         nothing: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
-        round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries)."""
+        round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries).
+        ``shapes``: the stage's kinds and shapes when it is not one of the method's (the label prior's)."""
         log = self.log.bind(round=round_number, stage=stage)
         timeouts = self.policy.timeouts
         deadline = time.monotonic() + min(timeouts.upload_seconds, timeouts.round_seconds)
-        current = _OpenRound(round_number, version, nonce, participants, self._stage_shapes(stage), deadline, stage)
+        shapes = self._stage_shapes(stage) if shapes is None else shapes
+        current = _OpenRound(round_number, version, nonce, participants, shapes, deadline, stage)
         with self._changed:
             self._open = current
             self._changed.notify_all()

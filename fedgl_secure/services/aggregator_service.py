@@ -122,6 +122,7 @@ class RoundResponse(_Schema):
     stopped_reason: str | None = None  # set when phase == "finished" and the run stopped early
     final_version: int | None = None  # phase == "finished": the final model, once the aggregator has fixed it
     stage: str | None = None  # phase == "open": the round's stage whose kinds (shapes) it collects
+    prior_rounds: list[int] = []  # the consortium label prior's fitted FedAvg rounds, in order
 
 
 class UploadResponse(_Schema):

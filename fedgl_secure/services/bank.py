@@ -20,7 +20,8 @@ and a consortium run reproduces the in-process simulation with the same seed.
 Under a policy with DP the bank applies it exactly as the simulation does
 (:mod:`fedgl_secure.privacy.dp_round`), before encryption: its graph is prepared once (edge DP,
 degree bound) and its training and validation labels released once (label DP: randomised response, or
-RRWithPrior in stages with the bank's own prior; ``prior = "consortium-sgc"`` is refused at start), both
+RRWithPrior in stages with the bank's own prior, or with the prior all banks fit together in the aggregator's
+label-prior rounds, ``prior = "consortium-sgc"``: :mod:`~fedgl_secure.services.bank_label_prior`), both
 before round 1 and kept in its state directory (``privacy-graph.npz``, ``privacy-labels.npz``) so that a
 restart reuses them instead of drawing (and paying for) them again; each contribution goes through
 its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` step (P/H with the public W̄, clipping, its
@@ -86,9 +87,9 @@ from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, ru
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy, load_policy
 from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
-from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium
+from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium, releases_labels_together
 from fedgl_secure.privacy.guarantees import setup_releases
-from fedgl_secure.privacy.label_release import LabelRelease
+from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import (
@@ -97,6 +98,12 @@ from fedgl_secure.services.aggregator import (
     ProtocolConflict,
 )
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.bank_label_prior import (
+    STAGED_LABELS_FILE,
+    LabelPriorParticipant,
+    load_staged_release,
+    save_staged_release,
+)
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
@@ -242,11 +249,12 @@ class BankWorker:
         """This bank's :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` (None without DP or before start)."""
         return None if self.privacy is None else self.privacy.banks.get(self.client_index)
 
-    def _private_graph(self, graph: GraphTensors) -> GraphTensors:
+    def _private_graph(self, graph: GraphTensors, stop: threading.Event) -> GraphTensors:
         """The graph the bank trains on: as it is, or under DP prepared once as the simulation does
         (:meth:`FederationPrivacy.setup_bank`, :meth:`FederationPrivacy.private_graph`: edge DP, degree bound,
         the label release), with the ledger of earlier runs of this bank. What was drawn at the source is kept
-        in the state directory and reused on restart, never drawn (and paid for) again."""
+        in the state directory and reused on restart, never drawn (and paid for) again. With the consortium prior
+        the labels are released in the label-prior rounds before round 1 (:meth:`_release_together`)."""
         if self.privacy is None:
             return graph
         ledger = PrivacyLedger.load(self.ledger_path) if self.ledger_path.exists() else None
@@ -272,6 +280,8 @@ class BankWorker:
         if releases_edges and prepared is None:
             sp.save_npz(graph_path, adjacency)
         kept = self._kept_labels(graph, ledger)
+        if kept is None and releases_labels_together(self.policy):
+            kept = self._release_together(stop, graph, adjacency)
         private = self.privacy.private_graph(self.client_index, graph, adjacency, kept)
         if self.policy.dp.labels.enabled and kept is None:  # released just now: on disk before the ledger records it
             release = LabelRelease(private.labels.cpu().numpy(), self.bank_privacy.label_likelihood)
@@ -297,7 +307,7 @@ class BankWorker:
         path = self.state_dir / LABEL_RELEASE_FILE
         recorded = ledger is not None and any(release.channel == LABELS for release in ledger.releases)
         if not path.exists():
-            if recorded:
+            if recorded and not (self.state_dir / STAGED_LABELS_FILE).exists():  # else: a release in progress
                 raise ConfigError(
                     f"{path}: missing, but {self.ledger_path} records this bank's label release (dp.labels): "
                     "drawing the labels again would spend ε a second time; restore the file, or start the bank "
@@ -309,6 +319,55 @@ class BankWorker:
         labels = bank.restore_label_release(release) if recorded else bank.accept_label_release(release)
         self.log.info("privacy.labels_reused", recorded_before=recorded)
         return labels
+
+    def _release_together(self, stop: threading.Event, graph: GraphTensors, adjacency: sp.spmatrix) -> np.ndarray:
+        """The labels released with the consortium prior (:mod:`~fedgl_secure.services.bank_label_prior`): the
+        release in progress is drawn (stage 1) or taken back from disk, recorded in the ledger once (before any
+        upload reads it), completed in the aggregator's label-prior rounds and kept as ``privacy-labels.npz``."""
+        staged_path = self.state_dir / STAGED_LABELS_FILE
+        settings = release_settings(self.policy)
+        labels = self.policy.dp.labels
+        random_bytes = self.privacy.random_bytes
+        if staged_path.exists():
+            release = load_staged_release(staged_path, self.policy, settings, graph.num_nodes, random_bytes)
+            self.log.info("privacy.labels_in_progress", stages_released=release.released)
+        else:
+            release = StagedRelease(
+                graph.labels.cpu().numpy(),
+                graph.train_mask.cpu().numpy(),
+                graph.val_mask.cpu().numpy(),
+                graph.num_classes,
+                float(labels.epsilon),
+                labels.effective_stages,
+                labels.effective_stage_order,
+                labels.effective_prior_temperature,
+                _random_bytes=random_bytes,
+            )
+            save_staged_release(staged_path, release, settings)  # on disk before the ledger records it
+        if self.bank_privacy.record_label_release():
+            self._save_ledger()
+        participant = LabelPriorParticipant(
+            name=self.name,
+            federation=self.federation,
+            aggregator=self.aggregator,
+            context=self.context,
+            fingerprint=self.fingerprint,
+            policy=self.policy,
+            signing_key=self.signing_key,
+            normaliser=self.privacy_normaliser,
+            release=release,
+            release_path=staged_path,
+            settings=settings,
+            adjacency=adjacency,
+            features=graph.features.to_scipy(),
+            num_classes=graph.num_classes,
+            log=self.log,
+            poll_seconds=self.poll_seconds,
+        )
+        result = participant.run(stop)
+        save_label_release(self.state_dir / LABEL_RELEASE_FILE, result, settings)
+        staged_path.unlink()
+        return self.bank_privacy.restore_label_release(result)
 
     def _save_ledger(self) -> None:
         """Write the ledger (:meth:`PrivacyLedger.save` replaces the file atomically: a torn file would
@@ -412,7 +471,11 @@ class BankWorker:
         training = self.config.training
         features = graph.features.shape[1]
         model = method_model(self.method, features, training.hidden, graph.num_classes, training.dropout)
-        trainer = LocalTrainer(self.client_index, self._private_graph(graph), training, self.config.seed, model)
+        try:
+            private = self._private_graph(graph, stop)
+        except StopRequested:
+            return  # stopped during the consortium label release: what it drew is on disk
+        trainer = LocalTrainer(self.client_index, private, training, self.config.seed, model)
         if self.privacy is not None:
             self.privacy.attach_training(self.client_index, trainer)
         evaluator = method_model(self.method, features, training.hidden, graph.num_classes, 0.0).to(device)

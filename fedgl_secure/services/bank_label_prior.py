@@ -1,0 +1,224 @@
+"""A bank's part in the consortium label release (``[dp.labels] prior = "consortium-sgc"``), before round 1.
+
+The library is :mod:`~fedgl_secure.privacy.consortium_prior`; this is its bank-side shell over the aggregator's
+label-prior rounds (:meth:`~fedgl_secure.services.aggregator.Coordinator._fit_label_prior`):
+
+1. The bank draws stage 1 of its release (randomised response on its validation labels under
+   ``validation-first``), keeps the release in progress in its state directory (:data:`STAGED_LABELS_FILE`),
+   and only then records its one label release (ε at round 0) in its ledger — before any upload reads a
+   released label.
+2. For each label-prior round the aggregator opens, it fits the prior from the θ̄ the round starts from (zero
+   at the first round of a stage, else the θ̄ the previous prior round published), on its own Â²X and
+   released labels, and uploads the term (:func:`~fedgl_secure.privacy.consortium_prior.prior_term`)
+   encrypted and receipted like any upload, centred on that θ̄.
+3. Once the rounds of a stage's prior are all fitted it releases that stage by RRWithPrior with the last θ̄'s
+   softmax on its nodes, and keeps the release in progress again. After the last stage the release is
+   complete: the caller keeps it as the bank's label release (``privacy-labels.npz``).
+
+A restarted bank takes its release in progress back from disk: nothing is drawn twice, so nothing is paid twice.
+A reopened round (or a retry after a broken connection) resends the bytes it encrypted the first time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import tenseal as ts
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto.centring import bank_term, wire_reference
+from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload
+from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
+from fedgl_secure.fileio import write_arrays_atomically
+from fedgl_secure.kinds import WEIGHTS
+from fedgl_secure.policy.schema import Policy
+from fedgl_secure.privacy.consortium_prior import (
+    LABEL_PRIOR_STAGE,
+    ROUNDS,
+    prior_probabilities,
+    prior_size,
+    prior_steps,
+    prior_term,
+    step_stage,
+)
+from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
+from fedgl_secure.privacy.mechanisms import RandomBytes
+from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.retry import StopRequested
+from fedgl_secure.wire import encodings
+
+STAGED_LABELS_FILE = "privacy-labels-staged.npz"  # the release in progress, between the prior's stages
+
+
+def save_staged_release(path: Path, release: StagedRelease, settings: dict) -> None:
+    """The release in progress and the ``[dp.labels]`` settings it is made under, written atomically."""
+    write_arrays_atomically(path, **release.state(), settings=np.array(json.dumps(settings)))
+
+
+def load_staged_release(
+    path: Path, policy: Policy, settings: dict, num_nodes: int, random_bytes: RandomBytes | None = None
+) -> StagedRelease:
+    """The release in progress :func:`save_staged_release` kept, refused (naming the file) when it was made under
+    other ``[dp.labels]`` settings or for a graph of another size."""
+    with np.load(path, allow_pickle=False) as archive:
+        made_under = json.loads(str(archive["settings"]))
+        state = {name: archive[name] for name in ("stage", "labels", "likelihood", "released")}
+    if made_under != settings:
+        raise ConfigError(
+            f"{path}: a label release in progress under dp.labels = {made_under}, but the policy now has "
+            f"dp.labels = {settings}; start the bank with a new state directory (and a new budget)"
+        )
+    if state["labels"].shape != (num_nodes,) or state["likelihood"].shape[0] != num_nodes:
+        size = state["labels"].shape[0]
+        raise ConfigError(f"{path}: a release of {size} nodes, but this bank's graph has {num_nodes}")
+    labels = policy.dp.labels
+    try:
+        return StagedRelease.from_state(
+            state,
+            float(labels.epsilon),
+            labels.effective_stages,
+            labels.effective_prior_temperature,
+            _random_bytes=random_bytes,
+        )
+    except ValueError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+class LabelPriorParticipant:
+    """One bank's side of the label-prior rounds and of its staged release (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        federation: str,
+        aggregator: AggregatorClient,
+        context: ts.Context,
+        fingerprint: str,
+        policy: Policy,
+        signing_key: Ed25519PrivateKey,
+        normaliser: float,
+        release: StagedRelease,
+        release_path: Path,
+        settings: dict,
+        adjacency: sp.spmatrix,
+        features: sp.spmatrix | np.ndarray,
+        num_classes: int,
+        log,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self.name, self.federation, self.aggregator = name, federation, aggregator
+        self.context, self.fingerprint, self.policy = context, fingerprint, policy
+        self.signing_key, self.normaliser = signing_key, normaliser
+        self.release, self.release_path, self.settings = release, release_path, settings
+        self.propagated = propagated_features(adjacency, features)
+        self.num_classes = num_classes
+        self.total_steps = prior_steps(release.stages)
+        self.log = log
+        self.poll_seconds = poll_seconds
+        self._done: set[tuple[int, str]] = set()  # (round, nonce) taken part in
+        self._uploads: dict[tuple[int, str], list[Upload]] = {}  # what was encrypted, for resending
+
+    def run(self, stop: threading.Event) -> LabelRelease:
+        """Take part in every label-prior round, releasing each stage when its prior is fitted; the complete
+        release. Raises :class:`~fedgl_secure.services.retry.StopRequested` when ``stop`` is set first."""
+        while not self.release.complete:
+            if stop.is_set():
+                raise StopRequested("stopped during the consortium label release")
+            try:
+                view = self.aggregator.current_round()
+            except (FedGLError, OSError) as error:  # ProtocolConflict, and an unreachable (restarting) aggregator
+                self.log.warning("prior.poll_failed", error=str(error)[:300])
+                stop.wait(self.poll_seconds * 5)
+                continue
+            if view.phase == "enrolling":
+                stop.wait(self.poll_seconds)
+                continue
+            self._release_fitted_stages(view.prior_rounds)
+            if self.release.complete:
+                break
+            if len(view.prior_rounds) >= self.total_steps and view.phase == "finished":
+                raise ConfigError("the federation finished before this bank's label release was complete")
+            if view.phase == "open" and view.stage == LABEL_PRIOR_STAGE and (view.round, view.nonce) not in self._done:
+                self._take_part(view)
+                continue
+            stop.wait(self.poll_seconds)
+        self.log.info("prior.release_complete", stages=self.release.stages, rounds=self.total_steps)
+        return self.release.result()
+
+    def _release_fitted_stages(self, prior_rounds: list[int]) -> None:
+        """Release every stage whose prior's rounds are all fitted (from the θ̄ of its last one), keeping the
+        release in progress on disk after each."""
+        while not self.release.complete and len(prior_rounds) >= self.release.released * ROUNDS:
+            number = self.release.released
+            parameters = self._download_prior(prior_rounds[number * ROUNDS - 1])
+            self.release.release(number, prior_probabilities(parameters, self.propagated, self.num_classes))
+            save_staged_release(self.release_path, self.release, self.settings)
+            self.log.info("prior.stage_released", stage=number + 1, stages=self.release.stages)
+
+    def _download_prior(self, round_number: int) -> torch.Tensor:
+        """θ̄ that label-prior round ``round_number`` published, checked for its size."""
+        arrays = encodings.decode_arrays(self.aggregator.stage_model(round_number, LABEL_PRIOR_STAGE))
+        expected = prior_size(self.propagated.shape[1], self.num_classes)
+        prior = arrays.get("prior")
+        if prior is None or prior.shape != (expected,):
+            raise ProtocolConflict(
+                "bad-prior", f"round {round_number}'s prior is not {expected} parameters ({sorted(arrays)})"
+            )
+        return torch.from_numpy(prior.astype(np.float32))
+
+    def _take_part(self, view: RoundResponse) -> None:
+        """Fit, encrypt and upload this bank's term of the prior round ``view`` opens (once per attempt)."""
+        key = (view.round, view.nonce)
+        log = self.log.bind(round=view.round, stage=LABEL_PRIOR_STAGE)
+        if view.context_fingerprint != self.fingerprint or view.federation != self.federation:
+            log.error("prior.foreign_round", federation=view.federation, context=view.context_fingerprint[:12])
+            self._done.add(key)
+            return
+        if self.name not in view.participants:
+            self._done.add(key)
+            return
+        try:
+            uploads = self._uploads.get(key) or self._encrypt(view)
+            self._uploads = {key: uploads}
+            for upload in uploads:
+                self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)
+        except ProtocolConflict as conflict:  # the round closed (deadline) or moved on: wait for the next
+            log.warning("prior.upload_refused", code=conflict.code, detail=conflict.detail[:300])
+        except (FedGLError, OSError) as error:  # an unreachable aggregator: retried at the next poll
+            log.warning("prior.upload_failed", error=str(error)[:300])
+            return
+        self._done.add(key)
+        log.info("prior.uploaded", step=len(view.prior_rounds) + 1, steps=self.total_steps)
+
+    def _encrypt(self, view: RoundResponse) -> list[Upload]:
+        step = len(view.prior_rounds) + 1
+        if step_stage(step) != self.release.released:
+            raise ConfigError(
+                f"label-prior round {view.round} fits the prior of stage {step_stage(step) + 1}, but this bank has "
+                f"released {self.release.released} of {self.release.stages} stages"
+            )
+        if (step - 1) % ROUNDS == 0:
+            start = torch.zeros(prior_size(self.propagated.shape[1], self.num_classes))
+        else:
+            start = self._download_prior(view.prior_rounds[-1])
+        term = prior_term(
+            start,
+            self.propagated,
+            self.release.likelihood,
+            self.release.known(self.release.released),
+            self.num_classes,
+            self.normaliser,
+        )
+        expected = tuple(view.shapes.get(WEIGHTS, ()))
+        if tuple(term.shape) != expected or set(view.shapes) != {WEIGHTS}:
+            raise ConfigError(f"label-prior round {view.round} expects {view.shapes}, this bank computes {term.shape}")
+        values = finite_term(WEIGHTS, bank_term(WEIGHTS, term, wire_reference(start)))
+        ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        layout = self.policy.upload_layout(WEIGHTS)
+        return [make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, WEIGHTS, values, layout)]
