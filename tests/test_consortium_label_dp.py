@@ -13,6 +13,7 @@ import torch
 from consortium_harness import BANKS, NODES, SMALL_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
 from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
@@ -26,6 +27,9 @@ from fedgl_secure.wire.encodings import decode_arrays
 pytestmark = pytest.mark.slow
 
 SHIPPED = Path(__file__).resolve().parents[1] / "policies" / "label-dp.toml"
+# unpacked, as the shipped policy: packed, the prior's terms (and each bank's weight) would be rounded to the weights
+# kind's 2^-7 steps, far above the 1e-4 the prior is compared at below
+UNPACKED = SMALL_HE.model_copy(update={"packing": "none"})
 
 
 def label_policy(prior: str) -> tuple[dict, dict]:
@@ -42,7 +46,7 @@ def label_policy(prior: str) -> tuple[dict, dict]:
 def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_audit(tmp_path, prior):
     # the shipped label release (its consortium prior), and the same with each bank's own prior
     labels, policy = label_policy(prior)
-    consortium = write_consortium(tmp_path, max_rounds=2, method="fedgl", policy_extra=policy, he=SMALL_HE)
+    consortium = write_consortium(tmp_path, max_rounds=2, method="fedgl", policy_extra=policy, he=UNPACKED)
     run_consortium_to_the_end(consortium, rounds=2)
 
     state = consortium.root / "state"
@@ -70,9 +74,10 @@ def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_aud
 
 
 def check_the_banks_released_with_the_consortium_prior(state: Path, slices, labels: dict) -> None:
-    """The label-prior rounds came first (one round number each, all fitted), training took the next numbers, and
-    every bank's training labels were released by RRWithPrior with the prior the last of those rounds published:
-    their likelihood rows are that prior's transition, recomputed here from the bank's own graph."""
+    """The label-prior rounds came first (one round number each, all fitted), training took the next numbers; the
+    prior the last of them published is the simulation's (``fit_consortium_prior`` on the banks' stage-1 releases,
+    summed in plaintext); and every bank's training labels were released by RRWithPrior with it: their likelihood
+    rows are that prior's transition, recomputed here from the bank's own graph."""
     store = AggregatorStore(state / "aggregator" / "aggregator.sqlite3")
     try:
         rows = store.rounds()
@@ -85,25 +90,34 @@ def check_the_banks_released_with_the_consortium_prior(state: Path, slices, labe
     finally:
         store.close()
     config = load_consortium(state.parent / "consortium.toml").experiment_config()
+    propagated, released, likelihoods = [], [], []
     for bank, graph in zip(BANKS, slices, strict=True):
         assert not (state / bank / STAGED_LABELS_FILE).exists()  # the release in progress is complete
         tensors = bank_graph_tensors(state / bank, graph, torch.device("cpu"), config.training.normalize_features)
-        propagated = label_release.propagated_features(graph.adjacency(), tensors.features.to_scipy())
-        priors = label_release.at_temperature(
-            consortium_prior.prior_probabilities(torch.from_numpy(published), propagated, graph.num_classes),
-            labels["prior_temperature"],
-        )
+        propagated.append(label_release.propagated_features(graph.adjacency(), tensors.features.to_scipy()))
         with np.load(state / bank / LABEL_RELEASE_FILE) as kept:
-            released, likelihood = kept["labels"], kept["likelihood"]
+            released.append(kept["labels"])
+            likelihoods.append(kept["likelihood"])
+    stage_one = [graph.val_mask & ~graph.train_mask for graph in slices]  # validation-first: the validation labels
+    normaliser = client_weight(max(graph.num_nodes for graph in slices))
+    classes = slices[0].num_classes
+    simulated = consortium_prior.fit_consortium_prior(
+        propagated, likelihoods, stage_one, classes, PlaintextSummation(), normaliser
+    )
+    np.testing.assert_allclose(published, simulated.numpy(), rtol=1e-4, atol=1e-4)
+    for graph, x, labels_out, likelihood in zip(slices, propagated, released, likelihoods, strict=True):
+        priors = label_release.at_temperature(
+            consortium_prior.prior_probabilities(torch.from_numpy(published), x, classes), labels["prior_temperature"]
+        )
         train = graph.train_mask
-        expected = mechanisms.rr_with_prior_likelihood(priors[train], released[train], labels["epsilon"])
+        expected = mechanisms.rr_with_prior_likelihood(priors[train], labels_out[train], labels["epsilon"])
         np.testing.assert_allclose(likelihood[train], expected, rtol=1e-5, atol=1e-9)
 
 
 def test_restarts_during_the_label_prior_rounds_neither_draw_again_nor_skip_a_round(tmp_path):
     labels, policy = label_policy("consortium-sgc")
     consortium = write_consortium(
-        tmp_path, max_rounds=2, policy_extra=policy, he=SMALL_HE, upload_seconds=10.0, liveness_seconds=2.0
+        tmp_path, max_rounds=2, policy_extra=policy, he=UNPACKED, upload_seconds=10.0, liveness_seconds=2.0
     )
     state = consortium.root / "state"
     consortium.start(*NODES)

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload
-from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
+from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import write_arrays_atomically
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.policy.schema import Policy
@@ -142,8 +142,11 @@ class LabelPriorParticipant:
             self._release_fitted_stages(view.prior_rounds)
             if self.release.complete:
                 break
-            if len(view.prior_rounds) >= self.total_steps and view.phase == "finished":
-                raise ConfigError("the federation finished before this bank's label release was complete")
+            if view.phase == "finished":  # it will never be: the bank cannot train on labels it has not released
+                raise ConfigError(
+                    f"the federation finished after {len(view.prior_rounds)} of the label prior's {self.total_steps} "
+                    "rounds, before this bank's label release was complete"
+                )
             if view.phase == "open" and view.stage == LABEL_PRIOR_STAGE and (view.round, view.nonce) not in self._done:
                 self._take_part(view)
                 continue
@@ -185,6 +188,13 @@ class LabelPriorParticipant:
             return
         try:
             uploads = self._uploads.get(key) or self._encrypt(view)
+        except CiphertextError as error:  # deterministic: a reopened round would compute the same term again
+            raise ConfigError(
+                f"{self.name}: its term of label-prior round {view.round} cannot be encrypted under the policy's "
+                f"[he] ({error}); the prior needs packing = 'none' (as policies/label-dp.toml) or a wider "
+                "[he.precision.weights] range"
+            ) from error
+        try:
             self._uploads = {key: uploads}
             for upload in uploads:
                 self.aggregator.upload(view.round, upload.kind, upload.chunks, upload.receipt)

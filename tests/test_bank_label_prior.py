@@ -1,0 +1,114 @@
+"""A bank's side of the consortium label prior (``services/bank_label_prior.py``) where it must stop, in-process
+against a scripted aggregator; the whole protocol over real processes is ``test_consortium_label_dp.py``."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedgl_secure.crypto import ckks
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.kinds import WEIGHTS
+from fedgl_secure.log import get_logger
+from fedgl_secure.policy.schema import policy_from_dict
+from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE, prior_size
+from fedgl_secure.privacy.label_release import StagedRelease
+from fedgl_secure.services.aggregator_service import RoundResponse
+from fedgl_secure.services.bank_label_prior import LabelPriorParticipant
+
+NODES, FEATURES, CLASSES = 30, 5, 3
+
+
+class ScriptedAggregator:
+    """Answers ``current_round`` with the given views in turn and keeps what is uploaded."""
+
+    def __init__(self, views: list[RoundResponse]) -> None:
+        self.views = iter(views)
+        self.uploads: list[tuple[int, str]] = []
+
+    def current_round(self) -> RoundResponse:
+        return next(self.views)
+
+    def upload(self, round_number, kind, chunks, receipt):
+        self.uploads.append((round_number, kind))
+
+
+def participant(he, aggregator, tmp_path) -> LabelPriorParticipant:
+    policy = policy_from_dict(
+        {
+            "protection": "he",
+            "he": he,
+            "dp": {
+                "unit": "label",
+                "labels": {
+                    "mechanism": "rr-with-prior",
+                    "epsilon": 2.0,
+                    "stages": 2,
+                    "stage_order": "validation-first",
+                    "prior": "consortium-sgc",
+                },
+            },
+            "budget": {"epsilon": 2.0, "rounds": 5},
+        }
+    )
+    context = ckks.create_secret_context(policy.he)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, CLASSES, NODES)
+    train, val = np.arange(NODES) < 10, (np.arange(NODES) >= 10) & (np.arange(NODES) < 20)
+    adjacency = sp.random(NODES, NODES, density=0.1, random_state=0, format="csr")
+    return LabelPriorParticipant(
+        name="bank-a",
+        federation="f",
+        aggregator=aggregator,
+        context=context,
+        fingerprint=ckks.fingerprint(ckks.public_context_bytes(context)),
+        policy=policy,
+        signing_key=Ed25519PrivateKey.generate(),
+        normaliser=float(NODES),
+        release=StagedRelease(labels, train, val, CLASSES, 2.0, 2, "validation-first", 0.5),
+        release_path=tmp_path / "staged.npz",
+        settings={},
+        adjacency=adjacency + adjacency.T,
+        features=rng.random((NODES, FEATURES)),
+        num_classes=CLASSES,
+        log=get_logger(node="bank-a", role="bank"),
+        poll_seconds=0.0,
+    )
+
+
+def prior_round(bank: LabelPriorParticipant) -> RoundResponse:
+    return RoundResponse(
+        phase="open",
+        federation="f",
+        round=1,
+        nonce="0" * 32,
+        base_version=-1,
+        participants=["bank-a", "bank-b"],
+        shapes={WEIGHTS: [prior_size(FEATURES, CLASSES) + 1]},
+        context_fingerprint=bank.fingerprint,
+        stage=LABEL_PRIOR_STAGE,
+        prior_rounds=[],
+    )
+
+
+def test_a_term_outside_the_packed_range_stops_the_bank_naming_the_setting(small_he, tmp_path):
+    # a reopened round would compute the same term: the bank must not retry it for ever
+    weights = {"lower": -1e-3, "upper": 1e-3, "step_bits": 7}
+    narrow = {**small_he.model_dump(), "packing": "quantised", "precision": {"weights": weights}}
+    aggregator = ScriptedAggregator([])
+    bank = participant(narrow, aggregator, tmp_path)
+    aggregator.views = iter([prior_round(bank)])
+    with pytest.raises(ConfigError, match=r"label-prior round 1 cannot be encrypted.*packing = 'none'"):
+        bank.run(threading.Event())
+    assert aggregator.uploads == []
+
+
+def test_a_federation_that_finishes_before_the_release_is_complete_is_an_error(small_he, tmp_path):
+    aggregator = ScriptedAggregator([RoundResponse(phase="finished", federation="f", prior_rounds=[])])
+    bank = participant(small_he.model_dump(), aggregator, tmp_path)
+    with pytest.raises(ConfigError, match="finished after 0 of the label prior.s 20 rounds, before"):
+        bank.run(threading.Event())
