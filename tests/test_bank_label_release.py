@@ -21,7 +21,13 @@ from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
 from fedgl_secure.privacy.label_release import StagedRelease
 from fedgl_secure.services.aggregator import check_consortium_can_run
-from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, PREPARED_GRAPH_FILE, release_settings
+from fedgl_secure.services.bank import (
+    LABEL_RELEASE_FILE,
+    LEDGER_FILE,
+    PREPARED_GRAPH_FILE,
+    RELEASE_FIELDS,
+    release_settings,
+)
 from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE, load_staged_release, save_staged_release
 
 world = test_bank_privacy.world  # its fixture: the synthetic federation and bank-a's scripted rounds
@@ -155,6 +161,16 @@ def test_the_consortium_accepts_every_label_release(small_he, labels):
     config = build_config({"method": "fedgl"})
     check_consortium(policy_from_dict(label_policy_dict(labels)), config)
     check_consortium_can_run(config, policy_from_dict(label_policy_dict(labels, small_he)), 3)
+
+
+def test_a_release_is_kept_across_settings_that_only_change_training():
+    # correction (and any training-only field added later) never invalidates a kept release; ε does
+    forward = policy_from_dict(label_policy_dict(OWN_SGC_PRIOR))
+    plain = policy_from_dict(label_policy_dict({**OWN_SGC_PRIOR, "correction": "none"}))
+    assert release_settings(forward) == release_settings(plain)
+    assert set(release_settings(forward)) == RELEASE_FIELDS
+    other = policy_from_dict(label_policy_dict({**OWN_SGC_PRIOR, "epsilon": 2.0}))
+    assert release_settings(other) != release_settings(forward)
 
 
 def test_a_release_in_progress_is_taken_back_as_it_was_and_refused_under_other_settings(tmp_path):

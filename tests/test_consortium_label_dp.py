@@ -47,7 +47,10 @@ def test_a_label_dp_consortium_releases_once_per_bank_and_its_run_passes_the_aud
     # the shipped label release (its consortium prior), and the same with each bank's own prior
     labels, policy = label_policy(prior)
     consortium = write_consortium(tmp_path, max_rounds=2, method="fedgl", policy_extra=policy, he=UNPACKED)
-    run_consortium_to_the_end(consortium, rounds=2)
+    summary = run_consortium_to_the_end(consortium, rounds=2)
+    # `consortium up` counts the label prior's rounds (its progress bar shows them before round 1)
+    expected_prior_rounds = consortium_prior.prior_steps(labels["stages"]) if prior == "consortium-sgc" else 0
+    assert summary.get("prior_rounds", 0) == expected_prior_rounds
 
     state = consortium.root / "state"
     slices = consortium_slices(load_consortium(consortium.consortium_path).experiment_config(), None)

@@ -838,10 +838,15 @@ def load_union_index(state_dir: Path) -> tuple[int, np.ndarray]:
         return int(archive["num_global_nodes"]), archive["positions"].astype(np.int64)
 
 
+RELEASE_FIELDS = frozenset({"mechanism", "epsilon", "stages", "stage_order", "prior", "prior_temperature"})
+"""The ``[dp.labels]`` fields a label release depends on; the others (``correction``...) only change how the bank
+trains on it. A new field that changes the release belongs here."""
+
+
 def release_settings(policy: Policy) -> dict:
-    """The ``[dp.labels]`` settings a label release depends on (all but ``correction``, which only changes how the
-    bank trains on it): a kept release is reused only under the same ones."""
-    return policy.dp.labels.model_dump(mode="json", exclude={"correction"})
+    """The ``[dp.labels]`` settings a label release depends on (:data:`RELEASE_FIELDS`): a kept release is reused
+    only under the same ones, and a field added later that only changes training leaves kept releases valid."""
+    return policy.dp.labels.model_dump(mode="json", include=set(RELEASE_FIELDS))
 
 
 def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:

@@ -148,7 +148,7 @@ class AggregatorLog:
             except ValueError:
                 continue
             if isinstance(record, dict) and str(record.get("event", "")).startswith(
-                ("round.", "rounds.", "index.", "bank.withdrew")
+                ("round.", "rounds.", "index.", "bank.withdrew", "prior.round_fitted")
             ):
                 new.append(record)
         self.events.extend(new)
@@ -261,6 +261,9 @@ def consortium_up(
                     applied += 1
                     bar.update(1)
                     bar.set_postfix(round=event.get("round"), banks=len(event.get("contributors", [])))
+                elif name == "prior.round_fitted":  # the label prior's rounds, before training round 1
+                    summary["prior_rounds"] = summary.get("prior_rounds", 0) + 1
+                    bar.set_postfix(label_prior=f"{event.get('step')}/{event.get('steps')}", round=event.get("round"))
                 elif name in ("round.aborted", "round.timed_out_banks", "round.abandoned"):
                     bar.write(f"round {event.get('round')}: {name.split('.')[1]} {event.get('missing', '')}")
                 elif name == "bank.withdrew":
