@@ -44,6 +44,10 @@ pipeline without noise); ``--units centroids`` the node unit by one release of n
 model (:func:`~fedgl_secure.privacy.attacks.global_model_membership`). ``--label-options
 key=value,...`` replaces keys of the label template's ``[dp.labels]`` (e.g. ``stages=3``; with ``mechanism=``
 only the template's ε and correction are kept), to compare label releases (docs/privacy.md §6.10).
+``--seeded-release`` (measurement only: it protects nothing) draws every DP release from a byte source seeded by
+the run's seed instead of the OS CSPRNG, so runs that differ only in how they train (e.g. ``correction=gce``
+against ``correction=none``) train on the same released labels; each run records a digest of the labels the
+banks train on (``release_digest``) to show it.
 
     FEDGL_DATA=/work/shared/datasets python benchmarks/privacy_utility.py --dataset cora --units edge,label \
         --methods fedgl,fgcl --epsilons 0.5,1,2,4,8,inf --seeds 1 --rounds 20 \
@@ -53,6 +57,7 @@ only the template's ε and correction are kept), to compare label releases (docs
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -60,6 +65,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fedgl_secure.data.registry import load_dataset
@@ -143,6 +149,29 @@ def calibrate(
     return high, guarantees
 
 
+def seeded_release_bytes(seed: int):
+    """``--seeded-release``: a byte source seeded by the run's seed, for ``FederationPrivacy(random_bytes=...)``.
+
+    Measurement only: noise from a known seed protects nothing. It makes two runs of one seed draw the same release,
+    so what differs between them is how they train on it."""
+    return np.random.default_rng([0x5EED, seed]).bytes
+
+
+class DigestingPrivacy(FederationPrivacy):
+    """A :class:`FederationPrivacy` that keeps a digest of every bank's labels as released (``release_digest``):
+    runs with the same digest trained on the same released labels."""
+
+    release_digest: str | None = None
+
+    def private_graphs(self, graphs, adjacencies, summation) -> list:
+        private = super().private_graphs(graphs, adjacencies, summation)
+        digest = hashlib.sha256()
+        for graph in private:
+            digest.update(graph.labels.cpu().numpy().astype(np.int64).tobytes())
+        self.release_digest = digest.hexdigest()[:16]
+        return private
+
+
 def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | None = None) -> dict:
     """One run: accuracy at the best validation round, MIA on the final broadcast W̄ (and link AUC on its
     pseudo graph, if any)."""
@@ -196,6 +225,7 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
         "link_auc": None if link is None else link.auc,
         "link_attack": None if link is None else link.attack,
         "epsilon_spent_max_bank": spent,
+        "release_digest": getattr(privacy, "release_digest", None),
         "wall_seconds": round(result.wall_seconds, 2),
     }
 
@@ -294,6 +324,7 @@ def run_units(args) -> int:
             "rounds": args.rounds,
             "patience": args.patience or args.rounds,
             "seeds": args.seeds,
+            "seeded_release": args.seeded_release,
             "accuracy": "global test accuracy at the best validation round (merged client graph, clean)",
             "mia": "membership_inference_auc on the final W̄; link: link_inference_auc on the final pseudo graph",
             "torch_threads": torch.get_num_threads(),
@@ -308,7 +339,8 @@ def run_units(args) -> int:
     def record(unit: str, epsilon: float, method: str, policy, dataset_of) -> None:
         runs = []
         for seed in range(args.seeds):
-            privacy = FederationPrivacy(policy) if policy is not None else None
+            random_bytes = seeded_release_bytes(seed) if args.seeded_release else None
+            privacy = DigestingPrivacy(policy, random_bytes=random_bytes) if policy is not None else None
             config = build_config(config_values(method, seed))
             if privacy is None:
                 run = run_one(config_values(method, seed), None, dataset_of(seed))
@@ -318,7 +350,7 @@ def run_units(args) -> int:
             print(
                 f"  {unit} ε = {epsilon:g} {method} seed {seed}: acc {run['accuracy']:.4f} "
                 f"val {run['val_accuracy']:.4f} MIA {run['mia_auc']} "
-                f"link {run['link_auc']} ({run['wall_seconds']:.1f}s)",
+                f"link {run['link_auc']} release {run.get('release_digest')} ({run['wall_seconds']:.1f}s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -402,6 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         default={},
         help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. stages=3; with mechanism=... "
         "only the template's epsilon and correction are kept (mechanism=randomized-response: plain RR)",
+    )
+    parser.add_argument(
+        "--seeded-release",
+        action="store_true",
+        help="MEASUREMENT ONLY, protects nothing: draw each run's DP release from a byte source seeded by the run's "
+        "seed instead of the OS CSPRNG, so runs that differ only in training (e.g. --label-options correction=gce) "
+        "train on the same released labels (units table)",
     )
     parser.add_argument(
         "--centroids-noise",

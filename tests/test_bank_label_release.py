@@ -45,6 +45,8 @@ OWN_SGC_PRIOR = {
 }
 OWN_PROPAGATION_PRIOR = {"mechanism": "rr-with-prior", "epsilon": 1.0, "stages": 3, "prior": "propagation"}
 CONSORTIUM_PRIOR = {**OWN_SGC_PRIOR, "prior": "consortium-sgc", "correction": "none"}
+# a loss robust to wrong labels on the released ones (the simulation's training code, docs/privacy.md §6.10)
+ROBUST_LOSS = {**OWN_PROPAGATION_PRIOR, "correction": "gce", "gce_q": 0.5}
 ONCE = (PureRelease(round=0, channel=LABELS, epsilon=1.0),)  # a bank's ledger after its release, whatever the rounds
 
 
@@ -75,7 +77,7 @@ def assert_same_round(first, again) -> None:
         np.testing.assert_array_equal(again[("n2", kind)], first[("n1", kind)])
 
 
-@pytest.mark.parametrize("labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR])
+@pytest.mark.parametrize("labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR, ROBUST_LOSS])
 def test_the_bank_trains_on_the_labels_the_simulation_releases_and_records_them_once(
     world, small_he, tmp_path, monkeypatch, labels
 ):
@@ -155,7 +157,9 @@ def test_a_kept_release_made_under_other_label_settings_is_refused(world, small_
         run_worker(world, other, tmp_path, [], monkeypatch, random_bytes=dont_draw)
 
 
-@pytest.mark.parametrize("labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR, CONSORTIUM_PRIOR])
+@pytest.mark.parametrize(
+    "labels", [RANDOMISED_RESPONSE, OWN_SGC_PRIOR, OWN_PROPAGATION_PRIOR, CONSORTIUM_PRIOR, ROBUST_LOSS]
+)
 def test_the_consortium_accepts_every_label_release(small_he, labels):
     # the consortium prior too: the aggregator runs its FedAvg rounds before round 1 (test_consortium_label_dp.py)
     config = build_config({"method": "fedgl"})

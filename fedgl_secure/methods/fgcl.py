@@ -137,11 +137,11 @@ class _Contrastive:
         return views
 
     def _supervised(self, trainer: LocalTrainer, logits: torch.Tensor, pseudo_labels, alpha: float) -> torch.Tensor:
-        from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
+        from fedgl_secure.privacy.label_dp import ReleasedLabelTraining
 
         graph = trainer.graph
         hook = trainer.private_training
-        if isinstance(hook, ForwardCorrectedTraining):  # label DP: the training labels are randomised
+        if isinstance(hook, ReleasedLabelTraining):  # label DP: the training labels are released
             loss = hook.label_loss(logits, graph)
             pseudo_mask = None if pseudo_labels is None else (pseudo_labels >= 0) & ~graph.train_mask
             if alpha > 0 and pseudo_mask is not None and bool(pseudo_mask.any()):
@@ -168,9 +168,9 @@ class _Contrastive:
 
     def _train(self, trainer: LocalTrainer, broadcast: Broadcast, adjacency: SparseOperator, alpha: float) -> None:
         """E local epochs on two views (fresh each round or epoch): ½(sup(v0) + sup(v1)) + γ · InfoNCE(z0, z1)."""
-        from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
+        from fedgl_secure.privacy.label_dp import ReleasedLabelTraining
 
-        if trainer.private_training is not None and not isinstance(trainer.private_training, ForwardCorrectedTraining):
+        if trainer.private_training is not None and not isinstance(trainer.private_training, ReleasedLabelTraining):
             raise ConfigError(
                 "fgcl: DP-SGD ([dp.sgd]) trains through its own per-node gradient loop, which has no contrastive term; "
                 "use FGCL with an edge- or label-unit policy, or a policy without [dp.sgd]"

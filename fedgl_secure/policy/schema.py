@@ -15,7 +15,8 @@ Schema (TOML keys; every table is optional and unknown keys are errors)::
     [dp]             unit = "edge" | "label" | "node" | "bank" | "none"   # what one protected change is
     [dp.edges]       mechanism = "none" | "randomized-response" | "laplace", epsilon
     [dp.labels]      mechanism = "none" | "randomized-response" | "rr-with-prior", epsilon,
-                     correction = "forward" | "none",
+                     correction = "none" | "forward" | "gce" | "bootstrap-soft" | "bootstrap-hard",
+                     gce_q (with "gce"), bootstrap_beta (with "bootstrap-*"),
                      stages, stage_order = "random" | "validation-first",
                      prior = "sgc" | "propagation" | "consortium-sgc", prior_temperature
                      # (the last four with rr-with-prior only)
@@ -385,10 +386,18 @@ class LabelDP(_SourceRelease):
     ε, paid once. ``prior = "consortium-sgc"`` fits the SGC prior by FedAvg over all banks' earlier releases
     (:mod:`~fedgl_secure.privacy.consortium_prior`), the same guarantee. ``prior_temperature`` T sharpens the
     prior to p^(1/T) (renormalised) before RRWithPrior reads it: post-processing of the prior, the same guarantee.
+
+    ``correction = "gce"`` (generalised cross-entropy, ``gce_q``) and ``"bootstrap-soft"`` / ``"bootstrap-hard"``
+    (Reed et al.'s bootstrapping, ``bootstrap_beta``) replace cross-entropy on the released training labels by a loss
+    robust to wrong labels (:mod:`~fedgl_secure.privacy.label_dp`); the pseudo-label term stays cross-entropy. They
+    read the released labels and the model only: post-processing, the same guarantee (docs/privacy.md §6.10).
     """
 
     mechanisms: ClassVar[tuple[str, ...]] = LABEL_MECHANISMS
-    correction: Literal["forward", "none"] = "none"
+    correction: Literal["none", "forward", "gce", "bootstrap-soft", "bootstrap-hard"] = "none"
+    # Zhang & Sabuncu's q (their default 0.7) and Reed et al.'s β (0.8, their hard bootstrapping's); None: the default
+    gce_q: float | None = Field(default=None, gt=0, le=1)
+    bootstrap_beta: float | None = Field(default=None, ge=0, le=1)
     stages: int | None = Field(default=None, ge=2)
     stage_order: Literal["random", "validation-first"] | None = None
     prior: Literal["sgc", "propagation", "consortium-sgc"] | None = None
@@ -401,6 +410,17 @@ class LabelDP(_SourceRelease):
             for name in ("stages", "stage_order", "prior", "prior_temperature"):
                 if getattr(self, name) is not None:
                     raise field_error(name, f"read only with mechanism = 'rr-with-prior' (here {self.mechanism!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _loss_settings_with_their_loss(self) -> LabelDP:
+        if self.gce_q is not None and self.correction != "gce":
+            raise field_error("gce_q", f"read only with correction = 'gce' (here {self.correction!r})")
+        if self.bootstrap_beta is not None and not self.correction.startswith("bootstrap"):
+            raise field_error(
+                "bootstrap_beta",
+                f"read only with correction = 'bootstrap-soft' or 'bootstrap-hard' (here {self.correction!r})",
+            )
         return self
 
     @property
@@ -421,6 +441,14 @@ class LabelDP(_SourceRelease):
     @property
     def effective_prior_temperature(self) -> float:
         return 1.0 if self.prior_temperature is None else float(self.prior_temperature)
+
+    @property
+    def effective_gce_q(self) -> float:
+        return 0.7 if self.gce_q is None else float(self.gce_q)
+
+    @property
+    def effective_bootstrap_beta(self) -> float:
+        return 0.8 if self.bootstrap_beta is None else float(self.bootstrap_beta)
 
 
 class GraphBound(_Section):

@@ -67,7 +67,7 @@ from fedgl_secure.privacy import label_release, mechanisms
 from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
-from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining
+from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, RobustLabelTraining, robust_label_loss
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
 from fedgl_secure.policy.schema import DATA_KINDS, NODE_WEIGHT, Policy
@@ -546,6 +546,10 @@ class FederationPrivacy:
                     mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes),
                     trainer.graph.labels.cpu().numpy(),
                 )
+            )
+        elif labels.enabled and labels.correction != "none":  # a loss robust to the release's wrong labels
+            trainer.private_training = RobustLabelTraining(
+                robust_label_loss(labels.correction, labels.effective_gce_q, labels.effective_bootstrap_beta)
             )
         sgd = self.policy.dp.sgd
         if not self.policy.dp.sgd_enabled:

@@ -476,7 +476,8 @@ def _sgd_guarantee(policy: Policy) -> ChannelGuarantee:
 def _label_assumption(labels) -> str:
     """The assumption line of ``[dp.labels]``: which mechanism releases the labels, and why ε is paid once."""
     common = (
-        "Training with the forward correction uses only ε and the number of classes C, both public: post-processing. "
+        "Training with the forward correction uses only ε and the number of classes C, both public, and a robust loss "
+        "(correction = 'gce' or 'bootstrap-*') only the released labels and the model: post-processing. "
         "Test labels are used by the simulation to measure accuracy only (a deployment has none). Which customers "
         "are labelled is not hidden."
     )

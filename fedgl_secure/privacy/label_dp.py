@@ -1,4 +1,4 @@
-"""Training on randomised-response labels (``dp.unit = "label"``): the forward-corrected loss.
+"""Training on released labels (``dp.unit = "label"``): the forward-corrected loss and losses robust to wrong labels.
 
 The labels a bank trains on were released once by k-ary randomised response
 (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_labels`); whatever is computed from them is
@@ -9,9 +9,16 @@ distribution ``softmax(H) · T``, with ``T`` the randomised-response matrix
 (:func:`~fedgl_secure.privacy.mechanisms.label_noise_matrix`), which depends only on the public ε
 and the number of classes; the clean posterior is then ``softmax(H)``. Pseudo labels (FedGL's Eq. 13)
 are the consortium's, not randomised, so their term stays plain cross-entropy.
+
+Losses robust to wrong labels, for the same released-label term (``[dp.labels] correction``): generalised
+cross-entropy (Zhang & Sabuncu, NeurIPS 2018) and bootstrapping (Reed et al., ICLR 2015 workshop). They read the
+released labels and the model only, nothing about the mechanism: post-processing of the release as well.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -39,28 +46,74 @@ def likelihood_loss(logits: torch.Tensor, likelihood: torch.Tensor) -> torch.Ten
     return -torch.log(probabilities.clamp_min(1e-12)).mean()
 
 
-class ForwardCorrectedTraining:
+def generalized_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, q: float) -> torch.Tensor:
+    r"""Zhang & Sabuncu (NeurIPS 2018) Eq. 6: :math:`\frac1n\sum_i (1 - p_{i,\tilde y_i}^{\,q})/q`, q ∈ (0, 1].
+
+    q → 0 is cross-entropy (its limit), q = 1 is 1 − p_y, MAE up to a factor 2. Its gradient is CE's times
+    :math:`p_y^q`, so a label the model finds unlikely (often a wrong one) pulls less. Computed as
+    ``-expm1(q · log p_y) / q`` so a small q loses no precision.
+    """
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"generalised cross-entropy needs q in (0, 1], got {q}")
+    log_p = torch.log_softmax(logits, dim=1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    return (-torch.expm1(q * log_p) / q).mean()
+
+
+def soft_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
+    r"""Reed et al. (ICLR 2015 workshop) soft bootstrapping: :math:`-\frac1n\sum_i\sum_k (\beta\,\tilde t_{ik} +
+    (1-\beta)\,\hat p_{ik}) \log \hat p_{ik}`, with :math:`\tilde t_i` the released label one-hot.
+
+    = β·CE + (1 − β)·H(p̂): the prediction in the target is not detached, as in the paper (minimum-entropy
+    regularisation). β = 1 is cross-entropy.
+    """
+    _check_beta(beta)
+    log_p = torch.log_softmax(logits, dim=1)
+    target = beta * F.one_hot(labels, logits.shape[1]).to(log_p.dtype) + (1.0 - beta) * log_p.exp()
+    return -(target * log_p).sum(dim=1).mean()
+
+
+def hard_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
+    r"""Reed et al. (ICLR 2015 workshop) hard bootstrapping: :math:`-\frac1n\sum_i (\beta \log \hat p_{i,\tilde y_i}
+    + (1-\beta) \log \hat p_{i,z_i})`, :math:`z_i = \arg\max_k \hat p_{ik}` (the model's own class; no gradient
+    through the arg-max). β = 1 is cross-entropy.
+    """
+    _check_beta(beta)
+    log_p = torch.log_softmax(logits, dim=1)
+    predicted = log_p.detach().argmax(dim=1)
+    chosen = log_p.gather(1, labels.unsqueeze(1)).squeeze(1)
+    own = log_p.gather(1, predicted.unsqueeze(1)).squeeze(1)
+    return -(beta * chosen + (1.0 - beta) * own).mean()
+
+
+def _check_beta(beta: float) -> None:
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"bootstrapping needs beta in [0, 1], got {beta}")
+
+
+LabelLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def robust_label_loss(correction: str, gce_q: float, bootstrap_beta: float) -> LabelLoss:
+    """The loss ``(logits, released labels) → scalar`` named by ``[dp.labels] correction`` (one of the robust ones)."""
+    if correction == "gce":
+        return partial(generalized_cross_entropy, q=gce_q)
+    if correction == "bootstrap-soft":
+        return partial(soft_bootstrapping_loss, beta=bootstrap_beta)
+    if correction == "bootstrap-hard":
+        return partial(hard_bootstrapping_loss, beta=bootstrap_beta)
+    raise ValueError(f"no robust label loss named {correction!r}")
+
+
+class ReleasedLabelTraining:
     """A :class:`~fedgl_secure.engine.client.LocalTrainer`'s ``private_training`` hook under label DP.
 
-    Full-batch Adam as the trainer's own loop, with the training-label term replaced by
-    :func:`likelihood_loss` (the pseudo-label term of Eq. 8 unchanged). ``likelihood[i, y]`` = P(node i's
-    released label | true y), one row per node of the bank's graph: randomised response's matrix column of the
-    released label (:meth:`for_randomized_response`, Patrini et al.'s forward correction), or the node's own
-    RRWithPrior transition (``label_release.LabelRelease.likelihood``).
+    Full-batch Adam as the trainer's own loop, with the training-label term replaced by :meth:`label_loss` (the
+    pseudo-label term of Eq. 8 unchanged: the consortium's labels are not the release). Subclasses say what the
+    term is.
     """
 
-    def __init__(self, likelihood: np.ndarray) -> None:
-        self.likelihood = torch.as_tensor(likelihood, dtype=torch.float32)
-
-    @classmethod
-    def for_randomized_response(cls, noise_matrix: np.ndarray, labels: np.ndarray) -> ForwardCorrectedTraining:
-        """Rows ``T[:, ỹ_i]`` of the randomised-response matrix for the released labels ỹ (negative: unlabelled)."""
-        return cls(np.asarray(noise_matrix)[:, np.clip(np.asarray(labels), 0, None)].T)
-
     def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
-        """The training-label term: :func:`likelihood_loss` on the graph's training nodes."""
-        likelihood = self.likelihood.to(logits.device)[graph.train_mask]
-        return likelihood_loss(logits[graph.train_mask], likelihood.to(logits.dtype))
+        raise NotImplementedError
 
     def train(
         self,
@@ -88,3 +141,34 @@ class ForwardCorrectedTraining:
             loss.backward()
             trainer.optimizer.step()
         return float(loss.detach())
+
+
+class ForwardCorrectedTraining(ReleasedLabelTraining):
+    """The training-label term is :func:`likelihood_loss`. ``likelihood[i, y]`` = P(node i's released label | true y),
+    one row per node of the bank's graph: randomised response's matrix column of the released label
+    (:meth:`for_randomized_response`, Patrini et al.'s forward correction), or the node's own RRWithPrior transition
+    (``label_release.LabelRelease.likelihood``).
+    """
+
+    def __init__(self, likelihood: np.ndarray) -> None:
+        self.likelihood = torch.as_tensor(likelihood, dtype=torch.float32)
+
+    @classmethod
+    def for_randomized_response(cls, noise_matrix: np.ndarray, labels: np.ndarray) -> ForwardCorrectedTraining:
+        """Rows ``T[:, ỹ_i]`` of the randomised-response matrix for the released labels ỹ (negative: unlabelled)."""
+        return cls(np.asarray(noise_matrix)[:, np.clip(np.asarray(labels), 0, None)].T)
+
+    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
+        """The training-label term: :func:`likelihood_loss` on the graph's training nodes."""
+        likelihood = self.likelihood.to(logits.device)[graph.train_mask]
+        return likelihood_loss(logits[graph.train_mask], likelihood.to(logits.dtype))
+
+
+class RobustLabelTraining(ReleasedLabelTraining):
+    """The training-label term is a loss robust to wrong labels (:func:`robust_label_loss`) on the released labels."""
+
+    def __init__(self, loss: LabelLoss) -> None:
+        self.loss = loss
+
+    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
+        return self.loss(logits[graph.train_mask], graph.labels[graph.train_mask])
