@@ -102,6 +102,7 @@ from fedgl_secure.services.bank_label_prior import (
     STAGED_LABELS_FILE,
     LabelPriorParticipant,
     load_staged_release,
+    poll_round,
     save_staged_release,
 )
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
@@ -483,11 +484,8 @@ class BankWorker:
         self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)
         session = _Session(trainer, evaluator, graph, num_parameters)
         while not stop.is_set():
-            try:
-                view = self.aggregator.current_round()
-            except (FedGLError, OSError) as error:  # ProtocolConflict, and an unreachable (restarting) aggregator
-                self.log.warning("round.poll_failed", error=str(error)[:300])
-                stop.wait(self.poll_seconds * 5)
+            view = poll_round(self.aggregator, self.log, stop, self.poll_seconds, "round.poll_failed")
+            if view is None:
                 continue
             if self._withdrawal_pending():
                 self._withdraw()

@@ -89,6 +89,19 @@ def load_staged_release(
         raise ConfigError(f"{path}: {error}") from None
 
 
+def poll_round(
+    aggregator: AggregatorClient, log, stop: threading.Event, poll_seconds: float, event: str
+) -> RoundResponse | None:
+    """The aggregator's current round, or None (logged as ``event``, after a pause) when it cannot be had: a
+    ProtocolConflict, or an unreachable (restarting) aggregator."""
+    try:
+        return aggregator.current_round()
+    except (FedGLError, OSError) as error:
+        log.warning(event, error=str(error)[:300])
+        stop.wait(poll_seconds * 5)
+        return None
+
+
 class LabelPriorParticipant:
     """One bank's side of the label-prior rounds and of its staged release (module doc)."""
 
@@ -130,11 +143,8 @@ class LabelPriorParticipant:
         while not self.release.complete:
             if stop.is_set():
                 raise StopRequested("stopped during the consortium label release")
-            try:
-                view = self.aggregator.current_round()
-            except (FedGLError, OSError) as error:  # ProtocolConflict, and an unreachable (restarting) aggregator
-                self.log.warning("prior.poll_failed", error=str(error)[:300])
-                stop.wait(self.poll_seconds * 5)
+            view = poll_round(self.aggregator, self.log, stop, self.poll_seconds, "prior.poll_failed")
+            if view is None:
                 continue
             if view.phase == "enrolling":
                 stop.wait(self.poll_seconds)
