@@ -11,11 +11,13 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
+from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
-from fedgl_secure.methods.gap import bounded_adjacency, check_gap_policy
+from fedgl_secure.methods.base import Broadcast
+from fedgl_secure.methods.gap import GAP, apply_gap_policy, bounded_adjacency, check_gap_policy
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import gap
@@ -129,10 +131,10 @@ def test_shipped_gap_policy_states_a_node_guarantee_within_budget():
     assert any("√D" in line for line in guarantees.assumptions)
 
 
-def test_gap_policy_is_refused_by_the_services_and_by_another_method():
+def test_gap_policy_runs_in_the_services_and_is_refused_with_another_method():
     policy = load_policy(POLICY)
-    with pytest.raises(ConfigError, match="simulation only"):
-        check_consortium(policy, build_config({"method": "gap"}))
+    # the services apply the policy's GAP settings first (methods.apply_in_method_policy); a bank keeps its hops
+    check_consortium(policy, apply_gap_policy(build_config({"method": "gap"}), policy))  # test_gap_consortium.py
     with pytest.raises(ConfigError, match="method 'fedgl'"):
         check_gap_policy(policy, build_config({"method": "fedgl"}))
     strict = load_policy("policies/strict-dp.toml")
@@ -186,3 +188,82 @@ def test_perturbed_hops_follow_eq_a1_with_given_draws_and_fresh_draws_differ():
     assert torch.allclose(hops[2].norm(dim=1), torch.ones(3))  # every release is row-normalised
     fresh = [gap.perturbed_hops(embeddings, adjacency, 1, 1.0)[1] for _ in range(2)]
     assert not torch.allclose(*fresh)  # σ > 0: the CSPRNG draws anew
+
+
+def test_a_bank_records_the_hops_in_the_round_that_draws_them_and_never_draws_kept_hops_again(monkeypatch):
+    # what a bank service records (GAP.bank_releases) and keeps across restarts (kept_release)
+    dataset = synthetic_consortium(seed=0, num_nodes=120, num_features=40, num_val=20, num_test=20)
+    values = _gap_policy(**{"dp.gap.encoder_rounds": 2, "dp.gap.classifier_rounds": 2, "dp.gap.local_steps": 1})
+    values["budget"]["rounds"] = 4
+    policy = policy_from_dict(values, source="gap-bank")
+    config = apply_gap_policy(build_config({"method": "gap", "seed": 0, "device": "cpu"}), policy)
+
+    def trainer_of(method: GAP) -> LocalTrainer:
+        graph = GraphTensors.from_graph(dataset, np.arange(dataset.num_nodes), dataset.num_nodes, "cpu", True)
+        return LocalTrainer(0, graph, config.training, 0, method.build_model(graph.features.shape[1], 4))
+
+    method = GAP(config)
+    trainer = trainer_of(method)
+    weights = trainer.model.flat_parameters()
+    recorded = []
+    for training_round in range(1, 6):  # the schedule, and one round after it
+        method.client_contribution(trainer, Broadcast(training_round - 1, weights))
+        recorded += [(r.round, r.channel) for r in method.bank_releases(trainer, training_round)]
+    assert recorded == [
+        (1, gap.ENCODER),
+        (2, gap.ENCODER),
+        (3, gap.AGGREGATION),
+        (3, gap.CLASSIFIER),
+        (4, gap.CLASSIFIER),
+    ]
+    kept = method.kept_release(trainer)
+    assert set(kept) == {"hops"} and kept["hops"].shape == (dataset.num_nodes, 3 * config.gap.encoder_dim)
+
+    # a restarted bank: a new method instance takes the hops back; drawing them again fails the test
+    restarted = GAP(config)
+    again = trainer_of(restarted)
+    restarted.restore_kept_release(again, kept)
+
+    def no_second_draw(*args, **kwargs):
+        raise AssertionError("a restarted bank drew its hops again")
+
+    monkeypatch.setattr(gap, "perturbed_hops", no_second_draw)
+    restarted.client_contribution(again, Broadcast(3, weights))
+    assert [(r.round, r.channel) for r in restarted.bank_releases(again, 4)] == [(4, gap.CLASSIFIER)]
+    with pytest.raises(ConfigError, match="kept GAP hops of shape"):
+        restarted.restore_kept_release(again, {"hops": kept["hops"][:, :5]})
+
+
+def test_a_bank_service_records_kept_hops_once_and_refuses_to_start_without_them(tmp_path):
+    # services/bank.py's restore of GAP's hops: a file the ledger does not record yet (stopped between the two
+    # writes) is recorded once; a ledger that records hops whose file is gone refuses to start
+    from fedgl_secure.fileio import write_arrays_atomically
+    from fedgl_secure.log import get_logger
+    from fedgl_secure.privacy.accounting import PrivacyLedger
+    from fedgl_secure.privacy.dp_round import BankPrivacy
+    from fedgl_secure.services.bank import LEDGER_FILE, METHOD_RELEASE_FILE, BankWorker
+
+    dataset = synthetic_consortium(seed=0, num_nodes=120, num_features=40, num_val=20, num_test=20)
+    policy = load_policy(POLICY)
+    config = apply_gap_policy(build_config({"method": "gap", "seed": 0, "device": "cpu"}), policy)
+    method = GAP(config)
+    graph = GraphTensors.from_graph(dataset, np.arange(dataset.num_nodes), dataset.num_nodes, "cpu", True)
+    trainer = LocalTrainer(0, graph, config.training, 0, method.build_model(graph.features.shape[1], 4))
+    hops = np.random.default_rng(0).random((dataset.num_nodes, 3 * config.gap.encoder_dim)).astype(np.float32)
+    write_arrays_atomically(tmp_path / METHOD_RELEASE_FILE, round=np.array(7), hops=hops)
+
+    worker = object.__new__(BankWorker)  # only what the restore reads: method, privacy, state directory, log
+    worker.method, worker.client_index, worker.state_dir = method, 0, tmp_path
+    worker.ledger_path, worker.log = tmp_path / LEDGER_FILE, get_logger(node="bank-a", role="bank")
+    worker.privacy = FederationPrivacy(policy)
+    channels = (gap.ENCODER, gap.AGGREGATION, gap.CLASSIFIER)
+    worker.privacy.banks[0] = BankPrivacy("bank-a", policy, 1.0, ledger=PrivacyLedger("bank-a", channels=channels))
+    for _ in range(2):  # recorded once, whatever the restarts
+        worker._restore_method_release(trainer)
+    ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
+    assert [(r.round, r.channel) for r in ledger.releases] == [(7, gap.AGGREGATION)]
+    assert torch.equal(method.kept_release(trainer)["hops"], torch.from_numpy(hops))
+
+    (tmp_path / METHOD_RELEASE_FILE).unlink()
+    with pytest.raises(ConfigError, match=r"privacy-method-release\.npz: missing.*second release"):
+        worker._restore_method_release(trainer)

@@ -117,6 +117,7 @@ class _Bank:
     features: torch.Tensor
     train_nodes: torch.Tensor
     hops: torch.Tensor | None = None
+    hops_drawn: bool = False  # the last client_contribution drew the hops (released them, inside the bank)
 
 
 class GAP:
@@ -193,6 +194,7 @@ class GAP:
         model: GAPModel = trainer.model
         model.load_flat_parameters(broadcast.weights)
         bank = self._bank(trainer)
+        bank.hops_drawn = False
         phase = self.phase(broadcast.round_number + 1)
         model.train()
         if phase == "encoder":
@@ -207,8 +209,43 @@ class GAP:
                         model.encoder_module.encoder(bank.features), adjacency, self.settings.hops, self.hop_noise_std
                     )
                 bank.hops = torch.cat(hops, dim=1)
+                bank.hops_drawn = True
             self._steps(trainer, bank, bank.classifier, bank.classifier_optimizer, bank.hops, self.noise.classifier)
         return {WEIGHTS: weights_term(client_weight(trainer.num_nodes), model.flat_parameters().cpu())}
+
+    kept_release_channels = (gap_dp.AGGREGATION,)
+    """Ledger channels of what :meth:`kept_release` holds."""
+
+    def bank_releases(self, trainer: LocalTrainer, training_round: int) -> list:
+        """What this bank's last :meth:`client_contribution` (for ``training_round``) released: the hops if it drew
+        them, and its phase's DP-SGD steps — what a bank service records. (The simulation records
+        :func:`gap_releases` for every bank every round, which is never less.)"""
+        bank = self._banks.get(trainer.client_id)
+        drawn = bank is not None and bank.hops_drawn
+        made = [
+            gap_dp.hops_release(accounted_settings(self.config), self.noise, training_round) if drawn else None,
+            gap_dp.step_release(accounted_settings(self.config), self.noise, training_round),
+        ]
+        return [release for release in made if release is not None]
+
+    def kept_release_records(self, round_number: int) -> list:
+        """The ledger records of the kept hops, released in round ``round_number``."""
+        release = gap_dp.hops_release(accounted_settings(self.config), self.noise, round_number)
+        return [] if release is None else [release]
+
+    def kept_release(self, trainer: LocalTrainer) -> dict[str, torch.Tensor]:
+        """What this bank released inside the method and must keep across restarts: its perturbed hops, once
+        computed (a second draw would be a second release of the aggregation). Empty before the classifier phase."""
+        bank = self._banks.get(trainer.client_id)
+        return {} if bank is None or bank.hops is None else {"hops": bank.hops.detach().cpu()}
+
+    def restore_kept_release(self, trainer: LocalTrainer, arrays: Mapping[str, torch.Tensor]) -> None:
+        """Take back the hops :meth:`kept_release` gave (a restarted bank service): they are never drawn again."""
+        hops = torch.as_tensor(arrays["hops"], dtype=torch.float32)
+        expected = (trainer.graph.num_nodes, (self.settings.hops + 1) * self.settings.encoder_dim)
+        if tuple(hops.shape) != expected:
+            raise ConfigError(f"kept GAP hops of shape {tuple(hops.shape)}, but this bank's graph needs {expected}")
+        self._bank(trainer).hops = hops.to(trainer.graph.device)
 
     def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
         return Broadcast(round_number, fedavg(*split_weights_sum(sums[WEIGHTS])))

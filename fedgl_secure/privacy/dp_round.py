@@ -207,12 +207,6 @@ def check_consortium(policy: Policy, config) -> None:
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
         )
-    if policy.dp.node_mechanism == "gap":
-        raise ConfigError(
-            "dp.node_mechanism = 'gap' runs in the simulation only (`simulate --method gap --policy ...`, with "
-            "--secure for CKKS sums): a consortium bank does not yet keep GAP's phase and perturbed hops across rounds "
-            "and restarts; use `simulate`, or node_mechanism = 'channels'"
-        )
     if policy.dp.node_mechanism == "centroids" and (
         policy.dp.centroids is None or policy.dp.centroids.noise != "central"
     ):

@@ -99,31 +99,45 @@ def schedule(settings: GAPSettings) -> tuple[tuple[str, float, int], ...]:
     )
 
 
-def round_releases(settings: GAPSettings, noise: GAPNoise, round_number: int) -> list[GaussianRelease]:
-    """What one bank releases in round ``round_number`` (1-based) of GAP's schedule: S encoder steps in rounds
-    1…R_e; the K hops and S classifier steps in round R_e + 1; S classifier steps up to R_e + R_c; nothing later
-    (or without noise). A bank's ledger records these; they compose to :func:`releases`."""
+def step_release(settings: GAPSettings, noise: GAPNoise, round_number: int) -> GaussianRelease | None:
+    """The S DP-SGD steps round ``round_number`` (1-based) of GAP's schedule trains: the encoder's in rounds 1…R_e,
+    the classifier's up to R_e + R_c; None later (or without noise)."""
     if not noise.private or round_number > settings.rounds:
-        return []
+        return None
     encoder = round_number <= settings.encoder_rounds
-    z = noise.encoder if encoder else noise.classifier
-    step = GaussianRelease(
+    return GaussianRelease(
         round=round_number,
         channel=ENCODER if encoder else CLASSIFIER,
-        noise_multiplier=z,
+        noise_multiplier=noise.encoder if encoder else noise.classifier,
         sample_rate=settings.sample_rate,
         steps=settings.local_steps,
     )
-    if round_number != settings.encoder_rounds + 1:
-        return [step]
-    hops = GaussianRelease(
+
+
+def hops_release(settings: GAPSettings, noise: GAPNoise, round_number: int) -> GaussianRelease | None:
+    """The K perturbed hops, released once by each bank, as a release of round ``round_number`` (None without
+    noise)."""
+    if not noise.private:
+        return None
+    return GaussianRelease(
         round=round_number,
         channel=AGGREGATION,
         noise_multiplier=noise.aggregation,
         sample_rate=1.0,
         steps=settings.hops,
     )
-    return [hops, step]
+
+
+def round_releases(settings: GAPSettings, noise: GAPNoise, round_number: int) -> list[GaussianRelease]:
+    """What one bank releases in round ``round_number`` (1-based) of GAP's schedule: S encoder steps in rounds
+    1…R_e; the K hops and S classifier steps in round R_e + 1; S classifier steps up to R_e + R_c; nothing later
+    (or without noise). A bank's ledger records these; they compose to :func:`releases`."""
+    step = step_release(settings, noise, round_number)
+    if step is None:
+        return []
+    if round_number != settings.encoder_rounds + 1:
+        return [step]
+    return [hops_release(settings, noise, round_number), step]
 
 
 def releases(settings: GAPSettings, noise: GAPNoise) -> list[GaussianRelease]:

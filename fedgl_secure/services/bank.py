@@ -117,6 +117,7 @@ from fedgl_secure.wire.broadcast import decode_broadcast
 LEDGER_FILE = "privacy-ledger.json"
 PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it
 LABEL_RELEASE_FILE = "privacy-labels.npz"  # the labels after label DP (and their likelihood rows), likewise
+METHOD_RELEASE_FILE = "privacy-method-release.npz"  # what a method released inside the bank once (GAP's hops)
 INDEX_FILE = "union-index.npz"  # M and this bank's positions in the union index (for scoring after the run)
 FINAL_MODEL_FILE = "final-model.npz"  # the federation's final model (the broadcast bytes), for predict
 FINAL_META_FILE = "final-model.json"  # which version that is, and of which federation
@@ -389,8 +390,8 @@ class BankWorker:
         if key not in session.released:
             k = self.client_index
             if self.method_releases is not None:  # the method's own release, recorded; no per-upload DP step
-                _, releases_of_round = self.method_releases
-                protected = self.bank_privacy.release_in_method(view.round, contribution, releases_of_round(view.round))
+                releases = self._method_releases_of(session, view)
+                protected = self.bank_privacy.release_in_method(view.round, contribution, releases)
                 released = {} if protected is None else {k: protected}
             else:
                 released = protect_contributions(
@@ -401,6 +402,59 @@ class BankWorker:
             self._save_ledger()  # recorded, and on disk, before anything leaves the bank
             session.released = {key: released[k]}
         return session.released[key]
+
+    def _method_releases_of(self, session: _Session, view: RoundResponse) -> list:
+        """What this round's contribution released inside the method, as records of round number ``view.round``
+        (each round number is decrypted once; a retry of the same training round under a new number is a new
+        release): what the method says this bank made (``bank_releases``: GAP's hops only in the call that drew
+        them), else the method's schedule for the training round (``base_version + 1``)."""
+        training_round = view.base_version + 1
+        made = getattr(self.method, "bank_releases", None)
+        if made is not None:
+            releases = made(session.trainer, training_round)
+        else:
+            _, releases_of_round = self.method_releases
+            releases = releases_of_round(training_round)
+        return [release.model_copy(update={"round": view.round}) for release in releases]
+
+    def _keep_method_release(self, session: _Session, view: RoundResponse) -> None:
+        """A release the method made inside the bank and must never draw again (GAP's hops), written to the state
+        directory with its round number once it exists — before the ledger records it and before any upload."""
+        kept = getattr(self.method, "kept_release", None)
+        if kept is None or self.state_dir is None:
+            return
+        path = self.state_dir / METHOD_RELEASE_FILE
+        arrays = kept(session.trainer)
+        if arrays and not path.exists():
+            write_arrays_atomically(path, round=np.array(view.round), **{k: v.numpy() for k, v in arrays.items()})
+            self.log.info("privacy.method_release_kept", round=view.round, arrays=sorted(arrays))
+
+    def _restore_method_release(self, trainer: LocalTrainer) -> None:
+        """Take back what :meth:`_keep_method_release` kept (a restarted bank): never drawn again; one kept but not
+        yet recorded (stopped between the two writes) is recorded now, once. A ledger that records such a release
+        whose file is gone refuses to start: drawing it again would be a second release."""
+        restore = getattr(self.method, "restore_kept_release", None)
+        if restore is None or self.bank_privacy is None:
+            return
+        path = self.state_dir / METHOD_RELEASE_FILE
+        channels = set(self.method.kept_release_channels)
+        recorded = any(release.channel in channels for release in self.bank_privacy.ledger.releases)
+        if not path.exists():
+            if recorded:
+                raise ConfigError(
+                    f"{path}: missing, but {self.ledger_path} records this bank's {sorted(channels)} release: drawing "
+                    "it again would be a second release; restore the file, or start the bank with a new state "
+                    "directory and a new budget"
+                )
+            return
+        with np.load(path, allow_pickle=False) as archive:
+            round_number = int(archive["round"])
+            arrays = {name: torch.from_numpy(archive[name]) for name in archive.files if name != "round"}
+        restore(trainer, arrays)
+        records = self.method.kept_release_records(round_number)
+        if not recorded and self.bank_privacy.release_in_method(round_number, {}, records) is not None:
+            self._save_ledger()
+        self.log.info("privacy.method_release_reused", round=round_number, recorded_before=recorded)
 
     def _reconstruct(self, stop: threading.Event) -> GraphDataset:
         """Fed²GNN's set-up: the bank-to-bank exchange through the aggregator (``methods/fed2gnn_relay.py``), then the
@@ -479,6 +533,7 @@ class BankWorker:
         trainer = LocalTrainer(self.client_index, private, training, self.config.seed, model)
         if self.privacy is not None:
             self.privacy.attach_training(self.client_index, trainer)
+            self._restore_method_release(trainer)
         evaluator = method_model(self.method, features, training.hidden, graph.num_classes, 0.0).to(device)
         num_parameters = int(trainer.model.flat_parameters().numel())
         self.log.info("bank.ready", nodes=graph.num_nodes, num_global_nodes=size)
@@ -693,6 +748,7 @@ class BankWorker:
                 contribution = self.method.client_contribution(session.trainer, broadcast, with_node_terms=False)
             else:
                 contribution = stage_contribution(self.method, stage, session.trainer, broadcast)
+            self._keep_method_release(session, view)
             contribution = self._release(session, view, broadcast, contribution)
         if contribution is not None:
             expected = {kind: tuple(shape) for kind, shape in view.shapes.items()}
