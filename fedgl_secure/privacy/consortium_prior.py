@@ -75,6 +75,12 @@ def step_stage(step: int, rounds: int = ROUNDS) -> int:
     return (step - 1) // rounds + 1
 
 
+def starts_stage(step: int, rounds: int = ROUNDS) -> bool:
+    """Whether FedAvg round ``step`` (1-based, over the whole release) is the first of a stage's prior: it then
+    starts from zero, as :func:`fit_consortium_prior` does, not from the θ̄ of the round before."""
+    return (step - 1) % rounds == 0
+
+
 def prior_term(
     parameters: torch.Tensor,
     propagated: np.ndarray,

@@ -89,9 +89,7 @@ from fedgl_secure.privacy.consortium_prior import (
     prior_average,
     prior_size,
     prior_steps,
-)
-from fedgl_secure.privacy.consortium_prior import (
-    ROUNDS as PRIOR_ROUNDS_PER_STAGE,
+    starts_stage,
 )
 from fedgl_secure.privacy.dp_round import check_consortium, releases_labels_together
 from fedgl_secure.services.aggregator_store import (
@@ -691,7 +689,7 @@ class Coordinator:
         """θ̄ that FedAvg round ``step`` of the prior starts from: zero at the first round of each stage's prior,
         else the θ̄ the previous round published."""
         size = self._prior_shapes()[WEIGHTS][0] - 1
-        if (step - 1) % PRIOR_ROUNDS_PER_STAGE == 0:
+        if starts_stage(step):
             return torch.zeros(size)
         arrays = encodings.decode_arrays(self.store.stage_model(self._prior_rounds[-1], LABEL_PRIOR_STAGE))
         return torch.from_numpy(arrays["prior"])

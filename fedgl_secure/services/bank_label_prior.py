@@ -44,6 +44,7 @@ from fedgl_secure.privacy.consortium_prior import (
     prior_size,
     prior_steps,
     prior_term,
+    starts_stage,
     step_stage,
 )
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
@@ -223,7 +224,7 @@ class LabelPriorParticipant:
                 f"label-prior round {view.round} fits the prior of stage {step_stage(step) + 1}, but this bank has "
                 f"released {self.release.released} of {self.release.stages} stages"
             )
-        if (step - 1) % ROUNDS == 0:
+        if starts_stage(step):
             start = torch.zeros(prior_size(self.propagated.shape[1], self.num_classes))
         else:
             start = self._download_prior(view.prior_rounds[-1])
