@@ -167,6 +167,15 @@ def test_the_consortium_accepts_every_label_release(small_he, labels):
     check_consortium_can_run(config, policy_from_dict(label_policy_dict(labels, small_he)), 3)
 
 
+def test_the_consortium_refuses_the_consortium_prior_when_its_weights_may_not_leave_a_bank():
+    # the key authority would refuse every prior round's sum: refused at start, naming the fields
+    values = {**label_policy_dict(CONSORTIUM_PRIOR), "allowed_kinds": ["predictions", "node_weight"]}
+    with pytest.raises(
+        ConfigError, match=r"consortium-sgc.*'weights'.*allowed_kinds = \['predictions', 'node_weight'\]"
+    ):
+        check_consortium(policy_from_dict(values), build_config({"method": "fedgl"}))
+
+
 def test_a_release_is_kept_across_settings_that_only_change_training():
     # correction (and any training-only field added later) never invalidates a kept release; ε does
     forward = policy_from_dict(label_policy_dict(OWN_SGC_PRIOR))

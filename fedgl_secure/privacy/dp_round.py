@@ -207,6 +207,13 @@ def check_consortium(policy: Policy, config) -> None:
             "protection = 'none' sends uploads in clear, but a consortium always encrypts them (CKKS); use a policy "
             "with protection = 'he', or run a plaintext experiment with `simulate`"
         )
+    if releases_labels_together(policy) and WEIGHTS not in policy.allowed_kinds:
+        # the key authority would refuse every prior round's sum: the prior's rounds would be retried for ever
+        raise ConfigError(
+            f"dp.labels.prior = {label_release.CONSORTIUM_PRIOR!r} fits its prior from sums of the 'weights' kind "
+            f"before round 1, but allowed_kinds = {list(policy.allowed_kinds)} keeps it inside the banks; allow "
+            f"'weights', or use a bank-local prior (dp.labels.prior = one of {list(label_release.PRIORS)})"
+        )
     if policy.dp.node_mechanism == "centroids" and (
         policy.dp.centroids is None or policy.dp.centroids.noise != "central"
     ):
