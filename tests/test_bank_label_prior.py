@@ -19,6 +19,8 @@ from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE, prior_size
 from fedgl_secure.privacy.label_release import StagedRelease
 from fedgl_secure.services.aggregator_service import RoundResponse
 from fedgl_secure.services.bank_label_prior import LabelPriorParticipant
+from fedgl_secure.services.wire import ServiceError
+from fedgl_secure.wire.encodings import encode_arrays
 
 NODES, FEATURES, CLASSES = 30, 5, 3
 
@@ -112,3 +114,23 @@ def test_a_federation_that_finishes_before_the_release_is_complete_is_an_error(s
     bank = participant(small_he.model_dump(), aggregator, tmp_path)
     with pytest.raises(ConfigError, match="finished after 0 of the label prior.s 20 rounds, before"):
         bank.run(threading.Event())
+
+
+def test_a_prior_that_cannot_be_downloaded_is_retried_not_fatal(small_he, tmp_path):
+    # all prior rounds are fitted; the first download of the last θ̄ fails (an aggregator restarting), the next works
+    published = np.zeros(prior_size(FEATURES, CLASSES), dtype=np.float32)
+    done = RoundResponse(phase="waiting", federation="f", prior_rounds=list(range(1, 21)))
+    aggregator = ScriptedAggregator([done, done])
+    attempts = []
+
+    def stage_model(round_number, stage):
+        attempts.append((round_number, stage))
+        if len(attempts) == 1:
+            raise ServiceError(None, "unreachable", "connection refused")
+        return encode_arrays({"prior": published})
+
+    aggregator.stage_model = stage_model
+    bank = participant(small_he.model_dump(), aggregator, tmp_path)
+    release = bank.run(threading.Event())
+    assert attempts == [(20, LABEL_PRIOR_STAGE), (20, LABEL_PRIOR_STAGE)] and bank.release.complete
+    assert release.labels.shape == (NODES,)

@@ -150,7 +150,14 @@ class LabelPriorParticipant:
             if view.phase == "enrolling":
                 stop.wait(self.poll_seconds)
                 continue
-            self._release_fitted_stages(view.prior_rounds)
+            try:
+                self._release_fitted_stages(view.prior_rounds)
+            except ConfigError:
+                raise
+            except (FedGLError, OSError) as error:  # the published prior could not be had: the next poll retries
+                self.log.warning("prior.download_failed", error=str(error)[:300])
+                stop.wait(self.poll_seconds * 5)
+                continue
             if self.release.complete:
                 break
             if view.phase == "finished":  # it will never be: the bank cannot train on labels it has not released
