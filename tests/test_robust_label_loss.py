@@ -155,14 +155,16 @@ def small():
     return synthetic_consortium(seed=0, num_nodes=400, num_features=40, num_val=60, num_test=100)
 
 
-def final_weights(small, labels: dict, method: str = "fedgl") -> tuple[torch.Tensor, FederationPrivacy]:
+def final_weights(
+    small, labels: dict, method: str = "fedgl", class_weighting: str = "none"
+) -> tuple[torch.Tensor, FederationPrivacy]:
     """The last broadcast W̄ of a 2-round run whose labels are released with one seeded byte source (tests only)."""
     privacy = FederationPrivacy(policy_from_dict(label_policy(**labels)), random_bytes=np.random.default_rng(5).bytes)
     config = build_config(
         {
             "method": method,
             "device": "cpu",
-            "training": {"local_epochs": 2},
+            "training": {"local_epochs": 2, "class_weighting": class_weighting},
             "federation": {"max_rounds": 2, "proportions": [0.6, 0.7]},
         }
     )
@@ -171,17 +173,21 @@ def final_weights(small, labels: dict, method: str = "fedgl") -> tuple[torch.Ten
     return seen[-1].weights, privacy
 
 
-def test_a_federation_trains_the_released_labels_with_the_chosen_loss_and_pays_epsilon_once(small):
-    plain, _ = final_weights(small, {})
-    # hard bootstrapping at β = 1 is cross-entropy: the hook's path (pseudo-label term included) is the plain one
-    same, privacy = final_weights(small, {"correction": "bootstrap-hard", "bootstrap_beta": 1.0})
+@pytest.mark.parametrize("class_weighting", ["none", "balanced"])
+def test_a_federation_trains_the_released_labels_with_the_chosen_loss_and_pays_epsilon_once(small, class_weighting):
+    plain, _ = final_weights(small, {}, class_weighting=class_weighting)
+    # hard bootstrapping at β = 1 is cross-entropy: the hook's path (pseudo-label term included, and the class
+    # weights of training.class_weighting = "balanced" in both terms) is the plain one
+    same, privacy = final_weights(
+        small, {"correction": "bootstrap-hard", "bootstrap_beta": 1.0}, class_weighting=class_weighting
+    )
     torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-6)
     trainer = SimpleNamespace(private_training=None)  # what the simulation and a bank service hand it
     privacy.attach_training(0, trainer)
     hook = trainer.private_training
     assert isinstance(hook, RobustLabelTraining)
     assert hook.loss.func is hard_bootstrapping_loss and hook.loss.keywords == {"beta": 1.0}
-    gce, privacy = final_weights(small, {"correction": "gce"})
+    gce, privacy = final_weights(small, {"correction": "gce"}, class_weighting=class_weighting)
     assert not torch.allclose(gce, plain, atol=1e-4)  # another loss, the same released labels
     assert all(len(ledger.releases) == 1 for ledger in privacy.ledgers().values())
 
@@ -197,3 +203,18 @@ def test_the_benchmarks_seeded_release_is_the_same_for_a_seed_and_differs_betwee
     spec.loader.exec_module(module)
     first, again, other = (module.seeded_release_bytes(s)(64) for s in (3, 3, 4))
     assert first == again and first != other
+
+
+def test_class_weights_make_every_loss_a_weighted_mean_over_the_nodes():
+    # training.class_weighting = "balanced": each node weighs as its label's class, as F.cross_entropy(weight=...)
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, -0.5]])
+    labels = torch.tensor([0, 1, 1, 0])
+    class_weights = torch.tensor([3.0, 0.5])
+    weights = class_weights[labels]
+    ce = F.cross_entropy(logits, labels, weight=class_weights)
+    torch.testing.assert_close(hard_bootstrapping_loss(logits, labels, 1.0, weights=weights), ce)
+    torch.testing.assert_close(soft_bootstrapping_loss(logits, labels, 1.0, weights=weights), ce)
+    p_y = torch.softmax(logits, dim=1)[torch.arange(4), labels]
+    expected = (weights * (1 - p_y**0.5) / 0.5).sum() / weights.sum()
+    torch.testing.assert_close(generalized_cross_entropy(logits, labels, 0.5, weights=weights), expected)
+    assert not torch.allclose(generalized_cross_entropy(logits, labels, 0.5), expected)  # the weights matter

@@ -142,11 +142,7 @@ class _Contrastive:
         graph = trainer.graph
         hook = trainer.private_training
         if isinstance(hook, ReleasedLabelTraining):  # label DP: the training labels are released
-            loss = hook.label_loss(logits, graph)
-            pseudo_mask = None if pseudo_labels is None else (pseudo_labels >= 0) & ~graph.train_mask
-            if alpha > 0 and pseudo_mask is not None and bool(pseudo_mask.any()):
-                loss = loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask])
-            return loss
+            return hook.supervised_loss(logits, graph, pseudo_labels, alpha, trainer.class_weights)
         return fedgl_loss(logits, graph.labels, graph.train_mask, pseudo_labels, alpha, trainer.class_weights)
 
     def _contrast(self, client_id: int, z0: torch.Tensor, z1: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:

@@ -38,15 +38,29 @@ def forward_corrected_loss(
     return likelihood_loss(logits, noise_matrix.to(logits.dtype)[:, noisy_labels].T)
 
 
-def likelihood_loss(logits: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean of per-node ``values``, weighted by ``weights`` (per node) when given: Σ w_i v_i / Σ w_i, the mean
+    ``F.cross_entropy(weight=...)`` takes (class weights looked up at each node's label)."""
+    if weights is None:
+        return values.mean()
+    weights = weights.to(values.dtype)
+    return (weights * values).sum() / weights.sum()
+
+
+def likelihood_loss(
+    logits: torch.Tensor, likelihood: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     r""":math:`-\frac1n\sum_i \log \sum_y \mathrm{softmax}(h_i)_y\,L_{iy}`, with :math:`L_{iy}` = P(released label of
     i | true y): the forward correction (Patrini et al., CVPR 2017, Eq. 4) with a transition per node, as
-    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`)."""
+    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`).
+    ``weights``: per-node weights of the mean (:func:`weighted_mean`)."""
     probabilities = (torch.softmax(logits, dim=1) * likelihood).sum(dim=1)
-    return -torch.log(probabilities.clamp_min(1e-12)).mean()
+    return weighted_mean(-torch.log(probabilities.clamp_min(1e-12)), weights)
 
 
-def generalized_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, q: float) -> torch.Tensor:
+def generalized_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, q: float, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     r"""Zhang & Sabuncu (NeurIPS 2018) Eq. 6: :math:`\frac1n\sum_i (1 - p_{i,\tilde y_i}^{\,q})/q`, q ∈ (0, 1].
 
     q → 0 is cross-entropy (its limit), q = 1 is 1 − p_y, MAE up to a factor 2. Its gradient is CE's times
@@ -56,10 +70,12 @@ def generalized_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, q: flo
     if not 0.0 < q <= 1.0:
         raise ValueError(f"generalised cross-entropy needs q in (0, 1], got {q}")
     log_p = torch.log_softmax(logits, dim=1).gather(1, labels.unsqueeze(1)).squeeze(1)
-    return (-torch.expm1(q * log_p) / q).mean()
+    return weighted_mean(-torch.expm1(q * log_p) / q, weights)
 
 
-def soft_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
+def soft_bootstrapping_loss(
+    logits: torch.Tensor, labels: torch.Tensor, beta: float, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     r"""Reed et al. (ICLR 2015 workshop) soft bootstrapping: :math:`-\frac1n\sum_i\sum_k (\beta\,\tilde t_{ik} +
     (1-\beta)\,\hat p_{ik}) \log \hat p_{ik}`, with :math:`\tilde t_i` the released label one-hot.
 
@@ -69,10 +85,12 @@ def soft_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: fl
     _check_beta(beta)
     log_p = torch.log_softmax(logits, dim=1)
     target = beta * F.one_hot(labels, logits.shape[1]).to(log_p.dtype) + (1.0 - beta) * log_p.exp()
-    return -(target * log_p).sum(dim=1).mean()
+    return weighted_mean(-(target * log_p).sum(dim=1), weights)
 
 
-def hard_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
+def hard_bootstrapping_loss(
+    logits: torch.Tensor, labels: torch.Tensor, beta: float, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     r"""Reed et al. (ICLR 2015 workshop) hard bootstrapping: :math:`-\frac1n\sum_i (\beta \log \hat p_{i,\tilde y_i}
     + (1-\beta) \log \hat p_{i,z_i})`, :math:`z_i = \arg\max_k \hat p_{ik}` (the model's own class; no gradient
     through the arg-max). β = 1 is cross-entropy.
@@ -82,7 +100,7 @@ def hard_bootstrapping_loss(logits: torch.Tensor, labels: torch.Tensor, beta: fl
     predicted = log_p.detach().argmax(dim=1)
     chosen = log_p.gather(1, labels.unsqueeze(1)).squeeze(1)
     own = log_p.gather(1, predicted.unsqueeze(1)).squeeze(1)
-    return -(beta * chosen + (1.0 - beta) * own).mean()
+    return weighted_mean(-(beta * chosen + (1.0 - beta) * own), weights)
 
 
 def _check_beta(beta: float) -> None:
@@ -109,11 +127,30 @@ class ReleasedLabelTraining:
 
     Full-batch Adam as the trainer's own loop, with the training-label term replaced by :meth:`label_loss` (the
     pseudo-label term of Eq. 8 unchanged: the consortium's labels are not the release). Subclasses say what the
-    term is.
+    term is. Both terms honour the trainer's class weights (``training.class_weighting = "balanced"``) as
+    :func:`~fedgl_secure.model.losses.fedgl_loss` does: a weighted mean, each node weighted by its label's class.
     """
 
-    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, graph, class_weights: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+    def supervised_loss(
+        self,
+        logits: torch.Tensor,
+        graph,
+        pseudo_labels: torch.Tensor | None,
+        alpha: float,
+        class_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Eq. 8 on the released labels: :meth:`label_loss` + α · CE(pseudo labels), the pseudo-label rows of the
+        bank's own training nodes dropped (as :func:`~fedgl_secure.model.losses.fedgl_loss`)."""
+        loss = self.label_loss(logits, graph, class_weights)
+        if pseudo_labels is None or alpha == 0:
+            return loss
+        pseudo_mask = (pseudo_labels >= 0) & ~graph.train_mask
+        if not bool(pseudo_mask.any()):
+            return loss
+        return loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask], weight=class_weights)
 
     def train(
         self,
@@ -131,11 +168,7 @@ class ReleasedLabelTraining:
         for _ in range(epochs):
             trainer.optimizer.zero_grad(set_to_none=True)
             logits = model(graph.features, adjacency, trainer.generator).logits
-            loss = self.label_loss(logits, graph)
-            if pseudo_labels is not None and alpha > 0:
-                pseudo_mask = (pseudo_labels >= 0) & ~graph.train_mask
-                if bool(pseudo_mask.any()):
-                    loss = loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask])
+            loss = self.supervised_loss(logits, graph, pseudo_labels, alpha, trainer.class_weights)
             if anchor is not None:
                 loss = loss + proximal_term(list(model.parameters()), anchor, proximal_mu)
             loss.backward()
@@ -158,10 +191,11 @@ class ForwardCorrectedTraining(ReleasedLabelTraining):
         """Rows ``T[:, ỹ_i]`` of the randomised-response matrix for the released labels ỹ (negative: unlabelled)."""
         return cls(np.asarray(noise_matrix)[:, np.clip(np.asarray(labels), 0, None)].T)
 
-    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, graph, class_weights: torch.Tensor | None = None) -> torch.Tensor:
         """The training-label term: :func:`likelihood_loss` on the graph's training nodes."""
         likelihood = self.likelihood.to(logits.device)[graph.train_mask]
-        return likelihood_loss(logits[graph.train_mask], likelihood.to(logits.dtype))
+        weights = _node_weights(graph, class_weights)
+        return likelihood_loss(logits[graph.train_mask], likelihood.to(logits.dtype), weights)
 
 
 class RobustLabelTraining(ReleasedLabelTraining):
@@ -170,5 +204,11 @@ class RobustLabelTraining(ReleasedLabelTraining):
     def __init__(self, loss: LabelLoss) -> None:
         self.loss = loss
 
-    def label_loss(self, logits: torch.Tensor, graph) -> torch.Tensor:
-        return self.loss(logits[graph.train_mask], graph.labels[graph.train_mask])
+    def label_loss(self, logits: torch.Tensor, graph, class_weights: torch.Tensor | None = None) -> torch.Tensor:
+        labels = graph.labels[graph.train_mask]
+        return self.loss(logits[graph.train_mask], labels, weights=_node_weights(graph, class_weights))
+
+
+def _node_weights(graph, class_weights: torch.Tensor | None) -> torch.Tensor | None:
+    """Each training node's weight: its (released) label's class weight; None without class weights."""
+    return None if class_weights is None else class_weights[graph.labels[graph.train_mask]]
