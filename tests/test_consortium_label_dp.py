@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tomllib
 import torch
-from consortium_harness import BANKS, NODES, SMALL_HE, run_consortium_to_the_end, write_consortium
+from consortium_harness import BANKS, SMALL_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
@@ -115,44 +115,3 @@ def check_the_banks_released_with_the_consortium_prior(state: Path, slices, labe
         train = graph.train_mask
         expected = mechanisms.rr_with_prior_likelihood(priors[train], labels_out[train], labels["epsilon"])
         np.testing.assert_allclose(likelihood[train], expected, rtol=1e-5, atol=1e-9)
-
-
-def test_restarts_during_the_label_prior_rounds_neither_draw_again_nor_skip_a_round(tmp_path):
-    labels, policy = label_policy("consortium-sgc")
-    consortium = write_consortium(
-        tmp_path, max_rounds=2, policy_extra=policy, he=UNPACKED, upload_seconds=10.0, liveness_seconds=2.0
-    )
-    state = consortium.root / "state"
-    consortium.start(*NODES)
-    try:
-        consortium.wait_for(lambda s: len(fitted_prior_rounds(s)) >= 3, "three label-prior rounds")
-        with np.load(state / "bank-c" / STAGED_LABELS_FILE) as staged:  # its stage 1, drawn at its start
-            drawn = staged["labels"].copy()
-        consortium.kill("bank-c")  # SIGKILL, mid-prior: its release is in progress
-        consortium.kill("aggregator")
-        consortium.start("aggregator", "bank-c")
-        status = consortium.wait_for(lambda s: s["phase"] == "finished", "the end after the restarts", timeout=300)
-    finally:
-        consortium.stop_all()
-
-    steps = consortium_prior.prior_steps(labels["stages"])
-    fitted = fitted_prior_rounds(status)
-    assert [row["round"] for row in fitted] == sorted(row["round"] for row in fitted) and len(fitted) == steps
-    training = [row for row in status["rounds"] if row["status"] == "applied"]
-    assert [row["base_version"] for row in training] == [0, 1]
-    assert min(row["round"] for row in training) > max(row["round"] for row in fitted)
-    assert "privacy.labels_in_progress" in consortium.logs("bank-c")  # taken back from disk, not drawn
-    graph = consortium_slices(load_consortium(consortium.consortium_path).experiment_config(), None)[2]
-    with np.load(state / "bank-c" / LABEL_RELEASE_FILE) as kept:
-        released = kept["labels"]
-    validation = graph.val_mask & ~graph.train_mask  # stage 1 under validation-first
-    np.testing.assert_array_equal(released[validation], drawn[validation])
-    assert PrivacyLedger.load(state / "bank-c" / LEDGER_FILE).releases == (
-        PureRelease(round=0, channel=LABELS, epsilon=labels["epsilon"]),
-    )
-
-
-def fitted_prior_rounds(status: dict) -> list[dict]:
-    return [
-        row for row in status["rounds"] if row["base_version"] == PRIOR_BASE_VERSION and row["status"] == PRIOR_FITTED
-    ]
