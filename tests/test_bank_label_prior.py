@@ -134,3 +134,24 @@ def test_a_prior_that_cannot_be_downloaded_is_retried_not_fatal(small_he, tmp_pa
     release = bank.run(threading.Event())
     assert attempts == [(20, LABEL_PRIOR_STAGE), (20, LABEL_PRIOR_STAGE)] and bank.release.complete
     assert release.labels.shape == (NODES,)
+
+
+def test_a_round_whose_start_cannot_be_downloaded_is_taken_part_in_at_the_next_poll(small_he, tmp_path):
+    # step 2 starts from the θ̄ of round 1; its first download fails (the aggregator restarting), the retry uploads
+    aggregator = ScriptedAggregator([])
+    bank = participant(small_he.model_dump(), aggregator, tmp_path)
+    step_two = prior_round(bank).model_copy(update={"round": 2, "prior_rounds": [1]})
+    finished = RoundResponse(phase="finished", federation="f", prior_rounds=[1, 2])
+    aggregator.views = iter([step_two, step_two, finished])
+    attempts = []
+
+    def stage_model(round_number, stage):
+        attempts.append(round_number)
+        if len(attempts) == 1:
+            raise ServiceError(None, "unreachable", "server disconnected")
+        return encode_arrays({"prior": np.zeros(prior_size(FEATURES, CLASSES), dtype=np.float32)})
+
+    aggregator.stage_model = stage_model
+    with pytest.raises(ConfigError, match="finished after 2 of the label prior's 20 rounds"):
+        bank.run(threading.Event())
+    assert attempts == [1, 1] and aggregator.uploads == [(2, "weights")]  # one upload, after the retry

@@ -212,6 +212,11 @@ class LabelPriorParticipant:
                 f"[he] ({error}); the prior needs packing = 'none' (as policies/label-dp.toml) or a wider "
                 "[he.precision.weights] range"
             ) from error
+        except ConfigError:
+            raise
+        except (FedGLError, OSError) as error:  # the θ̄ to start from could not be had: the next poll retries
+            log.warning("prior.download_failed", error=str(error)[:300])
+            return
         try:
             self._uploads = {key: uploads}
             for upload in uploads:
