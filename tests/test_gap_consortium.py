@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from consortium_harness import BANKS, NODES, write_consortium
+from consortium_harness import write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.policy.schema import HEParameters
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 # small but 128-bit parameters, unpacked as the shipped policy
 UNPACKED_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36, packing="none")
 ENCODER_ROUNDS, CLASSIFIER_ROUNDS = 2, 2
+BANKS = ("bank-a", "bank-b")  # two banks (the quorum): fast, and a round waits for the restarted one
 
 
 def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_them_once(tmp_path):
@@ -32,10 +33,16 @@ def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_the
     # one round after GAP's schedule, which trains nothing and releases nothing
     rounds = ENCODER_ROUNDS + CLASSIFIER_ROUNDS + 1
     consortium = write_consortium(
-        tmp_path, max_rounds=rounds, method="gap", policy_extra=policy_extra, he=UNPACKED_HE, upload_seconds=20.0
+        tmp_path,
+        max_rounds=rounds,
+        method="gap",
+        policy_extra=policy_extra,
+        he=UNPACKED_HE,
+        upload_seconds=20.0,
+        banks=BANKS,
     )
     state = consortium.root / "state"
-    consortium.start(*NODES)
+    consortium.start("key-authority", "aggregator", *BANKS)
     try:
         hops_round = ENCODER_ROUNDS + 1  # the classifier's first round draws the hops
         consortium.wait_for(lambda s: (s["latest_version"] or 0) >= hops_round, "the round that drew the hops")
