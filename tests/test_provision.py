@@ -368,7 +368,9 @@ def test_cli_provision_errors_are_one_line_with_exit_code_2(tmp_path):
     )
 
 
-@pytest.mark.parametrize("directory", ["services", "services/strict-dp", "services/strict-edge-dp", "services/label-dp"])
+@pytest.mark.parametrize(
+    "directory", ["services", "services/strict-dp", "services/strict-edge-dp", "services/label-dp"]
+)
 def test_every_shipped_example_consortium_has_its_own_node_configs(directory):
     from fedgl_secure.services.orchestrate import check_node_configs_belong
 
