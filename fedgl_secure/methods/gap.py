@@ -128,7 +128,8 @@ class GAP:
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
         self.settings: GAPConfig = config.gap
-        self.noise = gap_dp.calibrate(accounted_settings(config), self.settings.epsilon, self.settings.delta)
+        self.accounted = accounted_settings(config)
+        self.noise = gap_dp.calibrate(self.accounted, self.settings.epsilon, self.settings.delta)
         self._banks: dict[int, _Bank] = {}
         self._views: dict[int, tuple[object, GAPView]] = {}
 
@@ -223,14 +224,14 @@ class GAP:
         bank = self._banks.get(trainer.client_id)
         drawn = bank is not None and bank.hops_drawn
         made = [
-            gap_dp.hops_release(accounted_settings(self.config), self.noise, training_round) if drawn else None,
-            gap_dp.step_release(accounted_settings(self.config), self.noise, training_round),
+            gap_dp.hops_release(self.accounted, self.noise, training_round) if drawn else None,
+            gap_dp.step_release(self.accounted, self.noise, training_round),
         ]
         return [release for release in made if release is not None]
 
     def kept_release_records(self, round_number: int) -> list:
         """The ledger records of the kept hops, released in round ``round_number``."""
-        release = gap_dp.hops_release(accounted_settings(self.config), self.noise, round_number)
+        release = gap_dp.hops_release(self.accounted, self.noise, round_number)
         return [] if release is None else [release]
 
     def kept_release(self, trainer: LocalTrainer) -> dict[str, torch.Tensor]:

@@ -364,10 +364,15 @@ class BankPrivacy:
         the method releases this round, recorded first — unless the ledger already holds them (a restarted bank
         re-sending a round it paid for) — then the contribution normalised by the public w_max, as it is: its
         noise is the method's own, or the key authority's (central). None once the budget would be exceeded."""
+        return self._normalised(contribution) if self.record_releases(round_number, releases) else None
+
+    def record_releases(self, round_number: int, releases: Sequence) -> bool:
+        """Record those of ``releases`` the ledger does not hold yet (a restarted bank re-sending a round it paid
+        for records nothing new); False once the budget is, or would be, exceeded (:meth:`_spend`)."""
         if self.stopped_round is not None:
-            return None
+            return False
         new = [release for release in releases if release not in self.ledger.releases]
-        return self._normalised(contribution) if self._spend(round_number, new) else None
+        return self._spend(round_number, new)
 
     def _normalised(self, contribution: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every kind divided by the public w_max, as every bank's upload is (module doc)."""

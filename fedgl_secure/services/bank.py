@@ -421,11 +421,11 @@ class BankWorker:
         """A release the method made inside the bank and must never draw again (GAP's hops), written to the state
         directory with its round number once it exists — before the ledger records it and before any upload."""
         kept = getattr(self.method, "kept_release", None)
-        if kept is None or self.state_dir is None:
+        path = None if self.state_dir is None else self.state_dir / METHOD_RELEASE_FILE
+        if kept is None or path is None or path.exists():  # kept once: not even copied out again
             return
-        path = self.state_dir / METHOD_RELEASE_FILE
         arrays = kept(session.trainer)
-        if arrays and not path.exists():
+        if arrays:
             write_arrays_atomically(path, round=np.array(view.round), **{k: v.numpy() for k, v in arrays.items()})
             self.log.info("privacy.method_release_kept", round=view.round, arrays=sorted(arrays))
 
@@ -452,7 +452,7 @@ class BankWorker:
             arrays = {name: torch.from_numpy(archive[name]) for name in archive.files if name != "round"}
         restore(trainer, arrays)
         records = self.method.kept_release_records(round_number)
-        if not recorded and self.bank_privacy.release_in_method(round_number, {}, records) is not None:
+        if not recorded and self.bank_privacy.record_releases(round_number, records):
             self._save_ledger()
         self.log.info("privacy.method_release_reused", round=round_number, recorded_before=recorded)
 
