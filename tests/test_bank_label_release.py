@@ -203,7 +203,9 @@ def test_a_release_in_progress_is_taken_back_as_it_was_and_refused_under_other_s
         back.release(0, np.full((40, 3), 1 / 3))  # a stage is released once, in order
 
     other = policy_from_dict(label_policy_dict({**CONSORTIUM_PRIOR, "epsilon": 2.0}))
-    with pytest.raises(ConfigError, match="privacy-labels-staged.npz: a label release in progress under dp.labels"):
+    with pytest.raises(
+        ConfigError, match="privacy-labels-staged.npz: a label release in progress made under dp.labels"
+    ):
         load_staged_release(path, other, release_settings(other), 40)
     with pytest.raises(ConfigError, match="a release of 40 nodes, but this bank's graph has 41"):
         load_staged_release(path, policy, settings, 41)

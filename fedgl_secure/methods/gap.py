@@ -234,6 +234,11 @@ class GAP:
         release = gap_dp.hops_release(self.accounted, self.noise, round_number)
         return [] if release is None else [release]
 
+    def kept_release_settings(self) -> dict:
+        """The settings the kept hops were drawn under (``gap``: D, K, σ's ε and δ...): hops drawn under others
+        are never taken back."""
+        return self.settings.model_dump(mode="json")
+
     def kept_release(self, trainer: LocalTrainer) -> dict[str, torch.Tensor]:
         """What this bank released inside the method and must keep across restarts: its perturbed hops, once
         computed (a second draw would be a second release of the aggregation). Empty before the classifier phase."""

@@ -106,6 +106,7 @@ from fedgl_secure.services.bank_label_prior import (
     save_staged_release,
 )
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.services.kept_release import keep_release, take_back_release
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
 from fedgl_secure.services.pseudonyms import pseudonymise
@@ -421,12 +422,13 @@ class BankWorker:
         """A release the method made inside the bank and must never draw again (GAP's hops), written to the state
         directory with its round number once it exists — before the ledger records it and before any upload."""
         kept = getattr(self.method, "kept_release", None)
-        path = None if self.state_dir is None else self.state_dir / METHOD_RELEASE_FILE
+        path = None if self.privacy is None else self.state_dir / METHOD_RELEASE_FILE  # (a DP policy has a state_dir)
         if kept is None or path is None or path.exists():  # kept once: not even copied out again
             return
         arrays = kept(session.trainer)
         if arrays:
-            write_arrays_atomically(path, round=np.array(view.round), **{k: v.numpy() for k, v in arrays.items()})
+            arrays = {name: value.numpy() for name, value in arrays.items()}
+            keep_release(path, self.method.kept_release_settings(), round=np.array(view.round), **arrays)
             self.log.info("privacy.method_release_kept", round=view.round, arrays=sorted(arrays))
 
     def _restore_method_release(self, trainer: LocalTrainer) -> None:
@@ -447,10 +449,11 @@ class BankWorker:
                     "directory and a new budget"
                 )
             return
-        with np.load(path, allow_pickle=False) as archive:
-            round_number = int(archive["round"])
-            arrays = {name: torch.from_numpy(archive[name]) for name in archive.files if name != "round"}
-        restore(trainer, arrays)
+        arrays = take_back_release(
+            path, self.method.kept_release_settings(), f"a {self.config.method} release", self.config.method
+        )
+        round_number = int(arrays.pop("round"))
+        restore(trainer, {name: torch.from_numpy(array) for name, array in arrays.items()})
         records = self.method.kept_release_records(round_number)
         if not recorded and self.bank_privacy.record_releases(round_number, records):
             self._save_ledger()
@@ -905,25 +908,18 @@ def release_settings(policy: Policy) -> dict:
 
 def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:
     """A bank's label release (labels; the likelihood rows when the mechanism keeps them) and the ``[dp.labels]``
-    settings it was made under, written atomically: a torn file would fail the next start."""
-    arrays = {"labels": np.asarray(release.labels, dtype=np.int64), "settings": np.array(json.dumps(settings))}
+    settings it was made under (:func:`~fedgl_secure.services.kept_release.keep_release`)."""
+    arrays = {"labels": np.asarray(release.labels, dtype=np.int64)}
     if release.likelihood is not None:
         arrays["likelihood"] = np.asarray(release.likelihood, dtype=np.float64)
-    write_arrays_atomically(path, **arrays)
+    keep_release(path, settings, **arrays)
 
 
 def load_label_release(path: Path, settings: dict, num_nodes: int) -> LabelRelease:
     """The release :func:`save_label_release` kept, refused (naming the file) when it was made under other
     ``[dp.labels]`` settings or for a graph of another size: it would not be the release the ledger paid for."""
-    with np.load(path, allow_pickle=False) as archive:
-        made_under = json.loads(str(archive["settings"]))
-        labels = archive["labels"].astype(np.int64)
-        likelihood = archive["likelihood"] if "likelihood" in archive.files else None
-    if made_under != settings:
-        raise ConfigError(
-            f"{path}: a label release made under dp.labels = {made_under}, but the policy now has dp.labels = "
-            f"{settings}; start the bank with a new state directory (and a new budget) to release under new settings"
-        )
+    arrays = take_back_release(path, settings, "a label release", "dp.labels")
+    labels, likelihood = arrays["labels"].astype(np.int64), arrays.get("likelihood")
     if labels.shape != (num_nodes,) or (likelihood is not None and likelihood.shape[0] != num_nodes):
         raise ConfigError(f"{path}: a label release of {labels.shape[0]} nodes, but this bank's graph has {num_nodes}")
     return LabelRelease(labels, likelihood)

@@ -21,7 +21,6 @@ A reopened round (or a retry after a broken connection) resends the bytes it enc
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -34,7 +33,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
-from fedgl_secure.fileio import write_arrays_atomically
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.consortium_prior import (
@@ -50,6 +48,7 @@ from fedgl_secure.privacy.consortium_prior import (
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
 from fedgl_secure.privacy.mechanisms import RandomBytes
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.kept_release import keep_release, take_back_release
 from fedgl_secure.services.retry import StopRequested
 from fedgl_secure.wire import encodings
 
@@ -57,8 +56,8 @@ STAGED_LABELS_FILE = "privacy-labels-staged.npz"  # the release in progress, bet
 
 
 def save_staged_release(path: Path, release: StagedRelease, settings: dict) -> None:
-    """The release in progress and the ``[dp.labels]`` settings it is made under, written atomically."""
-    write_arrays_atomically(path, **release.state(), settings=np.array(json.dumps(settings)))
+    """The release in progress and the ``[dp.labels]`` settings it is made under (:func:`keep_release`)."""
+    keep_release(path, settings, **release.state())
 
 
 def load_staged_release(
@@ -66,14 +65,7 @@ def load_staged_release(
 ) -> StagedRelease:
     """The release in progress :func:`save_staged_release` kept, refused (naming the file) when it was made under
     other ``[dp.labels]`` settings or for a graph of another size."""
-    with np.load(path, allow_pickle=False) as archive:
-        made_under = json.loads(str(archive["settings"]))
-        state = {name: archive[name] for name in ("stage", "labels", "likelihood", "released")}
-    if made_under != settings:
-        raise ConfigError(
-            f"{path}: a label release in progress under dp.labels = {made_under}, but the policy now has "
-            f"dp.labels = {settings}; start the bank with a new state directory (and a new budget)"
-        )
+    state = take_back_release(path, settings, "a label release in progress", "dp.labels")
     if state["labels"].shape != (num_nodes,) or state["likelihood"].shape[0] != num_nodes:
         size = state["labels"].shape[0]
         raise ConfigError(f"{path}: a release of {size} nodes, but this bank's graph has {num_nodes}")
