@@ -298,6 +298,7 @@ class Coordinator:
         self._withdrawn: dict[str, Withdrawal] = store.withdrawals()
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
+        self._prior_upload_shapes: dict[str, tuple[int, ...]] | None = None  # likewise (the label prior's)
         self._num_parameters: int | None = None  # likewise
         # (version, its W̄ as banks download it): the weights sums of a round from that version are centred on it
         self._reference: tuple[int, np.ndarray] | None = None
@@ -681,9 +682,12 @@ class Coordinator:
 
     def _prior_shapes(self) -> dict[str, tuple[int, ...]]:
         """A label-prior round's one kind: the prior's parameters and the bank's weight
-        (:func:`~fedgl_secure.privacy.consortium_prior.prior_term`)."""
-        first = self.store.enrolment(self.banks[0])
-        return {WEIGHTS: (prior_size(first.num_features, first.num_classes) + 1,)}
+        (:func:`~fedgl_secure.privacy.consortium_prior.prior_term`). Computed once: every upload request's body
+        limit reads it (:meth:`upload_body_limit`)."""
+        if self._prior_upload_shapes is None:
+            first = self.store.enrolment(self.banks[0])
+            self._prior_upload_shapes = {WEIGHTS: (prior_size(first.num_features, first.num_classes) + 1,)}
+        return self._prior_upload_shapes
 
     def _prior_start(self, step: int) -> torch.Tensor:
         """θ̄ that FedAvg round ``step`` of the prior starts from: zero at the first round of each stage's prior,
