@@ -192,9 +192,14 @@ def test_a_federation_trains_the_released_labels_with_the_chosen_loss_and_pays_e
     assert all(len(ledger.releases) == 1 for ledger in privacy.ledgers().values())
 
 
-def test_fgcl_trains_with_a_robust_label_loss(small):
-    weights, _ = final_weights(small, {"correction": "bootstrap-soft"}, method="fgcl")
-    assert torch.isfinite(weights).all()
+def test_fgcl_trains_its_views_with_the_chosen_label_loss(small):
+    plain, _ = final_weights(small, {}, method="fgcl")
+    # hard bootstrapping at β = 1 is cross-entropy: FGCL's supervised term on both views takes the hook's path
+    same, _ = final_weights(small, {"correction": "bootstrap-hard", "bootstrap_beta": 1.0}, method="fgcl")
+    torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-6)
+    soft, _ = final_weights(small, {"correction": "bootstrap-soft"}, method="fgcl")  # β = 0.8 by default
+    assert torch.isfinite(soft).all()
+    assert (soft - plain).abs().max() > 1e-4  # the loss reached FGCL's training
 
 
 def test_the_benchmarks_seeded_release_is_the_same_for_a_seed_and_differs_between_seeds():
