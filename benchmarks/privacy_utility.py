@@ -172,14 +172,20 @@ class DigestingPrivacy(FederationPrivacy):
         return private
 
 
-def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | None = None) -> dict:
-    """One run: accuracy at the best validation round, MIA on the final broadcast W̄ (and link AUC on its
-    pseudo graph, if any)."""
+def run_one(
+    config_values: dict, policy, dataset, privacy: FederationPrivacy | None = None, clients: list | None = None
+) -> dict:
+    """One run: accuracy and the ranking metrics (ROC-AUC, PR-AUC: the bank-like benchmark's) at the best
+    validation round, MIA on the final broadcast W̄ (and link AUC on its pseudo graph, if any). ``clients``
+    (instead of ``dataset``): the banks' own graphs (``--consortium``)."""
     config = build_config(config_values)
     broadcasts = []
     if privacy is None:
         privacy = FederationPrivacy(policy) if policy is not None else None
-    result = run_experiment(config, dataset, progress=False, observer=broadcasts.append, privacy=privacy)
+    result = run_experiment(
+        config, dataset, progress=False, observer=broadcasts.append, privacy=privacy, clients=clients
+    )
+    ranking = {key: result.global_test_metrics.get(key) for key in ("roc_auc", "pr_auc")}
     # a baseline (centralized, local) has no broadcast to attack
     if not broadcasts:
         return {
@@ -187,12 +193,18 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
             "accuracy": result.global_test_accuracy,
             "val_accuracy": result.best_val_accuracy,
             "best_round": result.best_round,
+            **ranking,
             "mia_auc": None,
             "link_auc": None,
             "wall_seconds": round(result.wall_seconds, 2),
         }
     final = broadcasts[-1]
-    federation = Federation.build(dataset, config, resolve_device(config.device))  # the attacks' merged graph
+    device = resolve_device(config.device)
+    federation = (  # the attacks' merged graph
+        Federation.from_clients(clients, config, device)
+        if clients is not None
+        else Federation.build(dataset, config, device)
+    )
     # the run's own config (a policy sets GAP's and the class sums' ε there), the method's own model
     mia = global_model_membership(
         build_config(result.config), final.weights, federation.merged, round_number=final.round_number, seed=config.seed
@@ -216,6 +228,7 @@ def run_one(config_values: dict, policy, dataset, privacy: FederationPrivacy | N
         "accuracy": result.global_test_accuracy,
         "val_accuracy": result.best_val_accuracy,
         "best_round": result.best_round,
+        **ranking,
         "rounds_run": result.rounds_run,
         "stopped_reason": result.stopped_reason,
         "mia_auc": mia.auc,
@@ -296,31 +309,62 @@ def features_only(dataset):
     """The dataset without its edges: a GCN on it is an MLP on the features (Â = I)."""
     import dataclasses
 
-    import numpy as np
-
     return dataclasses.replace(dataset, edge_index=np.zeros((2, 0), dtype=np.int64))
 
 
+def consortium_banks(path: Path) -> tuple[dict, list]:
+    """``--consortium``: the consortium file's ``[experiment]`` (as config values) and its banks' own graphs, read
+    as each bank node reads them; a demo consortium's synthetic tables (``[generate]``, the bank-like benchmark)
+    are written first if missing."""
+    from fedgl_secure.services.config import load_consortium
+    from fedgl_secure.services.orchestrate import consortium_bank_graphs, ensure_generated_bank_data
+
+    ensure_generated_bank_data(load_consortium(path), echo=lambda line: print(line, file=sys.stderr))
+    consortium, banks = consortium_bank_graphs(path)
+    return consortium.experiment_config().model_dump(mode="json"), [bank.graph for bank in banks]
+
+
 def run_units(args) -> int:
-    """Accuracy / MIA / link AUC per unit, ε, method and seed (module doc); JSON rewritten after every run."""
-    datasets = {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
+    """Accuracy / MIA / link AUC per unit, ε, method and seed (module doc); JSON rewritten after every run.
+    With ``--consortium`` the runs train on the consortium's banks' own graphs under its ``[experiment]``
+    (``--rounds`` / ``--patience`` still apply) and each row adds the test ROC-AUC and PR-AUC."""
+    experiment, bank_graphs = consortium_banks(args.consortium) if args.consortium else ({}, None)
+    datasets = {
+        seed: None if bank_graphs else load_dataset(args.dataset, args.data_root, seed=seed)
+        for seed in range(args.seeds)
+    }
     started = time.perf_counter()
     rows: list[dict] = []
 
     def config_values(method: str, seed: int) -> dict:
-        values = {
+        federation = {"max_rounds": args.rounds, "patience": args.patience or args.rounds}
+        if bank_graphs:  # the consortium's own experiment, with this row's method, seed and rounds
+            return {
+                **experiment,
+                "method": method,
+                "seed": seed,
+                "device": args.device,
+                "federation": {**experiment.get("federation", {}), **federation},
+            }
+        return {
             "dataset": args.dataset,
             "method": method,
             "seed": seed,
             "data_root": args.data_root,
             "device": args.device,
-            "federation": {"max_rounds": args.rounds, "patience": args.patience or args.rounds},
+            "federation": federation,
         }
-        return values
+
+    def data_of(seed: int, without_edges: bool = False) -> tuple:
+        """(dataset, clients) of one seed's run; ``without_edges``: the features-only baseline's."""
+        strip = features_only if without_edges else (lambda graph: graph)
+        if bank_graphs:
+            return None, [strip(graph) for graph in bank_graphs]
+        return strip(datasets[seed]), None
 
     def write(complete: bool) -> None:
         output = {
-            "dataset": args.dataset,
+            "dataset": str(args.consortium) if args.consortium else args.dataset,
             "rounds": args.rounds,
             "patience": args.patience or args.rounds,
             "seeds": args.seeds,
@@ -336,20 +380,17 @@ def run_units(args) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
 
-    def record(unit: str, epsilon: float, method: str, policy, dataset_of) -> None:
+    def record(unit: str, epsilon: float, method: str, policy, without_edges: bool = False) -> None:
         runs = []
         for seed in range(args.seeds):
             random_bytes = seeded_release_bytes(seed) if args.seeded_release else None
             privacy = DigestingPrivacy(policy, random_bytes=random_bytes) if policy is not None else None
-            config = build_config(config_values(method, seed))
-            if privacy is None:
-                run = run_one(config_values(method, seed), None, dataset_of(seed))
-            else:
-                run = _run_private(config, privacy, dataset_of(seed))
+            dataset, clients = data_of(seed, without_edges)
+            run = run_one(config_values(method, seed), policy, dataset, privacy=privacy, clients=clients)
             runs.append(run)
             print(
                 f"  {unit} ε = {epsilon:g} {method} seed {seed}: acc {run['accuracy']:.4f} "
-                f"val {run['val_accuracy']:.4f} MIA {run['mia_auc']} "
+                f"ROC-AUC {run['roc_auc']} val {run['val_accuracy']:.4f} MIA {run['mia_auc']} "
                 f"link {run['link_auc']} release {run.get('release_digest')} ({run['wall_seconds']:.1f}s)",
                 file=sys.stderr,
                 flush=True,
@@ -364,6 +405,8 @@ def run_units(args) -> int:
                 "accuracy_mean": statistics.fmean(accuracies),
                 "accuracy_std": statistics.stdev(accuracies) if len(runs) > 1 else 0.0,
                 "val_accuracy_mean": statistics.fmean(r["val_accuracy"] for r in runs),
+                **({"roc_auc_mean": statistics.fmean(r["roc_auc"] for r in runs)} if bank_graphs else {}),
+                **({"pr_auc_mean": statistics.fmean(r["pr_auc"] for r in runs)} if bank_graphs else {}),
                 **({"label_options": args.label_options} if unit == "label" and args.label_options else {}),
                 **({"centroids_noise": args.centroids_noise} if unit == "centroids" and args.centroids_noise else {}),
                 "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
@@ -375,26 +418,20 @@ def run_units(args) -> int:
 
     for unit in args.units:
         if unit == "mlp":
-            record("mlp", math.inf, "centralized", None, lambda seed: features_only(datasets[seed]))
+            record("mlp", math.inf, "centralized", None, without_edges=True)
             continue
         for epsilon in args.epsilons:
             for method in [unit] if unit in IN_METHOD_UNITS else args.methods:  # GAP, centroids: own methods
                 if math.isinf(epsilon):
                     if any(r["epsilon"] == "inf" and r["method"] == method for r in rows):
                         continue  # no DP: the same run for every unit
-                    record("none", epsilon, method, None, datasets.__getitem__)
+                    record("none", epsilon, method, None)
                 else:
                     policy = unit_policy(unit, epsilon, args.label_options, args.centroids_noise)
-                    record(unit, epsilon, method, policy, datasets.__getitem__)
+                    record(unit, epsilon, method, policy)
     write(complete=True)
     print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
     return 0
-
-
-def _run_private(config, privacy, dataset) -> dict:
-    """run_one with a ready FederationPrivacy (a unit policy)."""
-    values = config.model_dump(mode="json")
-    return run_one(values, privacy.policy, dataset, privacy=privacy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,6 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--methods", default="fedgl,fgcl", help="methods of the units table")
     parser.add_argument(
+        "--consortium",
+        type=Path,
+        default=None,
+        help="units table only: train on this consortium file's banks' own tables under its [experiment] instead "
+        "of --dataset, and add test ROC-AUC / PR-AUC (the bank-like benchmark: services/consortium.toml, whose "
+        "synthetic tables are generated on first use)",
+    )
+    parser.add_argument(
         "--label-options",
         type=parse_options,
         default={},
@@ -456,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--units: unknown {unknown}; choose from {[*UNIT_TEMPLATES, 'mlp']}")
         args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         return run_units(args)
+    if args.consortium is not None:
+        parser.error("--consortium: only with --units")
 
     template_policy = load_policy(args.policy)  # validated, defaults filled, errors naming the file's fields
     if not template_policy.has_dp:
