@@ -36,7 +36,8 @@ fedgl,fgcl``) the policy is the unit's shipped template (``policies/strict-edge-
 ``policies/label-dp.toml``) with its one-off ε set; ε = inf is the run without DP (shared by the
 units). ``--units mlp`` adds the features-only baseline (the GCN on a graph without edges,
 centralised: what a model learns with no graph at all). Each run records accuracy, the MIA AUC on
-the final W̄ and, when the final broadcast carries a pseudo graph, the link-inference AUC
+the final W̄, the attack floor (the same attack on the untrained initial W₀ of the same seed, which saw no data:
+:func:`~fedgl_secure.audit.attack_section.membership_floor`) and, when the final broadcast carries a pseudo graph, the link-inference AUC
 (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
 pipeline without noise); ``--units centroids`` the node unit by one release of noisy class sums
@@ -68,6 +69,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedgl_secure.audit.attack_section import membership_floor
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
@@ -206,9 +208,11 @@ def run_one(
         else Federation.build(dataset, config, device)
     )
     # the run's own config (a policy sets GAP's and the class sums' ε there), the method's own model
+    run_config = build_config(result.config)
     mia = global_model_membership(
-        build_config(result.config), final.weights, federation.merged, round_number=final.round_number, seed=config.seed
+        run_config, final.weights, federation.merged, round_number=final.round_number, seed=config.seed
     )
+    floor = membership_floor(run_config, federation.merged, config.seed)  # the same nodes, the untrained W₀
     link = None
     if final.pseudo_graph is not None:
         merged = federation.merged
@@ -234,6 +238,7 @@ def run_one(
         "mia_auc": mia.auc,
         "mia_auc_stderr": mia.auc_stderr,
         "mia_attack": mia.attack,
+        "mia_floor_auc": floor.auc,
         "mia_members": mia.members,
         "link_auc": None if link is None else link.auc,
         "link_attack": None if link is None else link.attack,
@@ -410,6 +415,9 @@ def run_units(args) -> int:
                 **({"label_options": args.label_options} if unit == "label" and args.label_options else {}),
                 **({"centroids_noise": args.centroids_noise} if unit == "centroids" and args.centroids_noise else {}),
                 "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
+                "mia_floor_auc_mean": statistics.fmean(r["mia_floor_auc"] for r in runs)
+                if runs[0]["mia_auc"]
+                else None,
                 "link_auc_mean": statistics.fmean(links) if links else None,
                 "runs": runs,
             }

@@ -78,6 +78,10 @@ def test_the_units_table_runs_on_the_banks_own_tables_and_reports_roc_auc(bank_c
     ).merged
     expected = min(int(merged.train_mask.sum()), int(merged.test_mask.sum()))
     assert private["mia_members"] == plain["mia_members"] == expected
+    # the attack floor: the same attack on the untrained W₀ of the same seed, so the same for both rows
+    assert 0.0 <= plain["mia_floor_auc"] <= 1.0
+    assert private["mia_floor_auc"] == plain["mia_floor_auc"]
+    assert rows[("none", "fedgl")]["mia_floor_auc_mean"] == plain["mia_floor_auc"]
 
 
 def test_the_consortium_option_is_refused_outside_the_units_table(bank_consortium, tmp_path, capsys):

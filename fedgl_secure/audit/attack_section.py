@@ -100,20 +100,27 @@ def attack_section(
     return section
 
 
-def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphTensors, seed: int) -> None:
-    """The attack's AUC on the untrained initial model W₀, which saw no data: what "no leakage" scores here.
+def membership_floor(config: ExperimentConfig, merged: GraphTensors, seed: int) -> MembershipResult:
+    """The membership attack's AUC on ``config``'s untrained initial model W₀, which saw no data: what "no
+    leakage" scores on ``merged`` (the same members and non-members as the run's own attack with ``seed``).
 
     Members (training nodes) and non-members (test nodes) differ in ways a model that learned nothing
     still reflects (degree, feature density), and the best of three variants is taken, so the floor
-    is not exactly 0.5. Informational: it calibrates the membership thresholds, never decides them.
+    is not exactly 0.5. Raises ValueError or RuntimeError when the attack cannot run.
     """
     from fedgl_secure.engine.simulation import method_initial_parameters
     from fedgl_secure.methods import METHOD_CLASSES, build_method
 
+    method = build_method(config) if config.method in METHOD_CLASSES else None
+    untrained = method_initial_parameters(method, config, merged.features.shape[1], merged.num_classes)
+    return _membership_auc(untrained, config, merged, seed, 0)
+
+
+def _membership_floor(section: Section, config: ExperimentConfig, merged: GraphTensors, seed: int) -> None:
+    """The audit's information line with :func:`membership_floor`. Informational: it calibrates the membership
+    thresholds, never decides them."""
     try:
-        method = build_method(config) if config.method in METHOD_CLASSES else None
-        untrained = method_initial_parameters(method, config, merged.features.shape[1], merged.num_classes)
-        floor = _membership_auc(untrained, config, merged, seed, 0)
+        floor = membership_floor(config, merged, seed)
     except (ValueError, RuntimeError) as error:
         section.add("membership-floor", INFO, f"attack floor not computed: {error}")
         return
