@@ -37,8 +37,9 @@ fedgl,fgcl``) the policy is the unit's shipped template (``policies/strict-edge-
 units). ``--units mlp`` adds the features-only baseline (the GCN on a graph without edges,
 centralised: what a model learns with no graph at all). Each run records accuracy, the MIA AUC on
 the final W̄, the attack floor (the same attack on the untrained initial W₀ of the same seed, which saw no data:
-:func:`~fedgl_secure.audit.attack_section.membership_floor`) and, when the final broadcast carries a pseudo graph, the link-inference AUC
-(:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged graph). ``--units gap`` is
+:func:`~fedgl_secure.audit.attack_section.membership_floor`) and, when the final broadcast carries a pseudo
+graph, the link-inference AUC (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged
+graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
 pipeline without noise); ``--units centroids`` the node unit by one release of noisy class sums
 (``policies/node-dp-centroids.toml``, ``--method centroids``); every row's MIA attacks the method's own global
@@ -291,16 +292,25 @@ def parse_options(text: str) -> dict:
     return options
 
 
-def unit_policy(unit: str, epsilon: float, label_options: dict | None = None, centroids_noise: str | None = None):
+def unit_policy(
+    unit: str,
+    epsilon: float,
+    label_options: dict | None = None,
+    centroids_noise: str | None = None,
+    edge_options: dict | None = None,
+):
     """The unit's shipped template with its one-off ε (and the budget) set to ``epsilon``; for the label unit,
-    ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``); for the class sums,
-    ``centroids_noise`` replaces ``[dp.centroids] noise`` (``--centroids-noise``)."""
+    ``label_options`` replace keys of its ``[dp.labels]`` (``--label-options``); for the edge unit, ``edge_options``
+    keys of its ``[dp.edges]`` (``--edge-options``); for the class sums, ``centroids_noise`` replaces
+    ``[dp.centroids] noise`` (``--centroids-noise``)."""
     path = UNIT_TEMPLATES[unit]
     values = tomllib.loads(path.read_text(encoding="utf-8"))
     if unit not in IN_METHOD_UNITS:
         values["dp"]["edges" if unit == "edge" else "labels"]["epsilon"] = float(epsilon)
     if unit == "centroids" and centroids_noise:
         values["dp"].setdefault("centroids", {})["noise"] = centroids_noise
+    if unit == "edge" and edge_options:
+        values["dp"]["edges"] = {**values["dp"]["edges"], **edge_options}
     if unit == "label" and label_options:
         labels = values["dp"]["labels"]
         if "mechanism" in label_options:  # another mechanism: the template's own mechanism options do not apply
@@ -413,6 +423,7 @@ def run_units(args) -> int:
                 **({"roc_auc_mean": statistics.fmean(r["roc_auc"] for r in runs)} if bank_graphs else {}),
                 **({"pr_auc_mean": statistics.fmean(r["pr_auc"] for r in runs)} if bank_graphs else {}),
                 **({"label_options": args.label_options} if unit == "label" and args.label_options else {}),
+                **({"edge_options": args.edge_options} if unit == "edge" and args.edge_options else {}),
                 **({"centroids_noise": args.centroids_noise} if unit == "centroids" and args.centroids_noise else {}),
                 "mia_auc_mean": statistics.fmean(r["mia_auc"] for r in runs) if runs[0]["mia_auc"] else None,
                 "mia_floor_auc_mean": statistics.fmean(r["mia_floor_auc"] for r in runs)
@@ -435,7 +446,7 @@ def run_units(args) -> int:
                         continue  # no DP: the same run for every unit
                     record("none", epsilon, method, None)
                 else:
-                    policy = unit_policy(unit, epsilon, args.label_options, args.centroids_noise)
+                    policy = unit_policy(unit, epsilon, args.label_options, args.centroids_noise, args.edge_options)
                     record(unit, epsilon, method, policy)
     write(complete=True)
     print(json.dumps({"output": str(args.output), "wall_seconds": round(time.perf_counter() - started, 1)}))
@@ -487,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         default={},
         help="key=value,... replacing [dp.labels] keys of the label unit's policy, e.g. stages=3; with mechanism=... "
         "only the template's epsilon and correction are kept (mechanism=randomized-response: plain RR)",
+    )
+    parser.add_argument(
+        "--edge-options",
+        type=parse_options,
+        default={},
+        help="key=value,... replacing [dp.edges] keys of the edge unit's policy, e.g. weighting=feature-posterior",
     )
     parser.add_argument(
         "--seeded-release",

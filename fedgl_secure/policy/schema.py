@@ -360,8 +360,10 @@ class EdgeDP(_SourceRelease):
 
     mechanisms: ClassVar[tuple[str, ...]] = EDGE_MECHANISMS
     # "posterior": weight each released edge by P(true edge | released), estimated from n, the released
-    # count and ε only (post-processing, mechanisms.randomized_response_posterior); "none": weight 1
-    weighting: Literal["posterior", "none"] = "posterior"
+    # count and ε only (post-processing, mechanisms.randomized_response_posterior); "feature-posterior": the
+    # same estimate within bins of the endpoints' feature similarity (features are outside the edge unit;
+    # privacy.edge_posterior); "none": weight 1
+    weighting: Literal["posterior", "feature-posterior", "none"] = "posterior"
 
 
 class LabelDP(_SourceRelease):

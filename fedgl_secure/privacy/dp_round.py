@@ -63,7 +63,7 @@ import torch
 from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy import label_release, mechanisms
+from fedgl_secure.privacy import edge_posterior, label_release, mechanisms
 from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
@@ -263,11 +263,15 @@ class BankPrivacy:
 
     # --- set-up --------------------------------------------------------------------------------
 
-    def prepare_adjacency(self, adjacency: sp.spmatrix, degree_rng: np.random.Generator) -> sp.csr_matrix:
-        """The bank's graph as it will train on it: edge DP once (recorded at round 0), then the degree bound.
+    def prepare_adjacency(
+        self, adjacency: sp.spmatrix, degree_rng: np.random.Generator, features: sp.spmatrix | None = None
+    ) -> sp.csr_matrix:
+        """The bank's graph as it will train on it: edge DP once (recorded at round 0), then the degree bound,
+        then the released edges' weights (post-processing; ``features`` for ``weighting = "feature-posterior"``).
 
-        ``degree_rng`` only orders :func:`~fedgl_secure.privacy.mechanisms.bound_degree`'s greedy pass
-        (not privacy noise). Randomised response draws from the OS CSPRNG (or the injected test source).
+        ``degree_rng`` only orders :func:`~fedgl_secure.privacy.mechanisms.bound_degree`'s greedy pass and draws
+        the feature posterior's sample of pairs in a large bank (not privacy noise). Randomised response draws
+        from the OS CSPRNG (or the injected test source).
         """
         graph = sp.csr_matrix(adjacency, dtype=np.float64)
         for release in setup_releases(self.policy):
@@ -286,6 +290,17 @@ class BankPrivacy:
             weight = mechanisms.randomized_response_posterior(graph.shape[0], graph.nnz // 2, edges.epsilon)
             graph = graph * weight
             self.log.info("privacy.edges_released", edges=graph.nnz // 2, posterior_weight=round(weight, 6))
+        elif edges.mechanism == "randomized-response" and edges.weighting == "feature-posterior":
+            if features is None:
+                raise ValueError('dp.edges.weighting = "feature-posterior" needs the bank\'s features')
+            # post-processing: a weight per similarity bin of the endpoints' features (outside the edge unit)
+            graph = edge_posterior.feature_posterior_weights(graph, features, edges.epsilon, degree_rng)
+            self.log.info(
+                "privacy.edges_released",
+                edges=graph.nnz // 2,
+                posterior_weight_mean=round(float(graph.data.mean()), 6) if graph.nnz else 0.0,
+                posterior_weight_max=round(float(graph.data.max()), 6) if graph.nnz else 0.0,
+            )
         return graph
 
     def prepare_labels(
@@ -505,12 +520,17 @@ class FederationPrivacy:
         client_weights: Sequence[float],
         adjacencies: Sequence[sp.spmatrix],
         degree_rngs: Sequence[np.random.Generator],
+        features: Sequence[sp.spmatrix] | None = None,
     ) -> list[sp.csr_matrix]:
-        """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order)."""
+        """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order); ``features``:
+        each bank's node features, for a weighting that reads them."""
         normaliser = float(max(client_weights))
+        features = [None] * len(names) if features is None else features
         return [
-            self.setup_bank(client_id, name, normaliser, adjacency, rng)
-            for client_id, (name, adjacency, rng) in enumerate(zip(names, adjacencies, degree_rngs, strict=True))
+            self.setup_bank(client_id, name, normaliser, adjacency, rng, features=bank_features)
+            for client_id, (name, adjacency, rng, bank_features) in enumerate(
+                zip(names, adjacencies, degree_rngs, features, strict=True)
+            )
         ]
 
     def setup_bank(
@@ -523,6 +543,7 @@ class FederationPrivacy:
         *,
         ledger: PrivacyLedger | None = None,
         prepared: sp.spmatrix | None = None,
+        features: sp.spmatrix | None = None,
     ) -> sp.csr_matrix:
         """One bank's part of :meth:`setup` (what a bank service runs for itself): its :class:`BankPrivacy`
         and its prepared adjacency.
@@ -535,7 +556,9 @@ class FederationPrivacy:
         self.banks[client_id] = bank
         if prepared is not None:
             return sp.csr_matrix(prepared, dtype=np.float64)
-        return bank.prepare_adjacency(adjacency, degree_rng) if self.active else sp.csr_matrix(adjacency)
+        if not self.active:
+            return sp.csr_matrix(adjacency)
+        return bank.prepare_adjacency(adjacency, degree_rng, features)
 
     def attach_training(self, client_id: int, trainer) -> None:
         """Give bank ``client_id``'s :class:`~fedgl_secure.engine.client.LocalTrainer` DP-SGD when the policy asks.

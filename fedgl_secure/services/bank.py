@@ -279,6 +279,7 @@ class BankWorker:
             numpy_stream(self.config.seed, "privacy", "degree", self.client_index),
             ledger=ledger,
             prepared=prepared,
+            features=graph.features.to_scipy(),
         )
         if releases_edges and prepared is None:
             sp.save_npz(graph_path, adjacency)
