@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import test_bank_privacy
 from test_bank_privacy import CONFIG, run_worker, seeded_bytes
 
@@ -229,3 +230,38 @@ def test_under_the_edge_unit_the_bank_still_releases_its_graph_once_and_keeps_it
     _, again = run_worker(world, policy, tmp_path, [(1, "n2")], monkeypatch, random_bytes=dont_draw)
     assert (tmp_path / LEDGER_FILE).read_bytes() == ledger
     assert_same_round(first, again)
+
+
+def test_a_bank_weights_its_released_graph_by_the_feature_posterior_as_the_simulation_does(
+    world, small_he, tmp_path, monkeypatch
+):
+    # [dp.edges] weighting = "feature-posterior" reads the bank's features (privacy/edge_posterior.py): the bank
+    # service hands them over as the simulation does, so bank-a keeps the simulation's bank-0 graph, weights included
+    edges = {"mechanism": "randomized-response", "epsilon": 2.0, "weighting": "feature-posterior"}
+    policy = policy_from_dict(
+        {
+            **label_policy_dict(RANDOMISED_RESPONSE, small_he),
+            "dp": {"unit": "edge", "edges": edges},
+            "budget": {"epsilon": 2.0, "delta": 1e-5, "rounds": 10},
+        }
+    )
+    run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch, random_bytes=seeded_bytes(5))
+    kept = sp.load_npz(tmp_path / PREPARED_GRAPH_FILE)
+
+    prepared = []
+    setup = FederationPrivacy.setup
+
+    def keep_adjacencies(self, *args):
+        prepared.extend(setup(self, *args))
+        return prepared
+
+    monkeypatch.setattr(FederationPrivacy, "setup", keep_adjacencies)
+    run_experiment(
+        CONFIG,
+        world.dataset,
+        False,
+        PlaintextSummation(),
+        privacy=FederationPrivacy(policy, random_bytes=seeded_bytes(5)),
+    )
+    assert np.unique(kept.data).size > 1  # weights per similarity bin
+    np.testing.assert_array_equal(kept.toarray(), prepared[0].toarray())
