@@ -231,6 +231,27 @@ def test_under_the_edge_unit_the_bank_still_releases_its_graph_once_and_keeps_it
     assert (tmp_path / LEDGER_FILE).read_bytes() == ledger
     assert_same_round(first, again)
 
+    # under other [dp.edges] settings the kept graph is not the release the ledger paid for: refused, nothing drawn
+    kept = (tmp_path / PREPARED_GRAPH_FILE).read_bytes()
+    for other in ({**edges, "epsilon": 2.0}, {**edges, "weighting": "none"}):
+        changed = policy_from_dict(
+            {
+                **label_policy_dict(RANDOMISED_RESPONSE, small_he),
+                "dp": {"unit": "edge", "edges": other},
+                "budget": {"epsilon": 4.0, "delta": 1e-5, "rounds": 10},
+            }
+        )
+        with pytest.raises(ConfigError, match=f"{PREPARED_GRAPH_FILE}: a graph released made under the edge settings"):
+            run_worker(world, changed, tmp_path, [(1, "n3")], monkeypatch, random_bytes=dont_draw)
+        assert (tmp_path / PREPARED_GRAPH_FILE).read_bytes() == kept and (tmp_path / LEDGER_FILE).read_bytes() == ledger
+
+    # a graph kept by an earlier version (scipy's own file, no settings) is reused as it is
+    with np.load(tmp_path / PREPARED_GRAPH_FILE) as archive:
+        graph = sp.csr_matrix((archive["data"], archive["indices"], archive["indptr"]), shape=tuple(archive["shape"]))
+    sp.save_npz(tmp_path / PREPARED_GRAPH_FILE, graph)
+    _, legacy = run_worker(world, policy, tmp_path, [(1, "n2")], monkeypatch, random_bytes=dont_draw)
+    assert_same_round(first, legacy)
+
 
 def test_a_bank_weights_its_released_graph_by_the_feature_posterior_as_the_simulation_does(
     world, small_he, tmp_path, monkeypatch
@@ -246,7 +267,8 @@ def test_a_bank_weights_its_released_graph_by_the_feature_posterior_as_the_simul
         }
     )
     run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch, random_bytes=seeded_bytes(5))
-    kept = sp.load_npz(tmp_path / PREPARED_GRAPH_FILE)
+    with np.load(tmp_path / PREPARED_GRAPH_FILE) as archive:  # kept as CSR arrays beside the settings
+        kept = sp.csr_matrix((archive["data"], archive["indices"], archive["indptr"]), shape=tuple(archive["shape"]))
 
     prepared = []
     setup = FederationPrivacy.setup

@@ -106,7 +106,7 @@ from fedgl_secure.services.bank_label_prior import (
     save_staged_release,
 )
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
-from fedgl_secure.services.kept_release import keep_release, take_back_release
+from fedgl_secure.services.kept_release import SETTINGS, keep_release, take_back_release
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
 from fedgl_secure.services.pseudonyms import pseudonymise
@@ -270,7 +270,8 @@ class BankWorker:
         releases_edges = any(release.channel == EDGES for release in setup_releases(self.policy))
         prepared = None
         if releases_edges and ledger is not None and graph_path.exists():
-            prepared = sp.load_npz(graph_path)  # already drawn and paid for: never re-drawn on restart
+            # already drawn and paid for: never re-drawn on restart, and refused under other edge settings
+            prepared = load_prepared_graph(graph_path, edge_release_settings(self.policy), graph.num_nodes, self.log)
         adjacency = self.privacy.setup_bank(
             self.client_index,
             self.name,
@@ -282,7 +283,7 @@ class BankWorker:
             features=graph.features.to_scipy(),
         )
         if releases_edges and prepared is None:
-            sp.save_npz(graph_path, adjacency)
+            save_prepared_graph(graph_path, adjacency, edge_release_settings(self.policy))
         kept = self._kept_labels(graph, ledger)
         if kept is None and releases_labels_together(self.policy):
             kept = self._release_together(stop, graph, adjacency)
@@ -905,6 +906,45 @@ def release_settings(policy: Policy) -> dict:
     """The ``[dp.labels]`` settings a label release depends on (:data:`RELEASE_FIELDS`): a kept release is reused
     only under the same ones, and a field added later that only changes training leaves kept releases valid."""
     return policy.dp.labels.model_dump(mode="json", include=set(RELEASE_FIELDS))
+
+
+def edge_release_settings(policy: Policy) -> dict:
+    """What a bank's prepared graph depends on: ``[dp.edges]`` (mechanism, ε, weighting) and the degree bound it
+    was cut to, if any. A kept graph is reused only under the same ones."""
+    bound = policy.dp.graph.max_degree if policy.dp.needs_degree_bound else None
+    return {"edges": policy.dp.edges.model_dump(mode="json"), "max_degree": bound}
+
+
+def save_prepared_graph(path: Path, graph: sp.spmatrix, settings: dict) -> None:
+    """A bank's graph after its edge release (CSR arrays) and the settings it was made under, atomically
+    (:func:`~fedgl_secure.services.kept_release.keep_release`)."""
+    graph = sp.csr_matrix(graph, dtype=np.float64)
+    keep_release(
+        path,
+        settings,
+        data=graph.data,
+        indices=graph.indices.astype(np.int64),
+        indptr=graph.indptr.astype(np.int64),
+        shape=np.asarray(graph.shape, dtype=np.int64),
+    )
+
+
+def load_prepared_graph(path: Path, settings: dict, num_nodes: int, log) -> sp.csr_matrix:
+    """The graph :func:`save_prepared_graph` kept, refused (naming the file and both settings) when it was made
+    under other edge settings — it would not be the release the ledger paid for — or for a graph of another size.
+    A file of an earlier version (no settings kept) is reused as it is, with a warning."""
+    with np.load(path, allow_pickle=False) as archive:
+        legacy = SETTINGS not in archive.files
+    if legacy:
+        log.warning("privacy.graph_without_settings", path=str(path), reused="as is")
+        graph = sp.csr_matrix(sp.load_npz(path), dtype=np.float64)
+    else:
+        arrays = take_back_release(path, settings, "a graph released", "the edge settings")
+        shape = tuple(int(n) for n in arrays["shape"])
+        graph = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape)
+    if graph.shape != (num_nodes, num_nodes):
+        raise ConfigError(f"{path}: a graph of {graph.shape[0]} nodes, but this bank's graph has {num_nodes}")
+    return graph
 
 
 def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:
