@@ -136,3 +136,15 @@ def test_a_federation_trains_on_the_feature_weighted_release(small):
     assert torch.isfinite(weighted).all() and not torch.allclose(weighted, uniform)
     for ledger in privacy.ledgers().values():
         assert len(ledger.releases) == 1 and ledger.epsilon(1e-5) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "weighting, phrase",
+    [("posterior", "from n, the released count and ε only"), ("feature-posterior", "the bank's features")],
+)
+def test_the_guarantees_say_what_the_weighting_reads(weighting, phrase):
+    from fedgl_secure.privacy.guarantees import effective_guarantees
+
+    assumptions = effective_guarantees(policy_from_dict(edge_policy(2.0, weighting))).assumptions
+    (edge,) = [line for line in assumptions if line.startswith("Edge DP")]
+    assert phrase in edge and "post-processing" in edge

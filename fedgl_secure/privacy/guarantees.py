@@ -163,6 +163,17 @@ class Guarantees:
         return dataclasses.asdict(self)
 
 
+# what each [dp.edges] weighting reads, for policy check's assumptions (docs/privacy.md §6.2, §6.13)
+EDGE_WEIGHTING_ASSUMPTIONS = {
+    "posterior": "Each released edge is weighted by P(true edge | released), from n, the released count and ε only "
+    "(post-processing).",
+    "feature-posterior": "Each released edge is weighted by P(true edge | released) estimated within bins of its "
+    "endpoints' feature similarity, from the released graph, the bank's features, n and ε (post-processing: features "
+    "are outside the edge unit).",
+    "none": "Released edges keep weight 1.",
+}
+
+
 # --- per-channel quantities -------------------------------------------------------------------
 
 
@@ -408,7 +419,8 @@ def _assumptions(policy: Policy) -> list[str]:
             "it protects links only — not node features, labels or membership; training on the released graph is "
             "post-processing for links. Non-edges are never materialised (a binomial count of new pairs is drawn). "
             "The degree bound, when there is one, is applied to the released graph (post-processing). Links between "
-            "customers of different banks are in no bank's graph and are not released at all."
+            "customers of different banks are in no bank's graph and are not released at all. "
+            + EDGE_WEIGHTING_ASSUMPTIONS[dp.edges.weighting]
         )
     if dp.edges.enabled and dp.edges.mechanism == "laplace":
         lines.append(
