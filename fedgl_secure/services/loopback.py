@@ -6,6 +6,7 @@ and provisions the keys, so ``consortium up`` or individual ``node start`` comma
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -18,16 +19,45 @@ from fedgl_secure.services.pki import provision
 KEY_AUTHORITY, AGGREGATOR = "key-authority", "aggregator"
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` TCP ports that were free on 127.0.0.1 a moment ago."""
-    sockets = [socket.socket() for _ in range(count)]
+# Below the ephemeral range: outgoing connections take their local ports from that range, so a port picked there
+# (as binding to port 0 does) can be taken by any client's connection before the node binds it, seconds later.
+PORT_SPAN = 12_000
+DEFAULT_EPHEMERAL_LOW = 32_768  # Linux's default; macOS and Windows start higher
+
+
+def ephemeral_port_low(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the OS hands to outgoing connections (Linux's setting, else its default)."""
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        return int(range_file.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_EPHEMERAL_LOW
+
+
+def free_ports(count: int, low: int | None = None, span: int = PORT_SPAN) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now, drawn at random from the ``span`` ports below the
+    ephemeral range (``low``: its lowest port; the OS's by default), where no outgoing connection takes them in
+    the meantime. Raises OSError when that many free ports are not found there."""
+    top = ephemeral_port_low() if low is None else low
+    bottom = max(1024, top - span)
+    if top - bottom < count:
+        raise ValueError(f"only {top - bottom} ports below the ephemeral range starting at {top}")
+    draw = random.SystemRandom()
+    chosen: list[int] = []
+    for _ in range(100 * count + 10 * span):
+        if len(chosen) == count:
+            break
+        port = draw.randrange(bottom, top)
+        if port in chosen:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use: draw another
+                continue
+        chosen.append(port)
+    if len(chosen) < count:
+        raise OSError(f"found {len(chosen)} of {count} free ports in {bottom}–{top - 1} on 127.0.0.1")
+    return chosen
 
 
 def write_loopback_consortium(
