@@ -30,8 +30,10 @@ def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_the
         "dp": {"unit": "node", "node_mechanism": "gap", "gap": {"max_degree": 5, "hops": 2, **schedule}},
         "budget": {"epsilon": 8.0, "delta": 1e-5, "rounds": ENCODER_ROUNDS + CLASSIFIER_ROUNDS},
     }
-    # one round after GAP's schedule, which trains nothing and releases nothing
-    rounds = ENCODER_ROUNDS + CLASSIFIER_ROUNDS + 1
+    # rounds after GAP's schedule train nothing and release nothing; twenty of them keep the run going while the
+    # test sees the hops on disk and kills bank-b (rounds take ~0.15 s here: with one trailing round the run once
+    # finished before the restarted bank-b logged anything)
+    rounds = ENCODER_ROUNDS + CLASSIFIER_ROUNDS + 20
     consortium = write_consortium(
         tmp_path,
         max_rounds=rounds,
@@ -44,9 +46,10 @@ def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_the
     state = consortium.root / "state"
     consortium.start("key-authority", "aggregator", *BANKS)
     try:
-        hops_round = ENCODER_ROUNDS + 1  # the classifier's first round draws the hops
-        consortium.wait_for(lambda s: (s["latest_version"] or 0) >= hops_round, "the round that drew the hops")
-        with np.load(state / "bank-b" / METHOD_RELEASE_FILE) as kept:
+        # the classifier's first round draws the hops; bank-b keeps them before it uploads that round
+        kept_hops = state / "bank-b" / METHOD_RELEASE_FILE
+        consortium.wait_for(lambda s: kept_hops.exists(), "bank-b's kept hops")
+        with np.load(kept_hops) as kept:
             hops_before = kept["hops"].copy()
         consortium.kill("bank-b")  # SIGKILL, after its hops: a restart must not draw them again
         consortium.start("bank-b")
