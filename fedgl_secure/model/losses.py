@@ -32,12 +32,24 @@ def fedgl_loss(
     a true label is never overridden by the consortium's guess.
     """
     loss = F.cross_entropy(logits[train_mask], labels[train_mask], weight=class_weights)
+    return loss + pseudo_label_term(logits, train_mask, pseudo_labels, alpha, class_weights)
+
+
+def pseudo_label_term(
+    logits: torch.Tensor,
+    train_mask: torch.Tensor,
+    pseudo_labels: torch.Tensor | None,
+    alpha: float,
+    class_weights: torch.Tensor | None = None,
+) -> torch.Tensor | float:
+    """Eq. 8's second term, ``α · CE(pseudo labels)``, over the nodes with a pseudo label (``>= 0``) that are not
+    the client's own training nodes; 0 without pseudo labels, at α = 0 or when no node qualifies."""
     if pseudo_labels is None or alpha == 0.0:
-        return loss
+        return 0.0
     pseudo_mask = (pseudo_labels >= 0) & ~train_mask
     if not bool(pseudo_mask.any()):
-        return loss
-    return loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask], weight=class_weights)
+        return 0.0
+    return alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask], weight=class_weights)
 
 
 def proximal_term(parameters: list[torch.Tensor], global_parameters: list[torch.Tensor], mu: float) -> torch.Tensor:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedgl_secure.model.losses import proximal_term
+from fedgl_secure.model.losses import proximal_term, pseudo_label_term
 from fedgl_secure.model.sparse import SparseOperator
 
 
@@ -144,13 +144,8 @@ class ReleasedLabelTraining:
     ) -> torch.Tensor:
         """Eq. 8 on the released labels: :meth:`label_loss` + α · CE(pseudo labels), the pseudo-label rows of the
         bank's own training nodes dropped (as :func:`~fedgl_secure.model.losses.fedgl_loss`)."""
-        loss = self.label_loss(logits, graph, class_weights)
-        if pseudo_labels is None or alpha == 0:
-            return loss
-        pseudo_mask = (pseudo_labels >= 0) & ~graph.train_mask
-        if not bool(pseudo_mask.any()):
-            return loss
-        return loss + alpha * F.cross_entropy(logits[pseudo_mask], pseudo_labels[pseudo_mask], weight=class_weights)
+        label_term = self.label_loss(logits, graph, class_weights)
+        return label_term + pseudo_label_term(logits, graph.train_mask, pseudo_labels, alpha, class_weights)
 
     def train(
         self,
