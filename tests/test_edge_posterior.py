@@ -52,16 +52,22 @@ def clustered_bank(n: int = 240, clusters: int = 4, degree: int = 6, seed: int =
     return adjacency, features
 
 
-def test_one_bin_is_the_global_posterior():
-    n, released, epsilon = 1900, 216_627, 2.0
-    pairs = n * (n - 1) / 2
-    (weight,) = edge_posterior.bin_posteriors(np.array([released]), np.array([pairs]), epsilon)
-    assert weight == pytest.approx(mechanisms.randomized_response_posterior(n, released, epsilon), rel=1e-9)
+def test_the_global_posterior_keeps_one_true_edge_where_a_bin_may_have_none():
+    # fewer releases than noise alone gives: a bin's estimate is 0 true edges (weight 0), the whole graph's is
+    # floored at one (weight > 0, the formula of the module doc with π = 1/P)
+    n, epsilon = 200, 1.0
+    pairs, p = n * (n - 1) / 2, mechanisms.flip_probability(1.0)
+    too_few = int(0.5 * p * pairs)
+    (in_a_bin,) = mechanisms.randomized_response_posteriors(np.array([too_few]), np.array([pairs]), epsilon)
+    assert in_a_bin == 0.0
+    prior = 1 / pairs
+    expected = (1 - p) * prior / ((1 - p) * prior + p * (1 - prior))
+    assert mechanisms.randomized_response_posterior(n, too_few, epsilon) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_bin_with_fewer_releases_than_noise_alone_would_give_weighs_nothing():
     p = mechanisms.flip_probability(1.0)
-    weights = edge_posterior.bin_posteriors(
+    weights = mechanisms.randomized_response_posteriors(
         np.array([0.5 * p * 1000, p * 1000 + 300, 5]), np.array([1000, 1000, 0]), 1.0
     )
     assert weights[0] == 0.0 and weights[2] == 0.0  # below p·P_b: no true edge estimated; no pairs: weight 0

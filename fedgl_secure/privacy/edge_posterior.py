@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from fedgl_secure.privacy.mechanisms import flip_probability
+from fedgl_secure.privacy.mechanisms import randomized_response_posteriors
 
 BINS = 20  # quantile bins of the all-pairs similarity
 EXACT_PAIRS_UP_TO = 5_000  # nodes: below this every pair's similarity is computed; above, a sample
@@ -73,19 +73,6 @@ def sampled_pair_similarities(unit: sp.csr_matrix, count: int, rng: np.random.Ge
     return pair_similarities(unit, i, j)
 
 
-def bin_posteriors(released_per_bin: np.ndarray, pairs_per_bin: np.ndarray, epsilon: float) -> np.ndarray:
-    """The module doc's equations, one bin at a time: w_b from m'_b released edges among P_b pairs at ε.
-
-    π_b is clipped to [0, 1]; a bin with no pairs gets weight 0."""
-    p = flip_probability(epsilon)
-    released = np.asarray(released_per_bin, dtype=np.float64)
-    pairs = np.asarray(pairs_per_bin, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        density = np.clip((released - p * pairs) / (1.0 - 2.0 * p) / pairs, 0.0, 1.0)
-        weights = (1.0 - p) * density / ((1.0 - p) * density + p * (1.0 - density))
-    return np.where(pairs > 0, np.nan_to_num(weights), 0.0)
-
-
 def feature_posterior_weights(
     released: sp.spmatrix,
     features: sp.spmatrix | np.ndarray,
@@ -119,6 +106,6 @@ def feature_posterior_weights(
     pairs_per_bin = pairs_per_bin * (total_pairs / reference.size)
     edge_bin = np.searchsorted(cuts, edges, side="right")
     released_per_bin = np.bincount(edge_bin, minlength=cuts.size + 1)
-    weights = bin_posteriors(released_per_bin, pairs_per_bin, epsilon)[edge_bin]
+    weights = randomized_response_posteriors(released_per_bin, pairs_per_bin, epsilon)[edge_bin]
     upper_weighted = sp.coo_matrix((weights, (upper.row, upper.col)), shape=(n, n))
     return sp.csr_matrix(upper_weighted + upper_weighted.T)

@@ -709,8 +709,23 @@ def randomized_response_posterior(num_nodes: int, released_edges: int, epsilon: 
     """
     if num_nodes < 2:
         return 1.0
-    p = flip_probability(epsilon)
     pairs = num_nodes * (num_nodes - 1) / 2
-    estimate = min(max((released_edges - p * pairs) / (1.0 - 2.0 * p), 1.0), pairs)
-    prior = estimate / pairs
-    return (1.0 - p) * prior / ((1.0 - p) * prior + p * (1.0 - prior))
+    return float(randomized_response_posteriors(np.array([released_edges]), np.array([pairs]), epsilon, 1.0)[0])
+
+
+def randomized_response_posteriors(
+    released: np.ndarray, pairs: np.ndarray, epsilon: float, min_true_edges: float = 0.0
+) -> np.ndarray:
+    r"""The posterior of :func:`randomized_response_posterior` for several groups of pairs at once: group g has
+    ``pairs[g]`` pairs of which ``released[g]`` were released. Its true edge count
+    :math:`\hat m_g = (m'_g - pP_g)/(1 - 2p)` is clipped to [``min_true_edges``, P_g]; with
+    :math:`\pi_g = \hat m_g / P_g`, :math:`w_g = (1-p)\pi_g / ((1-p)\pi_g + p(1-\pi_g))`.
+    A group without pairs gets weight 0."""
+    p = flip_probability(epsilon)
+    released = np.asarray(released, dtype=np.float64)
+    pairs = np.asarray(pairs, dtype=np.float64)
+    estimate = np.minimum(np.maximum((released - p * pairs) / (1.0 - 2.0 * p), min_true_edges), pairs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prior = estimate / pairs
+        weights = (1.0 - p) * prior / ((1.0 - p) * prior + p * (1.0 - prior))
+    return np.where(pairs > 0, np.nan_to_num(weights), 0.0)
