@@ -78,10 +78,13 @@ def test_a_bin_with_fewer_releases_than_noise_alone_would_give_weighs_nothing():
 def test_all_pair_similarities_are_the_upper_triangle_of_the_cosine_matrix():
     features = np.random.default_rng(1).random((2_300, 5))  # more rows than one block
     features[7] = 0.0  # a zero row stays at similarity 0
-    unit = edge_posterior.unit_rows(features)
-    dense = unit.toarray()
-    expected = (dense @ dense.T)[np.triu_indices(2_300, k=1)]
-    np.testing.assert_allclose(edge_posterior.all_pair_similarities(unit), expected, atol=1e-12)
+    norms = np.linalg.norm(features, axis=1)
+    cosine = (features @ features.T) / np.outer(np.where(norms > 0, norms, 1.0), np.where(norms > 0, norms, 1.0))
+    unit = sp.csr_matrix(features / np.where(norms > 0, norms, 1.0)[:, None])
+    similarities = edge_posterior.all_pair_similarities(unit)
+    np.testing.assert_allclose(similarities, cosine[np.triu_indices(2_300, k=1)], atol=1e-12)
+    rows, cols = np.triu_indices(2_300, k=1)
+    assert np.all(similarities[(rows == 7) | (cols == 7)] == 0.0)
 
 
 def test_true_edges_between_similar_customers_weigh_more_than_random_ones_and_sampling_agrees():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.preprocessing import normalize
 
 from fedgl_secure.privacy.mechanisms import randomized_response_posteriors
 
@@ -35,16 +36,8 @@ SAMPLE_PAIRS = 2_000_000
 _BLOCK_ROWS = 1_000
 
 
-def unit_rows(features: sp.spmatrix | np.ndarray) -> sp.csr_matrix:
-    """Rows scaled to unit L2 norm (zero rows stay zero), so a row product is the cosine similarity."""
-    matrix = sp.csr_matrix(features, dtype=np.float64)
-    norms = np.sqrt(np.asarray(matrix.multiply(matrix).sum(axis=1)).ravel())
-    norms[norms == 0] = 1.0
-    return sp.csr_matrix(sp.diags(1.0 / norms) @ matrix)
-
-
 def pair_similarities(unit: sp.csr_matrix, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each pair (i[t], j[t]) of rows of ``unit`` (:func:`unit_rows`), in blocks."""
+    """Cosine similarity of each pair (i[t], j[t]) of rows of ``unit`` (rows of unit L2 norm), in blocks."""
     out = np.empty(i.size, dtype=np.float64)
     step = 200_000
     for start in range(0, i.size, step):
@@ -91,7 +84,7 @@ def feature_posterior_weights(
     n = released.shape[0]
     if n < 2 or upper.nnz == 0:
         return sp.csr_matrix(released, dtype=np.float64)
-    unit = unit_rows(features)
+    unit = normalize(sp.csr_matrix(features, dtype=np.float64), norm="l2")  # zero rows stay zero
     if unit.shape[0] != n:
         raise ValueError(f"features have {unit.shape[0]} rows for a graph of {n} nodes")
     total_pairs = n * (n - 1) / 2
