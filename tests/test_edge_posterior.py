@@ -110,7 +110,7 @@ def test_true_edges_between_similar_customers_weigh_more_than_random_ones_and_sa
 def test_a_bank_weights_its_release_by_the_feature_posterior_and_pays_epsilon_once():
     adjacency, features = clustered_bank()
     bank = BankPrivacy("bank-0", policy_from_dict(edge_policy(2.0)), 1.0, random_bytes=seeded_bytes(0))
-    prepared = bank.prepare_adjacency(adjacency, np.random.default_rng(0), features)
+    prepared = bank.prepare_adjacency(adjacency, np.random.default_rng(0), lambda: features)
     released = mechanisms.randomized_response_edges(adjacency, 2.0, _random_bytes=seeded_bytes(0))
     expected = edge_posterior.feature_posterior_weights(released, features, 2.0, np.random.default_rng(0))
     np.testing.assert_array_equal(prepared.toarray(), expected.toarray())
@@ -157,3 +157,14 @@ def test_the_guarantees_say_what_the_weighting_reads(weighting, phrase):
     assumptions = effective_guarantees(policy_from_dict(edge_policy(2.0, weighting))).assumptions
     (edge,) = [line for line in assumptions if line.startswith("Edge DP")]
     assert phrase in edge and "post-processing" in edge
+
+
+def test_only_the_feature_posterior_reads_the_features():
+    adjacency, _ = clustered_bank()
+
+    def unread():
+        raise AssertionError("features read by a weighting that does not use them")
+
+    for weighting in ("posterior", "none"):
+        bank = BankPrivacy("bank-0", policy_from_dict(edge_policy(2.0, weighting)), 1.0, random_bytes=seeded_bytes(0))
+        assert bank.prepare_adjacency(adjacency, np.random.default_rng(0), unread).nnz > 0

@@ -438,7 +438,7 @@ def _private_client_graphs(
         [client_weight(graph.num_nodes) for graph in graphs],
         [client.adjacency() for client in federation.clients],
         [numpy_stream(config.seed, "privacy", "degree", k) for k in range(len(graphs))],
-        [graph.features.to_scipy() for graph in graphs],
+        [graph.features.to_scipy for graph in graphs],  # read only by a weighting that needs them
     )
     if not privacy.active:
         return graphs

@@ -264,10 +264,15 @@ class BankPrivacy:
     # --- set-up --------------------------------------------------------------------------------
 
     def prepare_adjacency(
-        self, adjacency: sp.spmatrix, degree_rng: np.random.Generator, features: sp.spmatrix | None = None
+        self,
+        adjacency: sp.spmatrix,
+        degree_rng: np.random.Generator,
+        read_features: Callable[[], sp.spmatrix] | None = None,
     ) -> sp.csr_matrix:
         """The bank's graph as it will train on it: edge DP once (recorded at round 0), then the degree bound,
-        then the released edges' weights (post-processing; ``features`` for ``weighting = "feature-posterior"``).
+        then the released edges' weights (post-processing). ``read_features`` gives the bank's node features; it
+        is called only by a weighting that reads them (``weighting = "feature-posterior"``), so no other policy
+        pays for a copy of them at start-up.
 
         ``degree_rng`` only orders :func:`~fedgl_secure.privacy.mechanisms.bound_degree`'s greedy pass and draws
         the feature posterior's sample of pairs in a large bank (not privacy noise). Randomised response draws
@@ -291,10 +296,10 @@ class BankPrivacy:
             graph = graph * weight
             self.log.info("privacy.edges_released", edges=graph.nnz // 2, posterior_weight=round(weight, 6))
         elif edges.mechanism == "randomized-response" and edges.weighting == "feature-posterior":
-            if features is None:
+            if read_features is None:
                 raise ValueError('dp.edges.weighting = "feature-posterior" needs the bank\'s features')
             # post-processing: a weight per similarity bin of the endpoints' features (outside the edge unit)
-            graph = edge_posterior.feature_posterior_weights(graph, features, edges.epsilon, degree_rng)
+            graph = edge_posterior.feature_posterior_weights(graph, read_features(), edges.epsilon, degree_rng)
             self.log.info(
                 "privacy.edges_released",
                 edges=graph.nnz // 2,
@@ -520,16 +525,16 @@ class FederationPrivacy:
         client_weights: Sequence[float],
         adjacencies: Sequence[sp.spmatrix],
         degree_rngs: Sequence[np.random.Generator],
-        features: Sequence[sp.spmatrix] | None = None,
+        read_features: Sequence[Callable[[], sp.spmatrix]] | None = None,
     ) -> list[sp.csr_matrix]:
-        """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order); ``features``:
-        each bank's node features, for a weighting that reads them."""
+        """Create each bank's :class:`BankPrivacy` and return its prepared adjacency (same order); ``read_features``:
+        each bank's node features, read only by a weighting that needs them (:meth:`BankPrivacy.prepare_adjacency`)."""
         normaliser = float(max(client_weights))
-        features = [None] * len(names) if features is None else features
+        readers = [None] * len(names) if read_features is None else read_features
         return [
-            self.setup_bank(client_id, name, normaliser, adjacency, rng, features=bank_features)
-            for client_id, (name, adjacency, rng, bank_features) in enumerate(
-                zip(names, adjacencies, degree_rngs, features, strict=True)
+            self.setup_bank(client_id, name, normaliser, adjacency, rng, read_features=reader)
+            for client_id, (name, adjacency, rng, reader) in enumerate(
+                zip(names, adjacencies, degree_rngs, readers, strict=True)
             )
         ]
 
@@ -543,7 +548,7 @@ class FederationPrivacy:
         *,
         ledger: PrivacyLedger | None = None,
         prepared: sp.spmatrix | None = None,
-        features: sp.spmatrix | None = None,
+        read_features: Callable[[], sp.spmatrix] | None = None,
     ) -> sp.csr_matrix:
         """One bank's part of :meth:`setup` (what a bank service runs for itself): its :class:`BankPrivacy`
         and its prepared adjacency.
@@ -558,7 +563,7 @@ class FederationPrivacy:
             return sp.csr_matrix(prepared, dtype=np.float64)
         if not self.active:
             return sp.csr_matrix(adjacency)
-        return bank.prepare_adjacency(adjacency, degree_rng, features)
+        return bank.prepare_adjacency(adjacency, degree_rng, read_features)
 
     def attach_training(self, client_id: int, trainer) -> None:
         """Give bank ``client_id``'s :class:`~fedgl_secure.engine.client.LocalTrainer` DP-SGD when the policy asks.

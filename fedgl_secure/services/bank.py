@@ -280,7 +280,7 @@ class BankWorker:
             numpy_stream(self.config.seed, "privacy", "degree", self.client_index),
             ledger=ledger,
             prepared=prepared,
-            features=graph.features.to_scipy(),
+            read_features=graph.features.to_scipy,  # read only by a weighting that needs them
         )
         if releases_edges and prepared is None:
             save_prepared_graph(graph_path, adjacency, edge_release_settings(self.policy))
