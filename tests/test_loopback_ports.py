@@ -7,7 +7,13 @@ import socket
 
 import pytest
 
-from fedgl_secure.services.loopback import DEFAULT_EPHEMERAL_LOW, PORT_SPAN, ephemeral_port_low, free_ports
+from fedgl_secure.services.loopback import (
+    DEFAULT_EPHEMERAL_LOW,
+    PORT_SPAN,
+    ephemeral_port_low,
+    free_ports,
+    port_binds,
+)
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range():
@@ -21,22 +27,13 @@ def test_ports_are_distinct_free_and_below_the_ephemeral_range():
 
 
 def test_a_port_in_use_is_never_handed_out():
-    port = next(p for p in free_ports(50) if _free(p + 1))  # a free port whose neighbour above is free too
+    port = next(p for p in free_ports(50) if port_binds(p + 1))  # a free port whose neighbour above is free too
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port))
         for _ in range(10):  # a span of two ports, one of them busy: always the other
             assert free_ports(1, low=port + 2, span=2) == [port + 1]
         with pytest.raises(OSError, match="found 0 of 1 free ports"):
             free_ports(1, low=port + 1, span=1)
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_the_range_is_read_from_the_os_setting_or_defaults(tmp_path):

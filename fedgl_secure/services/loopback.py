@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import socket
+from itertools import islice
 from pathlib import Path
 
 import tomli_w
@@ -41,23 +42,22 @@ def free_ports(count: int, low: int | None = None, span: int = PORT_SPAN) -> lis
     bottom = max(1024, top - span)
     if top - bottom < count:
         raise ValueError(f"only {top - bottom} ports below the ephemeral range starting at {top}")
-    draw = random.SystemRandom()
-    chosen: list[int] = []
-    for _ in range(100 * count + 10 * span):
-        if len(chosen) == count:
-            break
-        port = draw.randrange(bottom, top)
-        if port in chosen:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:  # in use: draw another
-                continue
-        chosen.append(port)
+    candidates = list(range(bottom, top))
+    random.SystemRandom().shuffle(candidates)  # parallel test workers rarely draw the same ones
+    chosen = list(islice((port for port in candidates if port_binds(port)), count))  # binds until count are found
     if len(chosen) < count:
         raise OSError(f"found {len(chosen)} of {count} free ports in {bottom}–{top - 1} on 127.0.0.1")
     return chosen
+
+
+def port_binds(port: int) -> bool:
+    """Whether a socket can bind ``port`` on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def write_loopback_consortium(
