@@ -344,10 +344,11 @@ def run_units(args) -> int:
     With ``--consortium`` the runs train on the consortium's banks' own graphs under its ``[experiment]``
     (``--rounds`` / ``--patience`` still apply) and each row adds the test ROC-AUC and PR-AUC."""
     experiment, bank_graphs = consortium_banks(args.consortium) if args.consortium else ({}, None)
-    datasets = {
-        seed: None if bank_graphs else load_dataset(args.dataset, args.data_root, seed=seed)
-        for seed in range(args.seeds)
-    }
+    datasets = (
+        {}
+        if bank_graphs
+        else {seed: load_dataset(args.dataset, args.data_root, seed=seed) for seed in range(args.seeds)}
+    )
     started = time.perf_counter()
     rows: list[dict] = []
 

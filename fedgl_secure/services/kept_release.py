@@ -1,9 +1,10 @@
 """What a bank keeps of a release it drew once at the source: its arrays and the settings they were made under.
 
 A restarted bank takes a kept release back instead of drawing (and paying for) it again — but only under the
-settings it was made under: under others it would not be the release its ledger paid for. Used for the label
-release (``privacy-labels.npz``), the label release in progress of the consortium prior
-(``privacy-labels-staged.npz``) and a method's own release (GAP's hops, ``privacy-method-release.npz``).
+settings it was made under: under others it would not be the release its ledger paid for. Used for the edge
+release (the prepared graph, ``privacy-graph.npz``), the label release (``privacy-labels.npz``), the label release in
+progress of the consortium prior (``privacy-labels-staged.npz``) and a method's own release (GAP's hops,
+``privacy-method-release.npz``).
 """
 
 from __future__ import annotations
