@@ -459,3 +459,48 @@ def test_an_aggregator_restarted_between_the_stages_retires_the_round_as_abandon
         assert (first["round"], first["status"]) == (1, "abandoned")
         assert first["detail"] == "the aggregator stopped while the round was open"
     store.close()
+
+
+def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
+    # A status read while a round's result is being stored once showed the round applied but latest_version not yet
+    # raised (a consortium fault test caught it). A status asked for right after the store wrote the round now
+    # waits for the new version, and sees both or neither.
+    coordinator, authority, keys, policy = setup
+    for offset, bank in enumerate(BANKS):
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    seen: list[dict] = []
+    apply_round = coordinator.store.apply_round
+
+    def apply_then_ask(*args, **kwargs):
+        apply_round(*args, **kwargs)
+        asker = threading.Thread(target=lambda: seen.append(coordinator.status()), daemon=True)
+        asker.start()
+        asker.join(timeout=0.5)  # blocked until the version is raised (it would return at once otherwise)
+        seen.append({"asked_during_apply": asker.is_alive()})
+
+    coordinator.store.apply_round = apply_then_ask
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        view = wait_open(coordinator)
+        ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        rng = np.random.default_rng(0)
+        for bank in BANKS:
+            for kind, shape in view.shapes.items():
+                made = make_upload(
+                    coordinator.context, policy.he, ticket, bank, keys[bank], kind, rng.uniform(0, 1, shape)
+                )
+                coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
+        driver.join(timeout=60)
+        assert not driver.is_alive()
+    finally:
+        stop.set()
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (during,) = [entry for entry in seen if "asked_during_apply" in entry]
+    (status,) = [entry for entry in seen if "rounds" in entry]
+    assert during["asked_during_apply"]  # the read waited for the apply to finish
+    applied = [row["base_version"] for row in status["rounds"] if row["status"] == "applied"]
+    assert applied == list(range(status["latest_version"])) == [0]

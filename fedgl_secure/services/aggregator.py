@@ -283,6 +283,9 @@ class Coordinator:
         self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self.log = get_logger(role="aggregator", federation=federation)
         self._changed = threading.Condition()
+        # held while a round's result is stored and becomes the latest version, and while status() reads both:
+        # otherwise a status read between the two shows an applied round beyond latest_version
+        self._applying = threading.Lock()
         self._seen: dict[str, float] = {}
         self._open: _OpenRound | None = None
         self._aggregating = False
@@ -525,14 +528,16 @@ class Coordinator:
         self.store.save_report(version, bank, counts, histograms)
 
     def status(self) -> dict:
-        reports = self.store.pooled_reports()
-        history = round_history(self.store, reports)
+        with self._applying:  # the rounds and the latest version of one moment (see _apply)
+            reports = self.store.pooled_reports()
+            history = round_history(self.store, reports)
+            latest = self._latest_version
         best = best_report(reports, scores=validation_scores(self.store, reports, self.config.evaluation.selection))
         metrics = pooled_test_metrics(self.store, best[0] if best else None, self.config.evaluation.top_fraction)
         return {
             "federation": self.federation,
             "phase": self.round_phase(),
-            "latest_version": self._latest_version,
+            "latest_version": latest,
             "max_rounds": self.config.federation.max_rounds,
             "rounds": history,
             "best_version": best[0] if best else None,
@@ -1013,11 +1018,13 @@ class Coordinator:
         encoded_state = (
             None if state is None else encodings.encode_arrays({k: v.cpu().numpy() for k, v in state.items()})
         )
-        self.store.apply_round(round_number, version + 1, encode_broadcast(broadcast), contributors, encoded_state)
-        self._reference = (version + 1, wire_reference(broadcast.weights))
-        with self._changed:
-            self._latest_version = version + 1
-            self._changed.notify_all()
+        encoded = encode_broadcast(broadcast)
+        with self._applying:
+            self.store.apply_round(round_number, version + 1, encoded, contributors, encoded_state)
+            self._reference = (version + 1, wire_reference(broadcast.weights))
+            with self._changed:
+                self._latest_version = version + 1
+                self._changed.notify_all()
 
     def _early_stop(self, stopper: EarlyStopping, reported_version: int) -> bool:
         pooled = self.store.pooled_reports().get(reported_version)
