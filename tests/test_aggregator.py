@@ -504,3 +504,26 @@ def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
     assert during["asked_during_apply"]  # the read waited for the apply to finish
     applied = [row["base_version"] for row in status["rounds"] if row["status"] == "applied"]
     assert applied == list(range(status["latest_version"])) == [0]
+
+
+def test_a_restart_after_a_fitted_label_prior_round_keeps_it_fitted(setup):
+    # Killed right after closing a label-prior round as fitted (its θ̄ published, banks may release from it), the
+    # aggregator used to retire that last round as "abandoned" on restart while still counting it as a fitted step:
+    # a fresh-clone CI run of the label consortium test ended with 19 fitted rows for 20 steps.
+    from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
+
+    coordinator, *_ = setup
+    for offset, bank in enumerate(BANKS):  # the union index, as before any round
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    assert coordinator._wait_for_enrolment(threading.Event())
+    store = coordinator.store
+    for round_number in (1, 2):
+        store.open_round(round_number, PRIOR_BASE_VERSION, f"n{round_number}", BANKS)
+        store.save_sum(round_number, "weights", f"n{round_number}", np.zeros(4), BANKS)
+        store.close_round(round_number, PRIOR_FITTED, "label prior")
+    assert coordinator._resume() == 0  # no training round yet
+    assert [store.round(r).status for r in (1, 2)] == [PRIOR_FITTED, PRIOR_FITTED]
+    store.open_round(3, PRIOR_BASE_VERSION, "n3", BANKS)  # one left open is still retired
+    store.save_sum(3, "weights", "n3", np.zeros(4), BANKS)
+    coordinator._resume()
+    assert store.round(3).status == "abandoned" and store.round(2).status == PRIOR_FITTED

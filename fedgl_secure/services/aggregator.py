@@ -108,6 +108,8 @@ from fedgl_secure.wire.broadcast import decode_broadcast, encode_broadcast
 
 PRIOR_BASE_VERSION = -1  # a label-prior round's base version in the store: it comes before model version 0
 PRIOR_FITTED = "fitted"  # a label-prior round's status once its θ̄ is published
+# a round's final statuses: a restarted aggregator retires the last round only when it has none of them
+CLOSED_STATUSES = ("applied", "aborted", "abandoned", "interrupted", PRIOR_FITTED)
 BUDGET_EXHAUSTED = "privacy-budget-exhausted"
 WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → what a stopped_reason says
 
@@ -666,7 +668,7 @@ class Coordinator:
         """Last applied model version; finishes a fully decrypted round, retires an unfinished one."""
         version = self.store.latest_version() or 0
         last = self.store.round(self.store.last_round_number())
-        if last is not None and last.status not in ("applied", "aborted", "abandoned"):
+        if last is not None and last.status not in CLOSED_STATUSES:
             sums = self.store.sums(last.round)
             if set(sums) == set(self._shapes()) and last.base_version == version:
                 # every stage's sums are stored: replay the stages' server updates on them
