@@ -75,7 +75,7 @@ from fedgl_secure.policy.schema import HEParameters, Policy, load_policy
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_POLICY = REPO / "policies" / "baseline.toml"
 COMMON_PARAMETERS = HEParameters(
-    poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=40, packing="none"
+    poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=60, packing="none"
 )
 TARGETS = {"round_ratio": 1.3, "bytes_per_value": 12.0, "abs_accuracy_difference": 0.005}
 PLAIN, SECURE, SERIAL = "plain", "secure", "secure_serial"
@@ -320,7 +320,7 @@ def profile_secure_run(config: ExperimentConfig, dataset, policy: Policy, path: 
         "  add_serialized (aggregator: load + add + serialise)": "(add_serialized)",
         "  mask_sum (aggregator: ring pad)": "(mask_sum)",
         "  decrypt_sum (key authority: rules, decrypt, ledger, audit)": "(decrypt_sum)",
-        "    decrypt_rerandomised (SEAL)": "(decrypt_rerandomised)",
+        "    decrypt_flooded (SEAL decrypt + flooding)": "(decrypt_flooded)",
         "    residues (bulk read)": "ring_mask.py*(residues)",
         "    audit log records": "key_authority.py:*(_record)",
         "    ledger (SQLite)": "ledger.py*(record_decryption)",

@@ -35,12 +35,19 @@ def data_root() -> Path:
 
 @pytest.fixture(scope="session")
 def small_he():
-    """Small but 128-bit-secure CKKS parameters (N = 4096, 108 of 109 bits) to keep unit tests fast; one float
-    per slot (``packing = "none"``), so the key authority's and aggregator's rules are tested on plain sums.
+    """Small but 128-bit-secure CKKS parameters (N = 4096, 109 of 109 bits) to keep unit tests fast; one float
+    per slot (``packing = "none"``), so the key authority's and aggregator's rules are tested on plain sums. A
+    short run's query budget (4,096 decrypted ciphertexts) keeps the decryption's noise flooding small.
     Packing has its own tests (``test_packing.py``) and the consortium tests run the default, packed."""
     from fedgl_secure.policy.schema import HEParameters
 
-    return HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36, packing="none")
+    return HEParameters(
+        poly_modulus_degree=4096,
+        coeff_mod_bit_sizes=(36, 36, 37),
+        global_scale_bits=62,
+        packing="none",
+        max_decryptions=4096,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -34,9 +34,9 @@ class InProcessDecryptor:
     def open_round(self, federation, round_number, nonce, participants):
         self.authority.open_round(federation, round_number, nonce, participants)
 
-    def decrypt(self, federation, round_number, kind, summed_chunks, receipts, fingerprint, length):
+    def decrypt(self, federation, round_number, kind, summed_chunks, receipts, fingerprint, length, upload_c1):
         return self.authority.decrypt_sum(
-            AGGREGATOR, federation, round_number, kind, summed_chunks, receipts, fingerprint, length
+            AGGREGATOR, federation, round_number, kind, summed_chunks, receipts, fingerprint, length, upload_c1
         )
 
 

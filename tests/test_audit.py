@@ -27,7 +27,7 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthori
 from fedgl_secure.crypto.masking import mask_sum
 from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
-from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.guarantees import round_releases
@@ -40,8 +40,8 @@ LENGTH = 20
 ROUNDS = 2
 SMALL_HE = """[he]
 poly_modulus_degree = 4096
-coeff_mod_bit_sizes = [54, 54]
-global_scale_bits = 36
+coeff_mod_bit_sizes = [36, 36, 37]
+global_scale_bits = 60
 """
 
 
@@ -138,6 +138,7 @@ def base_run(tmp_path_factory) -> Path:
                     [u.receipt for u in uploads],
                     authority.fingerprint,
                     slots,
+                    [upload_c1(public, u.chunks) for u in uploads],
                 )
         head = authority.ledger.get_meta(AUDIT_HEAD)
     finally:

@@ -13,7 +13,7 @@ import sqlite3
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from consortium_harness import BANKS, NODES, LocalConsortium
+from consortium_harness import BANKS, NODES, UNPACKED_HE, LocalConsortium
 from typer.testing import CliRunner
 
 from fedgl_secure.audit.run import audit_run
@@ -21,7 +21,7 @@ from fedgl_secure.cli import app
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
 from fedgl_secure.engine.simulation import run_experiment
-from fedgl_secure.policy.schema import HEParameters, load_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
 from fedgl_secure.services.run_export import collect_consortium_run
@@ -35,7 +35,6 @@ CUSTOMERS = 400
 # a flipped label moves the next W̄ by ~3e-3 (measured with noise of 1e-6 on plaintext sums).
 # Unpacked: packed terms computed in another float order can round one quantisation step apart (see
 # test_consortium.py), far above the 1e-4 this test compares at.
-BANK_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=40, packing="none")
 
 
 def bank_data_tables(data_dir) -> dict[str, dict]:
@@ -81,7 +80,7 @@ def finished_bank_consortium(tmp_path_factory):
         root,
         banks=BANKS,
         experiment=experiment,
-        he=BANK_HE,
+        he=UNPACKED_HE,
         federation="bank-federation",
         schema=synthetic_bank_schema().model_dump(mode="json", exclude_none=True),
         bank_data=bank_data_tables(data_dir),

@@ -49,7 +49,7 @@ def test_public_context_cannot_decrypt(small_context, public):
 @pytest.mark.parametrize("length", [1, 2047, 2048, 5000])
 def test_encrypt_add_decrypt_matches_plaintext_sum_across_chunks(small_context, public, length):
     rng = np.random.default_rng(length)
-    terms = [rng.uniform(-5000, 5000, length) for _ in range(3)]
+    terms = [rng.uniform(-60, 60, length) for _ in range(3)]  # encoding range: 2^(72 - 62 - 2)
     uploads = [ckks.encrypt_vector(public, term) for term in terms]
     assert len(uploads[0]) == ckks.chunk_count(length, 2048)
     total = ckks.decrypt_vector(small_context, ckks.add_serialized(public, uploads), length)
@@ -57,20 +57,23 @@ def test_encrypt_add_decrypt_matches_plaintext_sum_across_chunks(small_context, 
 
 
 def test_default_parameters_precision_at_engine_magnitudes(default_context):
-    """Six banks sending w_k·W_k with w_k up to 2000 and |W| up to 3: error far below 1e-4."""
+    """Six banks sending ŵ_k·W_k with |W| up to 3 (ŵ_k normalised, as banks send them): error within the unpacked
+    precision the policy states (CKKS noise plus the decryption's flooding, which SEAL's plain decryption here
+    does not add: it only grows the error, so this checks the encryption side)."""
     public = ckks.load_public_context(ckks.public_context_bytes(default_context))
     rng = np.random.default_rng(0)
-    weights = rng.uniform(200, 2000, 6)
+    weights = rng.dirichlet(np.ones(6))
     terms = [w * rng.uniform(-3, 3, 6000) for w in weights]
     summed = ckks.add_serialized(public, [ckks.encrypt_vector(public, t) for t in terms])
     error = np.abs(ckks.decrypt_vector(default_context, summed, 6000) - np.sum(terms, axis=0)).max()
-    assert error < 1e-4, error
+    assert error < HEParameters.UNPACKED_PRECISION, error
 
 
 def test_default_parameters_fit_the_wire_budget(default_context):
-    assert ckks.bytes_per_value(default_context) <= 36
+    # unpacked: two 36-bit data primes (room for the decryption's flooding) in 64-bit words, zstd-compressed
+    assert ckks.bytes_per_value(default_context) <= 48
     common = ckks.create_secret_context(HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60)))
-    assert ckks.bytes_per_value(common) > 2 * ckks.bytes_per_value(default_context)
+    assert ckks.bytes_per_value(common) > 1.5 * ckks.bytes_per_value(default_context)
 
 
 def test_truncated_and_garbage_ciphertexts_are_typed_errors(public):
@@ -84,7 +87,7 @@ def test_truncated_and_garbage_ciphertexts_are_typed_errors(public):
 
 def test_foreign_context_ciphertext_is_refused(public):
     foreign = ckks.create_secret_context(
-        HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(50, 50), global_scale_bits=36)
+        HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(35, 36, 37), global_scale_bits=60)
     )
     good = ckks.encrypt_vector(public, np.arange(10.0))
     alien = ckks.encrypt_vector(foreign, np.arange(10.0))
@@ -95,7 +98,7 @@ def test_foreign_context_ciphertext_is_refused(public):
 def test_mismatched_uploads_are_refused(small_context, public):
     short = ckks.encrypt_vector(public, np.arange(10.0))
     longer = ckks.encrypt_vector(public, np.arange(11.0))
-    two_chunks = ckks.encrypt_vector(public, np.arange(3000.0))
+    two_chunks = ckks.encrypt_vector(public, np.zeros(3000))
     with pytest.raises(CiphertextError, match="11 values, expected 10"):
         ckks.add_serialized(public, [short, longer])
     with pytest.raises(CiphertextError, match="chunk counts"):
@@ -115,7 +118,7 @@ def test_non_finite_and_oversized_values_are_refused(public, small_he):
         ckks.encrypt_vector(public, np.array([1e9]))
     with pytest.raises(CiphertextError, match="empty"):
         ckks.encrypt_vector(public, np.zeros(0))
-    # terms may fill half of the 2^17 sum range (the aggregator's mask takes a quarter): 2^16 / 3 ≈ 21845
-    check_magnitude(np.array([21000.0]), 3, small_he, "weights")
+    # terms may fill half of the 2^9 sum range (72 data bits - scale 62 - 1): 2^8 / 3 ≈ 85.3
+    check_magnitude(np.array([85.0]), 3, small_he, "weights")
     with pytest.raises(CiphertextError, match="weights: .*per-bank bound for 3 banks"):
-        check_magnitude(np.array([22000.0]), 3, small_he, "weights")
+        check_magnitude(np.array([86.0]), 3, small_he, "weights")

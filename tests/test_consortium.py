@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
 
-from fedgl_secure.crypto.receipts import ReceiptFields, ciphertext_digest, sign_receipt
+from fedgl_secure.crypto.receipts import ReceiptFields, c1_digest, ciphertext_digest, sign_receipt
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import DecryptionRefused
@@ -133,6 +133,7 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
         before = authority.audit_report()
     assert before.ok
     chunks = [b"\0" * 64]
+    c1 = np.zeros((1, 2, SMALL_HE.poly_modulus_degree), dtype=np.uint64)  # (chunks, data primes, N)
     receipts = [
         sign_receipt(
             load_signing_key(consortium.layout, bank),
@@ -144,6 +145,8 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
                 sender=bank,
                 ciphertext_sha256=ciphertext_digest(chunks),
                 context_fingerprint=fingerprint,
+                values=1,
+                c1_sha256=c1_digest(c1),
             ),
         )
         for bank in BANKS
@@ -152,7 +155,9 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
     def replay() -> str:
         with consortium.client("aggregator", "key-authority") as http:
             with pytest.raises(DecryptionRefused) as refusal:
-                KeyAuthorityClient(http).decrypt("test-federation", 3, "weights", chunks, receipts, fingerprint, 1)
+                KeyAuthorityClient(http).decrypt(
+                    "test-federation", 3, "weights", chunks, receipts, fingerprint, 1, [c1] * len(receipts)
+                )
         return refusal.value.reason
 
     assert replay() == "already-decrypted"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from consortium_harness import BANKS, run_consortium_to_the_end, write_consortium
+from consortium_harness import BANKS, UNPACKED_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.methods import apply_in_method_policy
 from fedgl_secure.methods.centroids import centroids_releases
-from fedgl_secure.policy.schema import HEParameters, load_policy
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.guarantees import noise_std
 from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
@@ -21,7 +21,6 @@ from fedgl_secure.services.run_export import collect_consortium_run
 pytestmark = pytest.mark.slow
 
 # small but 128-bit parameters, unpacked as the shipped policy (the class sums are not a GCN's weight range)
-UNPACKED_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36, packing="none")
 
 
 def test_a_class_sums_consortium_releases_once_and_the_key_authority_adds_the_noise_once(tmp_path):

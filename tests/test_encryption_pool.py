@@ -81,7 +81,9 @@ def test_the_receipt_signed_by_the_caller_covers_the_workers_chunks(pool):
     key = Ed25519PrivateKey.generate()
     ticket = RoundTicket("fed", 4, "ab" * 16, 3, ckks.fingerprint(pool.public_context))
     encrypted = pool.submit("predictions", np.linspace(0, 1, 300), None, participants=3).result()
-    upload = sign_upload(ticket, "bank-a", key, "predictions", encrypted.chunks, 300)
+    upload = sign_upload(
+        ckks.load_public_context(pool.public_context), ticket, "bank-a", key, "predictions", encrypted.chunks, 300
+    )
     verify_receipt(key.public_key(), upload.receipt)
     assert upload.receipt.ciphertext_sha256 == ciphertext_digest(encrypted.chunks)
     assert (upload.length, upload.kind, upload.receipt.round) == (300, "predictions", 4)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from consortium_harness import write_consortium
+from consortium_harness import UNPACKED_HE, write_consortium
 
 from fedgl_secure.audit.run import audit_run
-from fedgl_secure.policy.schema import HEParameters
 from fedgl_secure.privacy import gap
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.services.bank import LEDGER_FILE, METHOD_RELEASE_FILE
@@ -18,7 +17,6 @@ from fedgl_secure.services.run_export import collect_consortium_run
 pytestmark = pytest.mark.slow
 
 # small but 128-bit parameters, unpacked as the shipped policy
-UNPACKED_HE = HEParameters(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 54), global_scale_bits=36, packing="none")
 ENCODER_ROUNDS, CLASSIFIER_ROUNDS = 2, 2
 BANKS = ("bank-a", "bank-b")  # two banks (the quorum): fast, and a round waits for the restarted one
 

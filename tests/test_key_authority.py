@@ -16,7 +16,7 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, HE_PARAMETERS, KeyAuth
 from fedgl_secure.crypto.masking import mask_sum, masked_decryption, unmask
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
-from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload
+from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload, upload_c1
 from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
 from fedgl_secure.policy.schema import HEParameters, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
@@ -73,6 +73,7 @@ class Consortium:
                 [u.receipt for u in uploads] if receipts is None else receipts,
                 fingerprint or self.authority.fingerprint,
                 slots,
+                [upload_c1(self.public, u.chunks) for u in uploads],
             )
 
         layout = self.policy.upload_layout(kind)
@@ -95,7 +96,7 @@ def _refused(reason, call):
 
 def test_valid_request_decrypts_the_sum(consortium):
     total = consortium.decrypt(consortium.open(1))
-    np.testing.assert_allclose(total, np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(total, np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
 
 
 def test_refusals_leave_the_authority_serving(consortium):
@@ -121,7 +122,7 @@ def test_refusals_leave_the_authority_serving(consortium):
     alien = sign_receipt(stranger, b.receipt.fields().model_copy(update={"sender": "bank-z"}))
     _refused(Refusal.UNKNOWN_SENDER, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, alien]))
     # after all that, a valid request is still served
-    np.testing.assert_allclose(c.decrypt(ticket), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(c.decrypt(ticket), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
 
 
 def test_stale_round_and_non_participant_are_refused(consortium):
@@ -135,7 +136,9 @@ def test_stale_round_and_non_participant_are_refused(consortium):
     _refused(Refusal.RECEIPT_MISMATCH, lambda: c.decrypt(replay, uploads=old_uploads))
     _refused(Refusal.NOT_PARTICIPANT, lambda: c.decrypt(second, uploads=c.uploads(second)))
     np.testing.assert_allclose(
-        c.decrypt(second, uploads=c.uploads(second, senders=("bank-a", "bank-b"))), np.full(LENGTH, 3.0), atol=1e-5
+        c.decrypt(second, uploads=c.uploads(second, senders=("bank-a", "bank-b"))),
+        np.full(LENGTH, 3.0),
+        atol=HEParameters.UNPACKED_PRECISION,
     )
 
 
@@ -150,7 +153,9 @@ def test_each_round_and_kind_is_decrypted_once_even_across_restarts(consortium):
     # a reopened round (fresh nonce) cannot be used to decrypt the same kind again either
     reopened = c.open(1)
     _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(reopened, kind="weights"))
-    np.testing.assert_allclose(c.decrypt(reopened, kind="predictions"), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(
+        c.decrypt(reopened, kind="predictions"), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
+    )
     assert verify_audit_chain(c.state_dir / "audit.jsonl").ok
 
 
@@ -167,7 +172,9 @@ def test_parameters_recorded_with_the_retired_mask_bits_still_match(consortium, 
     recorded = json.loads(consortium.authority.ledger.get_meta(HE_PARAMETERS))
     consortium.authority.ledger.set_meta(HE_PARAMETERS, json.dumps({**recorded, "mask_bits": 0}))
     consortium.restart()
-    np.testing.assert_allclose(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(
+        consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
+    )
 
 
 def test_unpadded_foreign_or_rescaled_ciphertexts_are_bad_ciphertext_and_consume_nothing(consortium):
@@ -179,12 +186,12 @@ def test_unpadded_foreign_or_rescaled_ciphertexts_are_bad_ciphertext_and_consume
 
     def ask(chunks, length=LENGTH):
         return c.authority.decrypt_sum(
-            AGGREGATOR, FEDERATION, 1, "weights", chunks, receipts, c.authority.fingerprint, length
+            AGGREGATOR, FEDERATION, 1, "weights", chunks, receipts, c.authority.fingerprint, length, c1s(c, uploads)
         )
 
     # the TenSEAL sum itself (no pad, not SEAL's format) is refused: the authority decrypts padded sums only
     assert "no SEAL header" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(summed)).detail
-    assert "chunks cannot hold" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(summed * 2)).detail
+    assert "have 1" in _refused(Refusal.WRONG_SHAPE, lambda: ask(summed * 2)).detail
     # a ciphertext at another scale than the policy gives the kind (here 2^20, not 2^36)
     rescaled = ckks.add_serialized(
         c.public, [ckks.encrypt_vector(c.public, c.values[u.receipt.sender], 20) for u in uploads]
@@ -192,7 +199,9 @@ def test_unpadded_foreign_or_rescaled_ciphertexts_are_bad_ciphertext_and_consume
     padded = mask_sum(c.public, rescaled, LENGTH)
     assert "scale 2^20" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(padded.chunks)).detail
     # nothing was consumed
-    np.testing.assert_allclose(c.decrypt(ticket, uploads=uploads), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(
+        c.decrypt(ticket, uploads=uploads), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
+    )
 
 
 def test_the_key_authority_returns_residues_not_values(consortium):
@@ -209,9 +218,15 @@ def test_the_key_authority_returns_residues_not_values(consortium):
         [u.receipt for u in uploads],
         c.authority.fingerprint,
         LENGTH,
+        c1s(c, uploads),
     )
     assert view.dtype == np.uint64 and view.shape == (1, *c.authority.level.shape)
     assert np.all(view < c.authority.level.column())
+
+
+def c1s(consortium, uploads):
+    """What the aggregator sends beside a sum: each receipted upload's c1 polynomials."""
+    return [upload_c1(consortium.public, u.chunks) for u in uploads]
 
 
 def _solve_for_key(reply: np.ndarray, padded: bytes, secret, level) -> list[int]:
@@ -225,8 +240,8 @@ def _solve_for_key(reply: np.ndarray, padded: bytes, secret, level) -> list[int]
 
 
 def test_a_reply_does_not_hand_the_aggregator_the_secret_key(consortium):
-    """An exact decryption of a known ciphertext gives the key away; each reply carries a fresh RLWE error, so the
-    aggregator holds (c1, c1·s − e), one RLWE sample, and solving as above yields garbage."""
+    """An exact decryption of a known ciphertext gives the key away; each reply carries fresh flooding noise, so
+    solving as above yields garbage."""
     c = consortium
     secret, level = c.authority._secret_context, c.authority.level
     key = secret.secret_key().data.data()
@@ -245,10 +260,13 @@ def test_a_reply_does_not_hand_the_aggregator_the_secret_key(consortium):
         [u.receipt for u in uploads],
         c.authority.fingerprint,
         LENGTH,
+        c1s(c, uploads),
     )
     solved = _solve_for_key(reply[0], padded.chunks[0], secret, level)
     assert sum(a == b for a, b in zip(solved, key_residues, strict=True)) < level.degree // 100
-    np.testing.assert_allclose(unmask(c.public, padded, reply), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(
+        unmask(c.public, padded, reply), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
+    )
 
 
 def test_open_round_refusals(consortium):
@@ -343,11 +361,14 @@ def test_receipts_sign_verify_and_bind_every_field():
         sender="bank-a",
         ciphertext_sha256="1" * 64,
         context_fingerprint="2" * 64,
+        values=10,
+        c1_sha256="3" * 64,
     )
     receipt = sign_receipt(key, fields)
     verify_receipt(key.public_key(), receipt)
-    assert canonical_bytes(fields).endswith(b'"sender":"bank-a"}')  # sorted keys
-    for name, value in [("round", 2), ("kind", "predictions"), ("sender", "bank-b"), ("nonce", "cd" * 16)]:
+    assert canonical_bytes(fields).endswith(b'"values":10}')  # sorted keys
+    changes = [("round", 2), ("kind", "predictions"), ("sender", "bank-b"), ("nonce", "cd" * 16), ("values", 11)]
+    for name, value in changes + [("c1_sha256", "4" * 64)]:
         with pytest.raises(ReceiptError, match="bad signature"):
             verify_receipt(key.public_key(), receipt.model_copy(update={name: value}))
     with pytest.raises(ReceiptError, match="bad signature"):
@@ -382,7 +403,7 @@ def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_p
             authority.open_round("theirs", 1, "ab" * 16, ["a", "b"])
         authority.open_round("ours", 1, "ab" * 16, ["a", "b"])
         with pytest.raises(DecryptionRefused) as refusal:
-            authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [b"x"], [], authority.fingerprint, 1)
+            authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [b"x"], [], authority.fingerprint, 1, [])
         assert refusal.value.reason == "foreign-federation"
     finally:
         authority.close()
@@ -448,7 +469,7 @@ def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, sma
     )
     c = Consortium(tmp_path / "ka", policy)
     assert c.authority.central_noise_std == {}
-    np.testing.assert_allclose(c.decrypt(c.open(1)), np.full(LENGTH, 6.0), atol=1e-5)
+    np.testing.assert_allclose(c.decrypt(c.open(1)), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
     c.authority.close()
 
 

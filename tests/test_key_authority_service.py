@@ -29,7 +29,7 @@ from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
 from fedgl_secure.crypto.masking import mask_sum, unmask
 from fedgl_secure.crypto.receipts import sign_receipt
-from fedgl_secure.crypto.upload import RoundTicket, make_upload
+from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
 from fedgl_secure.errors import ConfigError, DecryptionRefused
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import PREDICTIONS, WEIGHTS
@@ -41,6 +41,7 @@ from fedgl_secure.services.key_authority_service import (
     DecryptRequest,
     KeyAuthorityClient,
     create_app,
+    encode_decrypt_body,
     read_operator_secret,
 )
 from fedgl_secure.services.loopback import write_loopback_consortium
@@ -52,7 +53,7 @@ OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
 BANKS = ("bank-a", "bank-b", "bank-c")
 LENGTH = 50
-MAX_BODY = 256 * 1024  # a small-parameter chunk is ≈ 62 KB
+MAX_BODY = 512 * 1024  # a small-parameter chunk is ≈ 90 KB, and each receipted upload adds its c1 (64 KB)
 
 
 class Service:
@@ -95,6 +96,8 @@ class Service:
             for name in senders
         ]
         self.last = mask_sum(self.public, ckks.add_serialized(self.public, [u.chunks for u in uploads]), LENGTH)
+        self.last_c1 = [upload_c1(self.public, u.chunks) for u in uploads]  # sent beside the sum
+        self.last_receipts = [u.receipt for u in uploads]
         return self.last.chunks, [u.receipt for u in uploads]
 
     def opened(self, residues) -> np.ndarray:
@@ -114,7 +117,9 @@ class Service:
             length=LENGTH,
             receipts=[r.model_dump(mode="json") for r in (signed if receipts is None else receipts)],
         )
-        body = encodings.encode_chunks(summed if chunks is None else chunks)
+        # one c1 frame set per receipt sent, so that the receipts themselves are what the authority judges
+        c1s = self.last_c1 if receipts is None else [self.last_c1[0]] * len(receipts)
+        body = encode_decrypt_body(summed if chunks is None else chunks, c1s)
         return self.http.post("/v1/decrypt", content=body, headers={DECRYPT_HEADER: encodings.encode_header(meta)})
 
     def expected(self, senders=BANKS[:2]) -> np.ndarray:
@@ -186,7 +191,9 @@ def test_bank_is_refused_and_audited(service):
 def test_full_round_over_http(service):
     ticket = service.open(1)
     summed, receipts = service.summed(ticket, WEIGHTS)
-    residues = service.client.decrypt(FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH)
+    residues = service.client.decrypt(
+        FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH, service.last_c1
+    )
     assert residues.dtype == np.uint64 and residues.size == service.authority.level.size  # one chunk's, flat
     np.testing.assert_allclose(service.opened(residues), service.expected(), atol=1e-6)
     response = service.post_decrypt(ticket, kind=PREDICTIONS)
@@ -213,7 +220,7 @@ def test_refusals_map_to_403_with_reason_and_service_keeps_serving(service):
     assert "was already decrypted" in _error(service.post_decrypt(ticket), 403, Refusal.ALREADY_DECRYPTED.value)
     with pytest.raises(DecryptionRefused) as caught:
         summed, receipts = service.summed(ticket)
-        service.client.decrypt(FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH)
+        service.client.decrypt(FEDERATION, 1, WEIGHTS, summed, receipts, service.fingerprint, LENGTH, service.last_c1)
     assert caught.value.reason == Refusal.ALREADY_DECRYPTED.value
 
     second = service.open(2)
@@ -253,7 +260,7 @@ def test_open_round_conflicts_are_409(service):
 def test_bad_bodies_are_4xx_and_consume_nothing(service):
     ticket = service.open(1)
     summed, _ = service.summed(ticket)
-    framed = encodings.encode_chunks(summed)
+    framed = encode_decrypt_body(summed, service.last_c1)
     header = encodings.encode_header(_meta(service))
 
     def post(body: bytes, value: str | None = header) -> httpx.Response:
@@ -264,7 +271,7 @@ def test_bad_bodies_are_4xx_and_consume_nothing(service):
     assert "announces" in detail and "(truncated)" in detail
     assert "trailing garbage" in _error(post(framed + b"junk"), 400, "bad-wire-format")
     detail = _error(service.post_decrypt(ticket, chunks=[summed[0], summed[0]]), 400, "bad-wire-format")
-    assert "announces 2 chunks at offset 4, more than the 1 allowed" in detail
+    assert "announces 4 chunks at offset 4, more than the 3 allowed" in detail
     detail = _error(service.post_decrypt(ticket, chunks=[b"\x00" * 1000]), 400, Refusal.BAD_CIPHERTEXT.value)
     assert "not a CKKS ciphertext of this context" in detail
     assert f"missing header {DECRYPT_HEADER}" in _error(post(framed, None), 400, "bad-wire-format")
@@ -287,7 +294,7 @@ def _meta(service: Service) -> DecryptRequest:
         kind=WEIGHTS,
         context_fingerprint=service.fingerprint,
         length=LENGTH,
-        receipts=[],
+        receipts=[receipt.model_dump(mode="json") for receipt in service.last_receipts],
     )
 
 

@@ -30,13 +30,15 @@ def default_keys():
 
 def authority(secret):
     """The key authority's decryption as ``masked_decryption`` calls it: padded chunks in, residues (with the
-    reply's fresh error) out."""
+    reply's flooding noise) out."""
     level = ring_mask.data_level(secret)
 
     def decrypt(padded: list[bytes], slots: int) -> np.ndarray:
         return np.stack(
             [
-                ring_mask.decrypt_rerandomised(secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level)
+                ring_mask.decrypt_flooded(
+                    secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level, HEParameters().flooding_std()
+                )
                 for c in padded
             ]
         )
@@ -91,18 +93,20 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
 
 def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_keys):
     """The register budget T = log2 Q − 2 − g (the pad needs no slot bits; a complex slot's two registers reach
-    √5 · 2^(T−1) with the real part centred): one 36-bit digit per register at N = 4096, [54, 54], 7 banks;
+    √5 · 2^(T−1) with the real part centred): one 24-bit digit per register at N = 4096, [36, 36, 37], 7 banks
+    (46 guard bits hold the encryption noise and the decryption's flooding);
     sums of all-lowest and all-highest values (P = 0 and P close to 2^T, in the real and the imaginary parts of
     every slot) come back exact."""
     secret, public = default_keys
     he = HEParameters()
-    available = packing.slot_bits(he.poly_modulus_degree, 54, he.max_banks)
-    assert available == 54 - 2 - packing.guard_bits(he.poly_modulus_degree, he.max_banks) == 36
-    top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^36, so the digit is all 36 bits
+    flooding = he.flooding_std()
+    available = packing.slot_bits(he.poly_modulus_degree, 72, he.max_banks, flooding)
+    assert available == 72 - 2 - packing.guard_bits(he.poly_modulus_degree, he.max_banks, flooding) == 24
+    top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^24, so the digit is all 24 bits
     layout = packing.kind_layout(
-        "wide", 0.0, float(top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=he.max_banks
+        "wide", 0.0, float(top), 0, poly_modulus_degree=4096, data_bits=72, max_banks=he.max_banks, flooding=flooding
     )
-    assert (layout.per_slot, layout.digit_bits, layout.payload_bits) == (1, 36, 36)
+    assert (layout.per_slot, layout.digit_bits, layout.payload_bits) == (1, 24, 24)
     length = 2 * ckks.slot_count(public) + 100  # two registers a slot: two chunks, the last one partial
     for value in (0.0, float(top)):
         terms = np.full((he.max_banks, length), value)
@@ -112,8 +116,10 @@ def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_k
         assert len(summed) == 2
         decoded = masked_decryption(public, summed, length, layout, he.max_banks, authority(secret))
         np.testing.assert_array_equal(decoded, terms.sum(axis=0))
-    with pytest.raises(ValueError, match="a slot offers 36"):
-        packing.kind_layout("wider", 0.0, float(2 * top), 0, poly_modulus_degree=4096, data_bits=54, max_banks=7)
+    with pytest.raises(ValueError, match="a slot offers 24"):
+        packing.kind_layout(
+            "wider", 0.0, float(2 * top), 0, poly_modulus_degree=4096, data_bits=72, max_banks=7, flooding=flooding
+        )
 
 
 def test_mask_bits_is_retired_with_a_reason():
@@ -176,7 +182,11 @@ def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():
     policy = Policy()
     assert policy.he.packing == "quantised"
     layouts = {kind: policy.upload_layout(kind) for kind in KINDS}
-    assert all(layout is not None and layout.per_slot >= 3 for layout in layouts.values())
+    # two registers a slot, at least two values each, except GraphFL's 21-bit meta-gradients (one)
+    assert all(
+        layout is not None and layout.per_slot >= (1 if kind == "meta_gradients" else 2)
+        for kind, layout in layouts.items()
+    )
     central = policy_from_dict(
         {
             "quorum": 2,
@@ -209,7 +219,9 @@ def test_inconsistent_packing_is_refused_naming_the_field(values, field, message
 
 
 def test_unpacked_mode_is_still_available():
-    policy = policy_from_dict({"he": {"packing": "none", "poly_modulus_degree": 8192, "coeff_mod_bit_sizes": [60, 60]}})
+    policy = policy_from_dict(
+        {"he": {"packing": "none", "poly_modulus_degree": 8192, "coeff_mod_bit_sizes": [60, 60, 60]}}
+    )
     assert policy.upload_layout("weights") is None
 
 

@@ -24,7 +24,7 @@ def _write(tmp_path, text: str):
 def test_baseline_policy_loads_with_the_design_defaults():
     policy = load_policy(BASELINE)
     assert policy.he.poly_modulus_degree == 4096
-    assert policy.he.coeff_mod_bit_sizes == (54, 54) and policy.he.global_scale_bits == 36
+    assert policy.he.coeff_mod_bit_sizes == (36, 36, 37) and policy.he.global_scale_bits == 60
     assert policy.he.packing == "quantised" and policy.he == HEParameters()  # the file states the defaults
     assert policy.quorum == 2 and set(policy.allowed_kinds) == set(KNOWN_KINDS)
     assert policy.timeouts.upload_seconds <= policy.timeouts.round_seconds
@@ -33,7 +33,7 @@ def test_baseline_policy_loads_with_the_design_defaults():
 
 def test_empty_file_gives_safe_defaults(tmp_path):
     policy = load_policy(_write(tmp_path, ""))
-    assert policy.he.coeff_mod_bit_sizes == (54, 54) and policy.quorum == 2
+    assert policy.he.coeff_mod_bit_sizes == (36, 36, 37) and policy.quorum == 2
     assert policy.he.packing == "quantised"
 
 
@@ -53,8 +53,8 @@ def test_empty_file_gives_safe_defaults(tmp_path):
         ("[he]\ncoeff_mod_bit_sizes = [60, 40]", "he.coeff_mod_bit_sizes", "special"),
         ("[he]\ncoeff_mod_bit_sizes = [61, 61]", "he.coeff_mod_bit_sizes", "outside"),
         ("[he]\ncoeff_mod_bit_sizes = [10, 60]", "he.coeff_mod_bit_sizes", "outside"),
-        ("[he]\nglobal_scale_bits = 60", "he.global_scale_bits", "no room"),
-        ("[he]\nglobal_scale_bits = 58", "he.global_scale_bits", "no room"),
+        ("[he]\nglobal_scale_bits = 70", "he.global_scale_bits", "no room"),
+        ("[he]\nglobal_scale_bits = 50", "he.global_scale_bits", "noise flooding"),
         ("[he]\nglobal_scale_bits = 10", "he.global_scale_bits", "precision"),
         ("[he]\nsecurity = 80", "he.security", "Extra inputs"),
         ('allowed_kinds = ["weights", "graphs"]', "allowed_kinds", "graphs"),

@@ -25,7 +25,9 @@ def keys(small_context):
 @pytest.fixture(scope="module")
 def foreign_chunk():
     """A ciphertext of another context (N = 8192)."""
-    other = ckks.create_secret_context(HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 60)))
+    other = ckks.create_secret_context(
+        HEParameters(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 60, 60), global_scale_bits=60)
+    )
     [chunk] = ckks.encrypt_vector(other, np.ones(3))
     return other, chunk
 
@@ -176,7 +178,7 @@ def test_residues_that_are_not_reduced_or_misshapen_are_refused(keys):
         ring_mask.check_residues(level, residues.astype(np.int64), 1, "signed")
     # a serialised plaintext whose residue is out of range is refused by SEAL's own loader, too
     raw = bytearray(ring_mask._plaintext_bytes(level, residues, 2.0**36))
-    raw[-8:] = int(level.moduli[0]).to_bytes(8, "little")
+    raw[-8:] = int(level.moduli[-1]).to_bytes(8, "little")  # the last residue is the last prime's
     plain = ring_mask.sealapi.Plaintext()
     with ring_mask._scratch_file(bytes(raw)) as path, pytest.raises(RuntimeError, match="invalid"):
         plain.load(public.seal_context().data, path)

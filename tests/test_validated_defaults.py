@@ -74,6 +74,8 @@ RECEIPT_FIELDS = {
     "sender": "bank-a",
     "ciphertext_sha256": HEX64,
     "context_fingerprint": HEX64,
+    "values": 10,
+    "c1_sha256": HEX64,
 }
 
 
@@ -90,7 +92,7 @@ CASES = [
     Case(
         HEParameters,
         {},
-        ("global_scale_bits", 60),
+        ("global_scale_bits", 70),
         # N = 1024 makes the default (60, 60) moduli exceed the 128-bit bound: the original defect
         ({"poly_modulus_degree": 1024}, "coeff_mod_bit_sizes"),
     ),

@@ -9,15 +9,27 @@ It decrypts a summed ciphertext only if
 5. the receipts verify against the registered bank keys, are bound to this (federation, round,
    nonce, kind, context), come from distinct participating banks, and are at least the policy's
    quorum (never fewer than 2);
-6. this (federation, round, kind) was never decrypted before — the SQLite ledger survives
-   restarts, which blocks differencing attacks across re-submissions.
+6. the request holds exactly as many ciphertexts as the receipted uploads (the receipts bind their
+   number of values), and each is exactly their sum: its ``c1`` equals the sum of the uploads' ``c1``,
+   which the aggregator sends beside it and the receipts bind by digest (``c1`` carries only encryption
+   randomness, so the authority learns nothing of a single upload from it). A malicious aggregator can
+   therefore neither choose the ``c1`` a reply reveals a combination of the key for, nor drop a bank
+   from a sum; what it adds to ``c0`` (its pad) only shifts the plaintext it will learn;
+7. this (federation, round, kind) was never decrypted before, and no ciphertext (``c1``) was ever
+   decrypted before in the federation — the SQLite ledger survives restarts, which blocks differencing
+   attacks across re-submissions;
+8. the ciphertexts decrypted under this key stay within the policy's ``he.max_decryptions``, the query
+   budget the noise flooding is sized for.
 
 **What it decrypts.** The aggregator pads every summed ciphertext with a fresh uniform element r of
 the plaintext ring (``crypto/masking.py``); the authority decrypts ``m + e + r mod q`` and returns those
 residues (NTT form, uint64, one vector of N per data prime), never decoded to slots — a view that has
-the same distribution whatever the sum is. Each reply carries a fresh RLWE error
-(:func:`~fedgl_secure.crypto.ring_mask.decrypt_rerandomised`): an exact decryption ``c0 + c1·s`` of a
-ciphertext the aggregator knows would hand it the secret key. The ciphertexts must be SEAL
+the same distribution whatever the sum is. Each reply carries noise flooding
+(:func:`~fedgl_secure.crypto.ring_mask.decrypt_flooded`, σ from
+:func:`~fedgl_secure.policy.packing_layout.flooding_std`): an exact decryption ``c0 + c1·s`` of a
+ciphertext the aggregator knows would hand it the secret key, and a small fresh error averages away over
+repeated replies (Li–Micciancio); the flooding is sized so the policy's query budget reveals at most
+``2^−statistical_security`` about the key. The ciphertexts must be SEAL
 ciphertexts of this context at the data level, at the scale the policy gives the kind
 (``Policy.upload_layout``); anything else is ``bad-ciphertext``.
 
@@ -36,8 +48,9 @@ the banks' terms (``upload.TERMS_SHARE``): σ too large for it is refused when t
 Every decision, allowed or refused, is appended to the hash-chained audit log. The secret key is
 only ever on disk sealed under the operator secret. The HTTP service is a thin shell over this.
 
-What it cannot check: that the summed ciphertext really is the sum of the receipted uploads (it
-never sees them); under the honest-but-curious aggregator of DESIGN §5.1 that is by assumption.
+What it cannot stop alone: it holds the whole secret key, so the key authority itself (or anyone with its
+state and operator secret) can decrypt any upload it is shown; threshold decryption (issue 27, part 2) removes
+that single point.
 """
 
 from __future__ import annotations
@@ -52,10 +65,17 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.crypto import ckks, packing, ring_mask
 from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
-from fedgl_secure.crypto.receipts import Receipt, load_public_key, parse_receipt, public_key_bytes, verify_receipt
+from fedgl_secure.crypto.receipts import (
+    Receipt,
+    c1_digest,
+    load_public_key,
+    parse_receipt,
+    public_key_bytes,
+    verify_receipt,
+)
 from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.upload import TERMS_SHARE
 from fedgl_secure.errors import (
@@ -106,6 +126,10 @@ class Refusal(str, Enum):
     ALREADY_DECRYPTED = "already-decrypted"
     BAD_CIPHERTEXT = "bad-ciphertext"
     FOREIGN_FEDERATION = "foreign-federation"
+    WRONG_SHAPE = "wrong-shape"  # more or fewer ciphertexts or values than the receipted uploads hold
+    NOT_A_SUM = "not-a-sum"  # a ciphertext that is not exactly the sum of the receipted uploads
+    REPEATED_CIPHERTEXT = "repeated-ciphertext"  # sent twice, or already decrypted in this federation
+    BUDGET_EXHAUSTED = "budget-exhausted"  # beyond the query budget the noise flooding holds for
 
 
 class KeyAuthority:
@@ -143,6 +167,7 @@ class KeyAuthority:
             raise
         self.fingerprint = ckks.fingerprint(self.public_context)
         self.central_noise_std = central_noise_stds(policy)
+        self.flooding_std = policy.he.flooding_std()
         self.level = ring_mask.data_level(self._secret_context)
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
@@ -246,9 +271,12 @@ class KeyAuthority:
         receipts: Sequence[Receipt | dict | str | bytes],
         fingerprint: str,
         length: int,
+        upload_c1: Sequence[np.ndarray],
     ) -> np.ndarray:
         """Decrypt one padded fused sum of ``length`` slot values if every rule holds; otherwise raise
-        :class:`DecryptionRefused`. Returns the plaintext residues, shape (chunks, data primes, N), uint64."""
+        :class:`DecryptionRefused`. ``upload_c1`` holds, for each receipt in order, the ``c1`` polynomials of that
+        bank's upload (chunks, data primes, N): the sum is decrypted only if each summed chunk's ``c1`` is exactly
+        their sum. Returns the plaintext residues, shape (chunks, data primes, N), uint64, flooded."""
         log = self.log.bind(caller=caller_role, federation=federation, round=round_number, kind=kind)
         event = {
             "event": "decrypt",
@@ -260,23 +288,35 @@ class KeyAuthority:
         with self._lock:
             try:
                 open_round = self._check_request(caller_role, federation, round_number, kind, fingerprint)
-                senders = self._check_receipts(receipts, open_round, kind)
+                checked = self._check_receipts(receipts, open_round, kind)
+                senders = tuple(sorted(receipt.sender for receipt in checked))
                 if self.ledger.was_decrypted(federation, round_number, kind):
                     raise DecryptionRefused(
                         Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
                     )
+                ciphertexts = self._verified_sum(kind, summed_chunks, length, checked, upload_c1)
+                digests = [c1_digest(ring_mask.ciphertext_polys(c, self.level)[1]) for c in ciphertexts]
+                self._check_fresh(federation, digests)
                 noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
-                try:
-                    view = self._decrypt_padded(kind, summed_chunks, length, noise)
-                except CryptoError as error:
-                    raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
-                if not self.ledger.record_decryption(federation, round_number, kind, open_round.nonce, senders):
-                    raise DecryptionRefused(Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number}")
+                view = self._decrypt_padded(ciphertexts, noise)
+                if not self.ledger.record_decryption(
+                    federation, round_number, kind, open_round.nonce, senders, digests
+                ):
+                    raise DecryptionRefused(
+                        Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number}, or one of its ciphertexts"
+                    )
             except DecryptionRefused as refusal:
                 self._record({**event, "decision": "refused", "reason": refusal.reason, "detail": refusal.detail})
                 log.warning("decrypt.refused", reason=refusal.reason, detail=refusal.detail)
                 raise
-            allowed = {**event, "decision": "allowed", "senders": list(senders), "values": length}
+            allowed = {
+                **event,
+                "decision": "allowed",
+                "senders": list(senders),
+                "values": length,
+                "ciphertexts": len(digests),
+                "flooding_std": self.flooding_std,
+            }
             if noise is not None:
                 noised = central_noise_count(kind, length)
                 allowed |= {"central_noise_std": self.central_noise_std[kind], "central_noise_values": noised}
@@ -289,22 +329,106 @@ class KeyAuthority:
         )
         return view
 
-    def _decrypt_padded(self, kind: str, chunks: Sequence[bytes], length: int, noise: np.ndarray | None) -> np.ndarray:
-        """The residues of every padded chunk's plaintext, plus the encoded central noise when there is any."""
-        slots = self.level.degree // 2
-        if len(chunks) != ckks.chunk_count(length, slots):
-            raise CiphertextError(f"{len(chunks)} chunks cannot hold {length} values ({slots} per chunk)")
+    def _verified_sum(
+        self,
+        kind: str,
+        chunks: Sequence[bytes],
+        length: int,
+        receipts: Sequence[Receipt],
+        upload_c1: Sequence[np.ndarray],
+    ) -> list:
+        """The summed chunks as SEAL ciphertexts, once they are exactly the sum of the receipted uploads.
+
+        The receipts fix how many values (hence chunks) the kind has and each upload's ``c1`` digest; the
+        aggregator's ``c1`` polynomials must match those digests, and every summed chunk's ``c1`` must be their
+        sum modulo the data primes. ``c1`` is what decides which combination of the key a reply reveals, so the
+        aggregator can neither choose it (a crafted or repeated ciphertext) nor drop a bank from a sum; what it
+        adds to ``c0`` (its pad) only shifts the plaintext it will learn."""
+        values = {receipt.values for receipt in receipts}
+        if len(values) != 1:
+            raise DecryptionRefused(
+                Refusal.RECEIPT_MISMATCH.value, f"the receipts disagree on the upload's size: {sorted(values)} values"
+            )
         layout = self.policy.upload_layout(kind)
-        scale = 2.0 ** (layout.scale_bits if layout is not None else self.policy.he.global_scale_bits)
-        view = np.empty((len(chunks), *self.level.shape), dtype=np.uint64)
-        for index, data in enumerate(chunks):
-            ciphertext = ring_mask.load_ciphertext(self._secret_context, data, self.level, f"chunk {index}")
-            if ciphertext.scale != scale:
-                raise CiphertextError(
-                    f"chunk {index}: scale 2^{np.log2(ciphertext.scale):.4g}, but {kind!r} is encrypted at "
-                    f"2^{np.log2(scale):.4g} under the policy"
+        expected_slots = packing.slot_length(layout, values.pop())
+        per_chunk = self.level.degree // 2
+        expected_chunks = ckks.chunk_count(expected_slots, per_chunk)
+        if length != expected_slots:
+            raise DecryptionRefused(
+                Refusal.WRONG_SHAPE.value,
+                f"the request announces {length} slot values; the receipted uploads hold {expected_slots}",
+            )
+        if len(chunks) != expected_chunks:
+            raise DecryptionRefused(
+                Refusal.WRONG_SHAPE.value,
+                f"{len(chunks)} ciphertexts sent; the receipted uploads of {kind!r} have {expected_chunks}",
+            )
+        if len(upload_c1) != len(receipts):
+            raise DecryptionRefused(
+                Refusal.NOT_A_SUM.value,
+                f"c1 polynomials of {len(upload_c1)} uploads sent for {len(receipts)} receipts",
+            )
+        total = np.zeros((expected_chunks, *self.level.shape), dtype=np.uint64)
+        for receipt, c1 in zip(receipts, upload_c1, strict=True):
+            try:
+                residues = ring_mask.check_residues(self.level, c1, expected_chunks, f"c1 of {receipt.sender!r}")
+            except CiphertextError as error:
+                raise DecryptionRefused(Refusal.NOT_A_SUM.value, str(error)) from None
+            if c1_digest(residues) != receipt.c1_sha256:
+                raise DecryptionRefused(
+                    Refusal.NOT_A_SUM.value,
+                    f"the c1 polynomials given for {receipt.sender!r} are not the ones it signed",
                 )
-            view[index] = ring_mask.decrypt_rerandomised(self._secret_context, ciphertext, self.level)
+            total = ring_mask.add_mod(total, residues, self.level)
+        scale = 2.0 ** (layout.scale_bits if layout is not None else self.policy.he.global_scale_bits)
+        ciphertexts = []
+        for index, data in enumerate(chunks):
+            try:
+                ciphertext = ring_mask.load_ciphertext(self._secret_context, data, self.level, f"chunk {index}")
+                polys = ring_mask.ciphertext_polys(ciphertext, self.level)
+            except CryptoError as error:
+                raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
+            if ciphertext.scale != scale:
+                raise DecryptionRefused(
+                    Refusal.BAD_CIPHERTEXT.value,
+                    f"chunk {index}: scale 2^{np.log2(ciphertext.scale):.4g}, but {kind!r} is encrypted at "
+                    f"2^{np.log2(scale):.4g} under the policy",
+                )
+            if not np.array_equal(polys[1], total[index]):
+                raise DecryptionRefused(
+                    Refusal.NOT_A_SUM.value,
+                    f"chunk {index} is not the sum of the {len(receipts)} receipted uploads (its c1 differs)",
+                )
+            ciphertexts.append(ciphertext)
+        return ciphertexts
+
+    def _check_fresh(self, federation: str, digests: Sequence[str]) -> None:
+        """Refuse a ciphertext sent twice, or one already decrypted in this federation, and a request beyond the
+        decryption budget the flooding was sized for."""
+        if len(set(digests)) != len(digests):
+            raise DecryptionRefused(Refusal.REPEATED_CIPHERTEXT.value, "the request repeats a ciphertext (same c1)")
+        seen = self.ledger.decrypted_ciphertexts(federation, digests)
+        if seen:
+            raise DecryptionRefused(
+                Refusal.REPEATED_CIPHERTEXT.value,
+                f"{len(seen)} of the ciphertexts were already decrypted in federation {federation!r}",
+            )
+        spent = self.ledger.decryption_count()
+        budget = self.policy.he.max_decryptions
+        if spent + len(digests) > budget:
+            raise DecryptionRefused(
+                Refusal.BUDGET_EXHAUSTED.value,
+                f"{spent} ciphertexts decrypted under this key; {len(digests)} more exceed he.max_decryptions = "
+                f"{budget}, the query budget the noise flooding holds for (a fresh key is needed)",
+            )
+
+    def _decrypt_padded(self, ciphertexts: Sequence, noise: np.ndarray | None) -> np.ndarray:
+        """The flooded residues of every padded chunk's plaintext, plus the encoded central noise when there is
+        any."""
+        slots = self.level.degree // 2
+        view = np.empty((len(ciphertexts), *self.level.shape), dtype=np.uint64)
+        for index, ciphertext in enumerate(ciphertexts):
+            view[index] = ring_mask.decrypt_flooded(self._secret_context, ciphertext, self.level, self.flooding_std)
             if noise is not None:  # Dec(ct) + Encode(n) = Dec(ct + Encode(n)): decryption is linear
                 part = noise[index * slots : (index + 1) * slots]
                 encoded = ring_mask.encode(self._secret_context, self.level, part, ciphertext.scale)
@@ -346,7 +470,7 @@ class KeyAuthority:
             )
         return current
 
-    def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> tuple[str, ...]:
+    def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> list[Receipt]:
         banks = self.ledger.banks()
         expected = {
             "federation": open_round.federation,
@@ -356,6 +480,7 @@ class KeyAuthority:
             "context_fingerprint": self.fingerprint,
         }
         senders: list[str] = []
+        checked: list[Receipt] = []
         for position, raw in enumerate(receipts):
             try:
                 receipt = raw if isinstance(raw, Receipt) else parse_receipt(raw)
@@ -381,8 +506,9 @@ class KeyAuthority:
             if receipt.sender in senders:
                 raise DecryptionRefused(Refusal.DUPLICATE_SENDER.value, f"two receipts from {receipt.sender!r}")
             senders.append(receipt.sender)
+            checked.append(receipt)
         if len(senders) < self._quorum():
             raise DecryptionRefused(
                 Refusal.BELOW_QUORUM.value, f"{len(senders)} valid receipts, the quorum is {self._quorum()}"
             )
-        return tuple(sorted(senders))
+        return checked

@@ -1,15 +1,17 @@
 """The key authority's durable state in SQLite: registered banks, opened rounds, decryptions.
 
 The decryption ledger is what blocks differencing attacks: a sum of (round, kind) is decrypted at
-most once, even across restarts, so an aggregator cannot obtain Σ over banks {A, B, C} and then
-Σ over {A, B} for the same values. The audit log's head hash lives here too, so a truncated log is
-detected at the next start.
+most once, and each ciphertext (named by the SHA-256 of its ``c1``) at most once per federation, even
+across restarts, so an aggregator cannot obtain Σ over banks {A, B, C} and then Σ over {A, B} for the
+same values. The count of decrypted ciphertexts is the query budget the noise flooding is sized for.
+The audit log's head hash lives here too, so a truncated log is detected at the next start.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +25,9 @@ CREATE TABLE IF NOT EXISTS decryptions (
     federation TEXT NOT NULL, round INTEGER NOT NULL, kind TEXT NOT NULL, nonce TEXT NOT NULL,
     senders TEXT NOT NULL, decrypted_at TEXT NOT NULL, PRIMARY KEY (federation, round, kind));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decrypted_ciphertexts (
+    federation TEXT NOT NULL, c1_sha256 TEXT NOT NULL, round INTEGER NOT NULL, kind TEXT NOT NULL,
+    PRIMARY KEY (federation, c1_sha256));
 """
 
 
@@ -88,18 +93,44 @@ class Ledger:
         return row is not None
 
     def record_decryption(
-        self, federation: str, round_number: int, kind: str, nonce: str, senders: tuple[str, ...]
+        self,
+        federation: str,
+        round_number: int,
+        kind: str,
+        nonce: str,
+        senders: tuple[str, ...],
+        ciphertexts: Sequence[str] = (),
     ) -> bool:
-        """Claim (round, kind); ``False`` when it was already claimed (the primary key decides)."""
+        """Claim (round, kind) and its ciphertexts (``c1`` digests) in one transaction; ``False`` when either was
+        already claimed (the primary keys decide)."""
         try:
             with self.connection:
                 self.connection.execute(
                     "INSERT INTO decryptions VALUES (?, ?, ?, ?, ?, ?)",
                     (federation, round_number, kind, nonce, json.dumps(list(senders)), _now()),
                 )
+                self.connection.executemany(
+                    "INSERT INTO decrypted_ciphertexts VALUES (?, ?, ?, ?)",
+                    [(federation, digest, round_number, kind) for digest in ciphertexts],
+                )
         except sqlite3.IntegrityError:
             return False
         return True
+
+    def decrypted_ciphertexts(self, federation: str, digests: Sequence[str]) -> set[str]:
+        """Those of ``digests`` (``c1`` SHA-256) already decrypted in ``federation``."""
+        found: set[str] = set()
+        for digest in digests:
+            row = self.connection.execute(
+                "SELECT 1 FROM decrypted_ciphertexts WHERE federation = ? AND c1_sha256 = ?", (federation, digest)
+            ).fetchone()
+            if row is not None:
+                found.add(digest)
+        return found
+
+    def decryption_count(self) -> int:
+        """Ciphertexts decrypted under this key, every federation together (the flooding's query count)."""
+        return int(self.connection.execute("SELECT COUNT(*) FROM decrypted_ciphertexts").fetchone()[0])
 
     def get_meta(self, key: str) -> str | None:
         row = self.connection.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

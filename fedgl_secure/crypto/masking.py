@@ -14,11 +14,12 @@ c1)``, since ``c0 + r`` is uniform and ``c1`` comes from the banks' encryption r
 needs no slot headroom: the mask never passes through the decoder, so it cannot wrap anything. What
 must not wrap is the sum itself (``crypto/upload.py`` and ``crypto/packing.py`` keep it below ``q/2``).
 
-**The reply is re-randomised.** The aggregator knows the ciphertext it sent, and ``c0 + r + c1·s`` is
-linear in the secret key: an exact decryption would give it ``s`` in one reply. The key authority
-therefore adds a fresh RLWE error ``e`` to every reply (:func:`ring_mask.decrypt_rerandomised`), so the
-aggregator learns ``(c1, c1·s − e)`` — one RLWE sample, no more than the public key tells — and the
-decoded sum carries ``e`` as a little extra CKKS noise (``packing.noise_bound`` counts it).
+**The reply is flooded.** The aggregator knows the ciphertext it sent, and ``c0 + r + c1·s`` is
+linear in the secret key: an exact decryption would give it ``s`` in one reply, and a small fresh error
+averages away over repeated replies. The key authority therefore decrypts only exact sums of receipted
+uploads (their ``c1`` checked), each ciphertext once, and adds noise flooding to every reply
+(:func:`ring_mask.decrypt_flooded`), wide enough for the policy's query budget; the decoded sum carries it
+as extra CKKS noise (``packing.noise_bound`` counts it, the guard bits absorb it).
 
 **Failing closed.** Unmasking with a wrong pad (or decrypting with a wrong key) gives uniform residues,
 whose slots are far outside any sum: packed kinds are refused by :func:`packing.unpack`, unpacked ones

@@ -1,9 +1,11 @@
 """Signed upload receipts (DESIGN §5.3 step 2): a bank's Ed25519 signature over what it uploaded.
 
-A receipt binds one upload to (federation, round, nonce, kind, sender, SHA-256 of the ciphertext
-bytes, context fingerprint). The aggregator checks it before adding; the key authority checks a
-quorum of them before decrypting a sum, so a sum can only be decrypted for a round the banks
-really took part in, under the context they really used. Signing covers a canonical encoding
+A receipt binds one upload to (federation, round, nonce, kind, sender, SHA-256 of the ciphertext bytes,
+context fingerprint), the number of values it holds, and the SHA-256 of its ciphertexts' ``c1`` polynomials —
+the half that carries only encryption randomness, which the key authority receives for every receipted upload
+to check that what it decrypts is exactly their sum (``key_authority.py``). The aggregator checks it before
+adding; the key authority checks a quorum of them before decrypting a sum, so a sum can only be decrypted for
+a round the banks really took part in, under the context they really used. Signing covers a canonical encoding
 (sorted, compact JSON after a domain-separation tag) so both sides hash exactly the same bytes.
 """
 
@@ -13,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -21,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedgl_secure.errors import ReceiptError
 from fedgl_secure.tomlio import format_validation_error
 
-DOMAIN = b"fedgl-secure/upload-receipt/v1\n"
+DOMAIN = b"fedgl-secure/upload-receipt/v2\n"
+C1_DOMAIN = b"fedgl-secure/c1-residues/v1\n"
 _HEX64 = r"^[0-9a-f]{64}$"
 
 
@@ -37,6 +41,8 @@ class ReceiptFields(BaseModel):
     sender: str = Field(min_length=1, max_length=128)
     ciphertext_sha256: str = Field(pattern=_HEX64)
     context_fingerprint: str = Field(pattern=_HEX64)
+    values: int = Field(ge=0, le=2**40)  # values in the upload (before packing): fixes its chunk count
+    c1_sha256: str = Field(pattern=_HEX64)
 
 
 class Receipt(ReceiptFields):
@@ -61,6 +67,16 @@ def ciphertext_digest(chunks: Sequence[bytes]) -> str:
     for chunk in chunks:
         digest.update(len(chunk).to_bytes(8, "big"))
         digest.update(chunk)
+    return digest.hexdigest()
+
+
+def c1_digest(c1_residues: np.ndarray) -> str:
+    """SHA-256 (hex) of an upload's ``c1`` polynomials, shape (chunks, data primes, N), little-endian uint64,
+    with the shape bound in."""
+    residues = np.ascontiguousarray(c1_residues, dtype="<u8")
+    digest = hashlib.sha256(C1_DOMAIN)
+    digest.update(json.dumps(list(residues.shape)).encode("ascii"))
+    digest.update(residues.tobytes())
     return digest.hexdigest()
 
 

@@ -192,13 +192,18 @@ def _seal(context: ts.Context) -> sealapi.SEALContext:
 def plaintext(context: ts.Context, level: RingLevel, residues: np.ndarray, scale: float) -> sealapi.Plaintext:
     """A SEAL plaintext (NTT form, data level, ``scale``) holding these residues, loaded and checked by SEAL."""
     shaped = check_residues(level, residues, 1, "plaintext")
-    plain = sealapi.Plaintext()
-    with _scratch_file(_plaintext_bytes(level, shaped, scale)) as path:
+    return _loaded(sealapi.Plaintext(), context, _plaintext_bytes(level, shaped, scale), "plaintext")
+
+
+def _loaded(target, context: ts.Context, data: bytes, what: str):
+    """``target`` (a SEAL plaintext or ciphertext) loaded from ``data`` by SEAL, which checks it against the
+    context (parameters id, sizes, every residue below its prime)."""
+    with _scratch_file(data) as path:
         try:
-            plain.load(_seal(context), path)
+            target.load(_seal(context), path)
         except _SEAL_FAILURES as error:
-            raise CiphertextError(f"SEAL refused the plaintext built from residues: {error}") from None
-    return plain
+            raise CiphertextError(f"SEAL refused the {what} built from residues: {error}") from None
+    return target
 
 
 def residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray:
@@ -320,27 +325,184 @@ def decrypt(secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: R
     return residues(plain, level)
 
 
-def decrypt_rerandomised(secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: RingLevel) -> np.ndarray:
-    """The residues of ``c0 + c1·s − e``, with ``e`` a fresh RLWE error (SEAL's sampler, σ ≈ 3.2): what the key
-    authority returns.
+def decrypt_flooded(
+    secret_context: ts.Context, ciphertext: sealapi.Ciphertext, level: RingLevel, flooding_std: float
+) -> np.ndarray:
+    """The residues of ``c0 + c1·s + E``, with ``E`` fresh flooding noise (:func:`flooding_residues`): what a
+    decryptor returns.
 
-    Without ``e`` the reply would be exactly ``c0 + c1·s``, and whoever knows the ciphertext (the aggregator:
-    it computed the sum and chose the pad) would solve for the secret key ``s = (reply − c0) / c1`` in one
-    decryption. With it, the aggregator learns ``(c1, c1·s − e)``: one RLWE sample per reply, as hard as the
-    public key itself. ``e`` is the decryption of a fresh symmetric encryption of zero under the secret key,
-    added to the ciphertext before decrypting; its cost in precision is ≈ 3.2·√(N/2) in scale units per slot
-    (``packing.noise_bound`` counts it)."""
+    An exact decryption ``c0 + c1·s`` of a ciphertext the requester knows hands it the secret key; a small fresh
+    error (σ ≈ 3.2) averages out over repeated queries (one request of 1,000 copies of a chunk was enough). ``E``
+    is wide enough that the number of queries the policy allows cannot reveal the ciphertext error, hence the key
+    (Li–Micciancio–Schultz–Sorrell, CRYPTO 2022; :func:`fedgl_secure.policy.packing_layout.flooding_std`)."""
     if not secret_context.has_secret_key():
         raise ContextError("decryption needs the secret context; this one is public")
-    seal = _seal(secret_context)
-    zero, total = sealapi.Ciphertext(), sealapi.Ciphertext()
+    exact = decrypt(secret_context, ciphertext, level)
+    return add_mod(exact, flooding_residues(secret_context, level, 1, flooding_std)[0], level)
+
+
+def flooding_residues(
+    context: ts.Context,
+    level: RingLevel,
+    count: int,
+    std: float,
+    random_bytes: Callable[[int], bytes] = os.urandom,
+) -> np.ndarray:
+    """``count`` polynomials with coefficients i.i.d. rounded Gaussians N(0, std²) from the OS CSPRNG, in NTT
+    form: shape (count, k, N).
+
+    A rounded continuous Gaussian of this width is statistically as close to the discrete Gaussian as double
+    precision can tell. The coefficients go into the NTT domain through SEAL's own transform
+    (:func:`to_ntt`). ``random_bytes`` replaces the CSPRNG in tests only."""
+    if not (std > 0 and np.isfinite(std)):
+        raise ValueError(f"flooding standard deviation must be positive and finite, got {std}")
+    seed = int.from_bytes(random_bytes(32), "little")
+    generator = np.random.Generator(np.random.PCG64DXSM(seed))
+    coefficients = np.rint(generator.normal(0.0, std, size=(count, level.degree))).astype(np.int64)
+    return np.stack([to_ntt(context, level, signed_residues(level, row)) for row in coefficients])
+
+
+def signed_residues(level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
+    """Signed int64 coefficients (|c| < 2^62) as residues modulo every data prime: shape (k, N)."""
+    signed = np.asarray(coefficients, dtype=np.int64).reshape(1, -1)
+    return (signed % np.asarray(level.moduli, dtype=np.int64).reshape(-1, 1)).astype(np.uint64)
+
+
+def centred_coefficients(level: RingLevel, residues: np.ndarray) -> np.ndarray:
+    """The centred integer coefficients (Python ints, CRT over the data primes) of a coefficient-form polynomial.
+
+    For tests and attacks on small polynomials: exact, not fast."""
+    modulus = 1
+    for prime in level.moduli:
+        modulus *= prime
+    shaped = np.asarray(residues, dtype=np.uint64).reshape(level.shape)
+    out = []
+    for position in range(level.degree):
+        value = 0
+        for row, prime in enumerate(level.moduli):
+            partial = modulus // prime
+            value += int(shaped[row, position]) * partial * pow(partial, -1, prime)
+        value %= modulus
+        out.append(value - modulus if value > modulus // 2 else value)
+    return np.asarray(out, dtype=object)
+
+
+# --- SEAL's NTT, through ciphertext transforms ------------------------------------------------------
+
+_CIPHER_FIELDS = struct.Struct("<4QBQQQdQ")  # parms_id, is_ntt_form, size, degree, primes, scale, correction
+
+
+def _ciphertext_bytes_from(level: RingLevel, polys: np.ndarray, scale: float, ntt_form: bool) -> bytes:
+    """SEAL 4 ``Ciphertext`` serialisation, uncompressed: its members, then the DynArray of every residue."""
+    data = np.ascontiguousarray(polys, dtype="<u8").reshape(-1)
+    array = struct.pack("<Q", data.size) + data.tobytes()
+    fields = _CIPHER_FIELDS.pack(
+        *level.parms_id, int(ntt_form), data.size // level.size, level.degree, len(level.moduli), float(scale), 1
+    )
+    body = fields + _header(len(array)) + array
+    return _header(len(body)) + body
+
+
+def ciphertext_from(
+    context: ts.Context, level: RingLevel, polys: np.ndarray, scale: float, ntt_form: bool = True
+) -> sealapi.Ciphertext:
+    """A SEAL ciphertext at the data level holding these residues, shape (polynomials, k, N); loaded and checked
+    by SEAL (every residue below its prime)."""
+    shaped = np.asarray(polys, dtype=np.uint64)
+    if shaped.ndim != 3 or shaped.shape[1:] != level.shape or shaped.shape[0] < 2:
+        raise CiphertextError(f"ciphertext residues of shape {shaped.shape}, expected (2+, {level.shape})")
+    if np.any(shaped >= level.column()):
+        raise CiphertextError("ciphertext residues at or above their prime")
+    return _loaded(sealapi.Ciphertext(), context, _ciphertext_bytes_from(level, shaped, scale, ntt_form), "ciphertext")
+
+
+def ciphertext_polys(ciphertext: sealapi.Ciphertext, level: RingLevel) -> np.ndarray:
+    """A data-level ciphertext's residues, shape (polynomials, k, N): read in bulk from SEAL's own serialisation,
+    every field checked; anything else is :class:`CiphertextError`."""
+    if tuple(ciphertext.parms_id()) != level.parms_id:
+        raise CiphertextError("the ciphertext is not at the data level")
+    polynomials = int(ciphertext.size())
+    with _scratch_file() as path:
+        ciphertext.save(path)
+        raw = _read(path)
+    expected = _CIPHER_FIELDS.size + _HEADER.size + 8 + 8 * polynomials * level.size
+    if len(raw) < _HEADER.size:
+        raise CiphertextError("SEAL wrote a ciphertext shorter than its header")
+    magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(raw)
+    if magic != sealapi.Serialization.SEALHeader().magic or header_size != _HEADER.size or size != len(raw):
+        raise CiphertextError("SEAL wrote a ciphertext header this build does not read")
+    body = raw[_HEADER.size :]
+    if compression == _COMPRESSION_ZSTD:
+        import pyarrow  # a dependency already (bank data sources); imported here, where it is needed
+
+        try:
+            body = pyarrow.Codec("zstd").decompress(body, decompressed_size=expected, asbytes=True)
+        except (OSError, ValueError) as error:
+            raise CiphertextError(f"cannot inflate SEAL's ciphertext: {error}") from None
+    elif compression != _COMPRESSION_NONE:
+        raise CiphertextError(f"SEAL wrote a ciphertext with unknown compression {compression}")
+    if len(body) != expected:
+        raise CiphertextError(f"SEAL's ciphertext holds {len(body)} bytes, expected {expected}")
+    *parms_id, _, count, degree, primes, _, _ = _CIPHER_FIELDS.unpack_from(body)
+    (values,) = struct.unpack_from("<Q", body, _CIPHER_FIELDS.size + _HEADER.size)
+    if (
+        tuple(parms_id) != level.parms_id
+        or (count, degree, primes) != (polynomials, level.degree, len(level.moduli))
+        or values != polynomials * level.size
+    ):
+        raise CiphertextError("SEAL's ciphertext fields do not match the data level")
+    data = np.frombuffer(body, dtype="<u8", count=values, offset=_CIPHER_FIELDS.size + _HEADER.size + 8)
+    return data.astype(np.uint64).reshape(polynomials, *level.shape)
+
+
+def _transformed(context: ts.Context, level: RingLevel, residues: np.ndarray, to_ntt_form: bool) -> np.ndarray:
+    shaped = check_residues(level, residues, 1, "polynomial")[0]
+    # c1 = 1 keeps SEAL from calling the ciphertext transparent; only c0 is read back
+    polys = np.stack([shaped, np.ones(level.shape, dtype=np.uint64)])
+    ciphertext = ciphertext_from(context, level, polys, 1.0, ntt_form=not to_ntt_form)
+    evaluator = sealapi.Evaluator(_seal(context))
     try:
-        sealapi.Encryptor(seal, secret_context.secret_key().data).encrypt_zero_symmetric(list(level.parms_id), zero)
-        zero.scale = ciphertext.scale
-        sealapi.Evaluator(seal).add(ciphertext, zero, total)
+        if to_ntt_form:
+            evaluator.transform_to_ntt_inplace(ciphertext)
+        else:
+            evaluator.transform_from_ntt_inplace(ciphertext)
     except _SEAL_FAILURES as error:
-        raise CiphertextError(f"cannot re-randomise the ciphertext: {error}") from None
-    return decrypt(secret_context, total, level)
+        raise CiphertextError(f"SEAL's NTT refused the polynomial: {error}") from None
+    return ciphertext_polys(ciphertext, level)[0]
+
+
+def to_ntt(context: ts.Context, level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
+    """Coefficient-form residues (k, N) in NTT form, by SEAL's own negacyclic NTT (no NTT written here)."""
+    return _transformed(context, level, coefficients, True)
+
+
+def from_ntt(context: ts.Context, level: RingLevel, values: np.ndarray) -> np.ndarray:
+    """NTT-form residues (k, N) back in coefficient form, by SEAL's inverse NTT."""
+    return _transformed(context, level, values, False)
+
+
+def multiply_residues(context: ts.Context, level: RingLevel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a · b`` in the ring, both in NTT form (pointwise products modulo each prime), by SEAL's evaluator."""
+    left = check_residues(level, a, 1, "left factor")[0]
+    ciphertext = ciphertext_from(context, level, np.stack([left, np.ones(level.shape, dtype=np.uint64)]), 1.0)
+    factor, product = plaintext(context, level, b, 1.0), sealapi.Ciphertext()
+    try:
+        sealapi.Evaluator(_seal(context)).multiply_plain(ciphertext, factor, product)
+    except _SEAL_FAILURES as error:
+        raise CiphertextError(f"SEAL could not multiply the residues: {error}") from None
+    return ciphertext_polys(product, level)[0]
+
+
+def c1_residues(context: ts.Context, chunk: bytes, level: RingLevel, where: str) -> np.ndarray:
+    """The second polynomial ``c1`` (NTT form, (k, N)) of one serialised TenSEAL chunk.
+
+    ``c1`` carries only encryption randomness (``u·a + e1``), never the message: it is what a decryptor may see of
+    a single upload to check that what it decrypts is a real sum."""
+    ciphertext, _ = tenseal_ciphertext(context, chunk, where)
+    polys = ciphertext_polys(ciphertext, level)
+    if polys.shape[0] != 2 or not ciphertext.is_ntt_form():
+        raise CiphertextError(f"{where}: not a fresh two-polynomial ciphertext in NTT form")
+    return polys[1]
 
 
 def decode(

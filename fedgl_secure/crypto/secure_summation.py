@@ -49,7 +49,15 @@ from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool,
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, finite_term, make_upload, sign_upload
+from fedgl_secure.crypto.upload import (
+    RoundTicket,
+    Upload,
+    check_upload,
+    finite_term,
+    make_upload,
+    sign_upload,
+    upload_c1,
+)
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy
@@ -220,6 +228,7 @@ class SecureSummation:
         started = time.perf_counter()
         summed = self._aggregate(ticket, kind, banks, uploads)
         receipts = [upload.receipt for upload in uploads]
+        c1s = [upload_c1(self.public_context, upload.chunks) for upload in uploads]
         decrypting = 0.0
 
         def decrypt(masked: list[bytes], slots: int) -> np.ndarray:
@@ -227,7 +236,7 @@ class SecureSummation:
             begun = time.perf_counter()
             try:  # the key authority sees s + r only, r uniform over the plaintext ring
                 return self.authority.decrypt_sum(
-                    AGGREGATOR, self.federation, ticket.round, kind, masked, receipts, self.fingerprint, slots
+                    AGGREGATOR, self.federation, ticket.round, kind, masked, receipts, self.fingerprint, slots, c1s
                 )
             finally:
                 decrypting += time.perf_counter() - begun
@@ -293,7 +302,9 @@ class SecureSummation:
                         busy[client_id] += encrypted.seconds
                         bank = banks[client_id]
                         length = contributions[client_id][kind].numel()
-                        upload = sign_upload(ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length)
+                        upload = sign_upload(
+                            self.public_context, ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
+                        )
                         uploads.append(upload)
                     yield kind, self._count(uploads)
             finally:  # a failed (or abandoned) round: do not encrypt the kinds nobody will fuse

@@ -13,8 +13,15 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.receipts import Receipt, ReceiptFields, ciphertext_digest, sign_receipt, verify_receipt
+from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto.receipts import (
+    Receipt,
+    ReceiptFields,
+    c1_digest,
+    ciphertext_digest,
+    sign_receipt,
+    verify_receipt,
+)
 from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
 from fedgl_secure.policy.ckks_params import sum_bound
 from fedgl_secure.policy.schema import HEParameters
@@ -102,7 +109,7 @@ def make_upload(
     flat = finite_term(kind, values)
     chosen = params.layout(kind) if layout is _FROM_PARAMS else layout
     chunks = encrypt_term(context, params, chosen, ticket.participants, kind, flat)  # type: ignore[arg-type]
-    return sign_upload(ticket, sender, signing_key, kind, chunks, int(flat.size))
+    return sign_upload(context, ticket, sender, signing_key, kind, chunks, int(flat.size))
 
 
 def finite_term(kind: str, values: np.ndarray) -> np.ndarray:
@@ -114,11 +121,20 @@ def finite_term(kind: str, values: np.ndarray) -> np.ndarray:
 
 
 def sign_upload(
-    ticket: RoundTicket, sender: str, signing_key: Ed25519PrivateKey, kind: str, chunks: list[bytes], length: int
+    context: ts.Context,
+    ticket: RoundTicket,
+    sender: str,
+    signing_key: Ed25519PrivateKey,
+    kind: str,
+    chunks: list[bytes],
+    length: int,
 ) -> Upload:
     """The bank's signed receipt over its ciphertext chunks of one kind, bound to the round (the signing half of
-    :func:`make_upload`, for chunks encrypted elsewhere, e.g. on an encryption pool's worker)."""
+    :func:`make_upload`, for chunks encrypted elsewhere, e.g. on an encryption pool's worker). It binds the number
+    of values and the digest of the chunks' ``c1`` polynomials, which decryptors check sums against."""
     fields = ReceiptFields(
+        values=length,
+        c1_sha256=c1_digest(upload_c1(context, chunks)),
         federation=ticket.federation,
         round=ticket.round,
         nonce=ticket.nonce,
@@ -128,6 +144,13 @@ def sign_upload(
         context_fingerprint=ticket.context_fingerprint,
     )
     return Upload(kind, chunks, length, sign_receipt(signing_key, fields))
+
+
+def upload_c1(context: ts.Context, chunks: list[bytes]) -> np.ndarray:
+    """The ``c1`` polynomials of an upload's chunks, shape (chunks, data primes, N): what the key authority sees of
+    one upload (encryption randomness only) to check that a sum it decrypts is the sum of the receipted uploads."""
+    level = ring_mask.data_level(context)
+    return np.stack([ring_mask.c1_residues(context, chunk, level, f"chunk {i}") for i, chunk in enumerate(chunks)])
 
 
 def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTicket, sender: str) -> None:
@@ -147,3 +170,7 @@ def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTick
         raise ReceiptError(f"upload of {upload.kind!r} from {sender!r}: receipt bound to another {', '.join(wrong)}")
     if ciphertext_digest(upload.chunks) != receipt.ciphertext_sha256:
         raise ReceiptError(f"upload of {upload.kind!r} from {sender!r}: ciphertext does not match its receipt digest")
+    if receipt.values != upload.length:
+        raise ReceiptError(
+            f"upload of {upload.kind!r} from {sender!r}: {upload.length} values, its receipt says {receipt.values}"
+        )

@@ -29,31 +29,56 @@ from dataclasses import dataclass
 # worst seen. tests/test_packing.py decodes 7-bank sums through it (unpack refuses anything beyond it).
 NOISE_STD_PER_DEGREE = 0.35
 NOISE_SIGMAS = 8.0
-# The key authority's fresh RLWE error on every reply (ring_mask.decrypt_rerandomised): SEAL's σ = 3.2 per
-# coefficient, so 3.2·√(N/2) per slot, independent of the banks' errors.
-REPLY_ERROR_STD = 3.2
 MAX_EXACT_BITS = 50  # P < 2^50: float64 (53-bit mantissa) holds it with room for the noise's fraction
+MIN_STATISTICAL_SECURITY = 30  # bits; OpenFHE's and Li–Micciancio–Schultz–Sorrell's recommended floor
 
 
-def noise_bound(poly_modulus_degree: int, banks: int) -> float:
-    """``|e|`` bound, in scale units, of a sum of ``banks`` fresh encryptions and the key authority's reply
-    error (+1: slack for decoding).
+def ciphertext_error_bound(poly_modulus_degree: int, banks: int) -> float:
+    """``t``: a bound on the coefficients of a decrypted sum's error (the part that depends on the key).
+
+    The measured per-slot model above (``0.35·N`` per encryption, :data:`NOISE_SIGMAS` out) in coefficient
+    units: a polynomial whose coefficients have standard deviation ``c`` has slots of ``√(N/2)·c``."""
+    per_coefficient = NOISE_STD_PER_DEGREE * poly_modulus_degree / math.sqrt(poly_modulus_degree / 2)
+    return NOISE_SIGMAS * per_coefficient * math.sqrt(max(1, banks))
+
+
+def flooding_std(poly_modulus_degree: int, banks: int, statistical_security: int, queries: int) -> float:
+    """σ of the noise flooding every decryption reply: ``√(12τ) · 2^(s/2) · t``.
+
+    Li, Micciancio, Schultz and Sorrell, "Securing Approximate Homomorphic Encryption Using Differential
+    Privacy", CRYPTO 2022 (Corollary 2, with the √(2n) factor removed as OpenFHE's CKKS_NOISE_FLOODING.md
+    notes): ``τ`` decryption queries reveal at most ``2^−s`` about the key (statistical distance) when every
+    reply carries discrete Gaussian noise of this width on each coefficient; ``t`` is
+    :func:`ciphertext_error_bound`. OpenFHE's ``NOISE_FLOODING_DECRYPT`` mode uses the same formula."""
+    if statistical_security < MIN_STATISTICAL_SECURITY or queries < 1:
+        raise ValueError(
+            f"noise flooding needs statistical security >= {MIN_STATISTICAL_SECURITY} bits and >= 1 query, got "
+            f"{statistical_security} bits and {queries}"
+        )
+    return (
+        math.sqrt(12 * queries) * 2.0 ** (statistical_security / 2) * ciphertext_error_bound(poly_modulus_degree, banks)
+    )
+
+
+def noise_bound(poly_modulus_degree: int, banks: int, flooding: float = 0.0, decryptors: int = 1) -> float:
+    """``|e|`` bound, in scale units, of one slot of a decrypted sum: ``banks`` fresh encryptions plus the flooding
+    noise (σ ``flooding`` per coefficient) of each of ``decryptors`` replies (+1: slack for decoding).
 
     Independent errors add in variance (√K); the one-time pad is added and removed exactly in the ring."""
     encryptions = (NOISE_STD_PER_DEGREE * poly_modulus_degree) ** 2 * max(1, banks)
-    reply = REPLY_ERROR_STD**2 * poly_modulus_degree / 2
-    return NOISE_SIGMAS * math.sqrt(encryptions + reply) + 1.0
+    replies = flooding**2 * poly_modulus_degree / 2 * max(1, decryptors)
+    return NOISE_SIGMAS * math.sqrt(encryptions + replies) + 1.0
 
 
-def guard_bits(poly_modulus_degree: int, max_banks: int) -> int:
+def guard_bits(poly_modulus_degree: int, max_banks: int, flooding: float) -> int:
     """Smallest ``g`` with ``noise_bound < 2^(g−1)``: the decrypted slot rounds to the exact integer."""
-    return math.ceil(math.log2(noise_bound(poly_modulus_degree, max_banks))) + 1
+    return math.ceil(math.log2(noise_bound(poly_modulus_degree, max_banks, flooding))) + 1
 
 
-def slot_bits(poly_modulus_degree: int, data_bits: int, max_banks: int) -> int:
+def slot_bits(poly_modulus_degree: int, data_bits: int, max_banks: int, flooding: float) -> int:
     """Bits a register (half a complex slot) offers to the packed sum: ``min(log2 Q − 2 − g, 50)`` (module
     docstring: a slot's modulus reaches √5 · 2^(T−1) with the real part centred)."""
-    return min(data_bits - 2 - guard_bits(poly_modulus_degree, max_banks), MAX_EXACT_BITS)
+    return min(data_bits - 2 - guard_bits(poly_modulus_degree, max_banks, flooding), MAX_EXACT_BITS)
 
 
 def quantisation_levels(lower: float, upper: float, step_bits: int) -> int:
@@ -124,18 +149,20 @@ def kind_layout(
     poly_modulus_degree: int,
     data_bits: int,
     max_banks: int,
+    flooding: float,
 ) -> KindLayout:
     """The layout, or ``ValueError`` saying why one value of ``kind`` does not fit a slot."""
     if not upper > lower:
         raise ValueError(f"{kind}: upper ({upper}) must exceed lower ({lower})")
     levels = quantisation_levels(lower, upper, step_bits)
     width = digit_bits(levels, max_banks)
-    available = slot_bits(poly_modulus_degree, data_bits, max_banks)
+    available = slot_bits(poly_modulus_degree, data_bits, max_banks, flooding)
+    guard = guard_bits(poly_modulus_degree, max_banks, flooding)
     if width > available:
         raise ValueError(
             f"{kind}: one value needs {width} bits ({levels + 1} levels x {max_banks} banks) but a slot offers "
-            f"{available} (data primes {data_bits} bits - 2 - {guard_bits(poly_modulus_degree, max_banks)} guard "
-            f"bits, at most {MAX_EXACT_BITS}); lower step_bits, narrow [lower, upper], or lower max_banks"
+            f"{available} (data primes {data_bits} bits - 2 - {guard} guard bits for the noise flooding, at most "
+            f"{MAX_EXACT_BITS}); add data primes, lower step_bits, narrow [lower, upper], or lower max_banks"
         )
     return KindLayout(
         kind=kind,
@@ -146,6 +173,6 @@ def kind_layout(
         digit_bits=width,
         per_slot=available // width,
         max_banks=max_banks,
-        scale_bits=guard_bits(poly_modulus_degree, max_banks),
-        noise_bound=noise_bound(poly_modulus_degree, max_banks) / 2.0 ** guard_bits(poly_modulus_degree, max_banks),
+        scale_bits=guard,
+        noise_bound=noise_bound(poly_modulus_degree, max_banks, flooding) / 2.0**guard,
     )

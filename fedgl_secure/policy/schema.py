@@ -56,6 +56,7 @@ Cross-field rules, and why (each error names the field to change):
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -66,7 +67,13 @@ from fedgl_secure.kinds import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTI
 from fedgl_secure.policy.ckks_params import data_bits, moduli_problems, scale_problems
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.policy.he_security import MAX_LOG_Q_128, security_check
-from fedgl_secure.policy.packing_layout import KindLayout, kind_layout
+from fedgl_secure.policy.packing_layout import (
+    MIN_STATISTICAL_SECURITY,
+    KindLayout,
+    flooding_std,
+    kind_layout,
+    noise_bound,
+)
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
 
 # The DP accountants a budget may name (privacy/accounting.py implements them with Opacus).
@@ -117,11 +124,12 @@ class KindPrecisions(BaseModel):
 class HEParameters(BaseModel):
     """CKKS parameters: ring dimension N, prime chain (bits, special prime last), scale 2^bits, packing.
 
-    The defaults (N = 4096, [54, 54], values packed) use one data prime because banks pre-weight their
-    terms and ciphertexts are only ever added; ``packing = "quantised"`` puts several fixed-point values
-    into each slot (``crypto/packing.py``), ``"none"`` one float per slot at scale ``2^global_scale_bits``
-    (≈ 32 bytes per value). Packed kinds are encrypted at the scale of their guard bits; the global scale
-    applies to unpacked kinds (``packing = "none"``, and kinds whose DP noise is central).
+    The defaults (N = 4096, [36, 36, 37], values packed) use two data primes: banks pre-weight their terms
+    and ciphertexts are only ever added, so the data primes hold the packed values and the guard bits of the
+    decryption's noise flooding (``statistical_security``, ``max_decryptions``); ``packing = "quantised"``
+    puts several fixed-point values into each slot (``crypto/packing.py``), ``"none"`` one float per slot at
+    scale ``2^global_scale_bits`` (≈ 43 bytes per value). Packed kinds are encrypted at the scale of their
+    guard bits; the global scale applies to unpacked kinds (``packing = "none"``, and kinds whose DP noise is central).
 
     ``validate_default=True`` and the model validator: every field, default or given, is checked
     together — a file that sets only ``poly_modulus_degree`` has the default moduli checked against
@@ -131,11 +139,18 @@ class HEParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     poly_modulus_degree: int = 4096
-    coeff_mod_bit_sizes: tuple[int, ...] = (54, 54)
-    global_scale_bits: int = 36
+    coeff_mod_bit_sizes: tuple[int, ...] = (36, 36, 37)
+    global_scale_bits: int = 60
     packing: Literal["quantised", "none"] = "quantised"
     max_banks: int = Field(default=7, ge=2, le=1024)
+    # Noise flooding of every decryption reply (packing_layout.flooding_std): the replies to at most
+    # ``max_decryptions`` ciphertexts over the key's lifetime reveal at most 2^-statistical_security about it.
+    statistical_security: int = Field(default=MIN_STATISTICAL_SECURITY, ge=MIN_STATISTICAL_SECURITY, le=128)
+    max_decryptions: int = Field(default=2**20, ge=1, le=2**40)
     precision: KindPrecisions = KindPrecisions()
+
+    # what a decrypted unpacked value may be off by (flooding and encryption noise, at the global scale)
+    UNPACKED_PRECISION: ClassVar[float] = 1e-4
 
     @model_validator(mode="before")
     @classmethod
@@ -178,6 +193,29 @@ class HEParameters(BaseModel):
             raise ValueError("; ".join(problems))
         return value
 
+    def flooding_std(self) -> float:
+        """σ, per coefficient, of the noise flooding each decryption reply (packing_layout.flooding_std)."""
+        return flooding_std(self.poly_modulus_degree, self.max_banks, self.statistical_security, self.max_decryptions)
+
+    def unpacked_error(self) -> float:
+        """Worst-case error of a decrypted unpacked value (one float per slot at the global scale)."""
+        return noise_bound(self.poly_modulus_degree, self.max_banks, self.flooding_std()) / 2.0**self.global_scale_bits
+
+    @model_validator(mode="after")
+    def _flooding_fits_global_scale(self) -> HEParameters:
+        error = self.unpacked_error()
+        if error > self.UNPACKED_PRECISION:
+            needed = self.global_scale_bits + max(1, int(math.ceil(math.log2(error / self.UNPACKED_PRECISION))))
+            raise field_error(
+                "global_scale_bits",
+                f"2^{self.global_scale_bits} leaves no room for the decryption's noise flooding (σ = 2^"
+                f"{math.log2(self.flooding_std()):.1f} per coefficient for {self.max_decryptions} decryptions at "
+                f"{self.statistical_security}-bit statistical security): unpacked values would be off by up to "
+                f"{error:.3g} (> {self.UNPACKED_PRECISION:g}); raise global_scale_bits to at least {needed} (with data "
+                "primes to hold it), or lower max_decryptions / statistical_security",
+            )
+        return self
+
     @model_validator(mode="after")
     def _packing_fits_slots(self) -> HEParameters:
         if self.packing == "none":
@@ -202,6 +240,7 @@ class HEParameters(BaseModel):
             poly_modulus_degree=self.poly_modulus_degree,
             data_bits=data_bits(self.coeff_mod_bit_sizes),
             max_banks=self.max_banks,
+            flooding=self.flooding_std(),
         )
 
 

@@ -52,8 +52,7 @@ def wire_layout(policy: Policy) -> list[dict]:
             "bytes_per_value": packing.bytes_per_value(layout, bytes_per_slot),
         }
         if layout is None:
-            noise = packing.noise_bound(he.poly_modulus_degree, he.max_banks) / 2.0**he.global_scale_bits
-            row |= {"worst_case_error": noise, "values_per_slot": 1}
+            row |= {"worst_case_error": he.unpacked_error(), "values_per_slot": 1}
         else:
             row |= {
                 "lower": layout.lower,
@@ -65,6 +64,27 @@ def wire_layout(policy: Policy) -> list[dict]:
             }
         rows.append(row)
     return rows
+
+
+def flooding_summary(policy: Policy) -> dict:
+    """The noise flooding every decryption reply carries, and what it holds for (``policy check``)."""
+    he = policy.he
+    sigma = he.flooding_std()
+    return {
+        "statistical_security_bits": he.statistical_security,
+        "max_decryptions": he.max_decryptions,
+        "flooding_std": sigma,
+        "flooding_std_log2": math.log2(sigma),
+        "source": "Li, Micciancio, Schultz, Sorrell (CRYPTO 2022); OpenFHE NOISE_FLOODING_DECRYPT",
+    }
+
+
+def _render_flooding(flooding: dict) -> str:
+    return (
+        f"decryption: every reply carries noise flooding σ = 2^{flooding['flooding_std_log2']:.1f} per coefficient, "
+        f"{flooding['statistical_security_bits']}-bit statistical security for up to {flooding['max_decryptions']:,} "
+        "decrypted ciphertexts over the key's lifetime (the key authority refuses past them)"
+    )
 
 
 def _render_wire(policy: Policy, rows: list[dict]) -> list[str]:
@@ -109,6 +129,7 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees, wire: list[d
             f"({sum(he.coeff_mod_bit_sizes)} bits, 128-bit security), scale 2^{he.global_scale_bits}; "
             f"key authority decrypts padded sums of at least {policy.quorum} banks"
         )
+        lines.append(_render_flooding(flooding_summary(policy)))
         if wire is not None:
             lines += _render_wire(policy, wire)
     lines.append(f"allowed kinds: {', '.join(policy.allowed_kinds)}")
@@ -175,6 +196,7 @@ def check(
             "description": policy.description,
             "he": policy.he.model_dump(mode="json") if policy.protection == "he" else None,
             "wire": wire,
+            "flooding": flooding_summary(policy) if policy.protection == "he" else None,
             **guarantees.to_dict(),
         }
         typer.echo(json.dumps(document, indent=2))

@@ -61,7 +61,7 @@ from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, upload_c1
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
@@ -128,6 +128,7 @@ class Decryptor(Protocol):
         receipts: Sequence[Receipt],
         fingerprint: str,
         length: int,
+        upload_c1: Sequence[np.ndarray],
     ) -> np.ndarray: ...  # the padded plaintexts' residues (uint64), not values
 
 
@@ -988,11 +989,12 @@ class Coordinator:
             uploads = [current.uploads[bank][kind] for bank in complete]
             length = int(np.prod(shape))
             receipts = [upload.receipt for upload in uploads]
+            c1s = [upload_c1(self.context, upload.chunks) for upload in uploads]  # the key authority checks the sum
 
-            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts) -> np.ndarray:
+            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, c1s=c1s) -> np.ndarray:
                 with timer.phase("decryption"):  # the key authority decrypts s + r for a fresh ring pad r
                     return self.decryptor.decrypt(
-                        self.federation, current.round, kind, masked, receipts, self.fingerprint, slots
+                        self.federation, current.round, kind, masked, receipts, self.fingerprint, slots, c1s
                     )
 
             with timer.phase("aggregation"):  # summing, padding, unpadding, decoding; decryption apart

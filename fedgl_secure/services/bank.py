@@ -797,7 +797,9 @@ class BankWorker:
         try:
             for job in as_completed(jobs):
                 kind = jobs[job]
-                yield sign_upload(ticket, self.name, self.signing_key, kind, job.result().chunks, terms[kind].size)
+                yield sign_upload(
+                    self.context, ticket, self.name, self.signing_key, kind, job.result().chunks, terms[kind].size
+                )
         finally:  # an abandoned round: do not encrypt the kinds nobody will send
             for job in jobs:
                 job.cancel()

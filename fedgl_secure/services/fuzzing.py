@@ -77,6 +77,8 @@ def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
             "sender": st.one_of(st.just(sender), _names(128)),
             "ciphertext_sha256": _hex(64),
             "context_fingerprint": _hex(64),
+            "values": st.integers(min_value=0, max_value=2**40),
+            "c1_sha256": _hex(64),
             "signature": _hex(128),
         }
     )

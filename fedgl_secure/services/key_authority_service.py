@@ -166,7 +166,8 @@ def create_app(
             **wire.error_responses(400, 403),
         },
         openapi_extra=wire.binary_request(
-            "the padded summed ciphertexts (SEAL serialisation, one per chunk), framed by encodings.encode_chunks",
+            "the padded summed ciphertexts (SEAL serialisation, one per chunk), then each receipted upload's c1 "
+            "polynomials (uint64 residues, one frame per upload and chunk), framed by encodings.encode_chunks",
             headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (encodings.encode_header)"},
         ),
     )
@@ -185,9 +186,9 @@ def create_app(
             await run_in_threadpool(_decrypt, authority, caller, meta, [])
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
-        chunks = encodings.decode_chunks(body, ckks.chunk_count(meta.length, slots), chunk_limit)
+        chunks, c1s = decode_decrypt_body(body, meta, slots, chunk_limit, authority.level.shape)
         bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
-        residues = await run_in_threadpool(_decrypt, authority, caller, meta, chunks)
+        residues = await run_in_threadpool(_decrypt, authority, caller, meta, chunks, c1s)
         return Response(encodings.encode_uint64(residues), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
@@ -201,7 +202,13 @@ def create_app(
     return app
 
 
-def _decrypt(authority: KeyAuthority, caller: tls.Caller, meta: DecryptRequest, chunks: list[bytes]) -> np.ndarray:
+def _decrypt(
+    authority: KeyAuthority,
+    caller: tls.Caller,
+    meta: DecryptRequest,
+    chunks: list[bytes],
+    c1s: Sequence[np.ndarray] = (),
+) -> np.ndarray:
     return authority.decrypt_sum(
         caller.role.value,
         meta.federation,
@@ -211,7 +218,36 @@ def _decrypt(authority: KeyAuthority, caller: tls.Caller, meta: DecryptRequest, 
         meta.receipts,
         meta.context_fingerprint,
         meta.length,
+        c1s,
     )
+
+
+def encode_decrypt_body(summed_chunks: Sequence[bytes], upload_c1: Sequence[np.ndarray]) -> bytes:
+    """A decryption request's body: the padded summed ciphertexts, then each receipted upload's ``c1``
+    polynomials (one frame per upload and chunk, little-endian uint64 residues), all chunk-framed."""
+    frames = list(summed_chunks)
+    for c1 in upload_c1:
+        frames += [encodings.encode_uint64(np.ascontiguousarray(poly)) for poly in np.asarray(c1, dtype=np.uint64)]
+    return encodings.encode_chunks(frames)
+
+
+def decode_decrypt_body(
+    body: bytes, meta: DecryptRequest, slots: int, chunk_limit: int, level_shape: tuple[int, int]
+) -> tuple[list[bytes], list[np.ndarray]]:
+    """:func:`encode_decrypt_body` read back: the summed chunks and, per receipt, its uploads' ``c1``; a body
+    whose frames do not divide into them is a :class:`encodings.WireError` naming the count."""
+    expected = ckks.chunk_count(meta.length, slots)
+    receipts = len(meta.receipts)
+    frames = encodings.decode_chunks(body, expected * (1 + receipts), chunk_limit)
+    chunks, rest = frames[:expected], frames[expected:]
+    if len(rest) != expected * receipts:
+        raise encodings.WireError(
+            f"decryption body: {len(frames)} frames; {expected} summed ciphertexts and {expected} c1 polynomials for "
+            f"each of the {receipts} receipts make {expected * (1 + receipts)}"
+        )
+    size = level_shape[0] * level_shape[1]
+    polys = [encodings.decode_uint64(frame, size).reshape(level_shape) for frame in rest]
+    return chunks, [np.stack(polys[i * expected : (i + 1) * expected]) for i in range(receipts)] if expected else []
 
 
 class KeyAuthorityClient:
@@ -255,6 +291,7 @@ class KeyAuthorityClient:
         receipts: Sequence[Receipt | dict],
         fingerprint: str,
         length: int,
+        upload_c1: Sequence[np.ndarray] = (),
     ) -> np.ndarray:
         """Ask for one padded fused sum's residues (flat uint64; ``masking.unmask`` checks their count and
         range); raises :class:`DecryptionRefused` with the authority's reason."""
@@ -269,7 +306,7 @@ class KeyAuthorityClient:
         response = self._call(
             "POST",
             "/v1/decrypt",
-            content=encodings.encode_chunks(summed_chunks),
+            content=encode_decrypt_body(summed_chunks, upload_c1),
             headers={DECRYPT_HEADER: encodings.encode_header(meta), "Content-Type": OCTET_STREAM},
         )
         return encodings.decode_uint64(response.content)
