@@ -227,3 +227,21 @@ def test_residues_read_in_bulk_are_the_coefficients_seal_holds(keys):
     np.testing.assert_array_equal(ring_mask.residues(plain, level), one_by_one)
     other = ring_mask.RingLevel(level.parms_id, level.moduli, level.degree // 2)  # not this plaintext's layout
     assert ring_mask._saved_residues(plain, other) is None
+
+
+def test_c1_read_from_a_chunks_bytes_is_the_ciphertexts_own(keys):
+    """``c1_residues`` reads c1 from TenSEAL's bytes without SEAL: the same residues SEAL holds, for real and for
+    complex (packed) chunks; anything that is not one ciphertext of the level is refused by name."""
+    secret, public, level = keys
+    real = ckks.encrypt_vector(public, np.linspace(-1, 1, 100))[0]
+    packed = ring_mask.tenseal_chunk(ring_mask.encrypt_complex(public, np.ones(10) + 1j, 2.0**20), 10)
+    for chunk in (real, packed):
+        ciphertext, _ = ring_mask.tenseal_ciphertext(public, chunk, "chunk")
+        expected = ring_mask.ciphertext_polys(ciphertext, level)[1]
+        np.testing.assert_array_equal(ring_mask.c1_residues(chunk, level, "chunk"), expected)
+    with pytest.raises(CiphertextError, match="truncated"):
+        ring_mask.c1_residues(real[:-100], level, "cut")
+    with pytest.raises(CiphertextError, match="0 ciphertexts"):
+        ring_mask.c1_residues(b"\x19" + b"\x00" * 8, level, "no ciphertext")
+    with pytest.raises(CiphertextError, match="wire type"):
+        ring_mask.c1_residues(b"\x08\x01", level, "varint field")

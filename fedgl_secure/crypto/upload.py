@@ -150,7 +150,7 @@ def upload_c1(context: ts.Context, chunks: list[bytes]) -> np.ndarray:
     """The ``c1`` polynomials of an upload's chunks, shape (chunks, data primes, N): what the key authority sees of
     one upload (encryption randomness only) to check that a sum it decrypts is the sum of the receipted uploads."""
     level = ring_mask.data_level(context)
-    return np.stack([ring_mask.c1_residues(context, chunk, level, f"chunk {i}") for i, chunk in enumerate(chunks)])
+    return np.stack([ring_mask.c1_residues(chunk, level, f"chunk {i}") for i, chunk in enumerate(chunks)])
 
 
 def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTicket, sender: str) -> None:
