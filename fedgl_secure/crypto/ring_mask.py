@@ -580,7 +580,8 @@ def encrypt_complex(context: ts.Context, values: np.ndarray, scale: float) -> se
     return ciphertext
 
 
-def _varint(value: int) -> bytes:
+def protobuf_varint(value: int) -> bytes:
+    """``value`` as a protobuf varint (TenSEAL's serialisations are protobuf messages)."""
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -594,9 +595,11 @@ def tenseal_chunk(ciphertext: sealapi.Ciphertext, size: int) -> bytes:
     ``CKKSVectorProto``: 1 packed sizes, 2 SEAL ciphertexts, 3 scale as a double), so ``ts.ckks_vector_from``
     reads it back — byte for byte what ``CKKSVector.serialize`` writes (``tests/test_ring_mask.py``)."""
     raw = ciphertext_bytes(ciphertext)
-    sizes = _varint(size)
+    sizes = protobuf_varint(size)
     scale = struct.pack("<d", ciphertext.scale)
-    return b"".join((b"\x0a", _varint(len(sizes)), sizes, b"\x12", _varint(len(raw)), raw, b"\x19", scale))
+    return b"".join(
+        (b"\x0a", protobuf_varint(len(sizes)), sizes, b"\x12", protobuf_varint(len(raw)), raw, b"\x19", scale)
+    )
 
 
 def tenseal_ciphertext(context: ts.Context, chunk: bytes, where: str) -> tuple[object, int]:

@@ -291,17 +291,8 @@ def _saved(seal_object) -> bytes:
         return Path(path).read_bytes()
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return ring_mask.protobuf_varint(number << 3 | 2) + ring_mask.protobuf_varint(len(payload)) + payload
 
 
 def _context_proto(parameters: bytes, public_key: bytes, auto_flags: int, scale: float | None) -> bytes:
@@ -310,9 +301,9 @@ def _context_proto(parameters: bytes, public_key: bytes, auto_flags: int, scale:
     (0, asymmetric)."""
     public = (
         (_length_delimited(1, public_key) if public_key else b"")
-        + _varint(2 << 3 | 0)
-        + _varint(auto_flags)
-        + _varint(3 << 3 | 1)
+        + ring_mask.protobuf_varint(2 << 3 | 0)
+        + ring_mask.protobuf_varint(auto_flags)
+        + ring_mask.protobuf_varint(3 << 3 | 1)
         + struct.pack("<d", -1.0 if scale is None else float(scale))
     )
     return _length_delimited(1, parameters) + _length_delimited(2, public)
