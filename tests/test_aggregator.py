@@ -31,8 +31,8 @@ class InProcessDecryptor:
     def __init__(self, authority: KeyAuthority) -> None:
         self.authority = authority
 
-    def open_round(self, federation, round_number, nonce, participants):
-        self.authority.open_round(federation, round_number, nonce, participants)
+    def open_round(self, federation, round_number, nonce, participants, policy_sha256):
+        self.authority.open_round(federation, round_number, nonce, participants, policy_sha256)
 
     def decrypt(self, federation, round_number, kind, summed_chunks, receipts, fingerprint, length, upload_c1):
         return self.authority.decrypt_sum(
@@ -85,7 +85,9 @@ def test_bad_uploads_are_refused_and_the_round_still_completes(setup):
         view = wait_open(coordinator)
         size, positions = coordinator.index_for("bank-a")
         assert size == 60 and sorted(positions.tolist()) == sorted(set(positions.tolist()))
-        ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        ticket = RoundTicket(
+            "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+        )
         rng = np.random.default_rng(0)
         values = {kind: rng.uniform(0, 1, shape) for kind, shape in view.shapes.items()}
 
@@ -190,7 +192,9 @@ def _coordinator(authority, keys, policy, store, max_rounds, method=None):
 
 
 def _upload_all(coordinator, policy, keys, view, banks):
-    ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+    ticket = RoundTicket(
+        "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+    )
     for bank in banks:
         for kind, shape in view.shapes.items():
             made = make_upload(coordinator.context, policy.he, ticket, bank, keys[bank], kind, np.full(shape, 0.5))
@@ -273,7 +277,9 @@ def test_the_upload_body_limit_follows_the_round_shapes(setup):
         upload = make_upload(
             coordinator.context,
             policy.he,
-            RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint),
+            RoundTicket(
+                "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+            ),
             "bank-a",
             Ed25519PrivateKey.generate(),
             "x",
@@ -322,7 +328,9 @@ def _stage_terms(view, seed):
 def _upload_terms(coordinator, policy, keys, view, terms, banks=BANKS, reference=None):
     """Each bank's terms as a bank uploads them: weights centred on ``reference``, the W̄ it trained the stage
     from (crypto/centring.py; the coordinator adds it back after decryption)."""
-    ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+    ticket = RoundTicket(
+        "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+    )
     for bank in banks:
         for kind, values in terms[bank].items():
             sent = centre_term(kind, values, reference)
@@ -418,8 +426,12 @@ def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_fro
 ):
     from fedgl_secure.methods.graphfl import FINETUNE, META
 
-    _, authority, keys, _ = setup
+    _, _, keys, _ = setup
     policy = Policy(he=small_he, quorum=2, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
+    # a key authority under this test's policy (shorter uploads): one policy for every node
+    authority = KeyAuthority(tmp_path / "ka-short-uploads", policy, b"operator-secret-for-tests-0123")
+    for bank, key in keys.items():
+        authority.register_bank(bank, key.public_key())
     store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "abandoned")
     with _round_loop(coordinator) as driver:
         meta = _wait_stage(coordinator, 1, META)
@@ -440,6 +452,7 @@ def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_fro
     assert rounds[0]["detail"].startswith("stage 'finetune': 1 of 3 banks uploaded every kind in time; 2 needed")
     assert _adam_steps(store, 1) == 1  # the abandoned round's meta step was undone, not taken twice
     store.close()
+    authority.close()
 
 
 def test_an_aggregator_restarted_between_the_stages_retires_the_round_as_abandoned(setup, tmp_path):
@@ -484,7 +497,9 @@ def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
     driver.start()
     try:
         view = wait_open(coordinator)
-        ticket = RoundTicket("fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        ticket = RoundTicket(
+            "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+        )
         rng = np.random.default_rng(0)
         for bank in BANKS:
             for kind, shape in view.shapes.items():

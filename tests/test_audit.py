@@ -109,8 +109,8 @@ def base_run(tmp_path_factory) -> Path:
             authority.register_bank(bank, key.public_key())
         for round_number in range(1, ROUNDS + 1):
             nonce = secrets.token_hex(16)
-            ticket = RoundTicket(FEDERATION, round_number, nonce, len(BANKS), authority.fingerprint)
-            authority.open_round(FEDERATION, round_number, nonce, BANKS)
+            ticket = RoundTicket(FEDERATION, round_number, nonce, len(BANKS), authority.fingerprint, policy.digest)
+            authority.open_round(FEDERATION, round_number, nonce, BANKS, policy.digest)
             for kind in KINDS:
                 uploads = [
                     make_upload(  # packed or not as the policy says for the kind (banks do the same)

@@ -92,6 +92,7 @@ def prior_round(bank: LabelPriorParticipant) -> RoundResponse:
         participants=["bank-a", "bank-b"],
         shapes={WEIGHTS: [prior_size(FEATURES, CLASSES) + 1]},
         context_fingerprint=bank.fingerprint,
+        policy_sha256=bank.policy.digest,
         stage=LABEL_PRIOR_STAGE,
         prior_rounds=[],
     )
@@ -155,3 +156,13 @@ def test_a_round_whose_start_cannot_be_downloaded_is_taken_part_in_at_the_next_p
     with pytest.raises(ConfigError, match="finished after 2 of the label prior's 20 rounds"):
         bank.run(threading.Event())
     assert attempts == [1, 1] and aggregator.uploads == [(2, "weights")]  # one upload, after the retry
+
+
+def test_a_prior_round_under_another_policy_is_not_taken_part_in(small_he, tmp_path):
+    """One policy for all: a round view carrying another policy's digest is skipped (logged with both), nothing
+    is encrypted for it."""
+    aggregator = ScriptedAggregator([])
+    bank = participant(small_he.model_dump(), aggregator, tmp_path)
+    foreign = prior_round(bank).model_copy(update={"policy_sha256": "0" * 64})
+    bank._take_part(foreign)
+    assert (foreign.round, foreign.nonce) in bank._done and not bank._uploads

@@ -127,7 +127,7 @@ def world(small_context):
     return SimpleNamespace(dataset=dataset, clients=clients, index=index, public=public, shapes=shapes)
 
 
-def view(world, round_number: int, nonce: str) -> RoundResponse:
+def view(world, round_number: int, nonce: str, policy_sha256: str) -> RoundResponse:
     return RoundResponse(
         phase="open",
         federation="fed",
@@ -137,6 +137,7 @@ def view(world, round_number: int, nonce: str) -> RoundResponse:
         participants=list(BANKS),
         shapes={k: list(v) for k, v in world.shapes.items()},
         context_fingerprint=ckks.fingerprint(world.public),
+        policy_sha256=policy_sha256,
     )
 
 
@@ -158,8 +159,11 @@ def bank_a(world, policy, aggregator, config=CONFIG, **options) -> BankWorker:
     )
 
 
-def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=None, config=CONFIG):
-    """One bank-a process over the scripted ``rounds`` ((round, nonce) pairs); returns what it would encrypt."""
+def run_worker(
+    world, policy, state_dir, rounds, monkeypatch, *, random_bytes=None, config=CONFIG, aggregator_policy=None
+):
+    """One bank-a process over the scripted ``rounds`` ((round, nonce) pairs); returns what it would encrypt.
+    ``aggregator_policy``: the policy the rounds announce (by default the bank's)."""
     encrypted = []
 
     def record(context, params, ticket, sender, key, kind, values, layout=None):
@@ -171,7 +175,7 @@ def run_worker(world, policy, state_dir, rounds, monkeypatch, *, random_bytes=No
         config,
         world.index,
         world.clients[0].node_ids,
-        [view(world, r, n) for r, n in rounds],
+        [view(world, r, n, (aggregator_policy or policy).digest) for r, n in rounds],
         max_bank_nodes=max(client.num_nodes for client in world.clients),
     )
     worker = bank_a(world, policy, aggregator, config, state_dir=state_dir, random_bytes=random_bytes)
@@ -366,7 +370,7 @@ def test_a_large_upload_is_encrypted_on_the_banks_pool_and_decrypts_to_its_terms
     generator = torch.Generator().manual_seed(3)
     contribution = {kind: torch.rand(shape, generator=generator) for kind, shape in world.shapes.items()}
     reference = torch.rand(contribution["weights"].numel() - 1, generator=generator)
-    ticket = RoundTicket("fed", 1, "ab" * 16, len(BANKS), ckks.fingerprint(world.public))
+    ticket = RoundTicket("fed", 1, "ab" * 16, len(BANKS), ckks.fingerprint(world.public), small_policy.digest)
     try:
         uploads = list(worker._encrypt_kinds(ticket, contribution, reference))
         assert worker.encryption.started or worker.encryption.workers == 1
@@ -386,3 +390,13 @@ def test_a_bank_refuses_self_training_at_start_as_the_aggregator_does(world, sma
     config = build_config({**CONFIG.model_dump(mode="json"), "method": "graphfl", "self_training": {"per_class": 3}})
     with pytest.raises(ConfigError, match="self_training.per_class: the consortium services do not self-train"):
         bank_a(world, small_policy, None, config=config)
+
+
+def test_a_bank_does_not_take_part_in_a_round_under_another_policy(world, small_policy, tmp_path, monkeypatch):
+    """One policy for all: the round announces the aggregator's policy digest; a bank running another policy
+    (here: another quorum, which would size its DP noise shares otherwise) encrypts nothing for it."""
+    other = small_policy.model_copy(update={"quorum": 3})
+    _, encrypted = run_worker(world, small_policy, tmp_path, [(1, "n1")], monkeypatch, aggregator_policy=other)
+    assert encrypted == []
+    _, encrypted = run_worker(world, small_policy, tmp_path / "same", [(1, "n1")], monkeypatch)
+    assert {kind for _, _, kind, _ in encrypted}  # the same rounds under its own policy: it takes part

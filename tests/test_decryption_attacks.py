@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 import numpy as np
@@ -20,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto import ckks, ring_mask
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority, Refusal
 from fedgl_secure.crypto.masking import mask_sum
-from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
-from fedgl_secure.errors import DecryptionRefused
+from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload, upload_c1
+from fedgl_secure.errors import DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.kinds import EMBEDDINGS, PREDICTIONS
 from fedgl_secure.policy.schema import Policy
 
@@ -39,8 +40,8 @@ def consortium(tmp_path):
     keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
     for bank, key in keys.items():
         authority.register_bank(bank, key.public_key())
-    ticket = RoundTicket(FEDERATION, 1, secrets.token_hex(16), len(BANKS), authority.fingerprint)
-    authority.open_round(FEDERATION, 1, ticket.nonce, BANKS)
+    ticket = RoundTicket(FEDERATION, 1, secrets.token_hex(16), len(BANKS), authority.fingerprint, policy.digest)
+    authority.open_round(FEDERATION, 1, ticket.nonce, BANKS, policy.digest)
     public = ckks.load_public_context(authority.public_context)
     yield authority, public, keys, ticket, policy
     authority.close()
@@ -184,8 +185,8 @@ def test_a_sum_is_never_decrypted_twice_under_another_round_or_kind(consortium):
         c1s,
     )
     # round 2 replays round 1's uploads under fresh receipts the banks would sign for them
-    second = RoundTicket(FEDERATION, 2, secrets.token_hex(16), len(BANKS), authority.fingerprint)
-    authority.open_round(FEDERATION, 2, second.nonce, BANKS)
+    second = RoundTicket(FEDERATION, 2, secrets.token_hex(16), len(BANKS), authority.fingerprint, policy.digest)
+    authority.open_round(FEDERATION, 2, second.nonce, BANKS, policy.digest)
     from fedgl_secure.crypto.upload import sign_upload
 
     replayed = [
@@ -242,8 +243,10 @@ def test_the_decryption_budget_the_flooding_holds_for_is_enforced(tmp_path):
         public = ckks.load_public_context(authority.public_context)
         slots = policy.upload_layout(PREDICTIONS).slots(300)
         for round_number, expect_refusal in ((1, False), (2, True)):
-            ticket = RoundTicket(FEDERATION, round_number, secrets.token_hex(16), 3, authority.fingerprint)
-            authority.open_round(FEDERATION, round_number, ticket.nonce, BANKS)
+            ticket = RoundTicket(
+                FEDERATION, round_number, secrets.token_hex(16), 3, authority.fingerprint, policy.digest
+            )
+            authority.open_round(FEDERATION, round_number, ticket.nonce, BANKS, policy.digest)
             uploads = _uploads(public, policy, ticket, keys, PREDICTIONS)
             summed = ckks.add_serialized(public, [u.chunks for u in uploads])
 
@@ -272,3 +275,43 @@ def _json(line: str) -> dict:
     import json
 
     return json.loads(line)
+
+
+def test_a_node_running_another_policy_is_refused_with_both_digests(consortium, tmp_path):
+    """One policy for all: a round opened by an aggregator under another policy, and receipts a bank signed under
+    another policy, are refused naming both digests (item 5 of the issue: banks sized DP noise by their own
+    quorum while the key authority enforced its own)."""
+    authority, public, keys, ticket, policy = consortium
+    other = Policy(quorum=3)
+    with pytest.raises(PolicyError) as opened:
+        authority.open_round(FEDERATION, 2, secrets.token_hex(16), BANKS, other.digest)
+    assert other.digest[:12] in str(opened.value) and policy.digest[:12] in str(opened.value)
+    foreign = dataclasses.replace(ticket, policy_sha256=other.digest)
+    uploads = _uploads(public, policy, foreign, keys, PREDICTIONS)
+    slots = policy.upload_layout(PREDICTIONS).slots(300)
+    summed = ckks.add_serialized(public, [u.chunks for u in uploads])
+    detail = _refused(
+        Refusal.POLICY_MISMATCH,
+        lambda: authority.decrypt_sum(
+            AGGREGATOR,
+            FEDERATION,
+            1,
+            PREDICTIONS,
+            mask_sum(public, summed, slots).chunks,
+            [u.receipt for u in uploads],
+            authority.fingerprint,
+            slots,
+            [upload_c1(public, u.chunks) for u in uploads],
+        ),
+    ).detail
+    assert other.digest[:12] in detail and policy.digest[:12] in detail
+    # and the aggregator refuses such an upload before adding it
+    with pytest.raises(ReceiptError, match="every node must run the same policy file"):
+        check_upload(uploads[0], keys["bank-a"].public_key(), ticket, "bank-a")
+
+
+def test_the_policy_digest_is_canonical():
+    """The same policy read twice gives the same digest; any setting changes it."""
+    assert Policy().digest == Policy().digest == Policy.model_validate(Policy().model_dump()).digest
+    assert Policy(quorum=3).digest != Policy().digest
+    assert Policy(he=Policy().he.model_copy(update={"max_decryptions": 7})).digest != Policy().digest

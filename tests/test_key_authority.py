@@ -44,10 +44,11 @@ class Consortium:
         self.authority = KeyAuthority(self.state_dir, self.policy, OPERATOR_SECRET)
 
     def open(self, round_number, participants=BANKS):
+        digest = self.policy.digest
         ticket = RoundTicket(
-            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.authority.fingerprint
+            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.authority.fingerprint, digest
         )
-        self.authority.open_round(FEDERATION, round_number, ticket.nonce, participants)
+        self.authority.open_round(FEDERATION, round_number, ticket.nonce, participants, digest)
         return ticket
 
     def uploads(self, ticket, kind="weights", senders=BANKS):
@@ -363,12 +364,13 @@ def test_receipts_sign_verify_and_bind_every_field():
         context_fingerprint="2" * 64,
         values=10,
         c1_sha256="3" * 64,
+        policy_sha256="5" * 64,
     )
     receipt = sign_receipt(key, fields)
     verify_receipt(key.public_key(), receipt)
     assert canonical_bytes(fields).endswith(b'"values":10}')  # sorted keys
     changes = [("round", 2), ("kind", "predictions"), ("sender", "bank-b"), ("nonce", "cd" * 16), ("values", 11)]
-    for name, value in changes + [("c1_sha256", "4" * 64)]:
+    for name, value in changes + [("c1_sha256", "4" * 64), ("policy_sha256", "6" * 64)]:
         with pytest.raises(ReceiptError, match="bad signature"):
             verify_receipt(key.public_key(), receipt.model_copy(update={name: value}))
     with pytest.raises(ReceiptError, match="bad signature"):
@@ -400,8 +402,8 @@ def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_p
         for bank in ("a", "b"):
             authority.register_bank(bank, Ed25519PrivateKey.generate().public_key())
         with pytest.raises(PolicyError, match="serves federation 'ours' only"):
-            authority.open_round("theirs", 1, "ab" * 16, ["a", "b"])
-        authority.open_round("ours", 1, "ab" * 16, ["a", "b"])
+            authority.open_round("theirs", 1, "ab" * 16, ["a", "b"], small_policy.digest)
+        authority.open_round("ours", 1, "ab" * 16, ["a", "b"], small_policy.digest)
         with pytest.raises(DecryptionRefused) as refusal:
             authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [b"x"], [], authority.fingerprint, 1, [])
         assert refusal.value.reason == "foreign-federation"

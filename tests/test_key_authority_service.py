@@ -84,8 +84,11 @@ class Service:
         return self.authority.fingerprint
 
     def open(self, round_number: int, participants=BANKS) -> RoundTicket:
-        ticket = RoundTicket(FEDERATION, round_number, secrets.token_hex(16), len(participants), self.fingerprint)
-        self.client.open_round(FEDERATION, round_number, ticket.nonce, participants)
+        digest = self.policy.digest
+        ticket = RoundTicket(
+            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.fingerprint, digest
+        )
+        self.client.open_round(FEDERATION, round_number, ticket.nonce, participants, digest)
         return ticket
 
     def summed(self, ticket: RoundTicket, kind: str = WEIGHTS, senders=BANKS[:2]):
@@ -240,14 +243,20 @@ def test_open_round_conflicts_are_409(service):
     detail = _error(
         service.http.post(
             "/v1/rounds/open",
-            json={"federation": FEDERATION, "round": 2, "nonce": "cd" * 16, "participants": list(BANKS)},
+            json={
+                "federation": FEDERATION,
+                "round": 2,
+                "nonce": "cd" * 16,
+                "participants": list(BANKS),
+                "policy_sha256": service.policy.digest,
+            },
         ),
         409,
         "policy-conflict",
     )
     assert "round 2 is older than the open round 3" in detail
     with pytest.raises(wire.ServiceError) as caught:
-        service.client.open_round(FEDERATION, 4, "ef" * 16, ["bank-a", "bank-x"])
+        service.client.open_round(FEDERATION, 4, "ef" * 16, ["bank-a", "bank-x"], service.policy.digest)
     assert caught.value.status == 409 and "['bank-x'] are not registered banks" in caught.value.detail
     detail = _error(
         service.http.post("/v1/rounds/open", json={"federation": FEDERATION, "round": 0, "nonce": "zz"}),

@@ -76,6 +76,7 @@ RECEIPT_FIELDS = {
     "context_fingerprint": HEX64,
     "values": 10,
     "c1_sha256": HEX64,
+    "policy_sha256": HEX64,
 }
 
 
@@ -152,7 +153,7 @@ CASES = [
     Case(HealthResponse, {"name": "key-authority", "fingerprint": HEX64}, ("status", None)),
     Case(
         OpenRoundRequest,
-        {"federation": "fed", "round": 1, "nonce": "0" * 16, "participants": ["bank-a"]},
+        {"federation": "fed", "round": 1, "nonce": "0" * 16, "participants": ["bank-a"], "policy_sha256": "0" * 64},
         ("nonce", "short"),
     ),
     Case(OpenRoundResponse, {"opened": True, "federation": "fed", "round": 1}, ("round", "first")),

@@ -130,6 +130,7 @@ class Refusal(str, Enum):
     NOT_A_SUM = "not-a-sum"  # a ciphertext that is not exactly the sum of the receipted uploads
     REPEATED_CIPHERTEXT = "repeated-ciphertext"  # sent twice, or already decrypted in this federation
     BUDGET_EXHAUSTED = "budget-exhausted"  # beyond the query budget the noise flooding holds for
+    POLICY_MISMATCH = "policy-mismatch"  # a receipt signed under another policy than the authority's
 
 
 class KeyAuthority:
@@ -168,6 +169,7 @@ class KeyAuthority:
         self.fingerprint = ckks.fingerprint(self.public_context)
         self.central_noise_std = central_noise_stds(policy)
         self.flooding_std = policy.he.flooding_std()
+        self.policy_digest = policy.digest
         self.level = ring_mask.data_level(self._secret_context)
         self.log = self.log.bind(fingerprint=self.fingerprint[:12])
         self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
@@ -227,13 +229,21 @@ class KeyAuthority:
             raise ReceiptError(f"bank {name!r} is already registered with a different signing key")
         self._record({"event": "register", "decision": "allowed", "bank": name})
 
-    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None:
-        """Open (or reopen with a fresh nonce) round ``round_number``; earlier rounds become stale."""
+    def open_round(
+        self, federation: str, round_number: int, nonce: str, participants: Sequence[str], policy_sha256: str
+    ) -> None:
+        """Open (or reopen with a fresh nonce) round ``round_number``; earlier rounds become stale. The aggregator's
+        policy digest must be this authority's: one policy for every node."""
         names = tuple(sorted(set(participants)))
         with self._lock:
             current = self.ledger.current_round(federation)
             problem = None
-            if self.federation is not None and federation != self.federation:
+            if policy_sha256 != self.policy_digest:
+                problem = (
+                    f"the aggregator runs policy {policy_sha256[:12]}…, this key authority {self.policy_digest[:12]}…; "
+                    "every node must run the same policy file"
+                )
+            elif self.federation is not None and federation != self.federation:
                 problem = f"this key authority serves federation {self.federation!r} only"
             elif current is not None and round_number < current.round:
                 problem = f"round {round_number} is older than the open round {current.round}"
@@ -473,6 +483,7 @@ class KeyAuthority:
     def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> list[Receipt]:
         banks = self.ledger.banks()
         expected = {
+            "policy_sha256": self.policy_digest,
             "federation": open_round.federation,
             "round": open_round.round,
             "nonce": open_round.nonce,
@@ -492,6 +503,12 @@ class KeyAuthority:
                 verify_receipt(load_public_key(banks[receipt.sender]), receipt)
             except ReceiptError as error:
                 raise DecryptionRefused(Refusal.BAD_RECEIPT.value, f"receipt {position}: {error}") from None
+            if receipt.policy_sha256 != self.policy_digest:
+                raise DecryptionRefused(
+                    Refusal.POLICY_MISMATCH.value,
+                    f"receipt {position} from {receipt.sender!r} was signed under policy "
+                    f"{receipt.policy_sha256[:12]}…, this key authority runs {self.policy_digest[:12]}…",
+                )
             wrong = [name for name, value in expected.items() if getattr(receipt, name) != value]
             if wrong:
                 raise DecryptionRefused(

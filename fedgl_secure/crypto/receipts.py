@@ -43,6 +43,7 @@ class ReceiptFields(BaseModel):
     context_fingerprint: str = Field(pattern=_HEX64)
     values: int = Field(ge=0, le=2**40)  # values in the upload (before packing): fixes its chunk count
     c1_sha256: str = Field(pattern=_HEX64)
+    policy_sha256: str = Field(pattern=_HEX64)  # the bank's policy (Policy.digest): one policy for all nodes
 
 
 class Receipt(ReceiptFields):

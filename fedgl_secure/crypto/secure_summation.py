@@ -197,8 +197,9 @@ class SecureSummation:
         centre = wire_reference(reference)
         shapes = self._check_kinds(contributions)
         banks = {client_id: self._bank(client_id) for client_id in sorted(contributions)}
-        ticket = RoundTicket(self.federation, round_number, secrets.token_hex(16), len(banks), self.fingerprint)
-        self.authority.open_round(self.federation, round_number, ticket.nonce, [b.name for b in banks.values()])
+        nonce, digest = secrets.token_hex(16), self.policy.digest
+        ticket = RoundTicket(self.federation, round_number, nonce, len(banks), self.fingerprint, digest)
+        self.authority.open_round(self.federation, round_number, nonce, [b.name for b in banks.values()], digest)
         log = self.log.bind(round=round_number)
         fusing: dict[str, Future] = {}
         # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next

@@ -40,6 +40,7 @@ class RoundTicket:
     nonce: str
     participants: int
     context_fingerprint: str
+    policy_sha256: str  # the aggregator's policy (Policy.digest); a bank running another one does not upload
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ def sign_upload(
     :func:`make_upload`, for chunks encrypted elsewhere, e.g. on an encryption pool's worker). It binds the number
     of values and the digest of the chunks' ``c1`` polynomials, which decryptors check sums against."""
     fields = ReceiptFields(
+        policy_sha256=ticket.policy_sha256,
         values=length,
         c1_sha256=c1_digest(upload_c1(context, chunks)),
         federation=ticket.federation,
@@ -165,6 +167,11 @@ def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTick
         "sender": sender,
         "context_fingerprint": ticket.context_fingerprint,
     }
+    if receipt.policy_sha256 != ticket.policy_sha256:
+        raise ReceiptError(
+            f"upload of {upload.kind!r} from {sender!r}: signed under policy {receipt.policy_sha256[:12]}…, this round "
+            f"runs policy {ticket.policy_sha256[:12]}…; every node must run the same policy file"
+        )
     wrong = [name for name, value in expected.items() if getattr(receipt, name) != value]
     if wrong:
         raise ReceiptError(f"upload of {upload.kind!r} from {sender!r}: receipt bound to another {', '.join(wrong)}")

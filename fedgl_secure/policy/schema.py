@@ -56,6 +56,8 @@ Cross-field rules, and why (each error names the field to change):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -768,6 +770,13 @@ class Policy(BaseModel):
     @property
     def has_dp(self) -> bool:
         return bool(self.dp.enabled_channels())
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the validated policy as canonical JSON (sorted keys): what every receipt, round opening
+        and round view carries, so that nodes running different policies refuse each other by name."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def upload_layout(self, kind: str) -> KindLayout | None:
         """How banks pack ``kind`` (None: one float per slot, at the global scale).

@@ -117,7 +117,9 @@ WITHDRAWAL_REASONS = {BUDGET_EXHAUSTED: "privacy budget exhausted"}  # code → 
 class Decryptor(Protocol):
     """The key authority as the aggregator sees it (HTTP client, or the in-process library)."""
 
-    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None: ...
+    def open_round(
+        self, federation: str, round_number: int, nonce: str, participants: Sequence[str], policy_sha256: str
+    ) -> None: ...
 
     def decrypt(
         self,
@@ -223,6 +225,7 @@ class RoundView:
     stage: str | None = None  # phase == "open": the stage of the round whose kinds (``shapes``) are collected
     # the consortium label prior (dp.labels.prior = "consortium-sgc"): the rounds of its fitted FedAvg steps, in order
     prior_rounds: tuple[int, ...] = ()
+    policy_sha256: str = ""  # phase == "open": the aggregator's policy digest, which the banks' must equal
 
 
 FINAL_VERSION = "final_version"
@@ -471,6 +474,7 @@ class Coordinator:
                 latest,
                 stage=current.stage,
                 prior_rounds=prior_rounds,
+                policy_sha256=self.policy.digest,
             )
 
     def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
@@ -496,7 +500,12 @@ class Coordinator:
                 )
             length = int(np.prod(current.shapes[kind]))
             ticket = RoundTicket(
-                self.federation, current.round, current.nonce, len(current.participants), self.fingerprint
+                self.federation,
+                current.round,
+                current.nonce,
+                len(current.participants),
+                self.fingerprint,
+                self.policy.digest,
             )
             upload = Upload(kind, list(chunks), length, receipt)
             check_upload(upload, self.signing_keys[bank], ticket, bank)
@@ -862,7 +871,7 @@ class Coordinator:
         while True:
             nonce = secrets.token_hex(16)
             try:
-                self.decryptor.open_round(self.federation, round_number, nonce, participants)
+                self.decryptor.open_round(self.federation, round_number, nonce, participants, self.policy.digest)
                 return nonce
             except FedGLError as error:
                 attempt += 1

@@ -123,6 +123,7 @@ class RoundResponse(_Schema):
     final_version: int | None = None  # phase == "finished": the final model, once the aggregator has fixed it
     stage: str | None = None  # phase == "open": the round's stage whose kinds (shapes) it collects
     prior_rounds: list[int] = []  # the consortium label prior's fitted FedAvg rounds, in order
+    policy_sha256: str = ""  # phase == "open": the aggregator's policy digest (Policy.digest)
 
 
 class UploadResponse(_Schema):

@@ -673,6 +673,14 @@ class BankWorker:
             )
             session.done.add(key)
             return
+        if view.policy_sha256 != self.policy.digest:
+            log.error(
+                "round.foreign_policy",
+                detail=f"the aggregator runs policy {view.policy_sha256[:12]}…, this bank {self.policy.digest[:12]}…; "
+                "every node must run the same policy file",
+            )
+            session.done.add(key)
+            return
         if self.bank_privacy is not None and self.bank_privacy.stopped_round is not None:
             session.done.add(key)  # budget spent: withdrawn (or retrying it at each poll)
             return
@@ -770,7 +778,14 @@ class BankWorker:
             session.done.add(_stage_key(view))
             self._withdraw()
             return None
-        ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        ticket = RoundTicket(
+            view.federation,
+            view.round,
+            view.nonce,
+            len(view.participants),
+            view.context_fingerprint,
+            self.policy.digest,
+        )
         return self._encrypt_kinds(ticket, contribution, broadcast.weights)
 
     def _encrypt_kinds(

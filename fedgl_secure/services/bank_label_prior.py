@@ -189,6 +189,10 @@ class LabelPriorParticipant:
         """Fit, encrypt and upload this bank's term of the prior round ``view`` opens (once per attempt)."""
         key = (view.round, view.nonce)
         log = self.log.bind(round=view.round, stage=LABEL_PRIOR_STAGE)
+        if view.policy_sha256 != self.policy.digest:
+            log.error("prior.foreign_policy", aggregator=view.policy_sha256[:12], ours=self.policy.digest[:12])
+            self._done.add(key)
+            return
         if view.context_fingerprint != self.fingerprint or view.federation != self.federation:
             log.error("prior.foreign_round", federation=view.federation, context=view.context_fingerprint[:12])
             self._done.add(key)
@@ -244,6 +248,13 @@ class LabelPriorParticipant:
         if tuple(term.shape) != expected or set(view.shapes) != {WEIGHTS}:
             raise ConfigError(f"label-prior round {view.round} expects {view.shapes}, this bank computes {term.shape}")
         values = finite_term(WEIGHTS, bank_term(WEIGHTS, term, wire_reference(start)))
-        ticket = RoundTicket(view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint)
+        ticket = RoundTicket(
+            view.federation,
+            view.round,
+            view.nonce,
+            len(view.participants),
+            view.context_fingerprint,
+            self.policy.digest,
+        )
         layout = self.policy.upload_layout(WEIGHTS)
         return [make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, WEIGHTS, values, layout)]

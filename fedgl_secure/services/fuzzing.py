@@ -79,6 +79,7 @@ def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
             "context_fingerprint": _hex(64),
             "values": st.integers(min_value=0, max_value=2**40),
             "c1_sha256": _hex(64),
+            "policy_sha256": _hex(64),
             "signature": _hex(128),
         }
     )

@@ -83,6 +83,7 @@ class OpenRoundRequest(_Schema):
     round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
     nonce: str = Field(pattern=r"^[0-9a-f]{16,128}$")
     participants: list[str] = Field(min_length=1, max_length=MAX_RECEIPTS)
+    policy_sha256: str = Field(pattern=_HEX64)  # the aggregator's policy digest: one policy for every node
 
 
 class OpenRoundResponse(_Schema):
@@ -151,7 +152,9 @@ def create_app(
 
     @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=wire.error_responses(409))
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
-        authority.open_round(request.federation, request.round, request.nonce, request.participants)
+        authority.open_round(
+            request.federation, request.round, request.nonce, request.participants, request.policy_sha256
+        )
         log.info("round.opened", caller=caller.name, federation=request.federation, round=request.round)
         return OpenRoundResponse(opened=True, federation=request.federation, round=request.round)
 
@@ -278,8 +281,16 @@ class KeyAuthorityClient:
             )
         return data, actual
 
-    def open_round(self, federation: str, round_number: int, nonce: str, participants: Sequence[str]) -> None:
-        request = OpenRoundRequest(federation=federation, round=round_number, nonce=nonce, participants=participants)
+    def open_round(
+        self, federation: str, round_number: int, nonce: str, participants: Sequence[str], policy_sha256: str
+    ) -> None:
+        request = OpenRoundRequest(
+            federation=federation,
+            round=round_number,
+            nonce=nonce,
+            participants=participants,
+            policy_sha256=policy_sha256,
+        )
         self._call("POST", "/v1/rounds/open", json=request.model_dump(mode="json"))
 
     def decrypt(
