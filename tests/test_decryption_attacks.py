@@ -54,6 +54,14 @@ def _uploads(public, policy, ticket, keys, kind, length=300):
     return [make_upload(public, policy.he, ticket, bank, keys[bank], kind, values[bank]) for bank in BANKS]
 
 
+def _decrypt_padded_sum(authority, public, round_number, kind, summed, slots, receipts, c1s):
+    """The aggregator's honest request for a sum: padded, with the receipts and each upload's c1."""
+    padded = mask_sum(public, summed, slots).chunks
+    return authority.decrypt_sum(
+        AGGREGATOR, FEDERATION, round_number, kind, padded, receipts, authority.fingerprint, slots, c1s
+    )
+
+
 def _refused(reason: Refusal, call) -> DecryptionRefused:
     with pytest.raises(DecryptionRefused) as caught:
         call()
@@ -173,17 +181,7 @@ def test_a_sum_is_never_decrypted_twice_under_another_round_or_kind(consortium):
     slots = policy.upload_layout(PREDICTIONS).slots(300)
     summed = ckks.add_serialized(public, [u.chunks for u in uploads])
     receipts = [u.receipt for u in uploads]
-    authority.decrypt_sum(
-        AGGREGATOR,
-        FEDERATION,
-        1,
-        PREDICTIONS,
-        mask_sum(public, summed, slots).chunks,
-        receipts,
-        authority.fingerprint,
-        slots,
-        c1s,
-    )
+    _decrypt_padded_sum(authority, public, 1, PREDICTIONS, summed, slots, receipts, c1s)
     # round 2 replays round 1's uploads under fresh receipts the banks would sign for them
     second = RoundTicket(FEDERATION, 2, secrets.token_hex(16), len(BANKS), authority.fingerprint, policy.digest)
     authority.open_round(FEDERATION, 2, second.nonce, BANKS, policy.digest)
@@ -195,16 +193,8 @@ def test_a_sum_is_never_decrypted_twice_under_another_round_or_kind(consortium):
     ]
     detail = _refused(
         Refusal.REPEATED_CIPHERTEXT,
-        lambda: authority.decrypt_sum(
-            AGGREGATOR,
-            FEDERATION,
-            2,
-            PREDICTIONS,
-            mask_sum(public, summed, slots).chunks,
-            [u.receipt for u in replayed],
-            authority.fingerprint,
-            slots,
-            c1s,
+        lambda: _decrypt_padded_sum(
+            authority, public, 2, PREDICTIONS, summed, slots, [u.receipt for u in replayed], c1s
         ),
     ).detail
     assert "already decrypted in federation" in detail
@@ -251,17 +241,9 @@ def test_the_decryption_budget_the_flooding_holds_for_is_enforced(tmp_path):
             summed = ckks.add_serialized(public, [u.chunks for u in uploads])
 
             def ask(uploads=uploads, summed=summed, round_number=round_number):
-                return authority.decrypt_sum(
-                    AGGREGATOR,
-                    FEDERATION,
-                    round_number,
-                    PREDICTIONS,
-                    mask_sum(public, summed, slots).chunks,
-                    [u.receipt for u in uploads],
-                    authority.fingerprint,
-                    slots,
-                    [upload_c1(public, u.chunks) for u in uploads],
-                )
+                c1s = [upload_c1(public, u.chunks) for u in uploads]
+                receipts = [u.receipt for u in uploads]
+                return _decrypt_padded_sum(authority, public, round_number, PREDICTIONS, summed, slots, receipts, c1s)
 
             if expect_refusal:
                 assert "he.max_decryptions = 1" in _refused(Refusal.BUDGET_EXHAUSTED, ask).detail
@@ -292,15 +274,14 @@ def test_a_node_running_another_policy_is_refused_with_both_digests(consortium, 
     summed = ckks.add_serialized(public, [u.chunks for u in uploads])
     detail = _refused(
         Refusal.POLICY_MISMATCH,
-        lambda: authority.decrypt_sum(
-            AGGREGATOR,
-            FEDERATION,
+        lambda: _decrypt_padded_sum(
+            authority,
+            public,
             1,
             PREDICTIONS,
-            mask_sum(public, summed, slots).chunks,
-            [u.receipt for u in uploads],
-            authority.fingerprint,
+            summed,
             slots,
+            [u.receipt for u in uploads],
             [upload_c1(public, u.chunks) for u in uploads],
         ),
     ).detail

@@ -182,7 +182,7 @@ def test_bank_is_refused_and_audited(service):
     detail = _error(service.post_decrypt(ticket), 403, Refusal.NOT_AGGREGATOR.value)
     assert "role 'bank' may not request decryption" in detail
     with pytest.raises(DecryptionRefused) as caught:
-        service.client.decrypt(FEDERATION, 1, WEIGHTS, [b"x"], [], service.fingerprint, LENGTH)
+        service.client.decrypt(FEDERATION, 1, WEIGHTS, [b"x"], [], service.fingerprint, LENGTH, [])
     assert caught.value.reason == Refusal.NOT_AGGREGATOR.value
     refused = [r for r in service.audit_records() if r["event"] == "decrypt"]
     assert [(r["decision"], r["reason"], r["caller"]) for r in refused] == [("refused", "not-aggregator", "bank")] * 2

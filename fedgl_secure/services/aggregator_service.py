@@ -42,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
+from fedgl_secure.crypto.upload import RoundTicket
 from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
@@ -124,6 +125,13 @@ class RoundResponse(_Schema):
     stage: str | None = None  # phase == "open": the round's stage whose kinds (shapes) it collects
     prior_rounds: list[int] = []  # the consortium label prior's fitted FedAvg rounds, in order
     policy_sha256: str = ""  # phase == "open": the aggregator's policy digest (Policy.digest)
+
+
+def ticket_for(view: RoundResponse, policy_sha256: str) -> RoundTicket:
+    """What a bank uploads into the open round ``view`` under its own policy (whose digest the view's must equal)."""
+    return RoundTicket(
+        view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint, policy_sha256
+    )
 
 
 class UploadResponse(_Schema):

@@ -97,7 +97,7 @@ from fedgl_secure.services.aggregator import (
     FINAL_GRACE_SECONDS,
     ProtocolConflict,
 )
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
 from fedgl_secure.services.bank_label_prior import (
     STAGED_LABELS_FILE,
     LabelPriorParticipant,
@@ -778,14 +778,7 @@ class BankWorker:
             session.done.add(_stage_key(view))
             self._withdraw()
             return None
-        ticket = RoundTicket(
-            view.federation,
-            view.round,
-            view.nonce,
-            len(view.participants),
-            view.context_fingerprint,
-            self.policy.digest,
-        )
+        ticket = ticket_for(view, self.policy.digest)
         return self._encrypt_kinds(ticket, contribution, broadcast.weights)
 
     def _encrypt_kinds(

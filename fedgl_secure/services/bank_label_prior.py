@@ -31,7 +31,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto.centring import bank_term, wire_reference
-from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload
+from fedgl_secure.crypto.upload import Upload, finite_term, make_upload
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.policy.schema import Policy
@@ -47,7 +47,7 @@ from fedgl_secure.privacy.consortium_prior import (
 )
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
 from fedgl_secure.privacy.mechanisms import RandomBytes
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse
+from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
 from fedgl_secure.services.kept_release import keep_release, take_back_release
 from fedgl_secure.services.retry import StopRequested
 from fedgl_secure.wire import encodings
@@ -248,13 +248,6 @@ class LabelPriorParticipant:
         if tuple(term.shape) != expected or set(view.shapes) != {WEIGHTS}:
             raise ConfigError(f"label-prior round {view.round} expects {view.shapes}, this bank computes {term.shape}")
         values = finite_term(WEIGHTS, bank_term(WEIGHTS, term, wire_reference(start)))
-        ticket = RoundTicket(
-            view.federation,
-            view.round,
-            view.nonce,
-            len(view.participants),
-            view.context_fingerprint,
-            self.policy.digest,
-        )
+        ticket = ticket_for(view, self.policy.digest)
         layout = self.policy.upload_layout(WEIGHTS)
         return [make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, WEIGHTS, values, layout)]

@@ -302,7 +302,7 @@ class KeyAuthorityClient:
         receipts: Sequence[Receipt | dict],
         fingerprint: str,
         length: int,
-        upload_c1: Sequence[np.ndarray] = (),
+        upload_c1: Sequence[np.ndarray],
     ) -> np.ndarray:
         """Ask for one padded fused sum's residues (flat uint64; ``masking.unmask`` checks their count and
         range); raises :class:`DecryptionRefused` with the authority's reason."""
