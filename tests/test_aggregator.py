@@ -116,6 +116,12 @@ def test_bad_uploads_are_refused_and_the_round_still_completes(setup):
             coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, upload("bank-b", "weights").receipt)
         with pytest.raises(CiphertextError, match="expects kinds"):
             coordinator.accept_upload("bank-a", view.round, "secrets", good.chunks, good.receipt)
+        # a receipt bank-a signed over its chunks but with another c1 digest: refused at upload, on its own
+        from fedgl_secure.crypto.receipts import sign_receipt
+
+        wrong_c1 = sign_receipt(keys["bank-a"], good.receipt.fields().model_copy(update={"c1_sha256": "7" * 64}))
+        with pytest.raises(ReceiptError, match="c1 does not match"):
+            coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, wrong_c1)
         with pytest.raises(ProtocolConflict, match="stale-round"):
             coordinator.accept_upload("bank-a", view.round + 1, "weights", good.chunks, good.receipt)
         assert coordinator.accept_upload("bank-a", view.round, "weights", good.chunks, good.receipt)

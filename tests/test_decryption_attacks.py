@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 
 import numpy as np
@@ -83,16 +84,6 @@ def _old_reply(secret, ciphertext, level) -> np.ndarray:
     return ring_mask.decrypt(secret, total, level)
 
 
-def _centred(level, residues) -> np.ndarray:
-    """Centred integer coefficients (Python ints) from their residues, by Garner's CRT over the data primes."""
-    value = residues[0].astype(object)
-    modulus = level.moduli[0]
-    for row, prime in enumerate(level.moduli[1:], start=1):
-        step = ((residues[row].astype(object) - value) * pow(modulus, -1, prime)) % prime
-        value, modulus = value + modulus * step, modulus * prime
-    return np.where(value > modulus // 2, value - modulus, value)
-
-
 def _averaging_attack(public, level, ciphertext, replies) -> np.ndarray:
     """The aggregator's key recovery: the replies differ only by their errors; averaging the differences to the
     first reply estimates its error, which leaves ``c0 + c1·s`` exactly, and ``s = (that − c0) / c1`` point by
@@ -101,7 +92,7 @@ def _averaging_attack(public, level, ciphertext, replies) -> np.ndarray:
     total = np.zeros(level.shape, dtype=np.uint64)
     for reply in replies[1:]:  # the NTT is linear: sum the differences first, transform once
         total = ring_mask.add_mod(total, ring_mask.sub_mod(reply, base, level), level)
-    summed = _centred(level, ring_mask.from_ntt(public, level, total))
+    summed = ring_mask.centred_coefficients(level, ring_mask.from_ntt(public, level, total))
     mean = np.asarray(summed / (len(replies) - 1), dtype=np.float64)  # E[e_i] = 0: mean(e_i − e_0) ≈ −e_0
     first_error = -np.rint(mean).astype(np.int64)
     exact = ring_mask.sub_mod(
@@ -164,7 +155,7 @@ def test_the_one_request_attack_is_refused_naming_the_problem(consortium):
     detail = _refused(Refusal.WRONG_SHAPE, lambda: ask([copy] * COPIES, slots)).detail
     assert f"{COPIES} ciphertexts sent" in detail
     assert "not the sum" in _refused(Refusal.NOT_A_SUM, lambda: ask([copy], slots)).detail
-    reasons = [r.get("reason") for r in map(_json, authority.audit.path.read_text().splitlines())]
+    reasons = [r.get("reason") for r in map(json.loads, authority.audit.path.read_text().splitlines())]
     assert reasons[-3:] == [Refusal.WRONG_SHAPE.value, Refusal.WRONG_SHAPE.value, Refusal.NOT_A_SUM.value]
     # nothing was consumed: the real sum still decrypts, once
     summed = ckks.add_serialized(public, [u.chunks for u in uploads])
@@ -173,7 +164,7 @@ def test_the_one_request_attack_is_refused_naming_the_problem(consortium):
     assert "already decrypted" in _refused(Refusal.ALREADY_DECRYPTED, lambda: ask(padded.chunks, slots)).detail
 
 
-def test_a_sum_is_never_decrypted_twice_under_another_round_or_kind(consortium):
+def test_a_sum_is_never_decrypted_again_in_a_later_round(consortium):
     """A ciphertext already decrypted (same c1) is refused in every later request of the federation."""
     authority, public, keys, ticket, policy = consortium
     uploads = _uploads(public, policy, ticket, keys, PREDICTIONS)
@@ -253,12 +244,6 @@ def test_the_decryption_budget_the_flooding_holds_for_is_enforced(tmp_path):
         authority.close()
 
 
-def _json(line: str) -> dict:
-    import json
-
-    return json.loads(line)
-
-
 def test_a_node_running_another_policy_is_refused_with_both_digests(consortium, tmp_path):
     """One policy for all: a round opened by an aggregator under another policy, and receipts a bank signed under
     another policy, are refused naming both digests (item 5 of the issue: banks sized DP noise by their own
@@ -296,3 +281,5 @@ def test_the_policy_digest_is_canonical():
     assert Policy().digest == Policy().digest == Policy.model_validate(Policy().model_dump()).digest
     assert Policy(quorum=3).digest != Policy().digest
     assert Policy(he=Policy().he.model_copy(update={"max_decryptions": 7})).digest != Policy().digest
+    first = Policy()
+    assert first.digest != first.model_copy(update={"quorum": 3}).digest  # never carried over by a copy

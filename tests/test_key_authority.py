@@ -16,7 +16,7 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, HE_PARAMETERS, KeyAuth
 from fedgl_secure.crypto.masking import mask_sum, masked_decryption, unmask
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
-from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload, upload_c1
+from fedgl_secure.crypto.upload import RoundTicket, check_c1_digest, check_upload, make_upload, upload_c1
 from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
 from fedgl_secure.policy.schema import HEParameters, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
@@ -389,6 +389,14 @@ def test_aggregator_checks_uploads_before_adding(consortium):
         check_upload(upload, c.keys["bank-a"].public_key(), ticket, "bank-b")
     with pytest.raises(ReceiptError, match="bad signature"):
         check_upload(upload, c.keys["bank-b"].public_key(), ticket, "bank-a")
+    # a receipt whose c1 digest is not its chunks' (signed by the bank itself): refused here, alone, before the key
+    # authority would refuse the whole sum
+    fields = upload.receipt.fields().model_copy(update={"c1_sha256": "7" * 64})
+    wrong_c1 = replace(upload, receipt=sign_receipt(c.keys["bank-a"], fields))
+    check_upload(wrong_c1, c.keys["bank-a"].public_key(), ticket, "bank-a")  # signed, bound: only the c1 differs
+    check_c1_digest(c.public, upload, "bank-a")
+    with pytest.raises(ReceiptError, match="c1 does not match"):
+        check_c1_digest(c.public, wrong_c1, "bank-a")
 
 
 def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_policy):

@@ -304,8 +304,8 @@ class KeyAuthority:
                     raise DecryptionRefused(
                         Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
                     )
-                ciphertexts = self._verified_sum(kind, summed_chunks, length, checked, upload_c1)
-                digests = [c1_digest(ring_mask.ciphertext_polys(c, self.level)[1]) for c in ciphertexts]
+                ciphertexts, summed_c1 = self._verified_sum(kind, summed_chunks, length, checked, upload_c1)
+                digests = [c1_digest(c1) for c1 in summed_c1]
                 self._check_fresh(federation, digests)
                 noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
                 view = self._decrypt_padded(ciphertexts, noise)
@@ -346,8 +346,9 @@ class KeyAuthority:
         length: int,
         receipts: Sequence[Receipt],
         upload_c1: Sequence[np.ndarray],
-    ) -> list:
-        """The summed chunks as SEAL ciphertexts, once they are exactly the sum of the receipted uploads.
+    ) -> tuple[list, np.ndarray]:
+        """The summed chunks as SEAL ciphertexts, once they are exactly the sum of the receipted uploads, and their
+        ``c1`` (chunks, data primes, N).
 
         The receipts fix how many values (hence chunks) the kind has and each upload's ``c1`` digest; the
         aggregator's ``c1`` polynomials must match those digests, and every summed chunk's ``c1`` must be their
@@ -410,7 +411,7 @@ class KeyAuthority:
                     f"chunk {index} is not the sum of the {len(receipts)} receipted uploads (its c1 differs)",
                 )
             ciphertexts.append(ciphertext)
-        return ciphertexts
+        return ciphertexts, total
 
     def _check_fresh(self, federation: str, digests: Sequence[str]) -> None:
         """Refuse a ciphertext sent twice, or one already decrypted in this federation, and a request beyond the
@@ -483,14 +484,12 @@ class KeyAuthority:
     def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> list[Receipt]:
         banks = self.ledger.banks()
         expected = {
-            "policy_sha256": self.policy_digest,
             "federation": open_round.federation,
             "round": open_round.round,
             "nonce": open_round.nonce,
             "kind": kind,
             "context_fingerprint": self.fingerprint,
         }
-        senders: list[str] = []
         checked: list[Receipt] = []
         for position, raw in enumerate(receipts):
             try:
@@ -520,12 +519,11 @@ class KeyAuthority:
                     Refusal.NOT_PARTICIPANT.value,
                     f"{receipt.sender!r} is not a participant of round {open_round.round}",
                 )
-            if receipt.sender in senders:
+            if any(receipt.sender == other.sender for other in checked):
                 raise DecryptionRefused(Refusal.DUPLICATE_SENDER.value, f"two receipts from {receipt.sender!r}")
-            senders.append(receipt.sender)
             checked.append(receipt)
-        if len(senders) < self._quorum():
+        if len(checked) < self._quorum():
             raise DecryptionRefused(
-                Refusal.BELOW_QUORUM.value, f"{len(senders)} valid receipts, the quorum is {self._quorum()}"
+                Refusal.BELOW_QUORUM.value, f"{len(checked)} valid receipts, the quorum is {self._quorum()}"
             )
         return checked

@@ -99,7 +99,7 @@ class Ledger:
         kind: str,
         nonce: str,
         senders: tuple[str, ...],
-        ciphertexts: Sequence[str] = (),
+        ciphertexts: Sequence[str],
     ) -> bool:
         """Claim (round, kind) and its ciphertexts (``c1`` digests) in one transaction; ``False`` when either was
         already claimed (the primary keys decide)."""
@@ -119,14 +119,15 @@ class Ledger:
 
     def decrypted_ciphertexts(self, federation: str, digests: Sequence[str]) -> set[str]:
         """Those of ``digests`` (``c1`` SHA-256) already decrypted in ``federation``."""
-        found: set[str] = set()
-        for digest in digests:
-            row = self.connection.execute(
-                "SELECT 1 FROM decrypted_ciphertexts WHERE federation = ? AND c1_sha256 = ?", (federation, digest)
-            ).fetchone()
-            if row is not None:
-                found.add(digest)
-        return found
+        wanted = list(digests)
+        if not wanted:
+            return set()
+        marks = ", ".join("?" * len(wanted))
+        rows = self.connection.execute(
+            f"SELECT c1_sha256 FROM decrypted_ciphertexts WHERE federation = ? AND c1_sha256 IN ({marks})",
+            (federation, *wanted),
+        )
+        return {digest for (digest,) in rows}
 
     def decryption_count(self) -> int:
         """Ciphertexts decrypted under this key, every federation together (the flooding's query count)."""

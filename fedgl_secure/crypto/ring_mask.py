@@ -217,6 +217,28 @@ def residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray:
     return np.fromiter(map(plain.data, range(level.size)), dtype=np.uint64, count=level.size).reshape(level.shape)
 
 
+def _seal_body(raw: bytes, expected: int) -> bytes:
+    """The body of a SEAL serialisation (the object's members), its header checked and its zstd compression (this
+    TenSEAL build's default) inflated by Arrow's codec to the ``expected`` size; :class:`CiphertextError` when the
+    header is not this build's or the body does not inflate."""
+    if len(raw) < _HEADER.size:
+        raise CiphertextError("a SEAL serialisation shorter than its header")
+    magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(raw)
+    if magic != sealapi.Serialization.SEALHeader().magic or header_size != _HEADER.size or size != len(raw):
+        raise CiphertextError("a SEAL header this build does not read")
+    body = raw[_HEADER.size :]
+    if compression == _COMPRESSION_NONE:
+        return body
+    if compression != _COMPRESSION_ZSTD:
+        raise CiphertextError(f"a SEAL serialisation with unknown compression {compression}")
+    import pyarrow  # a dependency already (bank data sources); imported here, where it is needed
+
+    try:
+        return pyarrow.Codec("zstd").decompress(body, decompressed_size=expected, asbytes=True)
+    except (OSError, ValueError) as error:  # pyarrow's ArrowIOError for a corrupt frame
+        raise CiphertextError(f"cannot inflate a SEAL serialisation: {error}") from None
+
+
 def _saved_residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray | None:
     """The residues from ``Plaintext.save``: SEAL writes the layout :func:`_plaintext_bytes` builds, compressed
     with zstd (this TenSEAL build) or not at all; Arrow's zstd codec inflates it. Four times faster than
@@ -226,22 +248,12 @@ def _saved_residues(plain: sealapi.Plaintext, level: RingLevel) -> np.ndarray | 
     with _scratch_file() as path:
         plain.save(path)
         raw = _read(path)
-    if len(raw) < _HEADER.size:
-        return None
-    magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(raw)
     expected = _PLAIN_FIELDS.size + _HEADER.size + 8 + 8 * level.size
-    if magic != sealapi.Serialization.SEALHeader().magic or header_size != _HEADER.size or size != len(raw):
+    try:
+        body = _seal_body(raw, expected)
+    except CiphertextError:
         return None
-    body = raw[_HEADER.size :]
-    if compression == _COMPRESSION_ZSTD:
-        import pyarrow  # a dependency already (bank data sources); imported here, where it is needed
-
-        try:
-            body = pyarrow.Codec("zstd").decompress(body, decompressed_size=expected, asbytes=True)
-        except (OSError, ValueError):  # pyarrow's ArrowIOError for a corrupt frame
-            return None
-    elif compression != _COMPRESSION_NONE:
-        return None
+    magic = _HEADER.unpack_from(raw)[0]
     if len(body) != expected:
         return None
     *parms_id, coeff_count, _ = _PLAIN_FIELDS.unpack_from(body)
@@ -369,22 +381,14 @@ def signed_residues(level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
 
 
 def centred_coefficients(level: RingLevel, residues: np.ndarray) -> np.ndarray:
-    """The centred integer coefficients (Python ints, CRT over the data primes) of a coefficient-form polynomial.
-
-    For tests and attacks on small polynomials: exact, not fast."""
-    modulus = 1
-    for prime in level.moduli:
-        modulus *= prime
+    """The centred integer coefficients (Python ints in an object array) of coefficient-form residues (k, N):
+    Garner's CRT over the data primes. For tests and attacks: exact, not fast."""
     shaped = np.asarray(residues, dtype=np.uint64).reshape(level.shape)
-    out = []
-    for position in range(level.degree):
-        value = 0
-        for row, prime in enumerate(level.moduli):
-            partial = modulus // prime
-            value += int(shaped[row, position]) * partial * pow(partial, -1, prime)
-        value %= modulus
-        out.append(value - modulus if value > modulus // 2 else value)
-    return np.asarray(out, dtype=object)
+    value, modulus = shaped[0].astype(object), level.moduli[0]
+    for row, prime in enumerate(level.moduli[1:], start=1):
+        step = ((shaped[row].astype(object) - value) * pow(modulus, -1, prime)) % prime
+        value, modulus = value + modulus * step, modulus * prime
+    return np.where(value > modulus // 2, value - modulus, value)
 
 
 # --- SEAL's NTT, through ciphertext transforms ------------------------------------------------------
@@ -431,21 +435,7 @@ def _parse_ciphertext(raw: bytes, level: RingLevel, polynomials: int) -> np.ndar
     """The residues of a SEAL-serialised data-level ciphertext of ``polynomials`` polynomials, every field
     checked (:class:`CiphertextError` otherwise): SEAL's layout read back without a round trip through SEAL."""
     expected = _CIPHER_FIELDS.size + _HEADER.size + 8 + 8 * polynomials * level.size
-    if len(raw) < _HEADER.size:
-        raise CiphertextError("SEAL wrote a ciphertext shorter than its header")
-    magic, header_size, _, _, compression, _, size = _HEADER.unpack_from(raw)
-    if magic != sealapi.Serialization.SEALHeader().magic or header_size != _HEADER.size or size != len(raw):
-        raise CiphertextError("SEAL wrote a ciphertext header this build does not read")
-    body = raw[_HEADER.size :]
-    if compression == _COMPRESSION_ZSTD:
-        import pyarrow  # a dependency already (bank data sources); imported here, where it is needed
-
-        try:
-            body = pyarrow.Codec("zstd").decompress(body, decompressed_size=expected, asbytes=True)
-        except (OSError, ValueError) as error:
-            raise CiphertextError(f"cannot inflate SEAL's ciphertext: {error}") from None
-    elif compression != _COMPRESSION_NONE:
-        raise CiphertextError(f"SEAL wrote a ciphertext with unknown compression {compression}")
+    body = _seal_body(raw, expected)
     if len(body) != expected:
         raise CiphertextError(f"SEAL's ciphertext holds {len(body)} bytes, expected {expected}")
     *parms_id, ntt_form, count, degree, primes, _, _ = _CIPHER_FIELDS.unpack_from(body)

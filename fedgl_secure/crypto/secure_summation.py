@@ -52,6 +52,7 @@ from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import (
     RoundTicket,
     Upload,
+    check_c1_digest,
     check_upload,
     finite_term,
     make_upload,
@@ -323,6 +324,7 @@ class SecureSummation:
         """The aggregator's part: check every receipt and digest, then add ciphertexts (no secret key)."""
         for bank, upload in zip(banks.values(), uploads, strict=True):
             check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
+            check_c1_digest(self.public_context, upload, bank.name)
         return ckks.add_serialized(self.public_context, [upload.chunks for upload in uploads])
 
 

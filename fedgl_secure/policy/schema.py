@@ -771,7 +771,7 @@ class Policy(BaseModel):
     def has_dp(self) -> bool:
         return bool(self.dp.enabled_channels())
 
-    @property
+    @property  # not cached: model_copy(update=...) would carry a cached digest over to another policy
     def digest(self) -> str:
         """SHA-256 (hex) of the validated policy as canonical JSON (sorted keys): what every receipt, round opening
         and round view carries, so that nodes running different policies refuse each other by name."""

@@ -61,7 +61,7 @@ from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.masking import masked_decryption
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, upload_c1
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_c1_digest, check_upload, upload_c1
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
@@ -277,6 +277,7 @@ class Coordinator:
         self.federation = federation
         self.config = config
         self.policy = policy
+        self.policy_digest = policy.digest  # announced on every poll: computed once
         self.banks = tuple(banks)
         self.signing_keys = dict(signing_keys)
         self.context = ckks.load_public_context(public_context)
@@ -474,7 +475,7 @@ class Coordinator:
                 latest,
                 stage=current.stage,
                 prior_rounds=prior_rounds,
-                policy_sha256=self.policy.digest,
+                policy_sha256=self.policy_digest,
             )
 
     def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
@@ -505,7 +506,7 @@ class Coordinator:
                 current.nonce,
                 len(current.participants),
                 self.fingerprint,
-                self.policy.digest,
+                self.policy_digest,
             )
             upload = Upload(kind, list(chunks), length, receipt)
             check_upload(upload, self.signing_keys[bank], ticket, bank)
@@ -516,6 +517,7 @@ class Coordinator:
                 raise ProtocolConflict("already-uploaded", f"{bank} already uploaded other {kind!r} for this round")
         # parsing ciphertexts is the slow part: outside the lock, then re-check the round
         check_chunks(self.context, chunks, packing.slot_length(self._layouts.get(kind), length), kind)
+        check_c1_digest(self.context, upload, bank)
         with self._changed:
             if self._open is not current:
                 raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
@@ -871,7 +873,7 @@ class Coordinator:
         while True:
             nonce = secrets.token_hex(16)
             try:
-                self.decryptor.open_round(self.federation, round_number, nonce, participants, self.policy.digest)
+                self.decryptor.open_round(self.federation, round_number, nonce, participants, self.policy_digest)
                 return nonce
             except FedGLError as error:
                 attempt += 1

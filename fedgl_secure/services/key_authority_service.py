@@ -186,7 +186,7 @@ def create_app(
         bound = log.bind(caller=caller.name, federation=meta.federation, round=meta.round, kind=meta.kind)
         if caller.role is not NodeRole.AGGREGATOR:
             # Refused by the library, without reading the body, so the attempt lands in the audit log.
-            await run_in_threadpool(_decrypt, authority, caller, meta, [])
+            await run_in_threadpool(_decrypt, authority, caller, meta, [], [])
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         chunks, c1s = decode_decrypt_body(body, meta, slots, chunk_limit, authority.level.shape)
@@ -210,7 +210,7 @@ def _decrypt(
     caller: tls.Caller,
     meta: DecryptRequest,
     chunks: list[bytes],
-    c1s: Sequence[np.ndarray] = (),
+    c1s: Sequence[np.ndarray],
 ) -> np.ndarray:
     return authority.decrypt_sum(
         caller.role.value,
@@ -250,7 +250,7 @@ def decode_decrypt_body(
         )
     size = level_shape[0] * level_shape[1]
     polys = [encodings.decode_uint64(frame, size).reshape(level_shape) for frame in rest]
-    return chunks, [np.stack(polys[i * expected : (i + 1) * expected]) for i in range(receipts)] if expected else []
+    return chunks, [np.stack(polys[i * expected : (i + 1) * expected]) for i in range(receipts)]
 
 
 class KeyAuthorityClient:
