@@ -42,6 +42,7 @@ def main() -> None:
             Path(root), experiment=experiment, data_root=args.data_root, federation=f"bench-{args.dataset}"
         )
         os.environ.setdefault("FEDGL_KA_SECRET", os.urandom(32).hex())
+        os.environ.setdefault("FEDGL_BANK_SECRET", os.urandom(32).hex())
         summary = consortium_up(consortium, progress=False, timeout=1800)
     seconds = [s for s in summary.get("round_seconds", []) if s is not None]
     result = {

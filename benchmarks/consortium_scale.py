@@ -192,7 +192,7 @@ def run_size(args, customers: int, work_dir: Path) -> dict:
     )
     consortium = load_consortium(root / "consortium.toml")
     logs = consortium.state_root / "logs"
-    env = {"FEDGL_KA_SECRET": os.environ.get("FEDGL_KA_SECRET") or os.urandom(32).hex()}
+    env = {name: os.environ.get(name) or os.urandom(32).hex() for name in ("FEDGL_KA_SECRET", "FEDGL_BANK_SECRET")}
     order = [consortium.key_authority, consortium.aggregator, *consortium.banks]
     processes: list[NodeProcess] = []
     peak_kb: dict[str, int] = {}

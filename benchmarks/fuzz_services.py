@@ -1,9 +1,9 @@
 """Soak the three services with schemathesis while a federation runs, then check a round still completes.
 
-A loopback consortium (key authority, aggregator, four synthetic banks, each its own process over mutual
-TLS, the default 128-bit CKKS parameters unpacked, quorum 2) runs rounds for the whole soak. Once round 1 has
-been applied, seeded ``st run --checks all`` passes go round the services until ``--requests`` requests have
-been sent:
+A loopback consortium (key authority, aggregator, five synthetic banks, each its own process over mutual
+TLS, the default 128-bit CKKS parameters, threshold decryption with t = 2, quorum 3) runs rounds for the whole
+soak. Once round 1 has been applied, seeded ``st run --checks all`` passes go round the services until
+``--requests`` requests have been sent:
 
 * the key authority as the **aggregator** (the only role that may open rounds and ask for decryptions),
   and as bank-a (every refusal of the role check; a bank's decryption attempts go to the audit log);
@@ -45,8 +45,8 @@ TARGETS = (
     ("aggregator", "bank-d"),
     ("bank-a", "aggregator"),
 )
-BANKS = ("bank-a", "bank-b", "bank-c", "bank-d")
-"""Four banks, quorum 2: the fuzzer's schema-valid withdrawal takes bank-d out for good, and one more bank may
+BANKS = ("bank-a", "bank-b", "bank-c", "bank-d", "bank-e")
+"""Five banks, quorum 3: the fuzzer's schema-valid withdrawal takes bank-d out for good, and one more bank may
 fail its rounds (a bug of its own) without stopping the federation, which the JSON then shows."""
 ROUNDS_AFTER = 2  # rounds that must be applied after the soak
 UPLOAD_SECONDS = 20.0  # a round with a silent participant is applied without it after this long
@@ -129,7 +129,7 @@ def main() -> None:
             "seed": 0,
             "device": "cpu",
             # enough rounds that the federation outlives the soak
-            "federation": {"proportions": [0.5, 0.6, 0.7, 0.6], "max_rounds": 100_000, "patience": 100_000},
+            "federation": {"proportions": [0.5, 0.6, 0.7, 0.6, 0.5], "max_rounds": 100_000, "patience": 100_000},
         }
         path = write_loopback_consortium(
             Path(root),
@@ -141,7 +141,7 @@ def main() -> None:
         )
         consortium = load_consortium(path)
         layout = PkiLayout(consortium.pki_dir)
-        env = {"FEDGL_KA_SECRET": os.urandom(32).hex()}
+        env = {"FEDGL_KA_SECRET": os.urandom(32).hex(), "FEDGL_BANK_SECRET": os.urandom(32).hex()}
         nodes = []
         try:
             for node in (consortium.key_authority, consortium.aggregator, *consortium.banks):

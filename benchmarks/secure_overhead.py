@@ -41,7 +41,13 @@ Reported:
 * global test accuracy at the best validation round of each run and the difference to plaintext
   (quantisation is deterministic and CKKS noise is rounded away, so both secure runs agree).
 
-Targets (2 CPU cores): ``round_ratio <= 1.3``, ``bytes_per_value <= 12``, ``|Δ accuracy| <= 0.005``.
+* ``decryption``: the threshold decryptions' traffic over every round (the key authority's and each decrypting
+  bank's download of the receipted uploads' ``c1`` — ``verification_bytes`` — and the partial decryptions they send
+  back — ``partial_bytes``), per decrypted value and per round, beside the banks' upload bytes; the key authority's
+  and the slowest bank's partial-decryption seconds are the phase ``decrypt`` (on separate machines the decrypting
+  banks work at once), every bank's in turn ``decrypt_banks``.
+
+Targets (2 CPU cores, issue 27): ``round_ratio <= 1.5``, ``bytes_per_value <= 20``, ``|Δ accuracy| <= 0.01``.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ BASELINE_POLICY = REPO / "policies" / "baseline.toml"
 COMMON_PARAMETERS = HEParameters(
     poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), global_scale_bits=60, packing="none"
 )
-TARGETS = {"round_ratio": 1.3, "bytes_per_value": 12.0, "abs_accuracy_difference": 0.005}
+TARGETS = {"round_ratio": 1.5, "bytes_per_value": 20.0, "abs_accuracy_difference": 0.01}
 PLAIN, SECURE, SERIAL = "plain", "secure", "secure_serial"
 
 
@@ -170,7 +176,7 @@ def timed_phases(wrapper: LockstepSummation, rounds_run: int) -> dict[str, float
     """Each party's seconds per round over the timed rounds 2..R (round 1 holds one-off starts: the encryption
     pool's workers, which also import the benchmark's own main module, several seconds)."""
     total, first = wrapper.inner.seconds, wrapper.phases_after_first
-    names = ("encrypt", "encrypt_slowest_bank", "aggregate", "decrypt")
+    names = ("encrypt", "encrypt_slowest_bank", "aggregate", "decrypt", "decrypt_banks")
     return {name: round((getattr(total, name) - getattr(first, name)) / max(1, rounds_run - 1), 4) for name in names}
 
 
@@ -190,10 +196,9 @@ def experiment_config(args: argparse.Namespace, rounds: int) -> ExperimentConfig
 def new_secure_summation(
     policy: Policy, num_clients: int, encrypt_workers: int | None = None
 ) -> tuple[SecureSummation, float]:
-    """A fresh key authority and enrolled banks (setup, never counted as round time)."""
+    """A fresh key authority, enrolled banks and their key ceremony (setup, never counted as round time)."""
     started = time.perf_counter()
-    summation = SecureSummation(policy, encrypt_workers=encrypt_workers)
-    summation.enrol(range(num_clients))
+    summation = SecureSummation(policy, encrypt_workers=encrypt_workers, banks=num_clients)
     return summation, time.perf_counter() - started
 
 
@@ -315,16 +320,15 @@ def profile_secure_run(config: ExperimentConfig, dataset, policy: Policy, path: 
         "    SEAL save + TenSEAL wrapping": "(tenseal_chunk)",
         "  sign_receipt (Ed25519)": "(sign_receipt)",
         "ciphertext_digest (sha256; bank and aggregator)": "(ciphertext_digest)",
-        "_fuse (aggregator's thread: check, add, pad, decryption, decode)": "(_fuse)",
+        "_fuse (aggregator's thread: check, add, partial decryptions, fuse, decode)": "(_fuse)",
         "  check_upload (aggregator: Ed25519 + sha256)": "(check_upload)",
         "  add_serialized (aggregator: load + add + serialise)": "(add_serialized)",
-        "  mask_sum (aggregator: ring pad)": "(mask_sum)",
-        "  decrypt_sum (key authority: rules, decrypt, ledger, audit)": "(decrypt_sum)",
-        "    decrypt_flooded (SEAL decrypt + flooding)": "(decrypt_flooded)",
-        "    residues (bulk read)": "ring_mask.py*(residues)",
+        "  decrypt_sum (key authority: rules, partial decryption, ledger, audit)": "(decrypt_sum)",
+        "  partial (each decrypting bank: rules, partial decryption, ledger)": "partial_decryption.py*(partial)",
+        "    partial_residues (c1·share + flooding)": "(partial_residues)",
         "    audit log records": "key_authority.py:*(_record)",
         "    ledger (SQLite)": "ledger.py*(record_decryption)",
-        "  unmask (aggregator: unpad, decode)": "masking.py*(unmask)",
+        "  fused_values (aggregator: c0 + partials, decode)": "(fused_values)",
         "open_round (key authority)": "(open_round)",
     }
     return {
@@ -422,6 +426,18 @@ def main(argv: list[str] | None = None) -> dict:
         "secure_serial_round_seconds_each": [round(s, 3) for s in serial.round_seconds],
         "lockstep_wall_seconds": round(lockstep_seconds, 1),
         "bytes_per_value": round(wire.bytes_per_value(), 3),
+        "decryption": {
+            "threshold": policy.he.threshold,
+            "decryptors_per_sum": policy.he.threshold + 1,
+            "verification_bytes": secure_summation.decryption.verification,
+            "partial_bytes": secure_summation.decryption.partials,
+            "decrypted_values": secure_summation.decryption.values,
+            "bytes_per_decrypted_value": round(secure_summation.decryption.bytes_per_value(), 3),
+            "bytes_per_round": round(
+                (secure_summation.decryption.verification + secure_summation.decryption.partials) / rounds_run
+            ),
+            "upload_bytes_per_round": round(sum(wire.bytes_by_kind.values()) / rounds_run),
+        },
         "wire_bytes_by_kind": dict(wire.bytes_by_kind),
         "wire_values_by_kind": dict(wire.values_by_kind),
         "bytes_per_value_common_params": round(common["bytes_per_value"], 3),

@@ -193,7 +193,7 @@ def simulate(
             output.parent.mkdir(parents=True, exist_ok=True)
         policy_path = resolve_policy_path(policy) if secure or policy is not None else None
         loaded_policy = _checked_policy(policy_path, secure)
-        summation = _secure_summation(loaded_policy) if secure else None
+        summation = _secure_summation(loaded_policy, config, clients) if secure else None
         try:
             privacy = _federation_privacy(loaded_policy)
             final: list = [None]  # only the last broadcast is kept (for model.npz)
@@ -287,11 +287,13 @@ def _federation_privacy(policy):
     return FederationPrivacy(policy)
 
 
-def _secure_summation(policy):
-    """The CKKS summation for ``simulate --secure`` under ``policy``."""
+def _secure_summation(policy, config, clients):
+    """The CKKS summation for ``simulate --secure`` under ``policy``: its key ceremony holds one bank per client."""
     from fedgl_secure.crypto.secure_summation import SecureSummation
 
-    return SecureSummation(policy)
+    federation = config.federation
+    banks = len(clients) if clients is not None else federation.num_clients or len(federation.proportions)
+    return SecureSummation(policy, banks=banks)
 
 
 @reproduce_app.command("fed2gnn")

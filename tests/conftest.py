@@ -54,7 +54,7 @@ def small_he():
 def small_policy(small_he):
     from fedgl_secure.policy.schema import Policy
 
-    return Policy(he=small_he, quorum=2)
+    return Policy(he=small_he, quorum=3)
 
 
 @pytest.fixture(scope="session")

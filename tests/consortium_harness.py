@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from fedgl_secure.policy.schema import HEParameters
-from fedgl_secure.services.config import PkiLayout, load_consortium
+from fedgl_secure.crypto.key_ceremony import Roster
+from fedgl_secure.log import get_logger
+from fedgl_secure.policy.schema import HEParameters, load_policy
+from fedgl_secure.services.bank_keys import ensure_key_share
+from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
+from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import NodeProcess, consortium_up, start_node_process, stop_processes
+from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -37,6 +43,9 @@ UNPACKED_HE = SMALL_HE.model_copy(update={"packing": "none"})
 
 KA_SECRET = "test-operator-secret-0123456789"
 """The key authority's operator secret (``FEDGL_KA_SECRET``) every process the harness starts gets."""
+BANK_SECRET = "test-bank-operator-secret-98765"
+"""The banks' operator secret (``FEDGL_BANK_SECRET``): it seals each bank's share of the CKKS key."""
+NODE_SECRETS = {"FEDGL_KA_SECRET": KA_SECRET, "FEDGL_BANK_SECRET": BANK_SECRET}
 STOP_GRACE_SECONDS = 20.0
 
 
@@ -66,8 +75,38 @@ class LocalConsortium:
     def start(self, *names: str) -> None:
         for name in names:
             self.processes[name] = start_node_process(
-                self.config_path(name), self.log_path(name), env={"FEDGL_KA_SECRET": KA_SECRET}
+                self.config_path(name), self.log_path(name), env=dict(NODE_SECRETS)
             )
+
+    def run_key_ceremony(self) -> None:
+        """Every bank's side of the key ceremony against the running key authority, from this process, as each bank
+        node would run it (its certificate, signing key and operator secret; its sealed share written to its state
+        directory): for tests that start a few nodes only, since the aggregator waits for the collective context."""
+        consortium = load_consortium(self.consortium_path)
+        policy = load_policy(consortium.policy)
+        banks = tuple(bank.name for bank in consortium.banks)
+        roster = Roster(consortium.federation, banks, policy.he.threshold)
+        verify_keys = load_signing_public_keys(self.layout, banks)
+
+        def ceremony(bank: str) -> None:
+            with make_http_client(
+                self.layout, bank, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY
+            ) as http:
+                ensure_key_share(
+                    consortium.state_dir(bank),
+                    roster,
+                    bank,
+                    policy.he,
+                    BANK_SECRET.encode(),
+                    KeyAuthorityClient(http),
+                    load_signing_key(self.layout, bank),
+                    verify_keys,
+                    get_logger(node=bank, role="bank"),
+                    timeout=60.0,
+                )
+
+        with ThreadPoolExecutor(len(banks)) as pool:
+            list(pool.map(ceremony, banks))
 
     def signal(self, name: str, sig: int) -> None:
         self.processes[name].send_signal(sig)
@@ -185,7 +224,8 @@ def run_consortium_to_the_end(consortium: LocalConsortium, rounds: int, timeout:
     """``consortium up`` with the test operator secret; asserts the federation finished after ``rounds`` rounds
     with no stop reason and every process exited 0, and returns the summary."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FEDGL_KA_SECRET", KA_SECRET)
+        for variable, secret in NODE_SECRETS.items():
+            patch.setenv(variable, secret)
         summary = consortium_up(consortium.consortium_path, progress=False, echo=lambda line: None, timeout=timeout)
     assert summary.get("finished") and summary["rounds_applied"] == rounds and not summary.get("stopped_reason")
     nodes = load_consortium(consortium.consortium_path).nodes

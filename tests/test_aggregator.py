@@ -1,4 +1,10 @@
-"""The aggregator's round state machine in-process (real CKKS, real key-authority rules, no network)."""
+"""The aggregator's round state machine in-process (real CKKS, real key-authority rules, no network).
+
+Threshold CKKS: each fixture runs the key ceremony in-process (a key authority and the test's banks, t from the
+policy), and every bank serves the coordinator's decryption board on a thread of its own with its
+``BankDecryptor`` (``bank_keys.PartialDecryptionWorker`` over an in-process stand-in for the aggregator's HTTP
+endpoints), so a round is decrypted as the services decrypt it: the key authority's partial, then t banks'.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +19,24 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
+from fedgl_secure.crypto.key_ceremony import Roster
+from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
+from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy, Timeouts
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
+from fedgl_secure.services.bank_keys import PartialDecryptionWorker
 from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.wire import encodings
 
 BANKS = ("bank-a", "bank-b", "bank-c")
+QUORUM = 3  # above t = 2 (the policy's he.threshold): a sum keeps two honest banks against t - 1 colluding ones
+FEDERATION = "fed-test"
+OPERATOR_SECRET = b"operator-secret-for-tests-0123"
+POLL_SECONDS = 0.05  # how often a bank's decryption thread polls the board
 
 
 class InProcessDecryptor:
@@ -34,24 +48,75 @@ class InProcessDecryptor:
     def open_round(self, federation, round_number, nonce, participants, policy_sha256):
         self.authority.open_round(federation, round_number, nonce, participants, policy_sha256)
 
-    def decrypt(self, federation, round_number, kind, summed_chunks, receipts, fingerprint, length, upload_c1):
+    def decrypt(self, federation, round_number, kind, receipts, fingerprint, length, upload_c1):
         return self.authority.decrypt_sum(
-            AGGREGATOR, federation, round_number, kind, summed_chunks, receipts, fingerprint, length, upload_c1
+            AGGREGATOR, federation, round_number, kind, receipts, fingerprint, length, upload_c1
         )
+
+
+class BoardPort:
+    """What ``PartialDecryptionWorker`` calls on an ``AggregatorClient``, served by the coordinator's board
+    in-process as the aggregator's ``/v1/decryptions`` endpoints serve it (the task list is a poll: a heartbeat)."""
+
+    def __init__(self, coordinator: Coordinator, bank: str) -> None:
+        self.coordinator, self.bank = coordinator, bank
+
+    def decryption_tasks(self):
+        self.coordinator.heartbeat(self.bank)
+        return self.coordinator.board.pending_for(self.bank)
+
+    def decryption_c1(self, task, shape):
+        return list(self.coordinator.board.task_for(task.task_id, self.bank).upload_c1)
+
+    def post_partial(self, task_id, residues):
+        self.coordinator.board.accept_partial(task_id, self.bank, residues)
+
+    def refuse_decryption(self, task_id, reason, detail):
+        self.coordinator.board.accept_refusal(task_id, self.bank, reason, detail)
+
+
+class Federation:
+    """The key ceremony run in-process over a roster of the banks of ``keys`` (t from the policy): the key authority,
+    each bank's ``BankDecryptor`` (its ledger under ``root/banks``), and the decryption threads :meth:`serve` starts."""
+
+    def __init__(self, root, policy: Policy, keys: dict[str, Ed25519PrivateKey]) -> None:
+        self.policy, self.keys, self.banks = policy, keys, tuple(keys)
+        roster = Roster(FEDERATION, self.banks, policy.he.threshold)
+        self.authority = KeyAuthority(root / "ka", policy, OPERATOR_SECRET, roster)
+        for bank, key in keys.items():
+            self.authority.register_bank(bank, key.public_key())
+        self.decryptors = local_key_ceremony(self.authority, keys, root / "banks")
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def serve(self, coordinator: Coordinator, banks=None) -> None:
+        """A decryption thread per bank of ``banks`` (default: all), each answering ``coordinator``'s board."""
+        for bank in self.banks if banks is None else banks:
+            log = get_logger(role="bank", bank=bank)
+            worker = PartialDecryptionWorker(BoardPort(coordinator, bank), self.decryptors[bank], POLL_SECONDS, log)
+            thread = threading.Thread(target=worker.run, args=(self._stop,), daemon=True, name=f"decrypt-{bank}")
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for decryptor in self.decryptors.values():
+            decryptor.close()
+        self.authority.close()
 
 
 @pytest.fixture
 def setup(tmp_path, small_he):
-    policy = Policy(he=small_he, quorum=2, timeouts=Timeouts(round_seconds=30, upload_seconds=20))
-    authority = KeyAuthority(tmp_path / "ka", policy, b"operator-secret-for-tests-0123")
+    policy = Policy(he=small_he, quorum=QUORUM, timeouts=Timeouts(round_seconds=30, upload_seconds=20))
     keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
-    for bank, key in keys.items():
-        authority.register_bank(bank, key.public_key())
+    federation = Federation(tmp_path / "federation", policy, keys)
     store = AggregatorStore(tmp_path / "aggregator.sqlite3")
-    coordinator = _coordinator(authority, keys, policy, store, max_rounds=1)
-    yield coordinator, authority, keys, policy
+    coordinator = _coordinator(federation, store, max_rounds=1)
+    yield coordinator, federation, keys, policy
     store.close()
-    authority.close()
+    federation.close()
 
 
 def test_the_aggregator_context_holds_no_secret_key(setup, small_context):
@@ -72,7 +137,7 @@ def wait_open(coordinator: Coordinator, timeout: float = 30.0):
 
 
 def test_bad_uploads_are_refused_and_the_round_still_completes(setup):
-    coordinator, authority, keys, policy = setup
+    coordinator, _, keys, policy = setup
     key = b"k" * 32
     for offset, bank in enumerate(BANKS):  # overlapping node sets
         coordinator.enrol(bank, 5, 3, pseudonymise(key, range(offset * 10, offset * 10 + 40)))
@@ -162,8 +227,12 @@ def test_a_setup_whose_rounds_could_never_decrypt_is_refused(small_he):
         {"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5], "participation": 0.4}}
     )
     with pytest.raises(ConfigError, match="quorum"):
-        check_consortium_can_run(sparse, Policy(he=small_he, quorum=2), 3)
+        check_consortium_can_run(sparse, Policy(he=small_he, quorum=QUORUM), 3)
     check_consortium_can_run(config, Policy(he=small_he, quorum=3), 3)
+    # t banks and the key authority decrypt together: t above the consortium's banks could never decrypt a sum
+    four = Policy(he=small_he.model_copy(update={"threshold": 4}), quorum=5)
+    with pytest.raises(ConfigError, match=r"he.threshold t = 4 exceeds the consortium's 3 banks"):
+        check_consortium_can_run(config, four, 3)
 
 
 def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
@@ -179,22 +248,27 @@ def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
     assert len(orders) > 1  # not the sorted order every time: positions reveal nothing but M
 
 
-def _coordinator(authority, keys, policy, store, max_rounds, method=None):
+def _coordinator(federation: Federation, store, max_rounds, method=None, serving=None):
+    """A coordinator of ``federation``'s banks over its collective public context and key authority, its board served
+    by the decryption threads of the banks ``serving`` (default: all)."""
+    proportions = [0.5] * len(federation.banks)
     experiment = {
         "dataset": "synthetic",
-        "federation": {"proportions": [0.5, 0.5, 0.5], "max_rounds": max_rounds, "patience": 50},
+        "federation": {"proportions": proportions, "max_rounds": max_rounds, "patience": 50},
     }
     config = build_config(experiment if method is None else {**experiment, "method": method})
-    return Coordinator(
-        federation="fed-test",
+    coordinator = Coordinator(
+        federation=FEDERATION,
         config=config,
-        policy=policy,
-        banks=BANKS,
-        signing_keys={bank: key.public_key() for bank, key in keys.items()},
-        public_context=authority.public_context,
+        policy=federation.policy,
+        banks=federation.banks,
+        signing_keys={bank: key.public_key() for bank, key in federation.keys.items()},
+        public_context=federation.authority.public_context,
         store=store,
-        decryptor=InProcessDecryptor(authority),
+        decryptor=InProcessDecryptor(federation.authority),
     )
+    federation.serve(coordinator, serving)
+    return coordinator
 
 
 def _upload_all(coordinator, policy, keys, view, banks):
@@ -218,10 +292,14 @@ def _wait_round(coordinator, number, timeout=30.0):
 
 
 def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quorum(setup, tmp_path):
-    _, authority, keys, policy = setup  # upload deadline 20 s: nothing below may wait for it
+    _, _, _, policy = setup  # upload deadline 20 s: nothing below may wait for it
+    # four banks, so that one can withdraw and the quorum of 3 still be met
+    banks = (*BANKS, "bank-d")
+    keys = {bank: Ed25519PrivateKey.generate() for bank in banks}
+    federation = Federation(tmp_path / "four-banks", policy, keys)
     store = AggregatorStore(tmp_path / "withdrawals.sqlite3")
-    coordinator = _coordinator(authority, keys, policy, store, max_rounds=5)
-    for offset, bank in enumerate(BANKS):
+    coordinator = _coordinator(federation, store, max_rounds=5)
+    for offset, bank in enumerate(banks):
         coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
     stop = threading.Event()
     driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
@@ -237,34 +315,35 @@ def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quo
         with pytest.raises(ProtocolConflict, match="withdrawn"):
             _upload_all(coordinator, policy, keys, first, ["bank-a"])
         started = time.monotonic()
-        _upload_all(coordinator, policy, keys, first, ["bank-b", "bank-c"])
+        _upload_all(coordinator, policy, keys, first, ["bank-b", "bank-c", "bank-d"])
         second = _wait_round(coordinator, 2)  # round 1 applied without waiting for bank-a's deadline
         assert time.monotonic() - started < 10
         assert "bank-a" not in second.participants
-        assert coordinator.withdraw("bank-b", "privacy-budget-exhausted", 2)  # 1 bank left, quorum 2
+        assert coordinator.withdraw("bank-b", "privacy-budget-exhausted", 2)  # 2 banks left, quorum 3
         driver.join(timeout=10)
         assert not driver.is_alive()
     finally:
         stop.set()
     status = coordinator.status()
-    reason = "privacy budget exhausted: 1 bank left, quorum 2 (withdrawn: bank-a at round 1, bank-b at round 2)"
+    reason = "privacy budget exhausted: 2 banks left, quorum 3 (withdrawn: bank-a at round 1, bank-b at round 2)"
     assert status["phase"] == "finished" and status["stopped_reason"] == reason
     assert [(r["round"], r["status"], r["attempts"]) for r in status["rounds"]] == [
         (1, "applied", 1),
         (2, "aborted", 1),
     ]
     assert status["rounds"][1]["detail"].endswith("withdrawn: bank-b")
-    assert status["rounds"][0]["contributors"] == ["bank-b", "bank-c"]
+    assert status["rounds"][0]["contributors"] == ["bank-b", "bank-c", "bank-d"]
     assert [(w["bank"], w["round"]) for w in status["withdrawn"]] == [("bank-a", 1), ("bank-b", 2)]
     assert coordinator.round_view("bank-c").stopped_reason == reason
 
     # a restarted aggregator (a new Coordinator on the same SQLite file) keeps all of it and opens nothing
-    restarted = _coordinator(authority, keys, policy, store, max_rounds=5)
+    restarted = _coordinator(federation, store, max_rounds=5)
     restarted.run(threading.Event())  # returns at once: the federation is finished
     assert restarted.status()["stopped_reason"] == reason and restarted.round_phase() == "finished"
     assert len(restarted.status()["rounds"]) == 2
     assert not restarted.withdraw("bank-b", "privacy-budget-exhausted", 2)
     store.close()
+    federation.close()
 
 
 def test_the_upload_body_limit_follows_the_round_shapes(setup):
@@ -350,9 +429,9 @@ def _summed(terms, kind):
     return torch.tensor(sum(bank_terms[kind] for bank_terms in terms.values()), dtype=torch.float32)
 
 
-def _graphfl_run(tmp_path, authority, keys, policy, name, max_rounds=1):
+def _graphfl_run(tmp_path, federation, name, max_rounds=1):
     store = AggregatorStore(tmp_path / f"{name}.sqlite3")
-    coordinator = _coordinator(authority, keys, policy, store, max_rounds=max_rounds, method="graphfl")
+    coordinator = _coordinator(federation, store, max_rounds=max_rounds, method="graphfl")
     for offset, bank in enumerate(BANKS):
         coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
     return store, coordinator
@@ -391,8 +470,8 @@ def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_the
     from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast
     from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL
 
-    _, authority, keys, policy = setup
-    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "graphfl")
+    _, federation, keys, policy = setup
+    store, coordinator = _graphfl_run(tmp_path, federation, "graphfl")
     with _round_loop(coordinator) as driver:
         meta = _wait_stage(coordinator, 1, META)
         assert set(meta.shapes) == {META_GRADIENTS} and meta.participants == BANKS and meta.base_version == 0
@@ -433,12 +512,10 @@ def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_fro
     from fedgl_secure.methods.graphfl import FINETUNE, META
 
     _, _, keys, _ = setup
-    policy = Policy(he=small_he, quorum=2, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
-    # a key authority under this test's policy (shorter uploads): one policy for every node
-    authority = KeyAuthority(tmp_path / "ka-short-uploads", policy, b"operator-secret-for-tests-0123")
-    for bank, key in keys.items():
-        authority.register_bank(bank, key.public_key())
-    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "abandoned")
+    policy = Policy(he=small_he, quorum=QUORUM, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
+    # a key authority and bank decryptors under this test's policy (shorter uploads): one policy for every node
+    federation = Federation(tmp_path / "short-uploads", policy, keys)
+    store, coordinator = _graphfl_run(tmp_path, federation, "abandoned")
     with _round_loop(coordinator) as driver:
         meta = _wait_stage(coordinator, 1, META)
         gradients = _stage_terms(meta, seed=1)
@@ -455,22 +532,22 @@ def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_fro
         assert not driver.is_alive()
     rounds = coordinator.status()["rounds"]
     assert [(r["round"], r["base_version"], r["status"]) for r in rounds] == [(1, 0, "abandoned"), (2, 0, "applied")]
-    assert rounds[0]["detail"].startswith("stage 'finetune': 1 of 3 banks uploaded every kind in time; 2 needed")
+    assert rounds[0]["detail"].startswith("stage 'finetune': 1 of 3 banks uploaded every kind in time; 3 needed")
     assert _adam_steps(store, 1) == 1  # the abandoned round's meta step was undone, not taken twice
     store.close()
-    authority.close()
+    federation.close()
 
 
 def test_an_aggregator_restarted_between_the_stages_retires_the_round_as_abandoned(setup, tmp_path):
     from fedgl_secure.methods.graphfl import FINETUNE, META
 
-    _, authority, keys, policy = setup
-    store, coordinator = _graphfl_run(tmp_path, authority, keys, policy, "restart", max_rounds=2)
+    _, federation, keys, policy = setup
+    store, coordinator = _graphfl_run(tmp_path, federation, "restart", max_rounds=2)
     with _round_loop(coordinator):
         meta = _wait_stage(coordinator, 1, META)
         _upload_terms(coordinator, policy, keys, meta, _stage_terms(meta, seed=1))
         _wait_stage(coordinator, 1, FINETUNE)  # the meta step is decrypted and published; then the aggregator stops
-    restarted = _coordinator(authority, keys, policy, store, max_rounds=2, method="graphfl")
+    restarted = _coordinator(federation, store, max_rounds=2, method="graphfl")
     with _round_loop(restarted):
         retry = _wait_stage(restarted, 2, META)
         assert (retry.base_version, retry.participants) == (0, BANKS)
@@ -484,7 +561,7 @@ def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
     # A status read while a round's result is being stored once showed the round applied but latest_version not yet
     # raised (a consortium fault test caught it). A status asked for right after the store wrote the round now
     # waits for the new version, and sees both or neither.
-    coordinator, authority, keys, policy = setup
+    coordinator, _, keys, policy = setup
     for offset, bank in enumerate(BANKS):
         coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
     seen: list[dict] = []
@@ -525,6 +602,46 @@ def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
     assert during["asked_during_apply"]  # the read waited for the apply to finish
     applied = [row["base_version"] for row in status["rounds"] if row["status"] == "applied"]
     assert applied == list(range(status["latest_version"])) == [0]
+
+
+def test_a_contributor_whose_decryption_thread_is_down_is_replaced_in_the_decrypting_set(tmp_path, small_he):
+    # bank-a uploads but never answers the board (its decryption thread is down while it is still alive): after
+    # timeouts.decryption_seconds the coordinator asks bank-b and bank-c instead, and the round decrypts correctly
+    timeouts = Timeouts(round_seconds=30, upload_seconds=20, decryption_seconds=1)
+    policy = Policy(he=small_he, quorum=QUORUM, timeouts=timeouts)
+    keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
+    federation = Federation(tmp_path / "federation", policy, keys)
+    store = AggregatorStore(tmp_path / "one-down.sqlite3")
+    try:
+        coordinator = _coordinator(federation, store, max_rounds=1, serving=("bank-b", "bank-c"))
+        for offset, bank in enumerate(BANKS):
+            coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+        with _round_loop(coordinator) as driver:
+            view = wait_open(coordinator)
+            reference = _weights(coordinator, coordinator.model(0)).numpy()
+            terms = _stage_terms(view, seed=3)
+            started = time.monotonic()
+            _upload_terms(coordinator, policy, keys, view, terms, reference=reference)
+            driver.join(timeout=60)
+            assert not driver.is_alive()
+            assert time.monotonic() - started >= 1.0  # bank-a was waited for, for the decryption timeout
+        status = coordinator.status()
+        assert status["phase"] == "finished" and status["rounds"][0]["status"] == "applied"
+        assert sorted(status["rounds"][0]["contributors"]) == list(BANKS)  # every upload is in the sum
+        sums = store.sums(1)
+        assert set(sums) == set(view.shapes)
+        for kind, (_, values, contributors) in sums.items():
+            assert contributors == BANKS
+            np.testing.assert_allclose(values, _summed(terms, kind).numpy(), atol=1e-4)
+        # each bank counts the ciphertexts it partially decrypted: bank-a none, bank-c each sum's, bank-b each sum's
+        # twice (for the set with bank-a too, whose partials were dropped: a partial is bound to its set)
+        slots = policy.he.poly_modulus_degree // 2
+        chunks = sum(ckks.chunk_count(int(np.prod(shape)), slots) for shape in view.shapes.values())
+        counts = {bank: decryptor.decryption_count() for bank, decryptor in federation.decryptors.items()}
+        assert counts == {"bank-a": 0, "bank-b": 2 * chunks, "bank-c": chunks}
+    finally:
+        store.close()
+        federation.close()
 
 
 def test_a_restart_after_a_fitted_label_prior_round_keeps_it_fitted(setup):

@@ -24,16 +24,17 @@ from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthority
-from fedgl_secure.crypto.masking import mask_sum
+from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
+from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.guarantees import round_releases
 
 REPO = Path(__file__).resolve().parents[1]
-BANKS = ("bank-a", "bank-b")
+BANKS = ("bank-a", "bank-b", "bank-c")  # the quorum (3): the key authority opens no round with fewer
 FEDERATION = "fed-audit"
 KINDS = ("weights", "predictions")
 LENGTH = 20
@@ -92,7 +93,7 @@ def _zero_model(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory) -> Path:
-    """A strict-DP secure run directory: 2 banks, 2 rounds, weights and predictions decrypted each round."""
+    """A strict-DP secure run directory: 3 banks, 2 rounds, weights and predictions decrypted each round."""
     root = tmp_path_factory.mktemp("audit") / "run"
     root.mkdir()
     (root / "policy.toml").write_text(_policy_text("strict-dp.toml"), encoding="utf-8")
@@ -101,12 +102,14 @@ def base_run(tmp_path_factory) -> Path:
     _zero_model(root / "model.npz")
 
     keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
-    authority = KeyAuthority(root / "key-authority", policy, "correct horse battery staple", federation=FEDERATION)
-    receipts = []
+    roster = Roster(FEDERATION, tuple(BANKS), policy.he.threshold)
+    authority = KeyAuthority(root / "key-authority", policy, "correct horse battery staple", roster)
+    receipts, decryptors = [], {}
     try:
-        public = ckks.load_public_context(authority.public_context)
         for bank, key in keys.items():
             authority.register_bank(bank, key.public_key())
+        decryptors = local_key_ceremony(authority, keys, root.parent / "bank-state")
+        public = ckks.load_public_context(authority.public_context)
         for round_number in range(1, ROUNDS + 1):
             nonce = secrets.token_hex(16)
             ticket = RoundTicket(FEDERATION, round_number, nonce, len(BANKS), authority.fingerprint, policy.digest)
@@ -126,15 +129,12 @@ def base_run(tmp_path_factory) -> Path:
                     for bank in BANKS
                 ]
                 receipts += [u.receipt for u in uploads]
-                # padded as the aggregator pads every sum (the authority decrypts nothing else)
                 slots = slot_length(policy.upload_layout(kind), LENGTH)
-                summed = mask_sum(public, ckks.add_serialized(public, [u.chunks for u in uploads]), slots)
                 authority.decrypt_sum(
                     AGGREGATOR,
                     FEDERATION,
                     round_number,
                     kind,
-                    summed.chunks,
                     [u.receipt for u in uploads],
                     authority.fingerprint,
                     slots,
@@ -142,6 +142,8 @@ def base_run(tmp_path_factory) -> Path:
                 )
         head = authority.ledger.get_meta(AUDIT_HEAD)
     finally:
+        for decryptor in decryptors.values():
+            decryptor.close()
         authority.close()
     (root / "key-authority" / "audit_head").write_text(head + "\n", encoding="utf-8")
     (root / "receipts.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in receipts), encoding="utf-8")
@@ -293,7 +295,7 @@ def test_ledger_over_budget_is_red_and_near_budget_amber(run_dir):
 
 def test_missing_ledger_of_a_sender_is_red(run_dir):
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    run["banks"] = ["bank-a"]  # bank-b dropped from the record, but it signed receipts and was decrypted
+    run["banks"] = ["bank-a", "bank-c"]  # bank-b dropped from the record, but it signed receipts and was decrypted
     (run_dir / "run.json").write_text(json.dumps(run), encoding="utf-8")
     (run_dir / "privacy" / "bank-b.ledger.json").unlink()
     assert _statuses(run_dir, attacks=False)["privacy/ledger:bank-b"] == "red"
@@ -560,7 +562,7 @@ def test_reference_of_a_run_that_completed_no_round_is_not_computed(run_dir):
 
 CENTRAL_POLICY = """description = "test: central noise on the weights, a budget for two rounds"
 protection = "he"
-quorum = 2
+quorum = 3
 allowed_kinds = ["weights", "node_weight"]
 
 {he}
@@ -714,7 +716,7 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
 
     stop = audit_with("the federation did not finish (stopped or stalled)", {})
     assert stop.status == "amber" and "not for the privacy budget: the federation did not finish" in stop.detail
-    stop = audit_with("privacy budget exhausted: 1 bank left, quorum 2", {})
+    stop = audit_with("privacy budget exhausted: 2 banks left, quorum 3", {})
     assert stop.status == "amber" and "names no bank" in stop.detail
     stop = audit_with(None, {"bank-a": "soon"})
     assert stop.status == "red" and "stopped_banks" in stop.detail

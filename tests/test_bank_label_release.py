@@ -54,7 +54,7 @@ ONCE = (PureRelease(round=0, channel=LABELS, epsilon=1.0),)  # a bank's ledger a
 def label_policy_dict(labels: dict, he=None) -> dict:
     policy = {
         "protection": "he",
-        "quorum": 2,
+        "quorum": 3,
         "allowed_kinds": ["weights", "predictions", "embeddings", "node_weight"],
         "dp": {"unit": "label", "labels": labels},
         "budget": {"epsilon": labels["epsilon"], "delta": 1e-5, "rounds": 10},

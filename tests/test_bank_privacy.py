@@ -63,7 +63,7 @@ def dp_policy(he, *, epsilon: float = 1000.0, noise: str = "distributed", **dp):
     return policy_from_dict(
         {
             "protection": "he",
-            "quorum": 2,
+            "quorum": 3,
             "he": he.model_dump(),
             "allowed_kinds": ["weights", "predictions", "node_weight"],
             "dp": {"weights": channel, "predictions": channel, "graph": {"max_degree": 3}, **dp},
@@ -245,7 +245,7 @@ def test_a_central_channel_gets_no_bank_share_but_is_recorded_in_the_ledger(worl
     w_k = weights[-1]
     scale = w_k / max(client.num_nodes for client in world.clients)
     expected = scale * clip_vector(weights[:-1] / w_k - plain["reference"], 1.0)  # centred on W̄ (centring.py)
-    # clipped and scaled (float32, as every release), with no share: a share here would be of std σ/√q = 1.4
+    # clipped and scaled (float32, as every release), with no share: a share here would be of std σ/√q = 2/√3 ≈ 1.15
     np.testing.assert_allclose(released[:-1], expected, rtol=0, atol=1e-6)
     ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
     assert {(r.round, r.channel) for r in ledger.releases} == {(1, "weights"), (1, "predictions")}
@@ -395,7 +395,7 @@ def test_a_bank_refuses_self_training_at_start_as_the_aggregator_does(world, sma
 def test_a_bank_does_not_take_part_in_a_round_under_another_policy(world, small_policy, tmp_path, monkeypatch):
     """One policy for all: the round announces the aggregator's policy digest; a bank running another policy
     (here: another quorum, which would size its DP noise shares otherwise) encrypts nothing for it."""
-    other = small_policy.model_copy(update={"quorum": 3})
+    other = small_policy.model_copy(update={"quorum": small_policy.quorum + 1})
     _, encrypted = run_worker(world, small_policy, tmp_path, [(1, "n1")], monkeypatch, aggregator_policy=other)
     assert encrypted == []
     _, encrypted = run_worker(world, small_policy, tmp_path / "same", [(1, "n1")], monkeypatch)

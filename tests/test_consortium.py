@@ -157,7 +157,7 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
         with consortium.client("aggregator", "key-authority") as http:
             with pytest.raises(DecryptionRefused) as refusal:
                 KeyAuthorityClient(http).decrypt(
-                    "test-federation", 3, "weights", chunks, receipts, fingerprint, 1, [c1] * len(receipts)
+                    "test-federation", 3, "weights", receipts, fingerprint, 1, [c1] * len(receipts)
                 )
         return refusal.value.reason
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tomllib
 import torch
-from consortium_harness import write_consortium
+from consortium_harness import BANKS, write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
@@ -42,7 +42,6 @@ UNPACKED = HEParameters(
     packing="none",
     max_decryptions=512,
 )
-BANKS = ("bank-a", "bank-b")  # two banks: the prior needs every bank, and the test stays fast
 
 
 def test_the_shipped_label_release_runs_in_a_consortium_through_restarts_and_passes_the_audit(tmp_path):
@@ -52,8 +51,10 @@ def test_the_shipped_label_release_runs_in_a_consortium_through_restarts_and_pas
         "dp": {"unit": "label", "labels": labels},
         "budget": {"epsilon": labels["epsilon"], "delta": 1e-5, "rounds": 2},
     }
+    # the harness's three banks: the quorum (it must exceed the decryption threshold t = 2); the prior needs every
+    # bank anyway
     consortium = write_consortium(
-        tmp_path, max_rounds=2, policy_extra=policy, he=UNPACKED, upload_seconds=10.0, liveness_seconds=2.0, banks=BANKS
+        tmp_path, max_rounds=2, policy_extra=policy, he=UNPACKED, upload_seconds=10.0, liveness_seconds=2.0
     )
     state = consortium.root / "state"
     consortium.start("key-authority", "aggregator", *BANKS)

@@ -139,7 +139,7 @@ def test_a_consortium_prior_run_records_one_epsilon_per_bank_and_trains_on_the_r
             "method": "fedgl",
             "device": "cpu",
             "training": {"local_epochs": 2},
-            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7]},
+            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7, 0.5]},  # three banks: the default quorum
         }
     )
     result = run_experiment(config, small, progress=False, privacy=privacy)

@@ -29,10 +29,10 @@ from fedgl_secure.privacy.mechanisms import clip_vector, gaussian_share, noise_s
 from fedgl_secure.privacy.run_record import RunDirectoryError, load_run_dir
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
-HE_ONLY = {"protection": "he", "quorum": 2, "allowed_kinds": [WEIGHTS]}
+HE_ONLY = {"protection": "he", "quorum": 3, "allowed_kinds": [WEIGHTS]}
 
 
-def weights_policy(epsilon: float = 1000.0, rounds: int = 100, noise: str = "distributed", quorum: int = 2):
+def weights_policy(epsilon: float = 1000.0, rounds: int = 100, noise: str = "distributed", quorum: int = 3):
     return policy_from_dict(
         {
             **HE_ONLY,
@@ -114,16 +114,22 @@ def test_central_noise_is_added_once_to_the_sum_and_not_to_the_weight_total(secu
     # noise added twice (std √2·σ, 41 % more) could not pass
     policy = weights_policy(noise="central")
     privacy = FederationPrivacy(policy, random_bytes=seeded_bytes(5))
-    privacy.setup(["a", "b"], [10.0, 10.0], [np.zeros((2, 2))] * 2, [np.random.default_rng(0)] * 2)
+    banks = policy.quorum  # a sum over the fewest banks the policy decrypts
+    privacy.setup(
+        [f"bank-{k}" for k in range(banks)],
+        [10.0] * banks,
+        [np.zeros((2, 2))] * banks,
+        [np.random.default_rng(0)] * banks,
+    )
     contributions = {
         k: privacy.protect(k, 1, {WEIGHTS: weights_term(10.0, torch.zeros(50_000))}, torch.zeros(50_000), 10.0)
-        for k in (0, 1)
+        for k in range(banks)
     }
     assert all(float(c[WEIGHTS][:-1].abs().max()) == 0.0 for c in contributions.values())  # no bank-side noise
     summation = SecureSummation(policy) if secure else PlaintextSummation()  # secure: the key authority adds it
     sums = privacy.with_central_noise(summation)(1, contributions)[WEIGHTS].double()
     # Σ ŵ_k gets no DP noise; decrypted, it carries only the error the policy states (CKKS and the flooding)
-    assert float(sums[-1]) == pytest.approx(2.0, abs=policy.he.unpacked_error() if secure else 1e-12)
+    assert float(sums[-1]) == pytest.approx(banks, abs=policy.he.unpacked_error() if secure else 1e-12)
     assert float(sums[:-1].std()) == pytest.approx(noise_std(policy, WEIGHTS), rel=0.02)
 
 
@@ -160,7 +166,8 @@ def test_a_run_ends_with_a_reason_when_fewer_than_the_quorum_remain(dataset):
     privacy = FederationPrivacy(policy, random_bytes=seeded_bytes(0))
     result = run_experiment(config, dataset, progress=False, privacy=privacy)
     assert result.rounds_run == 2 and len(result.history) == 2
-    assert "round 3" in result.stopped_reason and "quorum 2" in result.stopped_reason
+    assert policy.quorum == 3 and len(privacy.banks) >= policy.quorum  # the first two rounds reached the quorum
+    assert "round 3" in result.stopped_reason and "fewer than the quorum 3" in result.stopped_reason
     assert all(bank.stopped_round == 3 for bank in privacy.banks.values())
     for ledger in privacy.ledgers().values():
         assert ledger.epsilon(1e-5) == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5))

@@ -72,7 +72,10 @@ def test_schemathesis_finds_nothing_on_a_fed2gnn_aggregator(tmp_path):
         experiment_extra={"dataset": "cora", "federation": {"partition": "louvain", "num_clients": 3}},
     )
     try:
-        consortium.start("key-authority", "aggregator")  # the aggregator never reads the dataset
+        consortium.start("key-authority")
+        consortium.wait_healthy("key-authority")
+        consortium.run_key_ceremony()  # no bank runs; the aggregator needs the collective context
+        consortium.start("aggregator")  # the aggregator never reads the dataset
         consortium.wait_healthy("aggregator")
         run = run_schemathesis(
             "aggregator",

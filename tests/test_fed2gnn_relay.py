@@ -17,6 +17,8 @@ from test_fed2gnn import _banks
 
 from fedgl_secure.crypto import pairwise_masks
 from fedgl_secure.crypto.key_authority import KeyAuthority
+from fedgl_secure.crypto.key_ceremony import Roster
+from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import ProtocolConflict
@@ -204,8 +206,13 @@ def http_relay(tmp_path, small_he, graph):
     banks, *_ = _banks(graph, num_clients=3)
     names = ["bank-a", "bank-b", "bank-c"]
     signing = {name: Ed25519PrivateKey.generate() for name in names}
-    policy = Policy(he=small_he, quorum=2)
-    authority = KeyAuthority(tmp_path / "ka", policy, b"operator-secret-for-tests-0123")
+    policy = Policy(he=small_he, quorum=3)  # a quorum above t = 2, as the policy requires
+    # the federation's collective public context, from the key ceremony of these banks (t from the policy)
+    roster = Roster(FEDERATION, tuple(names), policy.he.threshold)
+    authority = KeyAuthority(tmp_path / "ka", policy, b"operator-secret-for-tests-0123", roster)
+    for name, key in signing.items():
+        authority.register_bank(name, key.public_key())
+    decryptors = local_key_ceremony(authority, signing, tmp_path / "banks")
     store = AggregatorStore(tmp_path / "aggregator.sqlite3")
     config = build_config(
         {
@@ -233,6 +240,8 @@ def http_relay(tmp_path, small_he, graph):
     for client in clients.values():
         client.close()
     store.close()
+    for decryptor in decryptors.values():
+        decryptor.close()
     authority.close()
 
 

@@ -81,7 +81,7 @@ def config(**values):
         {
             "device": "cpu",
             "training": {"local_epochs": 2},
-            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7]},
+            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7, 0.5]},  # three banks: the default quorum
             **values,
         }
     )

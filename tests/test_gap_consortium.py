@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from consortium_harness import UNPACKED_HE, write_consortium
+from consortium_harness import BANKS, UNPACKED_HE, write_consortium
 
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.privacy import gap
@@ -18,7 +18,6 @@ pytestmark = pytest.mark.slow
 
 # small but 128-bit parameters, unpacked as the shipped policy
 ENCODER_ROUNDS, CLASSIFIER_ROUNDS = 2, 2
-BANKS = ("bank-a", "bank-b")  # two banks (the quorum): fast, and a round waits for the restarted one
 
 
 def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_them_once(tmp_path):
@@ -32,6 +31,8 @@ def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_the
     # test sees the hops on disk and kills bank-b (rounds take ~0.15 s here: with one trailing round the run once
     # finished before the restarted bank-b logged anything)
     rounds = ENCODER_ROUNDS + CLASSIFIER_ROUNDS + 20
+    # the harness's three banks: the quorum (it must exceed the decryption threshold t = 2), so a round waits for
+    # the restarted one
     consortium = write_consortium(
         tmp_path,
         max_rounds=rounds,
@@ -39,7 +40,6 @@ def test_a_gap_consortium_keeps_each_banks_hops_across_a_restart_and_records_the
         policy_extra=policy_extra,
         he=UNPACKED_HE,
         upload_seconds=20.0,
-        banks=BANKS,
     )
     state = consortium.root / "state"
     consortium.start("key-authority", "aggregator", *BANKS)

@@ -1,4 +1,4 @@
-"""GraphFL in the secure consortium (four real processes, real TLS): each round runs its two stages (the meta step
+"""GraphFL in the secure consortium (five real processes, real TLS): each round runs its two stages (the meta step
 from the banks' query-loss gradients, then fine-tuning and FedAvg) and equals the in-process simulation."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 def test_graphfl_consortium_matches_the_plaintext_simulation(tmp_path):
     # unpacked, as test_consortium's comparison at 1e-4 (packed sums round float-order differences)
     unpacked = SMALL_HE.model_copy(update={"packing": "none"})
-    banks = BANKS[:2]  # two banks (the quorum) keep the test short: every process imports torch
+    # three banks: the quorum (it must exceed the decryption threshold t = 2), so every round takes every bank
+    banks = BANKS
     consortium = write_consortium(
         tmp_path,
         max_rounds=2,

@@ -1,49 +1,132 @@
-"""Key authority rules, receipts, sealed storage and the audit chain (DESIGN §5.3 step 4)."""
+"""Key authority rules, the key ceremony it relays, receipts, sealed storage and the audit chain (DESIGN §5.3 step 4).
+
+Threshold CKKS: the key authority holds only ``s_0``; a sum decrypts with its partial decryption and ``t`` banks'
+(``partial_decryption.BankDecryptor``), fused by the aggregator (``fused_values``). One key ceremony (3 banks,
+t = 2) is run per module; each test gets a copy of the key authority's state directory (a restart of it) and fresh
+bank ledgers, so the rules run against real shares without a ceremony per test.
+"""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import secrets
-from dataclasses import replace
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.crypto import ckks, packing, ring_mask, shamir, threshold
 from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
-from fedgl_secure.crypto.key_authority import AGGREGATOR, HE_PARAMETERS, KeyAuthority, Refusal
-from fedgl_secure.crypto.masking import mask_sum, masked_decryption, unmask
+from fedgl_secure.crypto.key_authority import (
+    AGGREGATOR,
+    AUTHORITY_SHARE_FILE,
+    HE_PARAMETERS,
+    PUBLIC_FILE,
+    SEALED_FILE,
+    KeyAuthority,
+    Refusal,
+)
+from fedgl_secure.crypto.key_ceremony import (
+    Announcement,
+    BankCeremony,
+    HeldShare,
+    Roster,
+    unseal_held_share,
+    verify_announcement,
+)
+from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values, partial_residues
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
+from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, check_c1_digest, check_upload, make_upload, upload_c1
-from fedgl_secure.errors import ContextError, DecryptionRefused, PolicyError, ReceiptError, SealError
-from fedgl_secure.policy.schema import HEParameters, policy_from_dict
+from fedgl_secure.errors import (
+    CiphertextError,
+    ContextError,
+    CryptoError,
+    DecryptionRefused,
+    PolicyError,
+    ProtocolConflict,
+    ReceiptError,
+    SealError,
+)
+from fedgl_secure.policy.schema import HEParameters, Policy, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
 
 OPERATOR_SECRET = "correct horse battery staple"
 FEDERATION = "fed-test"
 BANKS = ("bank-a", "bank-b", "bank-c")
+DECRYPTING = ("bank-a", "bank-b")  # the t = 2 banks that decrypt a sum unless a test says otherwise
 LENGTH = 50
 
 
+# --- the consortium: a key ceremony once, a copy of its state per test ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceremony:
+    """A finished key ceremony: the key authority's (closed) state directory, the banks' receipt-signing keys and
+    the Shamir shares they keep (a bank keeps its HeldShare itself; its decryptor's state is its ledger)."""
+
+    state_dir: Path
+    policy: Policy
+    keys: dict[str, Ed25519PrivateKey]
+    held: dict[str, HeldShare]
+
+
+def run_ceremony(root: Path, policy: Policy, banks: tuple[str, ...] = BANKS) -> Ceremony:
+    """A key authority over a roster of ``banks`` (t from the policy), the banks registered, ``local_key_ceremony``
+    run; everything closed again."""
+    roster = Roster(FEDERATION, banks, policy.he.threshold)
+    keys = {name: Ed25519PrivateKey.generate() for name in banks}
+    authority = KeyAuthority(root / "ka", policy, OPERATOR_SECRET, roster)
+    try:
+        for name, key in keys.items():
+            authority.register_bank(name, key.public_key())
+        decryptors = local_key_ceremony(authority, keys, root / "ceremony-banks")
+    finally:
+        authority.close()
+    for decryptor in decryptors.values():
+        decryptor.close()
+    return Ceremony(root / "ka", policy, keys, {name: d.held for name, d in decryptors.items()})
+
+
 class Consortium:
-    """A key authority, three enrolled banks, and helpers to run a round against it."""
+    """A key authority (a copy of a ceremony's state directory), three banks' decryptors with fresh ledgers, and
+    helpers to run a round against them as the aggregator would."""
 
-    def __init__(self, state_dir, policy):
-        self.state_dir, self.policy = state_dir, policy
-        self.authority = KeyAuthority(state_dir, policy, OPERATOR_SECRET)
+    def __init__(self, root: Path, ceremony: Ceremony, policy: Policy | None = None) -> None:
+        self.root, self.state_dir = root, root / "ka"
+        shutil.copytree(ceremony.state_dir, self.state_dir)
+        self.policy = policy or ceremony.policy
+        self.keys, self.held = ceremony.keys, ceremony.held
+        self.roster = Roster(FEDERATION, tuple(ceremony.keys), self.policy.he.threshold)
+        self.values = {name: np.full(LENGTH, float(i + 1)) for i, name in enumerate(ceremony.keys)}
+        self._start()
+
+    def _start(self) -> None:
+        self.authority = KeyAuthority(self.state_dir, self.policy, OPERATOR_SECRET, self.roster)
         self.public = ckks.load_public_context(self.authority.public_context)
-        self.keys = {name: Ed25519PrivateKey.generate() for name in BANKS}
-        for name, key in self.keys.items():
-            self.authority.register_bank(name, key.public_key())
-        self.values = {name: np.full(LENGTH, float(i + 1)) for i, name in enumerate(BANKS)}
+        verify_keys = {name: key.public_key() for name, key in self.keys.items()}
+        self.banks = {
+            name: BankDecryptor(self.root / "banks" / name, self.policy, self.authority.rings, held, verify_keys)
+            for name, held in self.held.items()
+        }
 
-    def restart(self):
+    def close(self) -> None:
+        for bank in self.banks.values():
+            bank.close()
         self.authority.close()
-        self.authority = KeyAuthority(self.state_dir, self.policy, OPERATOR_SECRET)
 
-    def open(self, round_number, participants=BANKS):
+    def restart(self) -> None:
+        self.close()
+        self._start()
+
+    def open(self, round_number: int, participants=BANKS) -> RoundTicket:
         digest = self.policy.digest
         ticket = RoundTicket(
             FEDERATION, round_number, secrets.token_hex(16), len(participants), self.authority.fingerprint, digest
@@ -51,41 +134,88 @@ class Consortium:
         self.authority.open_round(FEDERATION, round_number, ticket.nonce, participants, digest)
         return ticket
 
-    def uploads(self, ticket, kind="weights", senders=BANKS):
+    def uploads(self, ticket: RoundTicket, kind: str = "weights", senders=BANKS, values=None):
+        values = self.values if values is None else values
+        layout = self.policy.upload_layout(kind)
         return [
-            make_upload(self.public, self.policy.he, ticket, name, self.keys[name], kind, self.values[name])
+            make_upload(self.public, self.policy.he, ticket, name, self.keys[name], kind, values[name], layout=layout)
             for name in senders
         ]
 
-    def decrypt(
-        self, ticket, kind="weights", uploads=None, role=AGGREGATOR, fingerprint=None, receipts=None, length=LENGTH
-    ):
-        """The aggregator's whole side: add, pad, have the authority decrypt, unpad and decode."""
-        uploads = self.uploads(ticket, kind) if uploads is None else uploads
+    def c1s(self, uploads) -> list[np.ndarray]:
+        """What the aggregator sends beside a sum: each receipted upload's c1 polynomials."""
+        return [upload_c1(self.public, u.chunks) for u in uploads]
+
+    def slots(self, kind: str, length: int) -> int:
+        return packing.slot_length(self.policy.upload_layout(kind), length)
+
+    def authority_partial(
+        self, ticket, kind, uploads, role=AGGREGATOR, fingerprint=None, receipts=None, length=None, c1s=None
+    ) -> np.ndarray:
+        return self.authority.decrypt_sum(
+            role,
+            FEDERATION,
+            ticket.round,
+            kind,
+            [u.receipt for u in uploads] if receipts is None else receipts,
+            fingerprint or self.authority.fingerprint,
+            self.slots(kind, uploads[0].length) if length is None else length,
+            self.c1s(uploads) if c1s is None else c1s,
+        )
+
+    def bank_partials(self, ticket, kind, uploads, decrypting=DECRYPTING) -> list[np.ndarray]:
+        receipts, c1s = [u.receipt for u in uploads], self.c1s(uploads)
+        return [self.banks[name].partial(ticket.round, kind, receipts, c1s, list(decrypting)) for name in decrypting]
+
+    def fuse(self, kind, uploads, partials) -> np.ndarray:
         summed = ckks.add_serialized(self.public, [u.chunks for u in uploads])
-
-        def key_authority(padded: list[bytes], slots: int) -> np.ndarray:
-            return self.authority.decrypt_sum(
-                role,
-                FEDERATION,
-                ticket.round,
-                kind,
-                padded,
-                [u.receipt for u in uploads] if receipts is None else receipts,
-                fingerprint or self.authority.fingerprint,
-                slots,
-                [upload_c1(self.public, u.chunks) for u in uploads],
-            )
-
         layout = self.policy.upload_layout(kind)
-        return masked_decryption(self.public, summed, length, layout, len(uploads), key_authority)
+        return fused_values(self.public, summed, partials, uploads[0].length, layout, len(uploads))
+
+    def decrypt(self, ticket, kind="weights", uploads=None, decrypting=DECRYPTING, **request) -> np.ndarray:
+        """The aggregator's whole side: add, have the key authority and t banks partially decrypt, fuse, decode."""
+        uploads = self.uploads(ticket, kind) if uploads is None else uploads
+        partials = [self.authority_partial(ticket, kind, uploads, **request)]
+        partials += self.bank_partials(ticket, kind, uploads, decrypting)
+        return self.fuse(kind, uploads, partials)
+
+    def coalition_authority_partial(self, kind, uploads) -> np.ndarray:
+        """TEST ONLY: what a key authority in the coalition gives without any of its rules — c1_sum·s_0 + flooding,
+        from its unsealed share."""
+        level = self.authority.level
+        total = np.zeros((len(self.c1s(uploads)[0]), *level.shape), dtype=np.uint64)
+        for c1 in self.c1s(uploads):
+            total = ring_mask.add_mod(total, c1, level)
+        secret = np.ascontiguousarray(self.authority_secret()[: len(level.moduli)])
+        return partial_residues(self.authority.rings, total, secret, self.policy.he.flooding_std())
+
+    def authority_secret(self) -> np.ndarray:
+        """TEST ONLY: s_0 (key level), unsealed from the state directory with the operator secret."""
+        sealed = (self.state_dir / SEALED_FILE).read_bytes()
+        return unseal_held_share(sealed, OPERATOR_SECRET, self.authority.rings).secret
+
+    def collective_secret(self, chosen=(1, 2)) -> np.ndarray:
+        """TEST ONLY: s = s_0 + Σ_b s_b at the data level, from s_0 and t banks' Shamir shares (Σ_j λ_j S_j = Σ_b s_b),
+        which no library function forms."""
+        level = self.authority.level
+        total = self.authority_secret()[: len(level.moduli)].copy()
+        factors = shamir.lagrange_factors(level, list(chosen))
+        for party in chosen:
+            share = self.held[self.roster.bank(party)].secret
+            total = ring_mask.add_mod(total, shamir.scale_rows(level, share, factors[party]), level)
+        return total
+
+
+@pytest.fixture(scope="module")
+def ceremony(tmp_path_factory, small_policy) -> Ceremony:
+    return run_ceremony(tmp_path_factory.mktemp("ceremony"), small_policy)
 
 
 @pytest.fixture
-def consortium(tmp_path, small_policy):
-    consortium = Consortium(tmp_path / "ka", small_policy)
+def consortium(tmp_path, ceremony):
+    consortium = Consortium(tmp_path, ceremony)
     yield consortium
-    consortium.authority.close()
+    consortium.close()
 
 
 def _refused(reason, call):
@@ -95,9 +225,33 @@ def _refused(reason, call):
     return caught.value
 
 
+def _close(values, expected):
+    np.testing.assert_allclose(values, expected, atol=HEParameters.UNPACKED_PRECISION)
+
+
+# --- decryption ------------------------------------------------------------------------------------------------
+
+
 def test_valid_request_decrypts_the_sum(consortium):
-    total = consortium.decrypt(consortium.open(1))
-    np.testing.assert_allclose(total, np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
+    _close(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0))
+
+
+def test_the_key_authority_with_any_t_banks_decrypts_and_fewer_do_not(consortium):
+    """Every decrypting set of t banks fuses to the sum (a new set for the same sum is served); the key authority's
+    partial alone, or with t − 1 banks', decodes beyond the wrap-around bound and is refused, not decoded."""
+    c = consortium
+    ticket = c.open(1)
+    uploads = c.uploads(ticket)
+    authority = c.authority_partial(ticket, "weights", uploads)
+    for chosen in [("bank-a", "bank-b"), ("bank-a", "bank-c"), ("bank-b", "bank-c")]:
+        partials = c.bank_partials(ticket, "weights", uploads, chosen)
+        _close(c.fuse("weights", uploads, [authority, *partials]), np.full(LENGTH, 6.0))
+        with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
+            c.fuse("weights", uploads, [authority, partials[0]])
+        with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
+            c.fuse("weights", uploads, partials)  # t banks without the key authority
+    with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
+        c.fuse("weights", uploads, [authority])
 
 
 def test_refusals_leave_the_authority_serving(consortium):
@@ -122,25 +276,32 @@ def test_refusals_leave_the_authority_serving(consortium):
     stranger = Ed25519PrivateKey.generate()
     alien = sign_receipt(stranger, b.receipt.fields().model_copy(update={"sender": "bank-z"}))
     _refused(Refusal.UNKNOWN_SENDER, lambda: c.decrypt(ticket, uploads=[a, b], receipts=[a.receipt, alien]))
-    # after all that, a valid request is still served
-    np.testing.assert_allclose(c.decrypt(ticket), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
+    # after all that, a valid request is still served: nothing was consumed
+    _close(c.decrypt(ticket), np.full(LENGTH, 6.0))
 
 
-def test_stale_round_and_non_participant_are_refused(consortium):
+def test_stale_round_and_non_participant_are_refused(tmp_path, small_policy):
+    """A roster of four banks, so that a round can leave one out and still reach the quorum of three."""
+    four = (*BANKS, "bank-d")
+    c = Consortium(tmp_path / "run", run_ceremony(tmp_path / "ceremony", small_policy, banks=four))
+    try:
+        first = c.open(1)
+        old_uploads = c.uploads(first)
+        second = c.open(2, participants=BANKS)
+        _refused(Refusal.STALE_ROUND, lambda: c.decrypt(first, uploads=old_uploads))
+        # receipts of round 1 replayed into round 2: bound to another round and nonce
+        replay = replace(first, round=2)
+        _refused(Refusal.RECEIPT_MISMATCH, lambda: c.decrypt(replay, uploads=old_uploads))
+        _refused(Refusal.NOT_PARTICIPANT, lambda: c.decrypt(second, uploads=c.uploads(second, senders=four)))
+        _close(c.decrypt(second, uploads=c.uploads(second)), np.full(LENGTH, 6.0))
+    finally:
+        c.close()
+
+
+def test_no_open_round_is_refused(consortium):
     c = consortium
-    first = c.open(1)
-    old_uploads = c.uploads(first)
-    second = c.open(2, participants=("bank-a", "bank-b"))
-    _refused(Refusal.STALE_ROUND, lambda: c.decrypt(first, uploads=old_uploads))
-    # receipts of round 1 replayed into round 2: bound to another round and nonce
-    replay = replace(first, round=2)
-    _refused(Refusal.RECEIPT_MISMATCH, lambda: c.decrypt(replay, uploads=old_uploads))
-    _refused(Refusal.NOT_PARTICIPANT, lambda: c.decrypt(second, uploads=c.uploads(second)))
-    np.testing.assert_allclose(
-        c.decrypt(second, uploads=c.uploads(second, senders=("bank-a", "bank-b"))),
-        np.full(LENGTH, 3.0),
-        atol=HEParameters.UNPACKED_PRECISION,
-    )
+    ticket = RoundTicket(FEDERATION, 1, "ab" * 16, 3, c.authority.fingerprint, c.policy.digest)
+    _refused(Refusal.NO_OPEN_ROUND, lambda: c.decrypt(ticket))
 
 
 def test_each_round_and_kind_is_decrypted_once_even_across_restarts(consortium):
@@ -148,126 +309,132 @@ def test_each_round_and_kind_is_decrypted_once_even_across_restarts(consortium):
     ticket = c.open(1)
     c.decrypt(ticket, kind="weights")
     _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(ticket, kind="weights"))
+    public, share = c.authority.public_context, c.authority.authority_share.copy()
     c.restart()
-    assert c.authority.fingerprint == ckks.fingerprint(c.authority.public_context)
+    # the same share unsealed: the same public share and byte for byte the same collective context
+    assert c.authority.public_context == public
+    assert np.array_equal(c.authority.authority_share, share)
+    assert c.authority.fingerprint == ckks.fingerprint(public)
     _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(ticket, kind="weights"))
-    # a reopened round (fresh nonce) cannot be used to decrypt the same kind again either
+    # a reopened round (fresh nonce) cannot be used to decrypt the same kind again either, at the key authority
+    # or at a (restarted) bank, whose ledger holds the sum it decrypted
     reopened = c.open(1)
-    _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(reopened, kind="weights"))
-    np.testing.assert_allclose(
-        c.decrypt(reopened, kind="predictions"), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
+    fresh = c.uploads(reopened)
+    _refused(Refusal.ALREADY_DECRYPTED, lambda: c.decrypt(reopened, kind="weights", uploads=fresh))
+    refusal = _refused(
+        Refusal.ALREADY_DECRYPTED,
+        lambda: c.banks["bank-a"].partial(1, "weights", [u.receipt for u in fresh], c.c1s(fresh), list(DECRYPTING)),
     )
+    assert "decrypted for another sum" in refusal.detail
+    # the restarted key authority's partial still fuses with the banks': its share is the one it had
+    _close(c.decrypt(reopened, kind="predictions"), np.full(LENGTH, 6.0))
     assert verify_audit_chain(c.state_dir / "audit.jsonl").ok
+    assert c.authority.verify_audit().ok
 
 
 def test_restart_under_other_he_parameters_is_refused(consortium, small_policy):
-    consortium.authority.close()
+    consortium.close()
     other = small_policy.model_copy(update={"he": HEParameters()})
-    with pytest.raises(ContextError, match="the key pair was made for HE parameters"):
-        KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET)
+    with pytest.raises(ContextError, match="the key share was made for HE parameters"):
+        KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET, consortium.roster)
     consortium.restart()
+    _close(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0))
 
 
-def test_parameters_recorded_with_the_retired_mask_bits_still_match(consortium, small_policy):
+def test_restart_with_another_roster_is_refused(consortium):
+    c = consortium
+    c.close()
+    for roster in (
+        Roster(FEDERATION, (*BANKS, "bank-d"), 2),  # a bank more
+        Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2),  # another order: other party indices
+        Roster("another-federation", BANKS, 2),
+    ):
+        with pytest.raises(ContextError, match="another federation or bank list"):
+            KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, roster)
+    with pytest.raises(PolicyError, match="the roster's threshold 3 is not the policy's"):
+        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 3))
+    with pytest.raises(SealError, match="wrong operator secret"):
+        KeyAuthority(c.state_dir, c.policy, "not the operator secret at all", c.roster)
+    c.restart()  # none of that changed the state
+    _close(c.decrypt(c.open(1)), np.full(LENGTH, 6.0))
+
+
+def test_parameters_recorded_with_the_retired_mask_bits_still_match(consortium):
     """A state directory from before the ring pad recorded ``mask_bits``; the keys never depended on it."""
     recorded = json.loads(consortium.authority.ledger.get_meta(HE_PARAMETERS))
     consortium.authority.ledger.set_meta(HE_PARAMETERS, json.dumps({**recorded, "mask_bits": 0}))
     consortium.restart()
-    np.testing.assert_allclose(
-        consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
-    )
+    _close(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0))
 
 
-def test_unpadded_foreign_or_rescaled_ciphertexts_are_bad_ciphertext_and_consume_nothing(consortium):
+def test_c1_of_the_wrong_shape_or_not_the_signed_one_is_refused_and_consumes_nothing(consortium):
     c = consortium
     ticket = c.open(1)
     uploads = c.uploads(ticket)
-    summed = ckks.add_serialized(c.public, [u.chunks for u in uploads])
-    receipts = [u.receipt for u in uploads]
+    c1s = c.c1s(uploads)
 
-    def ask(chunks, length=LENGTH):
-        return c.authority.decrypt_sum(
-            AGGREGATOR, FEDERATION, 1, "weights", chunks, receipts, c.authority.fingerprint, length, c1s(c, uploads)
-        )
+    def ask(c1s=c1s, length=LENGTH, uploads=uploads):
+        return c.authority_partial(ticket, "weights", uploads, c1s=c1s, length=length)
 
-    # the TenSEAL sum itself (no pad, not SEAL's format) is refused: the authority decrypts padded sums only
-    assert "no SEAL header" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(summed)).detail
-    assert "have 1" in _refused(Refusal.WRONG_SHAPE, lambda: ask(summed * 2)).detail
-    # a ciphertext at another scale than the policy gives the kind (here 2^20, not 2^36)
-    rescaled = ckks.add_serialized(
-        c.public, [ckks.encrypt_vector(c.public, c.values[u.receipt.sender], 20) for u in uploads]
+    assert "for 3 receipts" in _refused(Refusal.WRONG_SHAPE, lambda: ask(c1s[:2])).detail
+    assert (
+        "expected 1 ciphertexts" in _refused(Refusal.WRONG_SHAPE, lambda: ask([c1s[0], c1s[1], c1s[2][[0, 0]]])).detail
     )
-    padded = mask_sum(c.public, rescaled, LENGTH)
-    assert "scale 2^20" in _refused(Refusal.BAD_CIPHERTEXT, lambda: ask(padded.chunks)).detail
+    signed = [c1s[0], c1s[1], c1s[2].astype(np.int64)]
+    assert "must be uint64" in _refused(Refusal.WRONG_SHAPE, lambda: ask(signed)).detail
+    unreduced = c1s[2].copy()
+    unreduced[0, 0, 0] = c.authority.level.moduli[0]
+    assert "at or above their prime" in _refused(Refusal.WRONG_SHAPE, lambda: ask([c1s[0], c1s[1], unreduced])).detail
+    assert "the receipted uploads hold 50" in _refused(Refusal.WRONG_SHAPE, lambda: ask(length=LENGTH + 1)).detail
+    # c1 swapped between banks, or changed in one residue: not the ones the receipts signed
+    swapped = [c1s[1], c1s[0], c1s[2]]
+    assert "not the ones it signed" in _refused(Refusal.NOT_A_SUM, lambda: ask(swapped)).detail
+    altered = c1s[2].copy()
+    altered[0, 1, 7] = (int(altered[0, 1, 7]) + 1) % c.authority.level.moduli[1]
+    detail = _refused(Refusal.NOT_A_SUM, lambda: ask([c1s[0], c1s[1], altered])).detail
+    assert "'bank-c'" in detail
+    # receipts of uploads of different sizes
+    longer = c.uploads(ticket, senders=("bank-c",), values={"bank-c": np.ones(LENGTH + 1)})
+    mixed = [*uploads[:2], *longer]
+    detail = _refused(Refusal.RECEIPT_MISMATCH, lambda: ask(c.c1s(mixed), uploads=mixed)).detail
+    assert "disagree on the upload's size" in detail
     # nothing was consumed
-    np.testing.assert_allclose(
-        c.decrypt(ticket, uploads=uploads), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
-    )
+    _close(c.decrypt(ticket, uploads=uploads), np.full(LENGTH, 6.0))
 
 
 def test_the_key_authority_returns_residues_not_values(consortium):
     c = consortium
     ticket = c.open(1)
-    uploads = c.uploads(ticket)
-    padded = mask_sum(c.public, ckks.add_serialized(c.public, [u.chunks for u in uploads]), LENGTH)
-    view = c.authority.decrypt_sum(
-        AGGREGATOR,
-        FEDERATION,
-        1,
-        "weights",
-        padded.chunks,
-        [u.receipt for u in uploads],
-        c.authority.fingerprint,
-        LENGTH,
-        c1s(c, uploads),
-    )
+    view = c.authority_partial(ticket, "weights", c.uploads(ticket))
     assert view.dtype == np.uint64 and view.shape == (1, *c.authority.level.shape)
     assert np.all(view < c.authority.level.column())
 
 
-def c1s(consortium, uploads):
-    """What the aggregator sends beside a sum: each receipted upload's c1 polynomials."""
-    return [upload_c1(consortium.public, u.chunks) for u in uploads]
+def _solve_for_share(reply: np.ndarray, c1: np.ndarray, level) -> np.ndarray:
+    """What an aggregator would try: it knows the summed c1 (it computes it, as the key authority does), and a reply
+    ``c1·s_0 + E`` is linear in s_0, so s_0 = reply / c1 point by point in NTT form."""
+    solved = np.empty(level.shape, dtype=np.uint64)
+    for row, prime in enumerate(level.moduli):
+        solved[row] = [int(r) * pow(int(x), -1, prime) % prime for r, x in zip(reply[row], c1[row], strict=True)]
+    return solved
 
 
-def _solve_for_key(reply: np.ndarray, padded: bytes, secret, level) -> list[int]:
-    """What an aggregator would try: it knows the ciphertext (c0 + r, c1) it sent, and c0 + r + c1·s is linear
-    in s, so s = (reply − c0 − r) / c1 point by point in NTT form (first data prime)."""
-    ciphertext = ring_mask.load_ciphertext(secret, padded, level, "padded")
-    words = ciphertext.dyn_array()
-    prime, n = level.moduli[0], level.degree
-    c0, c1 = [int(words[i]) for i in range(n)], [int(words[n * len(level.moduli) + i]) for i in range(n)]
-    return [(int(reply[0, i]) - c0[i]) * pow(c1[i], -1, prime) % prime for i in range(n)]
-
-
-def test_a_reply_does_not_hand_the_aggregator_the_secret_key(consortium):
-    """An exact decryption of a known ciphertext gives the key away; each reply carries fresh flooding noise, so
-    solving as above yields garbage."""
+def test_a_reply_does_not_hand_the_aggregator_the_key_authoritys_share(consortium):
+    """An exact ``c1·s_0`` of a c1 the aggregator knows gives s_0 away; each reply carries fresh flooding noise, so
+    solving as above yields garbage. (The aggregator would then decrypt any upload with t colluding banks.)"""
     c = consortium
-    secret, level = c.authority._secret_context, c.authority.level
-    key = secret.secret_key().data.data()
-    key_residues = [key.data(i) for i in range(level.degree)]  # the key's NTT form modulo the data prime
+    rings, level = c.authority.rings, c.authority.level
+    secret = c.authority_secret()[: len(level.moduli)]
     ticket = c.open(1)
     uploads = c.uploads(ticket)
-    padded = mask_sum(c.public, ckks.add_serialized(c.public, [u.chunks for u in uploads]), LENGTH)
-    exact = ring_mask.decrypt(secret, ring_mask.load_ciphertext(secret, padded.chunks[0], level, "p"), level)
-    assert _solve_for_key(exact, padded.chunks[0], secret, level) == key_residues  # why the error is needed
-    reply = c.authority.decrypt_sum(
-        AGGREGATOR,
-        FEDERATION,
-        1,
-        "weights",
-        padded.chunks,
-        [u.receipt for u in uploads],
-        c.authority.fingerprint,
-        LENGTH,
-        c1s(c, uploads),
-    )
-    solved = _solve_for_key(reply[0], padded.chunks[0], secret, level)
-    assert sum(a == b for a, b in zip(solved, key_residues, strict=True)) < level.degree // 100
-    np.testing.assert_allclose(
-        unmask(c.public, padded, reply), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION
-    )
+    c1 = c.c1s(uploads)
+    total = ring_mask.add_mod(ring_mask.add_mod(c1[0][0], c1[1][0], level), c1[2][0], level)
+    exact = ring_mask.multiply_residues(rings.context, level, total, secret)
+    assert np.array_equal(_solve_for_share(exact, total, level), secret)  # why the flooding is needed
+    reply = c.authority_partial(ticket, "weights", uploads)
+    solved = _solve_for_share(reply[0], total, level)
+    assert np.count_nonzero(solved == secret) < secret.size // 100
+    _close(c.fuse("weights", uploads, [reply, *c.bank_partials(ticket, "weights", uploads)]), np.full(LENGTH, 6.0))
 
 
 def test_open_round_refusals(consortium):
@@ -279,15 +446,203 @@ def test_open_round_refusals(consortium):
     c.open(3)
     with pytest.raises(PolicyError, match="older than the open round 3"):
         c.open(2)
+    with pytest.raises(PolicyError, match="already open with this nonce"):
+        current = c.authority.ledger.current_round(FEDERATION)
+        c.authority.open_round(FEDERATION, 3, current.nonce, BANKS, c.policy.digest)
     with pytest.raises(ReceiptError, match="different signing key"):
         c.authority.register_bank("bank-a", Ed25519PrivateKey.generate().public_key())
 
 
-def test_disallowed_kind_is_refused(tmp_path, small_policy):
+def test_disallowed_kind_is_refused(tmp_path, ceremony, small_policy):
     policy = small_policy.model_copy(update={"allowed_kinds": ("weights",)})
-    c = Consortium(tmp_path / "ka", policy)
-    _refused(Refusal.KIND_NOT_ALLOWED, lambda: c.decrypt(c.open(1), kind="embeddings"))
-    c.authority.close()
+    c = Consortium(tmp_path, ceremony, policy)
+    try:
+        ticket = c.open(1)
+        uploads = c.uploads(ticket, kind="embeddings")
+        _refused(Refusal.KIND_NOT_ALLOWED, lambda: c.decrypt(ticket, kind="embeddings", uploads=uploads))
+        _refused(Refusal.KIND_NOT_ALLOWED, lambda: c.bank_partials(ticket, "embeddings", uploads))
+        _close(c.decrypt(ticket, kind="weights"), np.full(LENGTH, 6.0))
+    finally:
+        c.close()
+
+
+def test_a_key_authority_serves_its_rosters_federation_only(consortium):
+    c = consortium
+    with pytest.raises(PolicyError, match="serves federation 'fed-test' only"):
+        c.authority.open_round("theirs", 1, "ab" * 16, BANKS, c.policy.digest)
+    c.open(1)
+    with pytest.raises(DecryptionRefused) as refusal:
+        c.authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [], c.authority.fingerprint, 1, [])
+    assert refusal.value.reason == Refusal.FOREIGN_FEDERATION.value
+
+
+# --- the key ceremony, relayed ----------------------------------------------------------------------------------
+
+
+def test_the_ceremony_relay_checks_announcements_and_waits_for_every_bank(tmp_path, small_policy):
+    roster = Roster(FEDERATION, BANKS, 2)
+    authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
+    try:
+        keys = {name: Ed25519PrivateKey.generate() for name in BANKS}
+        for name, key in keys.items():
+            authority.register_bank(name, key.public_key())
+        rings = authority.rings
+        crp = threshold.common_random_polynomial(rings, FEDERATION)
+        banks = {name: BankCeremony(rings, roster, name, keys[name], crp) for name in BANKS}
+        mine = banks["bank-a"].announcement()
+
+        def not_ready(missing):
+            with pytest.raises(ProtocolConflict) as caught:
+                authority.public_context  # noqa: B018
+            assert caught.value.code == "not-ready" and str(missing) in caught.value.detail
+            assert authority.fingerprint is None and not authority.ceremony_complete
+
+        not_ready(list(BANKS))
+        assert not (tmp_path / "ka" / PUBLIC_FILE).exists()
+        authority.open_round(FEDERATION, 1, "ab" * 16, BANKS, small_policy.digest)
+        refusal = _refused(
+            Refusal.FOREIGN_CONTEXT,
+            lambda: authority.decrypt_sum(AGGREGATOR, FEDERATION, 1, "weights", [], "ab" * 32, 1, []),
+        )
+        assert "has not completed" in refusal.detail
+        # a bank announcing in another's name (its own authenticated name is the caller)
+        with pytest.raises(ProtocolConflict, match="'bank-b' cannot announce for 'bank-a'") as caught:
+            authority.accept_announcement("bank-b", mine)
+        assert caught.value.code == "not-your-share"
+        # a bad signature: signed by another key, or a public share altered after signing
+        forged = dataclasses.replace(mine, signature=keys["bank-b"].sign(mine.signed_bytes()))
+        with pytest.raises(CryptoError, match="announcement of bank 'bank-a': bad signature"):
+            authority.accept_announcement("bank-a", forged)
+        altered = bytearray(mine.public_share)
+        altered[0] ^= 1
+        with pytest.raises(CryptoError, match="bad signature"):
+            authority.accept_announcement("bank-a", dataclasses.replace(mine, public_share=bytes(altered)))
+        # an announcement made for another roster (a replay from another ceremony), validly signed
+        other = Roster("another-federation", BANKS, 2)
+        foreign = BankCeremony(rings, other, "bank-a", keys["bank-a"], crp).announcement()
+        with pytest.raises(CryptoError, match="is for another roster"):
+            authority.accept_announcement("bank-a", foreign)
+        assert authority.announcements() == []
+        # the real one, twice (a retry: a no-op), then a second, different one: refused, the first one kept
+        authority.accept_announcement("bank-a", mine)
+        authority.accept_announcement("bank-a", Announcement.from_json(mine.to_json()))
+        second = BankCeremony(rings, roster, "bank-a", keys["bank-a"], crp).announcement()
+        with pytest.raises(ProtocolConflict, match="'bank-a' already announced another key share") as caught:
+            authority.accept_announcement("bank-a", second)
+        assert caught.value.code == "already-announced"
+        assert authority.announcements() == [mine]
+        not_ready(["bank-b", "bank-c"])
+        authority.accept_announcement("bank-b", banks["bank-b"].announcement())
+        not_ready(["bank-c"])
+        authority.accept_announcement("bank-c", banks["bank-c"].announcement())
+        context = authority.public_context  # the last announcement completes the collective context
+        assert authority.ceremony_complete and authority.fingerprint == ckks.fingerprint(context)
+        assert (tmp_path / "ka" / PUBLIC_FILE).read_bytes() == context
+        assert not ckks.load_public_context(context).has_secret_key()
+        # dealing: only a bank's own envelopes, and never a second, different one to the same bank
+        announcements = authority.announcements()
+        verify = {name: key.public_key() for name, key in keys.items()}
+        envelopes = {name: banks[name].deal(announcements, verify) for name in BANKS}
+        with pytest.raises(ProtocolConflict, match="did not deal") as caught:
+            authority.accept_envelopes("bank-b", envelopes["bank-a"])
+        assert caught.value.code == "not-your-share"
+        for name in BANKS:
+            authority.accept_envelopes(name, envelopes[name])
+        redealt = dataclasses.replace(envelopes["bank-a"][0], nonce=bytes(12))
+        with pytest.raises(ProtocolConflict, match="already dealt another share") as caught:
+            authority.accept_envelopes("bank-a", [redealt])
+        assert caught.value.code == "already-dealt"
+        held = {name: banks[name].finish(authority.envelopes_for(name), authority.authority_share) for name in BANKS}
+        assert all(h.public_context == context for h in held.values())  # every party has the same context
+        records = [json.loads(line) for line in (tmp_path / "ka" / "audit.jsonl").read_text().splitlines()]
+        announced = [(r["bank"], r["decision"]) for r in records if r["event"] == "announce"]
+        assert announced == [
+            ("bank-a", "refused"),
+            ("bank-a", "refused"),
+            ("bank-a", "refused"),
+            ("bank-a", "allowed"),
+            ("bank-b", "allowed"),
+            ("bank-c", "allowed"),
+        ]
+        assert [r["event"] for r in records].count("ceremony-complete") == 1
+    finally:
+        authority.close()
+    # a restart keeps the ceremony: the same context, nothing to announce again
+    again = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
+    try:
+        assert again.public_context == context and again.announcements() == announcements
+    finally:
+        again.close()
+
+
+def _pieces(residues: np.ndarray) -> list[bytes]:
+    """Substrings a file holding these residues would contain: each row's first 64 bytes (little-endian words, as
+    every serialisation here writes them) and their base64 (the JSON messages' encoding)."""
+    rows = [np.ascontiguousarray(row, dtype="<u8").tobytes()[:64] for row in residues]
+    return rows + [base64.b64encode(row[:48]) for row in rows]
+
+
+def _files(*directories: Path) -> dict[Path, bytes]:
+    return {path: path.read_bytes() for directory in directories for path in directory.rglob("*") if path.is_file()}
+
+
+def test_the_state_directory_holds_no_secret_in_clear(consortium):
+    """s_0 is on disk only sealed under the operator secret; no file holds a bank's share or the collective secret;
+    the rest is public (the context, the public share, signed announcements, envelopes sealed to banks)."""
+    c = consortium
+    ticket = c.open(1)
+    c.decrypt(ticket)  # the ledger and audit log as after a decryption
+    c.close()
+    files = _files(c.state_dir)
+    names = {str(path.relative_to(c.state_dir)) for path in files}
+    ceremony = {name for name in names if name.startswith("ceremony/")}
+    assert names - ceremony <= {
+        SEALED_FILE,
+        AUTHORITY_SHARE_FILE,
+        PUBLIC_FILE,
+        "ledger.sqlite3",
+        "ledger.sqlite3-wal",
+        "ledger.sqlite3-shm",
+        "audit.jsonl",
+    }
+    assert {Path(name).name.split("-")[0] for name in ceremony} == {"announcement", "envelope"}
+    sealed = files[c.state_dir / SEALED_FILE]
+    assert sealed.startswith(MAGIC)
+    with pytest.raises(SealError, match="wrong operator secret"):
+        unseal_secret_context(sealed, "an attacker's guess at the secret")
+    level, key_level = c.authority.level, c.authority.rings.key
+    s_0 = c.authority_secret()
+    # the scan finds a secret where there is one: s_0 in the unsealed payload
+    assert all(piece in unseal_secret_context(sealed, OPERATOR_SECRET) for piece in _pieces(s_0)[: len(s_0)])
+    # and what it looks for as the collective secret is it: it decrypts an upload on its own
+    upload = c.uploads(ticket, senders=("bank-c",))[0]
+    ciphertext, size = ring_mask.tenseal_ciphertext(c.public, upload.chunks[0], "bank-c")
+    c0, c1 = ring_mask.ciphertext_polys(ciphertext, level)
+    plain = ring_mask.add_mod(c0, ring_mask.multiply_residues(c.public, level, c1, c.collective_secret()), level)
+    _close(ring_mask.decode(c.public, level, plain, ciphertext.scale)[:size], c.values["bank-c"])
+    secrets_ = {
+        "s_0": s_0,
+        "s_0 in coefficients": ring_mask.from_ntt(c.authority.rings.key_context, key_level, s_0),
+        "the collective secret": c.collective_secret(),
+    }
+    secrets_ |= {f"{name}'s Shamir share": held.secret for name, held in c.held.items()}
+    for what, residues in secrets_.items():
+        for piece in _pieces(residues):
+            holders = [str(path) for path, data in files.items() if piece in data]
+            assert not holders, f"{what} in {holders}"
+    # the public files: the collective context (no secret key in it) and p_0
+    context = ckks.load_public_context(files[c.state_dir / PUBLIC_FILE])
+    assert not context.has_secret_key()
+    assert files[c.state_dir / AUTHORITY_SHARE_FILE] == c.authority.authority_share.astype("<u8").tobytes()
+    announcements = [Announcement.from_json(data) for path, data in files.items() if "announcement-" in path.name]
+    verify = {name: key.public_key() for name, key in c.keys.items()}
+    assert len(announcements) == len(BANKS)
+    for announcement in announcements:
+        verify_announcement(c.authority.rings, c.roster, announcement, verify)
+    c._start()  # for the fixture's close
+
+
+# --- the audit log ----------------------------------------------------------------------------------------------
 
 
 def test_audit_log_records_every_decision_and_detects_tampering(consortium):
@@ -301,24 +656,31 @@ def test_audit_log_records_every_decision_and_detects_tampering(consortium):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     decisions = [(r["event"], r["decision"], r.get("reason")) for r in records if r["event"] == "decrypt"]
     assert decisions == [("decrypt", "allowed", None), ("decrypt", "refused", "not-aggregator")]
+    events = [r["event"] for r in records]
+    assert events.count("announce") == len(BANKS) and events.count("ceremony-complete") == 1
+    allowed = next(r for r in records if r["event"] == "decrypt")
+    assert allowed["senders"] == list(BANKS) and allowed["flooding_std"] == c.policy.he.flooding_std()
     lines = path.read_text().splitlines(keepends=True)
+    at = events.index("decrypt")  # the allowed decryption's line, 0-based
     # altering a line's content is pinned to that line
     altered = lines.copy()
-    altered[2] = altered[2].replace('"decision":"allowed"', '"decision":"refused"')
+    altered[at] = altered[at].replace('"decision":"allowed"', '"decision":"refused"')
+    assert altered[at] != lines[at]
     path.write_text("".join(altered))
     report = verify_audit_chain(path)
-    assert not report.ok and report.broken_line == 3 and "altered" in report.problem
+    assert not report.ok and report.broken_line == at + 1 and "altered" in report.problem
     # removing a line breaks the next link
-    path.write_text("".join(lines[:2] + lines[3:]))
+    path.write_text("".join(lines[:at] + lines[at + 1 :]))
     report = verify_audit_chain(path)
-    assert report.broken_line == 3 and "prev" in report.problem
+    assert report.broken_line == at + 1 and "prev" in report.problem
     # cutting the tail is caught at the next start against the head kept in the ledger
     path.write_text("".join(lines[:-1]))
-    c.authority.close()
+    c.close()
     with pytest.raises(AuditChainError, match="cut from the end"):
-        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET)
+        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, c.roster)
     path.write_text("".join(lines))
     c.restart()
+    assert c.authority.verify_audit().ok
 
 
 def test_audit_log_appends_across_reopen(tmp_path):
@@ -328,6 +690,9 @@ def test_audit_log_appends_across_reopen(tmp_path):
     again.append({"event": "y"})
     report = verify_audit_chain(tmp_path / "a.jsonl", expected_head=again.head)
     assert report.ok and report.lines == 2
+
+
+# --- sealing and receipts ---------------------------------------------------------------------------------------
 
 
 def test_sealed_secret_round_trips_and_wrong_secret_fails(tmp_path, small_policy):
@@ -344,12 +709,23 @@ def test_sealed_secret_round_trips_and_wrong_secret_fails(tmp_path, small_policy
         unseal_secret_context(b"xx", OPERATOR_SECRET)
     with pytest.raises(SealError, match="at least 16"):
         seal_secret_context(b"x", "short")
-    # the key authority's key file is sealed; restarting with the wrong secret fails clearly
-    authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET)
+    # the key authority's share file is sealed from the start (before any bank announced); restarting with the
+    # wrong secret fails clearly
+    roster = Roster(FEDERATION, BANKS, 2)
+    authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
+    share = authority.authority_share.copy()
     authority.close()
-    assert (tmp_path / "ka" / "secret_context.sealed").read_bytes().startswith(MAGIC)
+    assert (tmp_path / "ka" / SEALED_FILE).read_bytes().startswith(MAGIC)
     with pytest.raises(SealError, match="wrong operator secret"):
-        KeyAuthority(tmp_path / "ka", small_policy, "not the operator secret at all")
+        KeyAuthority(tmp_path / "ka", small_policy, "not the operator secret at all", roster)
+    # an altered public share file is noticed
+    (tmp_path / "ka" / AUTHORITY_SHARE_FILE).write_bytes(bytes(len(share.tobytes())))
+    with pytest.raises(CryptoError, match="altered"):
+        KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
+    (tmp_path / "ka" / AUTHORITY_SHARE_FILE).write_bytes(share.astype("<u8").tobytes())
+    again = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
+    assert np.array_equal(again.authority_share, share)
+    again.close()
 
 
 def test_receipts_sign_verify_and_bind_every_field():
@@ -389,8 +765,8 @@ def test_aggregator_checks_uploads_before_adding(consortium):
         check_upload(upload, c.keys["bank-a"].public_key(), ticket, "bank-b")
     with pytest.raises(ReceiptError, match="bad signature"):
         check_upload(upload, c.keys["bank-b"].public_key(), ticket, "bank-a")
-    # a receipt whose c1 digest is not its chunks' (signed by the bank itself): refused here, alone, before the key
-    # authority would refuse the whole sum
+    # a receipt whose c1 digest is not its chunks' (signed by the bank itself): refused here, alone, before the
+    # decryptors would refuse the whole sum
     fields = upload.receipt.fields().model_copy(update={"c1_sha256": "7" * 64})
     wrong_c1 = replace(upload, receipt=sign_receipt(c.keys["bank-a"], fields))
     check_upload(wrong_c1, c.keys["bank-a"].public_key(), ticket, "bank-a")  # signed, bound: only the c1 differs
@@ -399,24 +775,7 @@ def test_aggregator_checks_uploads_before_adding(consortium):
         check_c1_digest(c.public, wrong_c1, "bank-a")
 
 
-def test_a_key_authority_pinned_to_a_federation_refuses_others(tmp_path, small_policy):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-    from fedgl_secure.errors import DecryptionRefused, PolicyError
-
-    authority = KeyAuthority(tmp_path, small_policy, b"operator-secret-0123456789", federation="ours")
-    try:
-        for bank in ("a", "b"):
-            authority.register_bank(bank, Ed25519PrivateKey.generate().public_key())
-        with pytest.raises(PolicyError, match="serves federation 'ours' only"):
-            authority.open_round("theirs", 1, "ab" * 16, ["a", "b"], small_policy.digest)
-        authority.open_round("ours", 1, "ab" * 16, ["a", "b"], small_policy.digest)
-        with pytest.raises(DecryptionRefused) as refusal:
-            authority.decrypt_sum(AGGREGATOR, "theirs", 1, "weights", [b"x"], [], authority.fingerprint, 1, [])
-        assert refusal.value.reason == "foreign-federation"
-    finally:
-        authority.close()
+# --- central DP noise -------------------------------------------------------------------------------------------
 
 
 def central_noise_policy(he):
@@ -432,27 +791,30 @@ def central_noise_policy(he):
     )
 
 
-def test_central_noise_is_added_to_what_the_key_authority_decrypts_and_audited(tmp_path, small_he):
-    """The aggregator's view (s + r from the key authority, minus r) is s + N(0, σ²), Σŵ_k exact; audited."""
+def test_central_noise_is_added_to_the_key_authoritys_partial_and_audited(tmp_path, ceremony, small_he):
+    """The fused result (c0 + the key authority's partial with Encode(n) + t banks' partials) is s + N(0, σ²),
+    Σŵ_k exact; audited. The same HE parameters and roster: the ceremony's share serves this policy."""
     policy = central_noise_policy(small_he)
-    c = Consortium(tmp_path / "ka", policy)
+    c = Consortium(tmp_path, ceremony, policy)
     n = 4000  # two chunks at N = 4096
     c.values = {name: np.linspace(-1.0, 1.0, n) * (i + 1) for i, name in enumerate(BANKS)}
     exact = sum(c.values.values())
     ticket = c.open(1)
     observed = {}
-    for kind in ("weights", "predictions", "node_weight"):
-        observed[kind] = c.decrypt(ticket, kind, length=n) - exact
-    c.authority.close()
+    try:
+        for kind in ("weights", "predictions", "node_weight"):
+            observed[kind] = c.decrypt(ticket, kind) - exact
+    finally:
+        c.close()
 
-    # CKKS error at scale 2^36 stays far below 1e-3 (the pad adds none); the noise is σ ≥ 2
+    # CKKS and flooding error at scale 2^62 stay far below 1e-3; the noise is σ ≥ 2
     weights, predictions, node_weight = observed["weights"], observed["predictions"], observed["node_weight"]
     assert abs(weights[-1]) < 1e-3  # Σ ŵ_k: public, never noised
     assert np.max(np.abs(node_weight)) < 1e-3  # no DP channel: exact
     for kind, noise in (("weights", weights[:-1]), ("predictions", predictions)):
         sigma = noise_std(policy, kind)
         # n ≈ 4000 i.i.d. N(0, σ²): the sample std is within 6/√(2n) ≈ 6.7 % of σ and the mean within 6σ/√n
-        # except with probability < 1e-8 each; bank shares on top (σ²/q per bank) would push the std past 1.2σ
+        # except with probability < 1e-8 each; noise added twice (or by banks too) would push the std past 1.2σ
         assert abs(noise.std() / sigma - 1) < 6 / np.sqrt(2 * noise.size), kind
         assert abs(noise.mean()) < 6 * sigma / np.sqrt(noise.size), kind
     assert abs(np.corrcoef(weights[:-1], predictions[:-1])[0, 1]) < 6 / np.sqrt(n)  # fresh noise per kind
@@ -467,7 +829,7 @@ def test_central_noise_is_added_to_what_the_key_authority_decrypts_and_audited(t
     assert verify_audit_chain(c.state_dir / "audit.jsonl").ok
 
 
-def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, small_he):
+def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, ceremony, small_he):
     channel = {"clip": 1.0, "noise_multiplier": 1.0, "noise": "distributed"}
     policy = policy_from_dict(
         {
@@ -477,10 +839,12 @@ def test_without_a_central_channel_the_key_authority_adds_no_noise(tmp_path, sma
             "budget": {"epsilon": 1000.0, "delta": 1e-5, "rounds": 10},
         }
     )
-    c = Consortium(tmp_path / "ka", policy)
-    assert c.authority.central_noise_std == {}
-    np.testing.assert_allclose(c.decrypt(c.open(1)), np.full(LENGTH, 6.0), atol=HEParameters.UNPACKED_PRECISION)
-    c.authority.close()
+    c = Consortium(tmp_path, ceremony, policy)
+    try:
+        assert c.authority.central_noise_std == {}
+        _close(c.decrypt(c.open(1)), np.full(LENGTH, 6.0))
+    finally:
+        c.close()
 
 
 def test_central_noise_too_wide_for_the_sums_range_is_refused_at_start(tmp_path, small_he):
@@ -495,5 +859,5 @@ def test_central_noise_too_wide_for_the_sums_range_is_refused_at_start(tmp_path,
     )
     assert noise_std(policy, "weights") == 10000.0  # 8σ = 80,000 > 2^(54 − 36 − 1) / 2 = 65,536
     with pytest.raises(PolicyError, match="does not fit the range"):
-        KeyAuthority(tmp_path / "ka", policy, OPERATOR_SECRET)
-    assert not (tmp_path / "ka").exists()  # refused before any key was made
+        KeyAuthority(tmp_path / "ka", policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 2))
+    assert not (tmp_path / "ka").exists()  # refused before any key share was made

@@ -11,7 +11,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing, ring_mask
-from fedgl_secure.crypto.masking import masked_decryption
+from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import CiphertextError, PackingOverflow, PolicyError
@@ -28,22 +28,17 @@ def default_keys():
     return secret, ckks.load_public_context(ckks.public_context_bytes(secret))
 
 
-def authority(secret):
-    """The key authority's decryption as ``masked_decryption`` calls it: padded chunks in, residues (with the
-    reply's flooding noise) out."""
+def masked_decryption(public, summed, length, layout, banks, secret):
+    """The aggregator's fusion with every decryptor's share of one key: ``c0 + (c1·s + E)`` where ``E`` carries the
+    flooding of the key authority's and t banks' partial decryptions together (``fused_flooding_std``) — the noise a
+    threshold decryption adds, from one test-only secret context."""
     level = ring_mask.data_level(secret)
-
-    def decrypt(padded: list[bytes], slots: int) -> np.ndarray:
-        return np.stack(
-            [
-                ring_mask.decrypt_flooded(
-                    secret, ring_mask.load_ciphertext(secret, c, level, "chunk"), level, HEParameters().flooding_std()
-                )
-                for c in padded
-            ]
-        )
-
-    return decrypt
+    partial = []
+    for chunk in summed:
+        ciphertext, _ = ring_mask.tenseal_ciphertext(secret, chunk, "chunk")
+        flooded = ring_mask.decrypt_flooded(secret, ciphertext, level, HEParameters().fused_flooding_std())
+        partial.append(ring_mask.sub_mod(flooded, ring_mask.ciphertext_polys(ciphertext, level)[0], level))
+    return fused_values(public, summed, [np.stack(partial)], length, layout, banks)
 
 
 def random_terms(layout: packing.KindLayout, banks: int, length: int, seed: int) -> np.ndarray:
@@ -64,7 +59,7 @@ def test_sums_at_max_banks_decode_within_the_stated_bound_through_ckks(default_k
     uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
     summed = ckks.add_serialized(public, uploads)
 
-    decoded = masked_decryption(public, summed, length, layout, banks, authority(secret))
+    decoded = masked_decryption(public, summed, length, layout, banks, secret)
     error = np.abs(decoded - terms.sum(axis=0))
     assert error.max() <= layout.error_bound
     # the quantisation error is real (not a vacuous bound) and exactly the plaintext model's
@@ -84,7 +79,7 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
         public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
     )
     with pytest.raises(PackingOverflow, match="max_banks = 7"):
-        masked_decryption(public, summed, 10, layout, banks, authority(secret))
+        masked_decryption(public, summed, 10, layout, banks, secret)
     # and a bank refuses to encrypt into a round with more participants than the headroom
     ticket = RoundTicket("fed", 1, "00" * 16, banks, "f" * 64, Policy().digest)
     with pytest.raises(PackingOverflow, match="exceed he.max_banks"):
@@ -114,7 +109,7 @@ def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_k
             public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
         )
         assert len(summed) == 2
-        decoded = masked_decryption(public, summed, length, layout, he.max_banks, authority(secret))
+        decoded = masked_decryption(public, summed, length, layout, he.max_banks, secret)
         np.testing.assert_array_equal(decoded, terms.sum(axis=0))
     with pytest.raises(ValueError, match="a slot offers 24"):
         packing.kind_layout(
@@ -125,7 +120,7 @@ def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_k
 def test_mask_bits_is_retired_with_a_reason():
     with pytest.raises(PolicyError, match="he.mask_bits") as raised:
         policy_from_dict({"he": {"mask_bits": 0}})
-    assert "retired" in str(raised.value) and "one-time pad" in str(raised.value)
+    assert "retired" in str(raised.value) and "threshold decryption" in str(raised.value)
 
 
 def test_values_outside_the_packed_range_are_refused_not_clipped():
@@ -189,7 +184,7 @@ def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():
     )
     central = policy_from_dict(
         {
-            "quorum": 2,
+            "quorum": 3,
             "dp": {"weights": {"clip": 1.0, "noise_multiplier": 1.0, "noise": "central"}},
             "budget": {"epsilon": 10.0, "rounds": 2},
             "allowed_kinds": ["weights"],

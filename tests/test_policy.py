@@ -26,15 +26,58 @@ def test_baseline_policy_loads_with_the_design_defaults():
     assert policy.he.poly_modulus_degree == 4096
     assert policy.he.coeff_mod_bit_sizes == (36, 36, 37) and policy.he.global_scale_bits == 60
     assert policy.he.packing == "quantised" and policy.he == HEParameters()  # the file states the defaults
-    assert policy.quorum == 2 and set(policy.allowed_kinds) == set(KNOWN_KINDS)
+    assert policy.quorum == 3 and policy.he.threshold == 2 and set(policy.allowed_kinds) == set(KNOWN_KINDS)
     assert policy.timeouts.upload_seconds <= policy.timeouts.round_seconds
     assert policy.protection == "he" and not policy.has_dp and policy.budget is None
 
 
 def test_empty_file_gives_safe_defaults(tmp_path):
     policy = load_policy(_write(tmp_path, ""))
-    assert policy.he.coeff_mod_bit_sizes == (36, 36, 37) and policy.quorum == 2
-    assert policy.he.packing == "quantised"
+    assert policy.he.coeff_mod_bit_sizes == (36, 36, 37) and policy.quorum == 3
+    assert policy.he.packing == "quantised" and policy.he.threshold == 2
+    assert policy.quorum > policy.he.threshold  # the default quorum is one the default threshold admits
+
+
+@pytest.mark.parametrize(
+    ("text", "needed"),
+    [
+        ("quorum = 2", 3),  # the old default: q = t
+        ("quorum = 3\n[he]\nthreshold = 3", 4),
+        ("quorum = 3\n[he]\nthreshold = 4", 5),  # q < t
+        ("quorum = 5\n[he]\nthreshold = 5\nmax_banks = 7", 6),
+    ],
+)
+def test_a_quorum_not_above_the_threshold_is_refused_naming_the_quorum_it_needs(tmp_path, text, needed):
+    """With q <= t, the aggregator, the key authority and t − 1 banks could decrypt a legitimate sum over q
+    banks, q − 1 of them colluding: that sum is the remaining bank's upload alone."""
+    path = _write(tmp_path, text)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    message = str(caught.value)
+    assert f"{path}: quorum: " in message
+    assert "is not above he.threshold" in message
+    assert f"quorum >= he.threshold + 1 = {needed}" in message
+
+
+def test_a_quorum_one_above_the_threshold_is_accepted(tmp_path):
+    policy = load_policy(_write(tmp_path, "quorum = 4\n[he]\nthreshold = 3"))
+    assert policy.quorum == 4 and policy.he.threshold == 3
+
+
+def test_a_threshold_above_max_banks_is_refused(tmp_path):
+    path = _write(tmp_path, 'quorum = 5\n[he]\nmax_banks = 3\nthreshold = 4\npacking = "none"')
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    message = str(caught.value)
+    assert f"{path}: he.threshold: " in message
+    assert "t = 4 exceeds he.max_banks = 3" in message
+
+
+def test_without_he_a_quorum_of_two_still_loads(tmp_path):
+    """No threshold decryption without HE: the rule q > t is about HE policies only."""
+    policy = load_policy(_write(tmp_path, 'protection = "none"\nquorum = 2'))
+    assert policy.protection == "none" and policy.quorum == 2
+    assert policy_from_dict({"protection": "none", "quorum": 2}).quorum == 2
 
 
 @pytest.mark.parametrize(
@@ -198,6 +241,7 @@ def test_a_disabled_channel_needs_no_settings_but_counts_as_no_noise():
         ({"budget": None}, "budget", "required when DP is on"),
         ({"dp": {"predictions": {"enabled": False}}}, "dp.predictions", "without noise"),
         ({"quorum": 1}, "quorum", "below 2"),  # distributed noise can never be split over fewer than 2 banks
+        ({"quorum": 2}, "quorum", "is not above he.threshold = 2"),  # nor over a sum the coalition can isolate
         ({"protection": "none"}, "dp", "protection = 'none'"),
     ],
 )

@@ -104,15 +104,18 @@ def test_central_noise_dp_sgd_and_edge_dp_compose_as_opacus_plus_pure_epsilon():
     policy = policy_from_dict(values)
     guarantees = effective_guarantees(policy)
     by_channel = {c.channel: c for c in guarantees.channels}
-    # Central noise: every single observer faces the full σ. DP-SGD on a GCN: z / (2K − 1), K rows moved.
+    # Central noise: every single observer faces the full σ. Distributed: a bank that knows its own share out of
+    # q faces z·√((q−1)/q). DP-SGD on a GCN: z / (2K − 1), K rows moved.
+    q = policy.quorum
+    distributed_z = 8.0 * math.sqrt((q - 1) / q)
     assert by_channel["embeddings"].accounted_noise_multiplier == 8.0
-    assert by_channel["predictions"].accounted_noise_multiplier == pytest.approx(8.0 / math.sqrt(2))
+    assert by_channel["predictions"].accounted_noise_multiplier == pytest.approx(distributed_z)
     sgd_z = 50.0 / (2 * _k_node(3) - 1)
     assert by_channel[DP_SGD].accounted_noise_multiplier == pytest.approx(sgd_z)
     assert by_channel[DP_SGD].steps_per_round == 2
     assert by_channel[EDGES].epsilon_total == 0.5 and by_channel[EDGES].steps_per_round == 0
     rounds = policy.budget.rounds
-    steps = [(8.0 / math.sqrt(2), 2 * rounds), (8.0, rounds), (sgd_z, 2 * rounds)]
+    steps = [(distributed_z, 2 * rounds), (8.0, rounds), (sgd_z, 2 * rounds)]
     assert guarantees.epsilon == pytest.approx(_opacus(RDPAccountant(), steps, 1e-5) + 0.5, rel=1e-9)
     assert any("randomised response" in a for a in guarantees.assumptions)
     assert any("z/(2K−1)" in a for a in guarantees.assumptions)
@@ -121,7 +124,8 @@ def test_central_noise_dp_sgd_and_edge_dp_compose_as_opacus_plus_pure_epsilon():
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # Opacus' PRV evaluates log(1 − q) at q = 1
 def test_prv_accountant_equals_opacus_prv():
     policy = policy_from_dict(_policy(budget={"accountant": "prv", "rounds": 5}))
-    steps = [(8.0 / math.sqrt(2), 2 * 5), (8.0, 5)]
+    q = policy.quorum  # weights and predictions distributed (z·√((q−1)/q) against a bank), embeddings central
+    steps = [(8.0 * math.sqrt((q - 1) / q), 2 * 5), (8.0, 5)]
     expected = _opacus(PRVAccountant(), steps, 1e-5, eps_error=PRV_EPS_ERROR)
     assert effective_guarantees(policy).epsilon == pytest.approx(expected, rel=1e-6)
 

@@ -16,7 +16,7 @@ from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
 
 ROOT = Path(__file__).resolve().parents[1]
-BANKS = ("bank-a", "bank-b")
+BANKS = ("bank-a", "bank-b", "bank-c")  # three banks: the default quorum
 
 
 def benchmark_module():

@@ -165,7 +165,7 @@ def final_weights(
             "method": method,
             "device": "cpu",
             "training": {"local_epochs": 2, "class_weighting": class_weighting},
-            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7]},
+            "federation": {"max_rounds": 2, "proportions": [0.6, 0.7, 0.5]},  # three banks: the default quorum
         }
     )
     seen: list = []

@@ -1,7 +1,8 @@
 """CKKS contexts and vector packing for additions-only secure aggregation (TenSEAL).
 
-The key authority creates the context and keeps the secret key; everybody else gets the
-*public* context — the public encryption key only: no secret key, and no Galois or
+No party holds the secret key: the collective public key comes from the key ceremony
+(``threshold.py``, ``key_ceremony.py``), and every party works with the *public* context — the
+public encryption key only: no secret key, and no Galois or
 relinearisation keys, because the aggregator only ever adds ciphertexts. A context is named by
 the SHA-256 fingerprint of its public serialisation, which receipts and decryption requests
 carry so ciphertexts can never be mixed across contexts unnoticed.
@@ -77,7 +78,7 @@ def load_public_context(data: bytes) -> ts.Context:
     """
     context = load_context(data)
     if context.has_secret_key():
-        raise ContextError("the public context holds a secret key; only the key authority may hold it")
+        raise ContextError("the public context holds a secret key; no party may hold one (threshold decryption)")
     if context.has_galois_keys() or context.has_relin_keys():
         raise ContextError("the public context carries Galois/relinearisation keys; additions need only the public key")
     if not context.has_public_key():

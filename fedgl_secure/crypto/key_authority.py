@@ -1,89 +1,78 @@
-"""The key authority (DESIGN §5.3 step 4): holds the CKKS secret key, decrypts sums under rules.
+"""The key authority (DESIGN §5.3 step 4): one share of the federation's CKKS key, partial decryptions under rules.
 
-It decrypts a summed ciphertext only if
+No party holds the secret key. The key authority holds ``s_0``; the banks hold Shamir shares of their own part
+(``threshold.py``), and a sum decrypts only with the key authority's partial decryption **and** ``t`` banks'. The key
+authority also relays the key ceremony (``key_ceremony.py``): the banks' signed public shares and their Shamir
+shares, each sealed to its recipient, which it can neither read nor forge.
+
+It gives its partial decryption of a sum only if
 
 1. the caller's role is ``aggregator``;
 2. the kind may leave a bank under the policy;
-3. the request's context fingerprint is this authority's;
+3. the request's context fingerprint is the federation's collective context;
 4. the round is the federation's open round (right number and nonce);
-5. the receipts verify against the registered bank keys, are bound to this (federation, round,
-   nonce, kind, context), come from distinct participating banks, and are at least the policy's
-   quorum (never fewer than 2);
-6. the request holds exactly as many ciphertexts as the receipted uploads (the receipts bind their
-   number of values), and each is exactly their sum: its ``c1`` equals the sum of the uploads' ``c1``,
-   which the aggregator sends beside it and the receipts bind by digest (``c1`` carries only encryption
-   randomness, so the authority learns nothing of a single upload from it). A malicious aggregator can
-   therefore neither choose the ``c1`` a reply reveals a combination of the key for, nor drop a bank
-   from a sum; what it adds to ``c0`` (its pad) only shifts the plaintext it will learn;
-7. this (federation, round, kind) was never decrypted before, and no ciphertext (``c1``) was ever
-   decrypted before in the federation — the SQLite ledger survives restarts, which blocks differencing
-   attacks across re-submissions;
-8. the ciphertexts decrypted under this key stay within the policy's ``he.max_decryptions``, the query
-   budget the noise flooding is sized for.
+5. the receipts verify against the registered bank keys, are bound to this (federation, round, nonce, kind,
+   context, policy), come from distinct participating banks, and are at least the policy's quorum (never below 2);
+6. each receipted upload's ``c1`` (sent beside the receipts) is the one its receipt signed, and the request holds
+   as many chunks as the receipts' values make; the authority multiplies its share by **their sum, which it computes
+   itself** (``partial_decryption.py``), so it never applies its share to a ``c1`` the aggregator chose;
+7. this (federation, round, kind) was never decrypted before, and no summed ``c1`` was ever decrypted before in the
+   federation — the SQLite ledger survives restarts, which blocks differencing across re-submissions;
+8. the ciphertexts decrypted under this share stay within the policy's ``he.max_decryptions``, the query budget
+   the noise flooding is sized for.
 
-**What it decrypts.** The aggregator pads every summed ciphertext with a fresh uniform element r of
-the plaintext ring (``crypto/masking.py``); the authority decrypts ``m + e + r mod q`` and returns those
-residues (NTT form, uint64, one vector of N per data prime), never decoded to slots — a view that has
-the same distribution whatever the sum is. Each reply carries noise flooding
-(:func:`~fedgl_secure.crypto.ring_mask.decrypt_flooded`, σ from
-:func:`~fedgl_secure.policy.packing_layout.flooding_std`): an exact decryption ``c0 + c1·s`` of a
-ciphertext the aggregator knows would hand it the secret key, and a small fresh error averages away over
-repeated replies (Li–Micciancio); the flooding is sized so the policy's query budget reveals at most
-``2^−statistical_security`` about the key. The ciphertexts must be SEAL
-ciphertexts of this context at the data level, at the scale the policy gives the kind
-(``Policy.upload_layout``); anything else is ``bad-ciphertext``.
+Each reply is ``c1·s_0 + E`` (NTT-form residues, uint64), ``E`` fresh noise flooding
+(:func:`~fedgl_secure.policy.packing_layout.flooding_std`): an exact ``c1·s_0`` of a ``c1`` the aggregator knows
+would hand it ``s_0``, and a small fresh error averages away over repeated replies (Li–Micciancio). The reply
+reveals nothing of the sum without ``t`` banks' partials, and nothing of ``s_0`` within the query budget.
 
-**Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the
-authority draws Gaussian noise N(0, σ²) from the OS CSPRNG
-(:func:`~fedgl_secure.privacy.guarantees.central_noise`), σ =
-:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), CKKS-encodes it at the
-ciphertext's scale and adds it to what it decrypted, ``m + e + r + Encode(n)`` — the same as
-adding the plaintext to the ciphertext before decrypting, and the same as noising the sum, which it
-never sees; the aggregator then removes its pad and decodes s + n + e, never s. The last entry of
-``weights`` (Σ ŵ_k, public) gets none. The allowed decision's audit record names it
-(``central_noise_std``, ``central_noise_values``). Banks add no share for a central channel and
-account for it as such (:mod:`fedgl_secure.privacy.dp_round`). The noise shares the sum's range with
-the banks' terms (``upload.TERMS_SHARE``): σ too large for it is refused when the authority starts.
+**Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the authority draws Gaussian
+noise N(0, σ²) from the OS CSPRNG (:func:`~fedgl_secure.privacy.guarantees.central_noise`), σ =
+:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), CKKS-encodes it at the kind's scale and adds
+it to its partial decryption: the fused result is then ``s + n + e``, never ``s`` — the same as noising the sum, which
+it never sees. The last entry of ``weights`` (Σ ŵ_k, public) gets none. The allowed decision's audit record names it
+(``central_noise_std``, ``central_noise_values``). Banks add no share for a central channel and account for it as
+such (:mod:`fedgl_secure.privacy.dp_round`). The noise shares the sum's range with the banks' terms
+(``upload.TERMS_SHARE``): σ too large for it is refused when the authority starts.
 
-Every decision, allowed or refused, is appended to the hash-chained audit log. The secret key is
-only ever on disk sealed under the operator secret. The HTTP service is a thin shell over this.
+Every decision, allowed or refused, is appended to the hash-chained audit log. ``s_0`` is only ever on disk sealed
+under the operator secret (``key_ceremony.seal_held_share``). The HTTP service is a thin shell over this.
 
-What it cannot stop alone: it holds the whole secret key, so the key authority itself (or anyone with its
-state and operator secret) can decrypt any upload it is shown; threshold decryption (issue 27, part 2) removes
-that single point.
+What it cannot stop alone: the aggregator learns every fused sum by design, and a sum over the quorum with
+quorum − 1 colluding banks tells it the remaining bank's term (the quorum bounds that; docs/threat-model.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Sequence
-from enum import Enum
 from pathlib import Path
 
 import numpy as np
-import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto import ckks, key_ceremony, ring_mask, threshold
 from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
+from fedgl_secure.crypto.key_ceremony import Announcement, HeldShare, Roster, ShareEnvelope
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
-from fedgl_secure.crypto.receipts import (
-    Receipt,
-    c1_digest,
-    load_public_key,
-    parse_receipt,
-    public_key_bytes,
-    verify_receipt,
+from fedgl_secure.crypto.partial_decryption import (
+    Refusal,
+    check_receipts,
+    chunk_digests,
+    expected_slots,
+    partial_residues,
+    summed_c1,
 )
-from fedgl_secure.crypto.sealing import seal_secret_context, unseal_secret_context
+from fedgl_secure.crypto.receipts import Receipt, load_public_key, public_key_bytes
 from fedgl_secure.crypto.upload import TERMS_SHARE
 from fedgl_secure.errors import (
-    CiphertextError,
     ContextError,
     CryptoError,
     DecryptionRefused,
     PolicyError,
+    ProtocolConflict,
     ReceiptError,
 )
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
@@ -92,13 +81,19 @@ from fedgl_secure.policy.ckks_params import sum_bound
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
 
+__all__ = ["AGGREGATOR", "KeyAuthority", "Refusal"]
+
 AGGREGATOR = "aggregator"
-SEALED_FILE = "secret_context.sealed"
+SEALED_FILE = "authority_share.sealed"
+AUTHORITY_SHARE_FILE = "authority_public_share.bin"
 PUBLIC_FILE = "public_context.bin"
+CEREMONY_DIR = "ceremony"
 LEDGER_FILE = "ledger.sqlite3"
 AUDIT_FILE = "audit.jsonl"
 AUDIT_HEAD = "audit_head"
 HE_PARAMETERS = "he_parameters"
+ROSTER = "roster_sha256"
+AUTHORITY_SHARE_SHA256 = "authority_public_share_sha256"
 NOISE_SIGMAS = 8.0  # central noise must fit the sum's spare range this many standard deviations out
 
 
@@ -109,40 +104,17 @@ def _without_retired(recorded: str) -> dict:
     return parameters
 
 
-class Refusal(str, Enum):
-    """Stable reason codes of :class:`DecryptionRefused` (also written to the audit log)."""
-
-    NOT_AGGREGATOR = "not-aggregator"
-    KIND_NOT_ALLOWED = "kind-not-allowed"
-    FOREIGN_CONTEXT = "foreign-context"
-    NO_OPEN_ROUND = "no-open-round"
-    STALE_ROUND = "stale-round"
-    UNKNOWN_SENDER = "unknown-sender"
-    NOT_PARTICIPANT = "not-participant"
-    BAD_RECEIPT = "bad-receipt"
-    RECEIPT_MISMATCH = "receipt-mismatch"
-    DUPLICATE_SENDER = "duplicate-sender"
-    BELOW_QUORUM = "below-quorum"
-    ALREADY_DECRYPTED = "already-decrypted"
-    BAD_CIPHERTEXT = "bad-ciphertext"
-    FOREIGN_FEDERATION = "foreign-federation"
-    WRONG_SHAPE = "wrong-shape"  # more or fewer ciphertexts or values than the receipted uploads hold
-    NOT_A_SUM = "not-a-sum"  # a ciphertext that is not exactly the sum of the receipted uploads
-    REPEATED_CIPHERTEXT = "repeated-ciphertext"  # sent twice, or already decrypted in this federation
-    BUDGET_EXHAUSTED = "budget-exhausted"  # beyond the query budget the noise flooding holds for
-    POLICY_MISMATCH = "policy-mismatch"  # a receipt signed under another policy than the authority's
-
-
 class KeyAuthority:
-    """In-process key authority over a state directory (sealed key, public context, ledger, audit log).
+    """In-process key authority over a state directory (sealed key share, ceremony messages, public context, ledger,
+    audit log) for the federation and banks of ``roster``.
 
-    Creating it on an empty directory generates the CKKS key pair; creating it again on the same
-    directory (a restart) unseals the same key and keeps the ledger and the audit chain.
+    Creating it on an empty directory samples its key share ``s_0`` and publishes ``p_0``; the collective public
+    context exists once every bank of the roster has announced its public share (:meth:`accept_announcement`).
+    Creating it again on the same directory (a restart) unseals the same share and keeps the ceremony, the ledger and
+    the audit chain.
     """
 
-    def __init__(
-        self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str, federation: str | None = None
-    ) -> None:
+    def __init__(self, state_dir: str | Path, policy: Policy, operator_secret: bytes | str, roster: Roster) -> None:
         # the range left to central noise by the banks' terms, in value units (unpacked, at the global scale);
         # checked before any key or ledger exists
         self._noise_room = sum_bound(policy.he.coeff_mod_bit_sizes, policy.he.global_scale_bits) * (1 - TERMS_SHARE)
@@ -152,59 +124,178 @@ class KeyAuthority:
                 f"central noise σ {too_wide} does not fit the range the HE parameters leave it ({self._noise_room:g} "
                 f"at {NOISE_SIGMAS:g} σ); enlarge he.coeff_mod_bit_sizes or lower he.global_scale_bits"
             )
+        if roster.threshold != policy.he.threshold:
+            raise PolicyError(f"the roster's threshold {roster.threshold} is not the policy's he.threshold")
         self.state_dir = Path(state_dir)
-        self.federation = federation  # when set, every other federation id is refused
+        self.roster = roster
+        self.federation = roster.federation  # every other federation id is refused
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / CEREMONY_DIR).mkdir(exist_ok=True)
         self.policy = policy
-        self.log = get_logger(role="key-authority", state_dir=str(self.state_dir))
+        self.log = get_logger(role="key-authority", state_dir=str(self.state_dir), federation=self.federation)
         self._lock = threading.Lock()
         self.ledger = Ledger(self.state_dir / LEDGER_FILE)
+        self._operator_secret = operator_secret
         try:
-            self._secret_context, self.public_context = self._load_or_create_keys(operator_secret)
             self._check_he_parameters()
+            self.rings = threshold.rings_of(
+                threshold.parameters_context(
+                    policy.he.poly_modulus_degree, policy.he.coeff_mod_bit_sizes, 2.0**policy.he.global_scale_bits
+                )
+            )
+            self._crp = threshold.common_random_polynomial(self.rings, self.federation)
+            self._held, self.authority_share = self._load_or_create_share()
             self.audit = AuditLog(self.state_dir / AUDIT_FILE, self.ledger.get_meta(AUDIT_HEAD))
         except Exception:
             self.ledger.close()
             raise
-        self.fingerprint = ckks.fingerprint(self.public_context)
         self.central_noise_std = central_noise_stds(policy)
         self.flooding_std = policy.he.flooding_std()
         self.policy_digest = policy.digest
-        self.level = ring_mask.data_level(self._secret_context)
-        self.log = self.log.bind(fingerprint=self.fingerprint[:12])
-        self._record({"event": "start", "decision": "allowed", "fingerprint": self.fingerprint})
+        self.level = self.rings.data
+        self._record({"event": "start", "decision": "allowed", "roster": roster.digest()})
+        self._complete_ceremony()
 
     def _check_he_parameters(self) -> None:
-        """The key pair was made for some HE parameters; a policy asking for others must not run on it."""
+        """The key share was made for some HE parameters and roster; a policy or consortium asking for others must
+        not run on it."""
         wanted = self.policy.he.model_dump_json()
         recorded = self.ledger.get_meta(HE_PARAMETERS)
         if recorded is None:
             self.ledger.set_meta(HE_PARAMETERS, wanted)
         elif _without_retired(recorded) != json.loads(wanted):
             raise ContextError(
-                f"{self.state_dir}: the key pair was made for HE parameters {recorded}, the policy asks for {wanted}; "
+                f"{self.state_dir}: the key share was made for HE parameters {recorded}, the policy asks for {wanted}; "
                 "use a fresh state directory to generate keys for the new parameters"
             )
+        roster = self.ledger.get_meta(ROSTER)
+        if roster is None:
+            self.ledger.set_meta(ROSTER, self.roster.digest())
+        elif roster != self.roster.digest():
+            raise ContextError(
+                f"{self.state_dir}: the key share was made for another federation or bank list (roster "
+                f"{roster[:12]}…, now {self.roster.digest()[:12]}…: {self.roster.federation!r}, banks "
+                f"{list(self.roster.banks)}, t = {self.roster.threshold}); a new key needs a fresh state directory"
+            )
 
-    def _load_or_create_keys(self, operator_secret: bytes | str) -> tuple[ts.Context, bytes]:
-        sealed_path, public_path = self.state_dir / SEALED_FILE, self.state_dir / PUBLIC_FILE
+    def _load_or_create_share(self) -> tuple[HeldShare, np.ndarray]:
+        sealed_path, share_path = self.state_dir / SEALED_FILE, self.state_dir / AUTHORITY_SHARE_FILE
         if sealed_path.exists():
-            context = ckks.load_context(unseal_secret_context(sealed_path.read_bytes(), operator_secret))
-            if not ckks.has_secret_key(context):
-                raise CryptoError(f"{sealed_path}: the sealed context holds no secret key")
-            public = ckks.public_context_bytes(context)  # deterministic: the same bytes as at creation
-            if public_path.exists() and public_path.read_bytes() != public:
-                raise CryptoError(f"{public_path}: does not belong to the sealed secret key (replaced or altered)")
-            self.log.info("keys.unsealed")
-            return context, public
-        context = ckks.create_secret_context(self.policy.he)
-        public = ckks.public_context_bytes(context)
+            held = key_ceremony.unseal_held_share(sealed_path.read_bytes(), self._operator_secret, self.rings)
+            if held.party != threshold.AUTHORITY or held.roster.digest() != self.roster.digest():
+                raise CryptoError(f"{sealed_path}: not this federation's key authority share")
+            raw = share_path.read_bytes() if share_path.exists() else b""
+            if _share_digest(raw) != self.ledger.get_meta(AUTHORITY_SHARE_SHA256):
+                raise CryptoError(f"{share_path}: missing, or not the public share of the sealed key share (altered)")
+            self.log.info("key_share.unsealed")
+            return held, _residues(raw, self.rings.key.shape)
+        key_share = threshold.generate_key_share(self.rings, threshold.AUTHORITY, self._crp)
+        held = HeldShare(threshold.AUTHORITY, self.roster, key_share.secret, b"")
+        raw = np.ascontiguousarray(key_share.public, dtype="<u8").tobytes()
+        write_atomically(share_path, raw)
+        self.ledger.set_meta(AUTHORITY_SHARE_SHA256, _share_digest(raw))
+        write_atomically(sealed_path, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE)
+        self.log.info("key_share.created", he=self.policy.he.model_dump(), banks=len(self.roster.banks))
+        return held, key_share.public
+
+    # --- the key ceremony (relayed here; key_ceremony.py) ----------------------------------------------
+
+    @property
+    def ceremony_complete(self) -> bool:
+        return bool(self._held.public_context)
+
+    @property
+    def public_context(self) -> bytes:
+        """The federation's collective public context; :class:`ProtocolConflict` ``not-ready`` before the ceremony."""
+        if not self.ceremony_complete:
+            missing = sorted(set(self.roster.banks) - {a.bank for a in self.announcements()})
+            raise ProtocolConflict("not-ready", f"the key ceremony waits for the public shares of {missing}")
+        return self._held.public_context
+
+    @property
+    def fingerprint(self) -> str | None:
+        return ckks.fingerprint(self._held.public_context) if self.ceremony_complete else None
+
+    def _signing_keys(self) -> dict[str, Ed25519PublicKey]:
+        return {name: load_public_key(raw) for name, raw in self.ledger.banks().items()}
+
+    def accept_announcement(self, caller: str, announcement: Announcement) -> None:
+        """Keep a bank's signed public share for the ceremony (``caller``: the bank's authenticated name). The same
+        announcement again is a no-op; another one for a bank that has announced is refused (a key share is for
+        the federation's lifetime)."""
+        with self._lock:
+            if announcement.bank != caller:
+                raise ProtocolConflict("not-your-share", f"{caller!r} cannot announce for {announcement.bank!r}")
+            try:
+                key_ceremony.verify_announcement(self.rings, self.roster, announcement, self._signing_keys())
+            except CryptoError as error:
+                self._record({"event": "announce", "decision": "refused", "bank": caller, "reason": str(error)})
+                raise
+            path = self.state_dir / CEREMONY_DIR / f"announcement-{announcement.party}.json"
+            if path.exists():
+                if Announcement.from_json(path.read_bytes()) != announcement:
+                    raise ProtocolConflict(
+                        "already-announced", f"{caller!r} already announced another key share for this federation"
+                    )
+                return
+            write_atomically(path, announcement.to_json().encode("utf-8"))
+            self._record({"event": "announce", "decision": "allowed", "bank": caller})
+            self._complete_ceremony()
+
+    def announcements(self) -> list[Announcement]:
+        """The banks' announcements received so far, by party."""
+        directory = self.state_dir / CEREMONY_DIR
+        return [Announcement.from_json(path.read_bytes()) for path in sorted(directory.glob("announcement-*.json"))]
+
+    def accept_envelopes(self, caller: str, envelopes: Sequence[ShareEnvelope]) -> None:
+        """Keep the Shamir shares a bank dealt, sealed to their recipients (relayed; unreadable here). Every envelope
+        is checked before any is written: a refused batch changes nothing."""
+        dealer = self.roster.party(caller)
+        with self._lock:
+            directory = self.state_dir / CEREMONY_DIR
+            for envelope in envelopes:
+                if envelope.dealer != dealer or envelope.roster_sha256 != self.roster.digest():
+                    problem = ("not-your-share", f"{caller!r} sent a share envelope it did not deal")
+                elif not 1 <= envelope.recipient <= len(self.roster.banks) or envelope.recipient == dealer:
+                    problem = ("bad-envelope", f"{caller!r}: no other bank {envelope.recipient} to deal to")
+                else:
+                    path = directory / f"envelope-{dealer}-{envelope.recipient}.json"
+                    if not path.exists() or ShareEnvelope.from_json(path.read_bytes()) == envelope:
+                        continue
+                    problem = ("already-dealt", f"{caller!r} already dealt another share to bank {envelope.recipient}")
+                self._record({"event": "deal", "decision": "refused", "bank": caller, "reason": problem[1]})
+                raise ProtocolConflict(*problem)
+            for envelope in envelopes:
+                path = directory / f"envelope-{dealer}-{envelope.recipient}.json"
+                write_atomically(path, envelope.to_json().encode("utf-8"))
+            self._record({"event": "deal", "decision": "allowed", "bank": caller, "envelopes": len(envelopes)})
+
+    def envelopes_for(self, caller: str) -> list[ShareEnvelope]:
+        """The envelopes dealt to bank ``caller`` so far."""
+        recipient = self.roster.party(caller)
+        directory = self.state_dir / CEREMONY_DIR
+        return [
+            ShareEnvelope.from_json(path.read_bytes())
+            for path in sorted(directory.glob(f"envelope-*-{recipient}.json"))
+        ]
+
+    def _complete_ceremony(self) -> None:
+        """Once every bank has announced: the collective public context, written and sealed with ``s_0``."""
+        if self.ceremony_complete:
+            return
+        announcements = self.announcements()
+        if len(announcements) < len(self.roster.banks):
+            return
+        shares = key_ceremony.verify_announcements(self.rings, self.roster, announcements, self._signing_keys())
+        context = key_ceremony.collective_context(self.rings, self.roster, self._crp, self.authority_share, shares)
+        held = HeldShare(threshold.AUTHORITY, self.roster, self._held.secret, context)
+        write_atomically(self.state_dir / PUBLIC_FILE, context)
         write_atomically(
-            sealed_path, seal_secret_context(ckks.secret_context_bytes(context), operator_secret), PRIVATE_FILE_MODE
+            self.state_dir / SEALED_FILE, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE
         )
-        write_atomically(public_path, public)
-        self.log.info("keys.created", he=self.policy.he.model_dump())
-        return context, public
+        self._held = held
+        self._record({"event": "ceremony-complete", "decision": "allowed", "fingerprint": self.fingerprint})
+        self.log.info("ceremony.complete", fingerprint=self.fingerprint[:12])
 
     def close(self) -> None:
         self.ledger.close()
@@ -243,7 +334,7 @@ class KeyAuthority:
                     f"the aggregator runs policy {policy_sha256[:12]}…, this key authority {self.policy_digest[:12]}…; "
                     "every node must run the same policy file"
                 )
-            elif self.federation is not None and federation != self.federation:
+            elif federation != self.federation:
                 problem = f"this key authority serves federation {self.federation!r} only"
             elif current is not None and round_number < current.round:
                 problem = f"round {round_number} is older than the open round {current.round}"
@@ -277,16 +368,15 @@ class KeyAuthority:
         federation: str,
         round_number: int,
         kind: str,
-        summed_chunks: Sequence[bytes],
         receipts: Sequence[Receipt | dict | str | bytes],
         fingerprint: str,
         length: int,
         upload_c1: Sequence[np.ndarray],
     ) -> np.ndarray:
-        """Decrypt one padded fused sum of ``length`` slot values if every rule holds; otherwise raise
-        :class:`DecryptionRefused`. ``upload_c1`` holds, for each receipt in order, the ``c1`` polynomials of that
-        bank's upload (chunks, data primes, N): the sum is decrypted only if each summed chunk's ``c1`` is exactly
-        their sum. Returns the plaintext residues, shape (chunks, data primes, N), uint64, flooded."""
+        """The key authority's partial decryption of the sum of ``length`` slot values of the receipted uploads, if
+        every rule holds; otherwise :class:`DecryptionRefused`. ``upload_c1`` holds, for each receipt in order, the
+        ``c1`` polynomials of that bank's upload (chunks, data primes, N). Returns ``c1_sum·s_0 + E`` (+ encoded central
+        noise), shape (chunks, data primes, N), uint64, NTT form."""
         log = self.log.bind(caller=caller_role, federation=federation, round=round_number, kind=kind)
         event = {
             "event": "decrypt",
@@ -298,17 +388,40 @@ class KeyAuthority:
         with self._lock:
             try:
                 open_round = self._check_request(caller_role, federation, round_number, kind, fingerprint)
-                checked = self._check_receipts(receipts, open_round, kind)
+                expected = {
+                    "federation": open_round.federation,
+                    "round": open_round.round,
+                    "nonce": open_round.nonce,
+                    "kind": kind,
+                    "context_fingerprint": self.fingerprint,
+                }
+                checked = check_receipts(
+                    receipts,
+                    self._signing_keys(),
+                    expected,
+                    self.policy_digest,
+                    self._quorum(),
+                    open_round.participants,
+                )
                 senders = tuple(sorted(receipt.sender for receipt in checked))
                 if self.ledger.was_decrypted(federation, round_number, kind):
                     raise DecryptionRefused(
                         Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
                     )
-                ciphertexts, summed_c1 = self._verified_sum(kind, summed_chunks, length, checked, upload_c1)
-                digests = [c1_digest(c1) for c1 in summed_c1]
+                slots = expected_slots(self.policy, kind, checked)
+                if length != slots:
+                    raise DecryptionRefused(
+                        Refusal.WRONG_SHAPE.value,
+                        f"the request announces {length} slot values; the receipted uploads hold {slots}",
+                    )
+                total = summed_c1(self.level, checked, upload_c1, ckks.chunk_count(slots, self.level.degree // 2))
+                digests = chunk_digests(total)
                 self._check_fresh(federation, digests)
                 noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
-                view = self._decrypt_padded(ciphertexts, noise)
+                secret = np.ascontiguousarray(self._held.secret[: len(self.level.moduli)])
+                view = partial_residues(self.rings, total, secret, self.flooding_std)
+                if noise is not None:
+                    view = self._add_noise(kind, view, noise)
                 if not self.ledger.record_decryption(
                     federation, round_number, kind, open_round.nonce, senders, digests
                 ):
@@ -339,83 +452,9 @@ class KeyAuthority:
         )
         return view
 
-    def _verified_sum(
-        self,
-        kind: str,
-        chunks: Sequence[bytes],
-        length: int,
-        receipts: Sequence[Receipt],
-        upload_c1: Sequence[np.ndarray],
-    ) -> tuple[list, np.ndarray]:
-        """The summed chunks as SEAL ciphertexts, once they are exactly the sum of the receipted uploads, and their
-        ``c1`` (chunks, data primes, N).
-
-        The receipts fix how many values (hence chunks) the kind has and each upload's ``c1`` digest; the
-        aggregator's ``c1`` polynomials must match those digests, and every summed chunk's ``c1`` must be their
-        sum modulo the data primes. ``c1`` is what decides which combination of the key a reply reveals, so the
-        aggregator can neither choose it (a crafted or repeated ciphertext) nor drop a bank from a sum; what it
-        adds to ``c0`` (its pad) only shifts the plaintext it will learn."""
-        values = {receipt.values for receipt in receipts}
-        if len(values) != 1:
-            raise DecryptionRefused(
-                Refusal.RECEIPT_MISMATCH.value, f"the receipts disagree on the upload's size: {sorted(values)} values"
-            )
-        layout = self.policy.upload_layout(kind)
-        expected_slots = packing.slot_length(layout, values.pop())
-        per_chunk = self.level.degree // 2
-        expected_chunks = ckks.chunk_count(expected_slots, per_chunk)
-        if length != expected_slots:
-            raise DecryptionRefused(
-                Refusal.WRONG_SHAPE.value,
-                f"the request announces {length} slot values; the receipted uploads hold {expected_slots}",
-            )
-        if len(chunks) != expected_chunks:
-            raise DecryptionRefused(
-                Refusal.WRONG_SHAPE.value,
-                f"{len(chunks)} ciphertexts sent; the receipted uploads of {kind!r} have {expected_chunks}",
-            )
-        if len(upload_c1) != len(receipts):
-            raise DecryptionRefused(
-                Refusal.NOT_A_SUM.value,
-                f"c1 polynomials of {len(upload_c1)} uploads sent for {len(receipts)} receipts",
-            )
-        total = np.zeros((expected_chunks, *self.level.shape), dtype=np.uint64)
-        for receipt, c1 in zip(receipts, upload_c1, strict=True):
-            try:
-                residues = ring_mask.check_residues(self.level, c1, expected_chunks, f"c1 of {receipt.sender!r}")
-            except CiphertextError as error:
-                raise DecryptionRefused(Refusal.NOT_A_SUM.value, str(error)) from None
-            if c1_digest(residues) != receipt.c1_sha256:
-                raise DecryptionRefused(
-                    Refusal.NOT_A_SUM.value,
-                    f"the c1 polynomials given for {receipt.sender!r} are not the ones it signed",
-                )
-            total = ring_mask.add_mod(total, residues, self.level)
-        scale = 2.0 ** (layout.scale_bits if layout is not None else self.policy.he.global_scale_bits)
-        ciphertexts = []
-        for index, data in enumerate(chunks):
-            try:
-                ciphertext = ring_mask.load_ciphertext(self._secret_context, data, self.level, f"chunk {index}")
-                polys = ring_mask.ciphertext_polys(ciphertext, self.level)
-            except CryptoError as error:
-                raise DecryptionRefused(Refusal.BAD_CIPHERTEXT.value, str(error)) from None
-            if ciphertext.scale != scale:
-                raise DecryptionRefused(
-                    Refusal.BAD_CIPHERTEXT.value,
-                    f"chunk {index}: scale 2^{np.log2(ciphertext.scale):.4g}, but {kind!r} is encrypted at "
-                    f"2^{np.log2(scale):.4g} under the policy",
-                )
-            if not np.array_equal(polys[1], total[index]):
-                raise DecryptionRefused(
-                    Refusal.NOT_A_SUM.value,
-                    f"chunk {index} is not the sum of the {len(receipts)} receipted uploads (its c1 differs)",
-                )
-            ciphertexts.append(ciphertext)
-        return ciphertexts, total
-
     def _check_fresh(self, federation: str, digests: Sequence[str]) -> None:
-        """Refuse a ciphertext sent twice, or one already decrypted in this federation, and a request beyond the
-        decryption budget the flooding was sized for."""
+        """Refuse a summed ciphertext already decrypted in this federation, and a request beyond the decryption
+        budget the flooding was sized for."""
         if len(set(digests)) != len(digests):
             raise DecryptionRefused(Refusal.REPEATED_CIPHERTEXT.value, "the request repeats a ciphertext (same c1)")
         seen = self.ledger.decrypted_ciphertexts(federation, digests)
@@ -429,22 +468,22 @@ class KeyAuthority:
         if spent + len(digests) > budget:
             raise DecryptionRefused(
                 Refusal.BUDGET_EXHAUSTED.value,
-                f"{spent} ciphertexts decrypted under this key; {len(digests)} more exceed he.max_decryptions = "
+                f"{spent} ciphertexts decrypted under this share; {len(digests)} more exceed he.max_decryptions = "
                 f"{budget}, the query budget the noise flooding holds for (a fresh key is needed)",
             )
 
-    def _decrypt_padded(self, ciphertexts: Sequence, noise: np.ndarray | None) -> np.ndarray:
-        """The flooded residues of every padded chunk's plaintext, plus the encoded central noise when there is
-        any."""
+    def _add_noise(self, kind: str, view: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """``view + Encode(n)`` chunk by chunk at the kind's scale: decryption is linear, so the fused result is the
+        noised sum."""
+        layout = self.policy.upload_layout(kind)  # None: a central channel travels unpacked
+        scale = 2.0 ** (layout.scale_bits if layout is not None else self.policy.he.global_scale_bits)
         slots = self.level.degree // 2
-        view = np.empty((len(ciphertexts), *self.level.shape), dtype=np.uint64)
-        for index, ciphertext in enumerate(ciphertexts):
-            view[index] = ring_mask.decrypt_flooded(self._secret_context, ciphertext, self.level, self.flooding_std)
-            if noise is not None:  # Dec(ct) + Encode(n) = Dec(ct + Encode(n)): decryption is linear
-                part = noise[index * slots : (index + 1) * slots]
-                encoded = ring_mask.encode(self._secret_context, self.level, part, ciphertext.scale)
-                view[index] = ring_mask.add_mod(view[index], encoded, self.level)
-        return view
+        noised = view.copy()
+        for index in range(len(view)):
+            part = noise[index * slots : (index + 1) * slots]
+            encoded = ring_mask.encode(self.rings.context, self.level, part, scale)
+            noised[index] = ring_mask.add_mod(view[index], encoded, self.level)
+        return noised
 
     def _central_noise(self, kind: str, length: int) -> np.ndarray | None:
         """N(0, σ²) for every value of a kind whose DP channel is central (the weights' last entry: 0), else None."""
@@ -461,16 +500,18 @@ class KeyAuthority:
     ) -> OpenRound:
         if caller_role != AGGREGATOR:
             raise DecryptionRefused(Refusal.NOT_AGGREGATOR.value, f"role {caller_role!r} may not request decryption")
-        if self.federation is not None and federation != self.federation:
+        if federation != self.federation:
             raise DecryptionRefused(
                 Refusal.FOREIGN_FEDERATION.value, f"this key authority serves federation {self.federation!r} only"
             )
         if kind not in self.policy.allowed_kinds:
             raise DecryptionRefused(Refusal.KIND_NOT_ALLOWED.value, f"the policy does not let {kind!r} leave a bank")
+        if not self.ceremony_complete:
+            raise DecryptionRefused(Refusal.FOREIGN_CONTEXT.value, "the key ceremony has not completed")
         if fingerprint != self.fingerprint:
             raise DecryptionRefused(
                 Refusal.FOREIGN_CONTEXT.value,
-                f"context {fingerprint[:12]}… is not this authority's {self.fingerprint[:12]}…",
+                f"context {str(fingerprint)[:12]}… is not this federation's {self.fingerprint[:12]}…",
             )
         current = self.ledger.current_round(federation)
         if current is None:
@@ -481,49 +522,14 @@ class KeyAuthority:
             )
         return current
 
-    def _check_receipts(self, receipts: Sequence, open_round: OpenRound, kind: str) -> list[Receipt]:
-        banks = self.ledger.banks()
-        expected = {
-            "federation": open_round.federation,
-            "round": open_round.round,
-            "nonce": open_round.nonce,
-            "kind": kind,
-            "context_fingerprint": self.fingerprint,
-        }
-        checked: list[Receipt] = []
-        for position, raw in enumerate(receipts):
-            try:
-                receipt = raw if isinstance(raw, Receipt) else parse_receipt(raw)
-            except ReceiptError as error:
-                raise DecryptionRefused(Refusal.BAD_RECEIPT.value, f"receipt {position}: {error}") from None
-            if receipt.sender not in banks:
-                raise DecryptionRefused(Refusal.UNKNOWN_SENDER.value, f"receipt {position}: {receipt.sender!r}")
-            try:
-                verify_receipt(load_public_key(banks[receipt.sender]), receipt)
-            except ReceiptError as error:
-                raise DecryptionRefused(Refusal.BAD_RECEIPT.value, f"receipt {position}: {error}") from None
-            if receipt.policy_sha256 != self.policy_digest:
-                raise DecryptionRefused(
-                    Refusal.POLICY_MISMATCH.value,
-                    f"receipt {position} from {receipt.sender!r} was signed under policy "
-                    f"{receipt.policy_sha256[:12]}…, this key authority runs {self.policy_digest[:12]}…",
-                )
-            wrong = [name for name, value in expected.items() if getattr(receipt, name) != value]
-            if wrong:
-                raise DecryptionRefused(
-                    Refusal.RECEIPT_MISMATCH.value,
-                    f"receipt {position} from {receipt.sender!r} is bound to another {', '.join(wrong)}",
-                )
-            if receipt.sender not in open_round.participants:
-                raise DecryptionRefused(
-                    Refusal.NOT_PARTICIPANT.value,
-                    f"{receipt.sender!r} is not a participant of round {open_round.round}",
-                )
-            if any(receipt.sender == other.sender for other in checked):
-                raise DecryptionRefused(Refusal.DUPLICATE_SENDER.value, f"two receipts from {receipt.sender!r}")
-            checked.append(receipt)
-        if len(checked) < self._quorum():
-            raise DecryptionRefused(
-                Refusal.BELOW_QUORUM.value, f"{len(checked)} valid receipts, the quorum is {self._quorum()}"
-            )
-        return checked
+
+def _share_digest(raw: bytes) -> str:
+    """SHA-256 (hex) of a public share's bytes, kept in the ledger so an altered share file is noticed."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _residues(raw: bytes, shape: tuple[int, int]) -> np.ndarray:
+    expected = shape[0] * shape[1] * 8
+    if len(raw) != expected:
+        raise CryptoError(f"a public share of {len(raw)} bytes, expected {expected}")
+    return np.frombuffer(raw, dtype="<u8").reshape(shape).astype(np.uint64)

@@ -1,11 +1,10 @@
 """CKKS plaintexts as residues of the plaintext ring: the one module that handles SEAL objects byte by byte.
 
 A ciphertext at the data level decrypts (``c0 + c1·s``, SEAL keeps both in NTT form) to the plaintext
-polynomial ``m + e`` of ``Z_Q[X]/(X^N + 1)``: one vector of ``N`` residues per data prime ``q_i``. The
-one-time pad of ``masking.py`` lives here, in that ring: a polynomial ``r`` whose residues are uniform in
-``[0, q_i)`` is added to ``c0`` (``Evaluator.add_plain``), so the key authority decrypts ``m + e + r mod q``
-— exactly uniform whatever ``m`` is — and returns it as residues, never decoded to slots; only the
-aggregator, which kept ``r``, subtracts it and decodes (:func:`decode`).
+polynomial ``m + e`` of ``Z_Q[X]/(X^N + 1)``: one vector of ``N`` residues per data prime ``q_i``. Threshold
+decryption works in that ring: each decryptor's partial decryption ``c1·s_i + E_i`` is such a vector
+(``threshold.py``, ``partial_decryption.py``), and only the aggregator, adding ``c0`` and every partial, decodes
+the fused plaintext to slots (:func:`decode`).
 
 TenSEAL 0.3.18's ``sealapi`` has no coefficient setters and no in-memory serialisation, so residues go in
 through SEAL's own format: :func:`_plaintext_bytes` writes an *uncompressed* ``Plaintext`` (the layout of

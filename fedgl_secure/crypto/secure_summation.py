@@ -5,8 +5,15 @@ One process plays every party, but each keeps to its own keys and its own view (
 * **banks** (one per client id) hold an Ed25519 signing key and the *public* context; each
   encrypts every kind of its pre-weighted contribution and signs a receipt per kind;
 * the **aggregator** holds the public context only; it verifies receipts and digests, adds
-  ciphertexts per kind (never decrypting) and asks the key authority to decrypt each sum;
-* the **key authority** (:class:`KeyAuthority`) holds the secret context and enforces its rules.
+  ciphertexts per kind (never decrypting), asks the key authority and ``t`` banks for partial
+  decryptions of each sum and fuses them;
+* the **key authority** (:class:`KeyAuthority`) holds its key share ``s_0`` and enforces its rules;
+  each bank holds a Shamir share of the banks' part and its own :class:`BankDecryptor` rules.
+
+The key is made without a dealer when the summation is created (``key_ceremony.py``): the key
+authority and every bank of the roster (``banks``, default the policy's ``he.max_banks``; client ``k``
+is bank ``k + 1``) announce public shares, deal Shamir shares through the key authority's relay, and
+the collective public context is what banks encrypt under. No object here holds the secret key.
 
 It implements :class:`fedgl_secure.engine.aggregation.Summation`, so ``run_experiment`` runs
 unchanged; the multi-process services reuse the same upload, check and decryption code.
@@ -34,7 +41,7 @@ import secrets
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +50,12 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto import ckks, packing, threshold
 from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
 from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-from fedgl_secure.crypto.masking import masked_decryption
+from fedgl_secure.crypto.key_ceremony import BankCeremony, Roster
+from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.upload import (
     RoundTicket,
@@ -86,15 +94,66 @@ class WireStats:
 
 
 @dataclass
+class DecryptionTraffic:
+    """Bytes of the threshold decryptions over all rounds, as the services send them (residues, 8 bytes each; the
+    frames' few bytes of length aside): ``verification`` — each decryptor's download of the receipted uploads' ``c1``
+    (the key authority's request, each decrypting bank's fetch); ``partials`` — the partial decryptions sent back
+    (the key authority's and each bank's); ``values`` — the values decrypted (unpacked), ``sums`` — the sums."""
+
+    verification: int = 0
+    partials: int = 0
+    values: int = 0
+    sums: int = 0
+
+    def add(self, uploads: int, chunks: int, shape: tuple[int, int], decryptors: int, values: int) -> None:
+        residues = chunks * shape[0] * shape[1] * 8  # one (chunks, k, N) array of uint64
+        self.verification += decryptors * uploads * residues
+        self.partials += decryptors * residues
+        self.values += values
+        self.sums += 1
+
+    def bytes_per_value(self) -> float:
+        return (self.verification + self.partials) / self.values if self.values else float("nan")
+
+
+@dataclass
 class PhaseTimes:
     """Seconds spent per party over all rounds: banks encrypting and signing (wall time of the
     round's encryption phase, and the busiest bank's own time, which is what separate machines would
-    wait for), the aggregator checking, adding and masking, the key authority decrypting."""
+    wait for), the aggregator checking, adding and fusing, the decryptors' partial decryptions
+    (``decrypt``: the key authority's plus the slowest bank's of each sum, as on separate machines;
+    ``decrypt_banks``: every bank's, in turn, as here)."""
 
     encrypt: float = 0.0
     encrypt_slowest_bank: float = 0.0
     aggregate: float = 0.0
     decrypt: float = 0.0
+    decrypt_banks: float = 0.0
+
+
+def local_key_ceremony(
+    authority: KeyAuthority, signing_keys: Mapping[str, Ed25519PrivateKey], state_root: Path
+) -> dict[str, BankDecryptor]:
+    """Every bank's side of the dealer-free key generation in this process, relayed by ``authority`` as the services
+    relay it (each bank with its own ceremony object, checking every announcement it receives); returns each bank's
+    partial decryptor, its ledger under ``state_root/<bank>``. The banks must be registered with the authority."""
+    policy, he = authority.policy, authority.policy.he
+    rings = threshold.rings_of(
+        threshold.parameters_context(he.poly_modulus_degree, he.coeff_mod_bit_sizes, 2.0**he.global_scale_bits)
+    )
+    crp = threshold.common_random_polynomial(rings, authority.federation)
+    public = {name: key.public_key() for name, key in signing_keys.items()}
+    ceremonies = {name: BankCeremony(rings, authority.roster, name, key, crp) for name, key in signing_keys.items()}
+    for name, ceremony in ceremonies.items():
+        authority.accept_announcement(name, ceremony.announcement())
+    announcements = authority.announcements()
+    for name, ceremony in ceremonies.items():
+        authority.accept_envelopes(name, ceremony.deal(announcements, public))
+    decryptors = {}
+    for name, ceremony in ceremonies.items():
+        held = ceremony.finish(authority.envelopes_for(name), authority.authority_share)
+        decryptors[name] = BankDecryptor(state_root / name, policy, rings, held, public)
+    return decryptors
 
 
 @dataclass(frozen=True)
@@ -104,17 +163,17 @@ class _Bank:
 
 
 class SecureSummation:
-    """CKKS-encrypted, receipt-checked, key-authority-decrypted summation of one federation.
+    """CKKS-encrypted, receipt-checked, threshold-decrypted summation of one federation.
 
-    ``state_dir`` holds the key authority's sealed key, ledger and audit log (a temporary
-    directory, removed with this object, when not given). Bank keys are generated on a client's
-    first contribution (or by :meth:`enrol`) and enrolled with the key authority, as provisioning
-    would. ``seconds`` splits the time spent between the parties.
+    ``state_dir`` holds the key authority's sealed share, ledger and audit log, and each bank's partial-decryption
+    ledger under ``banks/`` (a temporary directory, removed with this object, when not given). ``banks`` is the
+    roster's size (default ``he.max_banks``): its signing keys and key shares are made here, as provisioning and the
+    key ceremony would. ``seconds`` splits the time spent between the parties.
 
     For the audit: ``accepted_receipts`` keeps every receipt of every sum the key authority
     decrypted, and :meth:`bank_public_keys` the banks' receipt-signing keys. Central DP noise is the
     key authority's own (:meth:`~fedgl_secure.crypto.key_authority.KeyAuthority.decrypt_sum` adds it
-    to the padded sum s + r), so this summation never adds any itself (``adds_central_noise``).
+    to its partial decryption), so this summation never adds any itself (``adds_central_noise``).
     """
 
     adds_central_noise = True  # its key authority applies the policy's central channels
@@ -127,14 +186,28 @@ class SecureSummation:
         federation: str | None = None,
         encrypt_workers: int | None = None,
         pool_min_chunks: int = POOL_MIN_CHUNKS,
+        banks: int | None = None,
     ) -> None:
         self.policy = policy
         self.encrypt_workers = max(1, encrypt_workers or os.cpu_count() or 1)
         self._layouts = {kind: policy.upload_layout(kind) for kind in policy.allowed_kinds}
         self._temporary = tempfile.TemporaryDirectory(prefix="fedgl-ka-") if state_dir is None else None
         self.state_dir = Path(self._temporary.name if self._temporary else state_dir)
-        self.authority = KeyAuthority(self.state_dir, policy, operator_secret or secrets.token_bytes(32))
         self.federation = federation or f"fed-{secrets.token_hex(8)}"
+        count = policy.he.max_banks if banks is None else banks
+        self._banks = {
+            client_id: _Bank(bank_name(client_id), Ed25519PrivateKey.generate()) for client_id in range(count)
+        }
+        self.roster = Roster(self.federation, tuple(bank.name for bank in self._banks.values()), policy.he.threshold)
+        self.authority = KeyAuthority(self.state_dir, policy, operator_secret or secrets.token_bytes(32), self.roster)
+        try:
+            for bank in self._banks.values():
+                self.authority.register_bank(bank.name, bank.signing_key.public_key())
+            signing = {bank.name: bank.signing_key for bank in self._banks.values()}
+            self.decryptors = local_key_ceremony(self.authority, signing, self.state_dir / "banks")
+        except Exception:
+            self.authority.close()
+            raise
         # what banks and the aggregator receive: the public context, checked to carry no secret
         self.public_context = ckks.load_public_context(self.authority.public_context)
         # the banks' encryption of a round: on worker processes once a round is large enough (module doc)
@@ -142,32 +215,31 @@ class SecureSummation:
             self.authority.public_context, policy.he, self.encrypt_workers, min_chunks=pool_min_chunks
         )
         self.fingerprint = ckks.fingerprint(self.authority.public_context)
-        self._banks: dict[int, _Bank] = {}
         self.wire = WireStats()
+        self.decryption = DecryptionTraffic()
         self.seconds = PhaseTimes()
         self.accepted_receipts: list[Receipt] = []
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
     def close(self) -> None:
         self.encryption.close()
+        for decryptor in self.decryptors.values():
+            decryptor.close()
         self.authority.close()
         if self._temporary is not None:
             self._temporary.cleanup()
 
     def _bank(self, client_id: int) -> _Bank:
         if client_id not in self._banks:
-            bank = _Bank(bank_name(client_id), Ed25519PrivateKey.generate())
-            self.authority.register_bank(bank.name, bank.signing_key.public_key())
-            self._banks[client_id] = bank
+            raise PolicyError(
+                f"client {client_id} is not in this federation's key ceremony ({len(self._banks)} banks: clients "
+                f"0..{len(self._banks) - 1}); create the summation with banks >= the number of clients"
+            )
         return self._banks[client_id]
 
-    def enrol(self, client_ids: Iterable[int]) -> None:
-        """Generate and register the signing keys of these clients now (provisioning, not a round's work)."""
-        for client_id in client_ids:
-            self._bank(client_id)
-
     def bank_public_keys(self) -> dict[str, str]:
-        """Each enrolled bank's name → its Ed25519 receipt-signing public key (32 raw bytes, hex)."""
+        """Each roster bank's name → its Ed25519 receipt-signing public key (32 raw bytes, hex), as the key authority
+        registered them."""
         return {
             bank.name: public_key_bytes(bank.signing_key.public_key()).hex()
             for bank in sorted(self._banks.values(), key=lambda b: b.name)
@@ -225,29 +297,39 @@ class SecureSummation:
     def _fuse(
         self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
     ) -> tuple[np.ndarray, list[Upload]]:
-        """The aggregator's and the key authority's part for one kind: check, add, pad, have the sum decrypted,
-        unpad and decode. Runs on the aggregator's thread; times each party's share."""
+        """The aggregator's and the decryptors' part for one kind: check, add, have the key authority and the first
+        ``t`` contributing banks decrypt their share of the sum, fuse and decode. Runs on the aggregator's thread;
+        times each party's share."""
         started = time.perf_counter()
         summed = self._aggregate(ticket, kind, banks, uploads)
         receipts = [upload.receipt for upload in uploads]
         c1s = [upload_c1(self.public_context, upload.chunks) for upload in uploads]
-        decrypting = 0.0
-
-        def decrypt(masked: list[bytes], slots: int) -> np.ndarray:
-            nonlocal decrypting
-            begun = time.perf_counter()
-            try:  # the key authority sees s + r only, r uniform over the plaintext ring
-                return self.authority.decrypt_sum(
-                    AGGREGATOR, self.federation, ticket.round, kind, masked, receipts, self.fingerprint, slots, c1s
-                )
-            finally:
-                decrypting += time.perf_counter() - begun
-
         layout, length = self._layouts[kind], uploads[0].length
-        values = masked_decryption(self.public_context, summed, length, layout, len(uploads), decrypt)
-        self.seconds.aggregate += time.perf_counter() - started - decrypting
-        self.seconds.decrypt += decrypting
+        slots = packing.slot_length(layout, length)
+        begun = time.perf_counter()
+        authority = self.authority.decrypt_sum(
+            AGGREGATOR, self.federation, ticket.round, kind, receipts, self.fingerprint, slots, c1s
+        )
+        authority_seconds = time.perf_counter() - begun
+        decrypting = self._decrypting_set(banks)
+        partials, slowest, banks_seconds = [authority], 0.0, 0.0
+        for name in decrypting:
+            begun = time.perf_counter()
+            partials.append(self.decryptors[name].partial(ticket.round, kind, receipts, c1s, decrypting))
+            spent = time.perf_counter() - begun
+            slowest, banks_seconds = max(slowest, spent), banks_seconds + spent
+        values = fused_values(self.public_context, summed, partials, length, layout, len(uploads))
+        self.decryption.add(len(uploads), len(authority), self.authority.level.shape, len(partials), length)
+        self.seconds.aggregate += time.perf_counter() - started - authority_seconds - banks_seconds
+        self.seconds.decrypt += authority_seconds + slowest
+        self.seconds.decrypt_banks += banks_seconds
         return values, uploads
+
+    def _decrypting_set(self, contributors: Mapping[int, _Bank]) -> list[str]:
+        """The ``t`` banks that decrypt a sum: the round's contributors first (they are up), then the roster's."""
+        names = [bank.name for bank in contributors.values()]
+        names += [name for name in self.roster.banks if name not in names]
+        return names[: self.policy.he.threshold]
 
     def _encrypt_round(
         self,

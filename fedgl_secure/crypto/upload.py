@@ -27,7 +27,7 @@ from fedgl_secure.policy.ckks_params import sum_bound
 from fedgl_secure.policy.schema import HEParameters
 
 # The round's sum of unpacked terms may use this share of the wrap-around bound; the rest is room for the key
-# authority's central DP noise and the encryption noise (the one-time pad needs none: masking.py).
+# authority's central DP noise and the encryption and flooding noise.
 TERMS_SHARE = 0.5
 
 

@@ -460,7 +460,9 @@ def _release_summation(summation: Summation) -> Summation:
     from fedgl_secure.crypto.secure_summation import SecureSummation
 
     if isinstance(summation, SecureSummation):
-        return SecureSummation(summation.policy, encrypt_workers=summation.encrypt_workers)
+        return SecureSummation(
+            summation.policy, encrypt_workers=summation.encrypt_workers, banks=len(summation.roster.banks)
+        )
     return summation
 
 

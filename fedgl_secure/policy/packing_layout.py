@@ -3,9 +3,8 @@ holds, at which scale, and the worst-case error (pure functions of the policy's 
 :mod:`fedgl_secure.crypto.packing`, whose docstring explains the scheme). It sits with the policy because
 ``policy check`` and the policy's validation compute it, below every layer that encrypts.
 
-**Slot budget.** The key authority's one-time pad lives in the plaintext ring, not in the slots
-(``masking.py``), so a register holds the packed sum alone: ``P ∈ [0, 2^T)``, ``T = m·b``. The aggregator
-decodes it after removing the pad, with the real part centred on the public ``2^(T−1)``
+**Slot budget.** No mask shares the slots, so a register holds the packed sum alone: ``P ∈ [0, 2^T)``,
+``T = m·b``. The aggregator decodes the fused plaintext with the real part centred on the public ``2^(T−1)``
 (:attr:`KindLayout.centre`; a real constant is a constant polynomial, exact in the ring), so the decoder
 meets slots with ``|Re z| ≤ 2^(T−1)`` and ``0 ≤ Im z < 2^T``, ``|z| ≤ √5 · 2^(T−1) < 2^(T+0.17)``, i.e.
 polynomial coefficients of magnitude below ``2^(T+0.17+g)`` plus the noise (a coefficient is at most the
@@ -64,7 +63,8 @@ def noise_bound(poly_modulus_degree: int, banks: int, flooding: float = 0.0, dec
     """``|e|`` bound, in scale units, of one slot of a decrypted sum: ``banks`` fresh encryptions plus the flooding
     noise (σ ``flooding`` per coefficient) of each of ``decryptors`` replies (+1: slack for decoding).
 
-    Independent errors add in variance (√K); the one-time pad is added and removed exactly in the ring."""
+    Independent errors add in variance (√K); a fused decryption carries the key authority's and t banks' flooding
+    (``HEParameters.fused_flooding_std``)."""
     encryptions = (NOISE_STD_PER_DEGREE * poly_modulus_degree) ** 2 * max(1, banks)
     replies = flooding**2 * poly_modulus_degree / 2 * max(1, decryptors)
     return NOISE_SIGMAS * math.sqrt(encryptions + replies) + 1.0

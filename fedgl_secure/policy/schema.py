@@ -148,7 +148,10 @@ class HEParameters(BaseModel):
     # Noise flooding of every decryption reply (packing_layout.flooding_std): the replies to at most
     # ``max_decryptions`` ciphertexts over the key's lifetime reveal at most 2^-statistical_security about it.
     statistical_security: int = Field(default=MIN_STATISTICAL_SECURITY, ge=MIN_STATISTICAL_SECURITY, le=128)
-    max_decryptions: int = Field(default=2**20, ge=1, le=2**40)
+    max_decryptions: int = Field(default=2**19, ge=1, le=2**40)
+    # Threshold decryption (crypto/threshold.py): the key authority's share and t banks' Shamir shares decrypt a
+    # sum; fewer than t banks, or no key authority, cannot. 2 <= t <= the consortium's banks (checked at start).
+    threshold: int = Field(default=2, ge=2, le=1024)
     precision: KindPrecisions = KindPrecisions()
 
     # what a decrypted unpacked value may be off by (flooding and encryption noise, at the global scale)
@@ -160,8 +163,8 @@ class HEParameters(BaseModel):
         if isinstance(data, dict) and "mask_bits" in data:
             raise field_error(
                 "mask_bits",
-                "retired: the key authority now decrypts every sum under a one-time pad over the whole plaintext "
-                "ring (perfect hiding, crypto/masking.py), so no slot bits are spent on a mask; remove the key",
+                "retired: no slot bits are spent on a mask (threshold decryption reveals only the fused sum, to the "
+                "aggregator); remove the key",
             )
         return data
 
@@ -199,9 +202,15 @@ class HEParameters(BaseModel):
         """σ, per coefficient, of the noise flooding each decryption reply (packing_layout.flooding_std)."""
         return flooding_std(self.poly_modulus_degree, self.max_banks, self.statistical_security, self.max_decryptions)
 
+    def fused_flooding_std(self) -> float:
+        """σ, per coefficient, of the flooding a fused decryption carries: the key authority's and ``threshold``
+        banks' partial decryptions each add their own, independent, so the variances add."""
+        return self.flooding_std() * math.sqrt(self.threshold + 1)
+
     def unpacked_error(self) -> float:
         """Worst-case error of a decrypted unpacked value (one float per slot at the global scale)."""
-        return noise_bound(self.poly_modulus_degree, self.max_banks, self.flooding_std()) / 2.0**self.global_scale_bits
+        bound = noise_bound(self.poly_modulus_degree, self.max_banks, self.fused_flooding_std())
+        return bound / 2.0**self.global_scale_bits
 
     @model_validator(mode="after")
     def _flooding_fits_global_scale(self) -> HEParameters:
@@ -215,6 +224,16 @@ class HEParameters(BaseModel):
                 f"{self.statistical_security}-bit statistical security): unpacked values would be off by up to "
                 f"{error:.3g} (> {self.UNPACKED_PRECISION:g}); raise global_scale_bits to at least {needed} (with data "
                 "primes to hold it), or lower max_decryptions / statistical_security",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _threshold_within_banks(self) -> HEParameters:
+        if self.threshold > self.max_banks:
+            raise field_error(
+                "threshold",
+                f"t = {self.threshold} exceeds he.max_banks = {self.max_banks}: no consortium this policy admits could "
+                "ever gather t banks to decrypt; lower threshold or raise max_banks",
             )
         return self
 
@@ -242,7 +261,7 @@ class HEParameters(BaseModel):
             poly_modulus_degree=self.poly_modulus_degree,
             data_bits=data_bits(self.coeff_mod_bit_sizes),
             max_banks=self.max_banks,
-            flooding=self.flooding_std(),
+            flooding=self.fused_flooding_std(),
         )
 
 
@@ -253,6 +272,8 @@ class Timeouts(BaseModel):
 
     round_seconds: float = Field(default=600.0, gt=0)
     upload_seconds: float = Field(default=120.0, gt=0)
+    # how long the aggregator waits for a decrypting set's partial decryptions before it tries another set
+    decryption_seconds: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _upload_within_round(self) -> Timeouts:
@@ -519,8 +540,8 @@ class CentroidsRelease(_Section):
 
     * ``"local"`` — each bank adds N(0, z²) to its own sums before encrypting: the guarantee needs nobody's
       honesty, and the consortium's sum carries √K·z.
-    * ``"central"`` — banks encrypt exact sums; the key authority adds N(0, z²) once to the decrypted (padded)
-      sum, as for a central Gaussian channel (:class:`GaussianChannel`): every bank and the aggregator face z,
+    * ``"central"`` — banks encrypt exact sums; the key authority adds N(0, z²) once to its partial decryption of
+      the sum, as for a central Gaussian channel (:class:`GaussianChannel`): every bank and the aggregator face z,
       the sum carries z. It relies on the key authority and the aggregator not colluding (DESIGN §5.1).
     """
 
@@ -761,7 +782,7 @@ class Policy(BaseModel):
     description: str = ""
     protection: Literal["he", "none"] = "he"
     he: HEParameters = HEParameters()
-    quorum: int = 2
+    quorum: int = 3
     allowed_kinds: tuple[str, ...] = KNOWN_KINDS
     timeouts: Timeouts = Timeouts()
     dp: DPSettings = DPSettings()
@@ -795,6 +816,21 @@ class Policy(BaseModel):
                 "he.max_banks",
                 f"{self.he.max_banks} is below the quorum ({self.quorum}): no decryptable sum would fit the packed "
                 "digits; raise he.max_banks or set he.packing = 'none'",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _quorum_above_threshold(self) -> Policy:
+        """A sum must keep two honest banks in it against the coalition threshold decryption withstands (the
+        aggregator, the key authority and t − 1 banks): with quorum q ≤ t, a sum over q banks, q − 1 of them in the
+        coalition (their own terms known, or zero), decrypts to the one honest bank's upload."""
+        if self.protection == "he" and self.quorum <= self.he.threshold:
+            raise field_error(
+                "quorum",
+                f"{self.quorum} is not above he.threshold = {self.he.threshold}: the aggregator and the key authority "
+                f"with t − 1 = {self.he.threshold - 1} colluding bank(s) would decrypt a sum over {self.quorum} banks "
+                "that holds one honest bank's upload alone; set quorum >= he.threshold + 1 = "
+                f"{self.he.threshold + 1}",
             )
         return self
 

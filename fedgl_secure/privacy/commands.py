@@ -83,17 +83,13 @@ def _render_flooding(flooding: dict) -> str:
     return (
         f"decryption: every reply carries noise flooding σ = 2^{flooding['flooding_std_log2']:.1f} per coefficient, "
         f"{flooding['statistical_security_bits']}-bit statistical security for up to {flooding['max_decryptions']:,} "
-        "decrypted ciphertexts over the key's lifetime (the key authority refuses past them)"
+        "decrypted ciphertexts over the key's lifetime (every decryptor refuses past them)"
     )
 
 
 def _render_wire(policy: Policy, rows: list[dict]) -> list[str]:
     he = policy.he
-    lines = [
-        f"packing: {he.packing}; sums over at most {he.max_banks} banks decode (more are refused); "
-        "the key authority decrypts each sum under a one-time pad over the plaintext ring (its view is uniform, "
-        "independent of the sum)"
-    ]
+    lines = [f"packing: {he.packing}; sums over at most {he.max_banks} banks decode (more are refused)"]
     header = (
         f"{'kind':<12} {'range':<16} {'step':>8} {'bits':>5} {'per slot':>8} {'bytes/value':>11} {'worst error':>11}"
     )
@@ -127,7 +123,8 @@ def render_text(path: Path, policy: Policy, guarantees: Guarantees, wire: list[d
         lines.append(
             f"encryption: CKKS N={he.poly_modulus_degree}, moduli {list(he.coeff_mod_bit_sizes)} "
             f"({sum(he.coeff_mod_bit_sizes)} bits, 128-bit security), scale 2^{he.global_scale_bits}; "
-            f"key authority decrypts padded sums of at least {policy.quorum} banks"
+            f"threshold decryption: the key authority and t = {he.threshold} banks decrypt together (no party holds "
+            f"the key), only sums of at least {policy.quorum} banks, each checked by every decryptor"
         )
         lines.append(_render_flooding(flooding_summary(policy)))
         if wire is not None:

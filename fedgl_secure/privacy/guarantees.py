@@ -391,11 +391,11 @@ def _assumptions(policy: Policy) -> list[str]:
             f"Distributed noise on {distributed}: each bank adds N(0, σ²/{q}) to its term before encrypting "
             f"(q = quorum = {q}, the fewest banks in a decrypted sum), so the sum carries σ. Accounted against a "
             f"fellow bank, which knows its own share: z·√({q - 1}/{q}). The aggregator and key authority, even "
-            "colluding, face the full σ. Banks do not collude (t colluding banks leave σ√((q−t)/q))."
+            "colluding, face the full σ. Banks do not collude (c colluding banks leave σ√((q−c)/q))."
         )
     if central:
         lines.append(
-            f"Central noise on {central}: the key authority adds N(0, σ²) to the masked sum s + r it decrypts, "
+            f"Central noise on {central}: the key authority adds N(0, σ²) to its partial decryption of the sum, "
             "which is the same as adding it to s; it never sees s in clear and the aggregator never sees the "
             "noise. Holds only while the key authority and the aggregator do not collude."
         )
@@ -590,8 +590,9 @@ def effective_guarantees(policy: Policy) -> Guarantees:
                 "No differential privacy: HE keeps each bank's upload from the aggregator, but every decrypted sum "
                 "(W̄, fused predictions and embeddings, the pseudo graph built from them) is exact, so ε is "
                 "unbounded for what the sums reveal about a bank's customers.",
-                "Honest-but-curious parties; the key authority and the aggregator do not collude (together they "
-                "can decrypt every upload).",
+                "Threshold decryption: the aggregator (possibly malicious), the key authority and up to t − 1 banks "
+                "together decrypt nothing but the fused sums of at least quorum (> t) banks; banks and the key "
+                "authority follow the protocol.",
             ),
             **common,
         )
@@ -774,8 +775,8 @@ def _centroids_guarantees(policy: Policy, common: dict) -> Guarantees:
         "propagated over the bank's own graph. Scores a bank publishes are outside the guarantee.",
         (
             "Noise (dp.centroids.noise = 'central'): banks encrypt exact sums; the key authority adds N(0, σ²) once to "
-            "the decrypted, padded sum of round 1 (the run has one round), so every bank and the aggregator face σ "
-            "and the consortium's sum carries σ, not √K·σ. It relies on HE and on the key authority and the "
+            "its partial decryption of the sum of round 1 (the run has one round), so every bank and the aggregator "
+            "face σ and the consortium's sum carries σ, not √K·σ. It relies on HE and on the key authority and the "
             "aggregator not colluding (together they would know the exact sum)."
             if central
             else "Noise (dp.centroids.noise = 'local'): drawn from the OS CSPRNG inside each bank; HE hides each "

@@ -9,9 +9,11 @@ The aggregator holds the *public* CKKS context only. Per round it
    upload can never spoil the sum;
 3. at the deadline (or when every participant has uploaded every kind) adds the ciphertexts of
    the banks that uploaded *everything*; below the quorum it aborts the round and reopens it
-   with a fresh nonce; otherwise it pads each sum with a fresh one-time pad over the plaintext
-   ring (``crypto/masking.py``), asks the key authority to decrypt it (its view is uniform,
-   whatever the sum), removes the pad, decodes, and stores each decrypted sum at once, and
+   with a fresh nonce; otherwise, for each kind, it asks the key authority for its partial
+   decryption of the sum (sending each receipted upload's ``c1``; the key authority sums them
+   itself) and ``t`` banks for theirs through the decryption board (``decryption_board.py``),
+   fuses them (``crypto/partial_decryption.fused_values``), decodes, and stores each decrypted sum
+   at once, and
 4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
    stores the next model version together with the round, in one transaction.
 
@@ -57,9 +59,9 @@ import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing
+from fedgl_secure.crypto import ckks, packing, ring_mask
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
-from fedgl_secure.crypto.masking import masked_decryption
+from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket, Upload, check_c1_digest, check_upload, upload_c1
 from fedgl_secure.data.sampling import select_participants
@@ -102,6 +104,7 @@ from fedgl_secure.services.aggregator_store import (
     validation_scores,
 )
 from fedgl_secure.services.config import BANK_SOURCES
+from fedgl_secure.services.decryption_board import DecryptionBoard
 from fedgl_secure.services.pseudonyms import union_positions
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import decode_broadcast, encode_broadcast
@@ -126,12 +129,11 @@ class Decryptor(Protocol):
         federation: str,
         round_number: int,
         kind: str,
-        summed_chunks: Sequence[bytes],
         receipts: Sequence[Receipt],
         fingerprint: str,
         length: int,
         upload_c1: Sequence[np.ndarray],
-    ) -> np.ndarray: ...  # the padded plaintexts' residues (uint64), not values
+    ) -> np.ndarray: ...  # the key authority's partial decryption's residues (uint64), not values
 
 
 def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind: str) -> None:
@@ -172,6 +174,11 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
         raise ConfigError(
             f"the experiment's method {config.method!r} uploads {list(kinds)}, but the policy's allowed_kinds "
             f"{list(policy.allowed_kinds)} keep {refused} inside the banks; allow them or choose another method"
+        )
+    if policy.protection == "he" and policy.he.threshold > num_banks:
+        raise ConfigError(
+            f"he.threshold t = {policy.he.threshold} exceeds the consortium's {num_banks} banks: no sum could ever be "
+            "decrypted (t banks and the key authority decrypt together); lower he.threshold"
         )
     # the count of participants is the same every round; only which banks changes
     per_round = len(select_participants(num_banks, config.federation.participation, config.seed, 1))
@@ -284,6 +291,7 @@ class Coordinator:
         self.fingerprint = ckks.fingerprint(public_context)
         self.store = store
         self.decryptor = decryptor
+        self.board = DecryptionBoard(ring_mask.data_level(self.context))  # the banks' partial decryptions
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
         self._stages = method_stages(self.method)
@@ -982,7 +990,7 @@ class Coordinator:
         if withdrew:
             log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
         try:
-            sums = self._decrypt_sums(current, complete, timer, reference)
+            sums = self._decrypt_sums(stop, current, complete, timer, reference)
         except FedGLError as error:  # DecryptionRefused included
             self.store.close_round(round_number, "abandoned", str(error))
             log.error("round.abandoned", error=str(error))
@@ -993,28 +1001,53 @@ class Coordinator:
         return "decrypted", complete, sums
 
     def _decrypt_sums(
-        self, current: _OpenRound, complete: tuple[str, ...], timer: PhaseTimer, reference: np.ndarray
+        self,
+        stop: threading.Event,
+        current: _OpenRound,
+        complete: tuple[str, ...],
+        timer: PhaseTimer,
+        reference: np.ndarray,
     ) -> dict[str, np.ndarray]:
+        """Each kind's sum, threshold-decrypted: the key authority's partial decryption, then ``t`` banks' from the
+        board (contributors first, then any bank alive), fused here (``crypto/partial_decryption.py``)."""
         sums = {}
+        threshold = self.policy.he.threshold
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
             length = int(np.prod(shape))
+            layout = self._layouts.get(kind)
+            slots = packing.slot_length(layout, length)
             receipts = [upload.receipt for upload in uploads]
-            c1s = [upload_c1(self.context, upload.chunks) for upload in uploads]  # the key authority checks the sum
-
-            def decrypt(masked: list[bytes], slots: int, kind=kind, receipts=receipts, c1s=c1s) -> np.ndarray:
-                with timer.phase("decryption"):  # the key authority decrypts s + r for a fresh ring pad r
-                    return self.decryptor.decrypt(
-                        self.federation, current.round, kind, masked, receipts, self.fingerprint, slots, c1s
-                    )
-
-            with timer.phase("aggregation"):  # summing, padding, unpadding, decoding; decryption apart
+            c1s = [upload_c1(self.context, upload.chunks) for upload in uploads]  # every decryptor sums them itself
+            with timer.phase("aggregation"):
                 summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
-                values = masked_decryption(self.context, summed, length, self._layouts.get(kind), len(uploads), decrypt)
+            with timer.phase("decryption"):  # the key authority's share, then t banks' (on their machines)
+                authority = self.decryptor.decrypt(
+                    self.federation, current.round, kind, receipts, self.fingerprint, slots, c1s
+                )
+                candidates = [*complete, *sorted(b for b in self.banks if b not in complete and self._alive(b))]
+                _, partials = self.board.gather(
+                    current.round,
+                    kind,
+                    receipts,
+                    c1s,
+                    candidates,
+                    threshold,
+                    self.policy.timeouts.decryption_seconds,
+                    self._alive,
+                    stop,
+                )
+            with timer.phase("aggregation"):  # fusing and decoding
+                values = fused_values(self.context, summed, [authority, *partials], length, layout, len(uploads))
                 values = restore_sum(kind, values, reference)
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums
+
+    def _alive(self, bank: str) -> bool:
+        """Whether ``bank`` polled within the liveness window (its decryption thread polls while it trains)."""
+        seen = self._seen.get(bank)
+        return seen is not None and time.monotonic() - seen <= self.liveness_seconds
 
     def _stage_update(
         self, stage: str, version: int, sums: Mapping[str, np.ndarray], broadcast: Broadcast | None

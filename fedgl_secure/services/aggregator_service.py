@@ -21,6 +21,11 @@ PUT      /v1/exchange/boundary                   bank     this bank's boundary p
 GET      /v1/exchange/boundaries/{bank}          bank     a bank's announced boundary pseudonyms
 PUT      /v1/exchange/levels/{level}/terms/{a}   bank     a passive bank's masked term for active bank a (uint64)
 GET      /v1/exchange/levels/{level}/sum         bank     the masked sum of the terms for the calling bank
+GET      /v1/decryptions                         bank     partial-decryption tasks for the calling bank (and a
+                                                          heartbeat)
+GET      /v1/decryptions/{task}/c1               bank     each receipted upload's c1 polynomials (uint64 frames)
+PUT      /v1/decryptions/{task}/partial          bank     the bank's partial decryption (uint64 residues)
+PUT      /v1/decryptions/{task}/refusal          bank     why the bank refuses it (its refusal code and detail)
 =======  ======================================  =======  =====================================
 
 The exchange routes relay Fed²GNN's set-up (``methods/fed2gnn_relay.py``, protocol §12) and answer 409
@@ -216,6 +221,29 @@ class ReportRequest(_Schema):
         return histograms
 
 
+_TASK_ID = r"^[0-9a-f]{32}$"
+
+
+class DecryptionTaskView(_Schema):
+    """A partial-decryption task as a bank of its decrypting set sees it (``services/decryption_board.py``)."""
+
+    task_id: str = Field(pattern=_TASK_ID)
+    round: int = Field(ge=1)
+    kind: str = Field(min_length=1, max_length=64)
+    receipts: list[dict[str, Any]] = Field(max_length=1024)  # the bank parses and verifies them itself
+    decrypting_set: list[str] = Field(min_length=1, max_length=1024)
+    chunks: int = Field(ge=1, le=MAX_CHUNKS)
+
+
+class DecryptionTasks(_Schema):
+    tasks: list[DecryptionTaskView]
+
+
+class RefusalRequest(_Schema):
+    reason: str = Field(min_length=1, max_length=64)
+    detail: str = Field(max_length=4096)
+
+
 def create_app(
     coordinator: Coordinator, max_body_bytes: int = encodings.DEFAULT_MAX_BODY_BYTES, lifespan=None
 ) -> FastAPI:
@@ -253,6 +281,58 @@ def create_app(
         return IndexResponse(
             num_global_nodes=size, positions=positions.tolist(), max_bank_nodes=coordinator.max_bank_nodes()
         )
+
+    @app.get("/v1/decryptions")
+    def decryption_tasks(caller: Caller = Depends(bank_only)) -> DecryptionTasks:
+        coordinator.heartbeat(caller.name)  # the bank's decryption thread polls here while its worker trains
+        return DecryptionTasks(
+            tasks=[
+                DecryptionTaskView(
+                    task_id=task.task_id,
+                    round=task.round,
+                    kind=task.kind,
+                    receipts=[receipt.model_dump(mode="json") for receipt in task.receipts],
+                    decrypting_set=list(task.decrypting_set),
+                    chunks=task.chunks,
+                )
+                for task in coordinator.board.pending_for(caller.name)
+            ]
+        )
+
+    @app.get(
+        "/v1/decryptions/{task_id}/c1",
+        response_class=Response,
+        responses={
+            **wire.binary_response("each receipted upload's c1 polynomials, framed by encodings.encode_uint64_frames"),
+            **wire.error_responses(409),
+        },
+    )
+    def decryption_c1(task_id: Annotated[str, Path(pattern=_TASK_ID)], caller: Caller = Depends(bank_only)) -> Response:
+        task = coordinator.board.task_for(task_id, caller.name)
+        return Response(encodings.encode_uint64_frames(task.upload_c1), media_type=wire.OCTET_STREAM)
+
+    @app.put(
+        "/v1/decryptions/{task_id}/partial",
+        responses=wire.error_responses(400, 409),
+        openapi_extra=wire.uint64_request(
+            "the bank's partial decryption: chunks x primes x N little-endian uint64 (encodings.encode_uint64)"
+        ),
+    )
+    async def decryption_partial(
+        task_id: Annotated[str, Path(pattern=_TASK_ID)], request: Request, caller: Caller = Depends(bank_only)
+    ) -> dict:
+        task = coordinator.board.task_for(task_id, caller.name)  # every 409 before the body is read
+        shape = (task.chunks, *coordinator.board.level.shape)
+        residues = encodings.decode_uint64(await request.body(), expected_length=int(np.prod(shape)))  # 400: size
+        await run_in_threadpool(coordinator.board.accept_partial, task_id, caller.name, residues.reshape(shape))
+        return {"accepted": True}
+
+    @app.put("/v1/decryptions/{task_id}/refusal", responses=wire.error_responses(409))
+    def decryption_refusal(
+        task_id: Annotated[str, Path(pattern=_TASK_ID)], request: RefusalRequest, caller: Caller = Depends(bank_only)
+    ) -> dict:
+        coordinator.board.accept_refusal(task_id, caller.name, request.reason, request.detail)
+        return {"accepted": True}
 
     @app.get("/v1/round", responses=wire.error_responses(409))
     def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
@@ -354,13 +434,9 @@ def create_app(
     @app.put(
         "/v1/exchange/levels/{level}/terms/{active}",
         responses=wire.error_responses(400, 409),
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "description": "the masked term: boundary size x width little-endian uint64 (encodings.encode_uint64)",
-                "content": {wire.OCTET_STREAM: {"schema": dict(wire.BINARY_SCHEMA)}},
-            }
-        },
+        openapi_extra=wire.uint64_request(
+            "the masked term: boundary size x width little-endian uint64 (encodings.encode_uint64)"
+        ),
     )
     async def exchange_term(
         level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
@@ -449,6 +525,24 @@ class AggregatorClient:
             headers={RECEIPT_HEADER: encodings.encode_header(receipt), "Content-Type": wire.OCTET_STREAM},
         )
 
+    def decryption_tasks(self) -> list[DecryptionTaskView]:
+        return self._parse(DecryptionTasks, "GET", "/v1/decryptions").tasks
+
+    def decryption_c1(self, task: DecryptionTaskView, shape: tuple[int, int]) -> list[np.ndarray]:
+        body = self._call("GET", f"/v1/decryptions/{task.task_id}/c1").content
+        return encodings.decode_uint64_frames(body, len(task.receipts), task.chunks, shape)
+
+    def post_partial(self, task_id: str, residues: np.ndarray) -> None:
+        self._call(
+            "PUT",
+            f"/v1/decryptions/{task_id}/partial",
+            content=encodings.encode_uint64(np.ascontiguousarray(residues, dtype=np.uint64)),
+            headers={"Content-Type": wire.OCTET_STREAM},
+        )
+
+    def refuse_decryption(self, task_id: str, reason: str, detail: str) -> None:
+        self._call("PUT", f"/v1/decryptions/{task_id}/refusal", json={"reason": reason, "detail": detail[:4096]})
+
     def report(self, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None) -> None:
         names = ("val_correct", "val_total", "test_correct", "test_total")
         payload = {"version": version, **dict(zip(names, counts, strict=True))}
@@ -500,7 +594,10 @@ def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     ka_entry = consortium.key_authority
     ka_http = make_http_client(layout, node.name, ka_entry.url, expect_role=NodeRole.KEY_AUTHORITY)
     key_authority = KeyAuthorityClient(ka_http)
-    public_context, fingerprint = retry_until_ready(key_authority.public_context, "the key authority", log)
+    # the collective context exists once every bank has announced its key share (409 not-ready until then)
+    public_context, fingerprint = retry_until_ready(
+        key_authority.public_context, "the key ceremony", log, retry_on=(ProtocolConflict,)
+    )
     bank_names = [bank.name for bank in consortium.banks]
     state_dir = node.state_dir
     store = AggregatorStore(state_dir / "aggregator.sqlite3")

@@ -64,6 +64,8 @@ from torch import nn
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
+from fedgl_secure.crypto.key_ceremony import Roster
+from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload, sign_upload
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
@@ -98,6 +100,7 @@ from fedgl_secure.services.aggregator import (
     ProtocolConflict,
 )
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
+from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share, rings_for
 from fedgl_secure.services.bank_label_prior import (
     STAGED_LABELS_FILE,
     LabelPriorParticipant,
@@ -107,7 +110,7 @@ from fedgl_secure.services.bank_label_prior import (
 )
 from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.kept_release import SETTINGS, keep_release, take_back_release
-from fedgl_secure.services.key_authority_service import KeyAuthorityClient
+from fedgl_secure.services.key_authority_service import KeyAuthorityClient, read_operator_secret
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
 from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
@@ -863,18 +866,28 @@ def _stage_key(view: RoundResponse) -> tuple[int, str, str]:
     return (view.round, view.nonce, view.stage or "")
 
 
-def create_app(worker: BankWorker, lifespan=None) -> FastAPI:
+@dataclass
+class _Progress:
+    """What the bank's health endpoint reports: its worker once the key ceremony has given it a context."""
+
+    name: str
+    worker: BankWorker | None = None
+
+
+def create_app(progress: _Progress, lifespan=None) -> FastAPI:
     """The bank's own small API: health and progress (any consortium member)."""
-    app = FastAPI(title=f"fedgl-secure bank {worker.name}", version="1", lifespan=lifespan)
+    app = FastAPI(title=f"fedgl-secure bank {progress.name}", version="1", lifespan=lifespan)
     wire.install_error_handlers(app)
 
     @app.get("/v1/health")
     def health(caller: Caller = Depends(caller_identity)) -> dict:
+        worker = progress.worker
         return {
             "role": "bank",
-            "name": worker.name,
-            "rounds_done": len(worker.rounds_done),
-            "finished": worker.finished.is_set(),
+            "name": progress.name,
+            "phase": "key-ceremony" if worker is None else "federation",
+            "rounds_done": 0 if worker is None else len(worker.rounds_done),
+            "finished": worker is not None and worker.finished.is_set(),
         }
 
     return app
@@ -1050,32 +1063,69 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         log.info("bank.data_loaded", **data.summary.to_dict())
     ka_http = make_http_client(layout, node.name, consortium.key_authority.url, expect_role=NodeRole.KEY_AUTHORITY)
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
-    public_context, _ = retry_until_ready(KeyAuthorityClient(ka_http).public_context, "the key authority", log)
-    worker = BankWorker(
-        name=node.name,
-        federation=consortium.federation,
-        client_index=client_index,
-        config=config,
-        graph=data.graph,
-        aggregator=AggregatorClient(agg_http),
-        public_context=public_context,
-        policy=policy,
-        signing_key=load_signing_key(layout, node.name),
-        pseudonym_key=load_pseudonym_key(layout, node.name),
-        poll_seconds=node.bank.poll_seconds,
-        state_dir=node.state_dir,
-        reconstruction=reconstruction,
-    )
+    banks = [bank.name for bank in consortium.banks]
+    verify_keys = load_signing_public_keys(layout, banks)
+    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold)
+    operator_secret = read_operator_secret(node)  # a missing secret stops the node here, naming both options
+    aggregator = AggregatorClient(agg_http)
+    progress = _Progress(node.name)
+
+    def work(stop: threading.Event) -> None:
+        """The key ceremony (first start) or the sealed share, then training beside partial decryption."""
+        held = ensure_key_share(
+            node.state_dir,
+            roster,
+            node.name,
+            policy.he,
+            operator_secret,
+            KeyAuthorityClient(ka_http),
+            load_signing_key(layout, node.name),
+            verify_keys,
+            log,
+            stop=stop,
+        )
+        decryptor = BankDecryptor(node.state_dir, policy, rings_for(policy.he), held, verify_keys)
+        decrypting = threading.Event()
+        decryption = threading.Thread(
+            target=PartialDecryptionWorker(aggregator, decryptor, node.bank.poll_seconds, log).run,
+            args=(decrypting,),
+            name=f"{node.name}-decryption",
+            daemon=True,
+        )
+        worker = BankWorker(
+            name=node.name,
+            federation=consortium.federation,
+            client_index=client_index,
+            config=config,
+            graph=data.graph,
+            aggregator=aggregator,
+            public_context=held.public_context,
+            policy=policy,
+            signing_key=load_signing_key(layout, node.name),
+            pseudonym_key=load_pseudonym_key(layout, node.name),
+            poll_seconds=node.bank.poll_seconds,
+            state_dir=node.state_dir,
+            reconstruction=reconstruction,
+        )
+        progress.worker = worker
+        decryption.start()
+        try:
+            worker.run(stop)
+        finally:
+            decrypting.set()
+            decryption.join(timeout=30.0)
+            worker.close()
+            decryptor.close()
+
     try:
         serve_with_worker(
-            lambda lifespan: create_app(worker, lifespan=lifespan),
-            worker.run,
+            lambda lifespan: create_app(progress, lifespan=lifespan),
+            work,
             entry,
             layout,
             log,
             stop_serving_when_done=True,  # the federation is over (or the worker failed)
         )
     finally:
-        worker.close()
         ka_http.close()
         agg_http.close()

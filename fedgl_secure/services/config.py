@@ -209,7 +209,8 @@ class ConsortiumConfig(_Model):
 
 
 class KeyAuthoritySection(_Model):
-    """Where the key authority's operator secret comes from (file wins over environment)."""
+    """Where the key authority's operator secret comes from (file wins over environment); it seals the key
+    authority's share of the federation's CKKS key."""
 
     operator_secret_file: Path | None = None
     operator_secret_env: str = "FEDGL_KA_SECRET"
@@ -237,6 +238,9 @@ class BankSection(_Model):
     predict: PredictSection = PredictSection()
     data_root: Path | None = Field(None, description="benchmark-slices only: the directory holding <dataset>/raw/")
     poll_seconds: float = Field(0.2, gt=0, le=60)
+    # the operator secret that seals the bank's Shamir share of the federation's CKKS key (file wins over environment)
+    operator_secret_file: Path | None = None
+    operator_secret_env: str = "FEDGL_BANK_SECRET"
 
 
 class AggregatorSection(_Model):
@@ -313,6 +317,7 @@ _NODE_PATHS = (
     ("consortium",),
     ("state_dir",),
     ("key_authority", "operator_secret_file"),
+    ("bank", "operator_secret_file"),
     ("bank", "data_root"),
     ("bank", "data", "customers"),
     ("bank", "data", "transactions"),

@@ -5,16 +5,29 @@ Every rule lives in the library (``crypto/key_authority.py``); this module only 
 ========================  ==========  =====================================================
 endpoint                  who         what
 ========================  ==========  =====================================================
-``GET /v1/health``        any node    service name, role, context fingerprint, status
-``GET /v1/context``       any node    the *public* CKKS context (octet-stream) and
-                                      ``X-FedGL-Context-Fingerprint``
+``GET /v1/health``        any node    service name, role, context fingerprint (null during the
+                                      key ceremony), status
+``GET /v1/context``       any node    the collective *public* CKKS context (octet-stream) and
+                                      ``X-FedGL-Context-Fingerprint``; 409 ``not-ready`` until
+                                      every bank has announced its public key share
+``GET /v1/ceremony/       bank        the key authority's public key share p_0 (uint64 residues)
+authority-share``
+``POST /v1/ceremony/      bank        a signed :class:`key_ceremony.Announcement` (JSON) of the
+announce``                            calling bank
+``GET /v1/ceremony/       bank        every announcement received so far (JSON list)
+announcements``
+``POST /v1/ceremony/      bank        the calling bank's Shamir shares, each sealed to its
+deal``                                recipient (JSON list of :class:`ShareEnvelope`)
+``GET /v1/ceremony/       bank        the envelopes dealt to the calling bank so far
+envelopes``
 ``POST /v1/rounds/open``  aggregator  JSON :class:`OpenRoundRequest` → ``{"opened": true}``;
                                       a refused round is 409
-``POST /v1/decrypt``      (any node)  body: :func:`encodings.encode_chunks` of the padded summed
-                                      ciphertexts (SEAL's serialisation, ``masking.py``);
-                                      header ``X-FedGL-Decrypt``: :class:`DecryptRequest`;
-                                      → the padded plaintexts' residues, uint64 (octet-stream;
-                                      chunks x data primes x N, NTT form), never decoded. The
+``POST /v1/decrypt``      (any node)  body: each receipted upload's ``c1`` polynomials (uint64
+                                      residues, one frame per upload and chunk,
+                                      :func:`encodings.encode_chunks`); header
+                                      ``X-FedGL-Decrypt``: :class:`DecryptRequest`; → the key
+                                      authority's partial decryption of their sum, uint64
+                                      (octet-stream; chunks x data primes x N, NTT form). The
                                       caller's mTLS role goes to the library, so a bank is
                                       refused *and audited* (403 ``not-aggregator``)
 ``GET /v1/audit/verify``  any node    :class:`AuditReport` of the hash-chained audit log
@@ -27,6 +40,7 @@ oversized bodies 413. :class:`KeyAuthorityClient` is the aggregator's side of th
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Sequence
@@ -39,8 +53,9 @@ from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, key_ceremony
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
+from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
@@ -65,6 +80,7 @@ _HEX64_SCHEMA = {"type": "string", "pattern": _HEX64}
 # Any consortium node: pki.read_identity already refuses (401) a certificate without a known role.
 AnyCaller = Annotated[tls.Caller, Depends(tls.caller_identity)]
 AggregatorOnly = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.AGGREGATOR))]
+BankOnly = Annotated[tls.Caller, Depends(tls.require_roles(NodeRole.BANK))]
 
 
 class _Schema(BaseModel):
@@ -74,7 +90,7 @@ class _Schema(BaseModel):
 class HealthResponse(_Schema):
     name: str
     role: str = NodeRole.KEY_AUTHORITY.value
-    fingerprint: str
+    fingerprint: str | None  # None until the key ceremony completes
     status: str = "ok"
 
 
@@ -125,7 +141,6 @@ def create_app(
     requests may be up to ``decrypt_max_body_bytes``, every other body up to ``max_body_bytes``."""
     log = get_logger(node=name, role=NodeRole.KEY_AUTHORITY.value)
     slots = authority.policy.he.poly_modulus_degree // 2
-    chunk_limit = ckks.max_chunk_bytes(authority.policy.he)
     # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
     wire.install_error_handlers(
@@ -150,6 +165,45 @@ def create_app(
             authority.public_context, media_type=OCTET_STREAM, headers={FINGERPRINT_HEADER: authority.fingerprint}
         )
 
+    @app.get(
+        "/v1/ceremony/authority-share",
+        response_class=Response,
+        responses=wire.binary_response(
+            "the key authority's public key share p_0: little-endian uint64 residues, key-level primes x N, NTT form"
+        ),
+    )
+    def authority_share(caller: BankOnly) -> Response:
+        share = np.ascontiguousarray(authority.authority_share, dtype="<u8")
+        return Response(share.tobytes(), media_type=OCTET_STREAM)
+
+    @app.post("/v1/ceremony/announce", responses=wire.error_responses(400, 409))
+    async def announce(request: Request, caller: BankOnly) -> dict:
+        announcement = key_ceremony.Announcement.from_json(await request.body())
+        await run_in_threadpool(authority.accept_announcement, caller.name, announcement)
+        log.info("ceremony.announced", caller=caller.name)
+        return {"accepted": True}
+
+    @app.get("/v1/ceremony/announcements")
+    def announcements(caller: BankOnly) -> list[dict]:
+        return [json.loads(message.to_json()) for message in authority.announcements()]
+
+    @app.post("/v1/ceremony/deal", responses=wire.error_responses(400, 409))
+    async def deal(request: Request, caller: BankOnly) -> dict:
+        try:
+            raw = json.loads(await request.body())
+            if not isinstance(raw, list) or len(raw) > MAX_RECEIPTS:
+                raise ValueError("expected a JSON list of share envelopes")
+        except ValueError as error:
+            raise encodings.WireError(f"share envelopes: {error}") from None
+        envelopes = [key_ceremony.ShareEnvelope.from_json(json.dumps(item)) for item in raw]
+        await run_in_threadpool(authority.accept_envelopes, caller.name, envelopes)
+        log.info("ceremony.dealt", caller=caller.name, envelopes=len(envelopes))
+        return {"accepted": len(envelopes)}
+
+    @app.get("/v1/ceremony/envelopes")
+    def envelopes(caller: BankOnly) -> list[dict]:
+        return [json.loads(envelope.to_json()) for envelope in authority.envelopes_for(caller.name)]
+
     @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=wire.error_responses(409))
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
         authority.open_round(
@@ -163,14 +217,14 @@ def create_app(
         response_class=Response,
         responses={
             **wire.binary_response(
-                "the residues of each padded plaintext m + e + r (NTT form, not decoded): little-endian uint64, "
-                "ciphertexts x data primes x N"
+                "the key authority's partial decryption c1·s_0 + E of the uploads' sum (NTT form): little-endian "
+                "uint64, ciphertexts x data primes x N"
             ),
             **wire.error_responses(400, 403),
         },
         openapi_extra=wire.binary_request(
-            "the padded summed ciphertexts (SEAL serialisation, one per chunk), then each receipted upload's c1 "
-            "polynomials (uint64 residues, one frame per upload and chunk), framed by encodings.encode_chunks",
+            "each receipted upload's c1 polynomials (uint64 residues, one frame per upload and chunk), framed by "
+            "encodings.encode_chunks",
             headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (encodings.encode_header)"},
         ),
     )
@@ -186,12 +240,12 @@ def create_app(
         bound = log.bind(caller=caller.name, federation=meta.federation, round=meta.round, kind=meta.kind)
         if caller.role is not NodeRole.AGGREGATOR:
             # Refused by the library, without reading the body, so the attempt lands in the audit log.
-            await run_in_threadpool(_decrypt, authority, caller, meta, [], [])
+            await run_in_threadpool(_decrypt, authority, caller, meta, [])
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
-        chunks, c1s = decode_decrypt_body(body, meta, slots, chunk_limit, authority.level.shape)
-        bound.info("decrypt.requested", chunks=len(chunks), bytes=len(body), receipts=len(meta.receipts))
-        residues = await run_in_threadpool(_decrypt, authority, caller, meta, chunks, c1s)
+        c1s = decode_decrypt_body(body, meta, slots, authority.level.shape)
+        bound.info("decrypt.requested", bytes=len(body), receipts=len(meta.receipts))
+        residues = await run_in_threadpool(_decrypt, authority, caller, meta, c1s)
         return Response(encodings.encode_uint64(residues), media_type=OCTET_STREAM)
 
     @app.get("/v1/audit/verify", response_model=AuditReport)
@@ -209,7 +263,6 @@ def _decrypt(
     authority: KeyAuthority,
     caller: tls.Caller,
     meta: DecryptRequest,
-    chunks: list[bytes],
     c1s: Sequence[np.ndarray],
 ) -> np.ndarray:
     return authority.decrypt_sum(
@@ -217,7 +270,6 @@ def _decrypt(
         meta.federation,
         meta.round,
         meta.kind,
-        chunks,
         meta.receipts,
         meta.context_fingerprint,
         meta.length,
@@ -225,32 +277,18 @@ def _decrypt(
     )
 
 
-def encode_decrypt_body(summed_chunks: Sequence[bytes], upload_c1: Sequence[np.ndarray]) -> bytes:
-    """A decryption request's body: the padded summed ciphertexts, then each receipted upload's ``c1``
-    polynomials (one frame per upload and chunk, little-endian uint64 residues), all chunk-framed."""
-    frames = list(summed_chunks)
-    for c1 in upload_c1:
-        frames += [encodings.encode_uint64(np.ascontiguousarray(poly)) for poly in np.asarray(c1, dtype=np.uint64)]
-    return encodings.encode_chunks(frames)
+def encode_decrypt_body(upload_c1: Sequence[np.ndarray]) -> bytes:
+    """A decryption request's body: each receipted upload's ``c1`` polynomials (one frame per upload and chunk,
+    little-endian uint64 residues), chunk-framed."""
+    return encodings.encode_uint64_frames(upload_c1)
 
 
 def decode_decrypt_body(
-    body: bytes, meta: DecryptRequest, slots: int, chunk_limit: int, level_shape: tuple[int, int]
-) -> tuple[list[bytes], list[np.ndarray]]:
-    """:func:`encode_decrypt_body` read back: the summed chunks and, per receipt, its uploads' ``c1``; a body
-    whose frames do not divide into them is a :class:`encodings.WireError` naming the count."""
-    expected = ckks.chunk_count(meta.length, slots)
-    receipts = len(meta.receipts)
-    frames = encodings.decode_chunks(body, expected * (1 + receipts), chunk_limit)
-    chunks, rest = frames[:expected], frames[expected:]
-    if len(rest) != expected * receipts:
-        raise encodings.WireError(
-            f"decryption body: {len(frames)} frames; {expected} summed ciphertexts and {expected} c1 polynomials for "
-            f"each of the {receipts} receipts make {expected * (1 + receipts)}"
-        )
-    size = level_shape[0] * level_shape[1]
-    polys = [encodings.decode_uint64(frame, size).reshape(level_shape) for frame in rest]
-    return chunks, [np.stack(polys[i * expected : (i + 1) * expected]) for i in range(receipts)]
+    body: bytes, meta: DecryptRequest, slots: int, level_shape: tuple[int, int]
+) -> list[np.ndarray]:
+    """:func:`encode_decrypt_body` read back: per receipt, its upload's ``c1`` (chunks, k, N); a body whose frames do
+    not divide into them is a :class:`encodings.WireError` naming the count."""
+    return encodings.decode_uint64_frames(body, len(meta.receipts), ckks.chunk_count(meta.length, slots), level_shape)
 
 
 class KeyAuthorityClient:
@@ -270,7 +308,8 @@ class KeyAuthorityClient:
         return HealthResponse.model_validate_json(self._call("GET", "/v1/health").content)
 
     def public_context(self) -> tuple[bytes, str]:
-        """The public context bytes and their fingerprint, checked to be the SHA-256 of the bytes."""
+        """The public context bytes and their fingerprint, checked to be the SHA-256 of the bytes; 409 ``not-ready``
+        (:class:`ProtocolConflict`) until the key ceremony completes."""
         response = self._call("GET", "/v1/context")
         data, announced = response.content, response.headers.get(FINGERPRINT_HEADER, "")
         actual = ckks.fingerprint(data)
@@ -293,19 +332,44 @@ class KeyAuthorityClient:
         )
         self._call("POST", "/v1/rounds/open", json=request.model_dump(mode="json"))
 
+    def authority_share(self) -> np.ndarray:
+        """The key authority's public key share p_0, flat uint64 (the bank's ceremony checks its shape)."""
+        return encodings.decode_uint64(self._call("GET", "/v1/ceremony/authority-share").content)
+
+    def announce(self, announcement: key_ceremony.Announcement) -> None:
+        self._call(
+            "POST",
+            "/v1/ceremony/announce",
+            content=announcement.to_json().encode("utf-8"),
+            headers={"Content-Type": "application/json"},
+        )
+
+    def announcements(self) -> list[key_ceremony.Announcement]:
+        items = self._call("GET", "/v1/ceremony/announcements").json()
+        return [key_ceremony.Announcement.from_json(json.dumps(item)) for item in items]
+
+    def deal(self, envelopes: Sequence[key_ceremony.ShareEnvelope]) -> None:
+        body = "[" + ",".join(envelope.to_json() for envelope in envelopes) + "]"
+        self._call(
+            "POST", "/v1/ceremony/deal", content=body.encode("utf-8"), headers={"Content-Type": "application/json"}
+        )
+
+    def envelopes(self) -> list[key_ceremony.ShareEnvelope]:
+        items = self._call("GET", "/v1/ceremony/envelopes").json()
+        return [key_ceremony.ShareEnvelope.from_json(json.dumps(item)) for item in items]
+
     def decrypt(
         self,
         federation: str,
         round_number: int,
         kind: str,
-        summed_chunks: Sequence[bytes],
         receipts: Sequence[Receipt | dict],
         fingerprint: str,
         length: int,
         upload_c1: Sequence[np.ndarray],
     ) -> np.ndarray:
-        """Ask for one padded fused sum's residues (flat uint64; ``masking.unmask`` checks their count and
-        range); raises :class:`DecryptionRefused` with the authority's reason."""
+        """The key authority's partial decryption of the receipted uploads' sum (flat uint64; the fusion checks its
+        count and range); raises :class:`DecryptionRefused` with the authority's reason."""
         meta = DecryptRequest(
             federation=federation,
             round=round_number,
@@ -317,7 +381,7 @@ class KeyAuthorityClient:
         response = self._call(
             "POST",
             "/v1/decrypt",
-            content=encode_decrypt_body(summed_chunks, upload_c1),
+            content=encode_decrypt_body(upload_c1),
             headers={DECRYPT_HEADER: encodings.encode_header(meta), "Content-Type": OCTET_STREAM},
         )
         return encodings.decode_uint64(response.content)
@@ -330,12 +394,15 @@ class KeyAuthorityClient:
 
 
 def read_operator_secret(node: NodeConfig, environ: dict[str, str] | None = None) -> bytes:
-    """The operator secret: ``key_authority.operator_secret_file`` if it exists, else the environment variable.
+    """The node's operator secret (it seals the node's key share at rest): the key authority's from its
+    ``key_authority`` section, a bank's from its ``bank`` section — ``operator_secret_file`` if it exists, else the
+    environment variable ``operator_secret_env``.
 
     One trailing newline (``\\n`` or ``\\r\\n``) is stripped, as editors and ``echo`` add one.
     """
     environ = dict(os.environ) if environ is None else environ
-    section = node.key_authority
+    name = "bank" if node.role is NodeRole.BANK else "key_authority"
+    section = node.bank if node.role is NodeRole.BANK else node.key_authority
     where = node.source or "the node config"
     from_file = section.operator_secret_file is not None and (
         section.operator_secret_file.exists() or not environ.get(section.operator_secret_env)
@@ -347,7 +414,7 @@ def read_operator_secret(node: NodeConfig, environ: dict[str, str] | None = None
             mode = path.stat().st_mode
         except OSError as error:
             raise ConfigError(
-                f"{where}: key_authority.operator_secret_file: cannot read {path} ({error.strerror or error})"
+                f"{where}: {name}.operator_secret_file: cannot read {path} ({error.strerror or error})"
             ) from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             get_logger(node=node.name).warning("operator_secret.readable_by_others", path=str(path), mode=oct(mode))
@@ -356,8 +423,8 @@ def read_operator_secret(node: NodeConfig, environ: dict[str, str] | None = None
         secret, source = environ[section.operator_secret_env].encode("utf-8"), f"${section.operator_secret_env}"
     else:
         raise ConfigError(
-            f"{where}: no operator secret: set key_authority.operator_secret_file to a file holding it, or the "
-            f"environment variable {section.operator_secret_env} (key_authority.operator_secret_env)"
+            f"{where}: no operator secret: set {name}.operator_secret_file to a file holding it, or the "
+            f"environment variable {section.operator_secret_env} ({name}.operator_secret_env)"
         )
     secret = secret.removesuffix(b"\n").removesuffix(b"\r")
     if not secret:
@@ -375,9 +442,10 @@ def run_key_authority(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     state_dir = node.state_dir
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
-    authority = KeyAuthority(state_dir, policy, secret, federation=consortium.federation)
+    banks = [bank.name for bank in consortium.banks]
+    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold)
+    authority = KeyAuthority(state_dir, policy, secret, roster)
     try:
-        banks = [bank.name for bank in consortium.banks]
         for bank, public_key in pki.load_signing_public_keys(layout, banks).items():
             authority.register_bank(bank, public_key)
         app = create_app(authority, name=node.name)

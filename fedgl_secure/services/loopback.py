@@ -88,7 +88,7 @@ def write_loopback_consortium(
     he = he or HEParameters()
     policy = {
         "description": "loopback consortium",
-        "quorum": 2,
+        "quorum": 3,
         "he": he.model_dump(mode="json"),  # every field, packing and precision included
         "timeouts": {"round_seconds": max(upload_seconds, 60.0), "upload_seconds": upload_seconds},
     }

@@ -101,26 +101,28 @@ def stop_processes(processes: list[NodeProcess], grace: float = GRACE_SECONDS, r
 
 
 def ensure_demo_secrets(consortium: ConsortiumConfig, consortium_dir: Path) -> None:
-    """Provision keys and the key authority's operator secret if this demo has none yet.
+    """Provision keys and the key authority's and banks' operator secrets if this demo has none yet.
 
     Never replaces anything that exists: provisioning keeps existing keys, and an existing
-    operator secret file is left alone (it seals the CKKS secret key).
+    operator secret file is left alone (it seals that node's share of the CKKS key).
     """
     from fedgl_secure.services.pki import provision
 
     if not PkiLayout(consortium.pki_dir).ca_cert.exists():
         provision(consortium)
     ka_config, _ = load_node_config(consortium_dir / f"{consortium.key_authority.name}.toml")
-    secret_file = ka_config.key_authority.operator_secret_file
-    if (
-        secret_file is not None
-        and not secret_file.exists()
-        and not os.environ.get(ka_config.key_authority.operator_secret_env)
-    ):
-        secret_file.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32) + "\n")
+    sections = [ka_config.key_authority]
+    for bank in consortium.banks:
+        bank_file = consortium_dir / f"{bank.name}.toml"
+        if bank_file.exists():
+            sections.append(load_node_config(bank_file)[0].bank)
+    for section in sections:  # each node's own secret: it seals that node's key share
+        secret_file = section.operator_secret_file
+        if secret_file is not None and not secret_file.exists() and not os.environ.get(section.operator_secret_env):
+            secret_file.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(secrets.token_hex(32) + "\n")
 
 
 @dataclass

@@ -262,6 +262,17 @@ def binary_request(description: str, headers: Mapping[str, str] | None = None) -
     }
 
 
+def uint64_request(description: str) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads a raw little-endian uint64 body (:func:`encodings.encode_uint64`)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {OCTET_STREAM: {"schema": dict(BINARY_SCHEMA)}},
+        }
+    }
+
+
 def header_format(name: str) -> str:
     """The OpenAPI ``format`` of metadata header ``name``: ``X-FedGL-Receipt`` → ``fedgl-receipt``."""
     return name.lower().removeprefix("x-")

@@ -144,6 +144,27 @@ def decode_uint64(body: bytes, expected_length: int | None = None) -> np.ndarray
     return np.frombuffer(bytes(body), dtype=_UINT64).astype(np.uint64)
 
 
+def encode_uint64_frames(arrays: Sequence[np.ndarray]) -> bytes:
+    """Several (chunks, k, N) residue arrays (one per upload) as chunk frames, one frame per (array, chunk)."""
+    frames = []
+    for array in arrays:
+        frames += [encode_uint64(np.ascontiguousarray(poly)) for poly in np.asarray(array, dtype=np.uint64)]
+    return encode_chunks(frames)
+
+
+def decode_uint64_frames(body: bytes, arrays: int, chunks: int, shape: tuple[int, int]) -> list[np.ndarray]:
+    """:func:`encode_uint64_frames` read back: ``arrays`` arrays of (``chunks``, *``shape``); any other frame count or
+    frame size is a :class:`WireError` naming it."""
+    size = shape[0] * shape[1]
+    frames = decode_chunks(body, arrays * chunks, size * _UINT64.itemsize)
+    if len(frames) != arrays * chunks:
+        raise WireError(
+            f"residue body: {len(frames)} frames; {arrays} arrays of {chunks} chunks make {arrays * chunks}"
+        )
+    polys = [decode_uint64(frame, size).reshape(shape) for frame in frames]
+    return [np.stack(polys[i * chunks : (i + 1) * chunks]) for i in range(arrays)]
+
+
 def _check_finite(values: np.ndarray, what: str) -> None:
     if values.dtype.kind in "fc" and values.size and not np.all(np.isfinite(values)):
         bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
