@@ -245,3 +245,31 @@ def test_c1_read_from_a_chunks_bytes_is_the_ciphertexts_own(keys):
         ring_mask.c1_residues(b"\x19" + b"\x00" * 8, level, "no ciphertext")
     with pytest.raises(CiphertextError, match="wire type"):
         ring_mask.c1_residues(b"\x08\x01", level, "varint field")
+
+
+@pytest.mark.parametrize("degree, bits", [(4096, (36, 36, 37)), (8192, (60, 60, 60))])
+def test_pointwise_products_equal_seals_multiply_plain(degree, bits):
+    """``multiply_pointwise`` (exact uint64 Horner) gives SEAL's own products, for 36- and 60-bit primes, including
+    residues at q − 1 (the largest operands), and is symmetric."""
+    context = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=list(bits))
+    level = ring_mask.data_level(context)
+    a, b = ring_mask.uniform_residues(level, 2)
+    a[:, :4] = level.column() - 1
+    b[:, :2] = level.column() - 1
+    expected = ring_mask.multiply_residues(context, level, a, b)
+    np.testing.assert_array_equal(ring_mask.multiply_pointwise(level, a, b), expected)
+    np.testing.assert_array_equal(ring_mask.multiply_pointwise(level, b, a), expected)
+    stacked = ring_mask.multiply_pointwise(level, np.stack([a, b]), b)  # a batch against one factor
+    np.testing.assert_array_equal(stacked[0], expected)
+
+
+def test_batched_ntt_equals_one_polynomial_at_a_time(small_context):
+    """``to_ntt_many`` (up to 16 polynomials per SEAL transform) equals ``to_ntt`` polynomial by polynomial, across a
+    batch boundary and for a lone polynomial; ``from_ntt`` takes each back."""
+    level = ring_mask.data_level(small_context)
+    for count in (1, 17):
+        rows = np.stack([ring_mask.signed_residues(level, np.arange(level.degree) % 7 - 3 + i) for i in range(count)])
+        batched = ring_mask.to_ntt_many(small_context, level, rows)
+        for row, transformed in zip(rows, batched, strict=True):
+            np.testing.assert_array_equal(transformed, ring_mask.to_ntt(small_context, level, row))
+            np.testing.assert_array_equal(ring_mask.from_ntt(small_context, level, transformed), row)

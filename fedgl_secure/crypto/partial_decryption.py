@@ -167,11 +167,7 @@ def partial_residues(rings: Rings, c1_total: np.ndarray, secret: np.ndarray, flo
         raise CryptoError(f"the flooding standard deviation must be positive and finite, got {flooding_std!r}")
     secret = shamir.check_element(level, secret, "secret share")
     noise = ring_mask.flooding_residues(rings.context, level, len(c1_total), float(flooding_std))
-    out = np.empty((len(c1_total), *level.shape), dtype=np.uint64)
-    for index, c1 in enumerate(c1_total):
-        product = ring_mask.multiply_residues(rings.context, level, c1, secret)
-        out[index] = ring_mask.add_mod(product, noise[index], level)
-    return out
+    return ring_mask.add_mod(ring_mask.multiply_pointwise(level, c1_total, secret), noise, level)
 
 
 def fused_values(

@@ -370,7 +370,7 @@ def flooding_residues(
     seed = int.from_bytes(random_bytes(32), "little")
     generator = np.random.Generator(np.random.PCG64DXSM(seed))
     coefficients = np.rint(generator.normal(0.0, std, size=(count, level.degree))).astype(np.int64)
-    return np.stack([to_ntt(context, level, signed_residues(level, row)) for row in coefficients])
+    return to_ntt_many(context, level, np.stack([signed_residues(level, row) for row in coefficients]))
 
 
 def signed_residues(level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
@@ -450,20 +450,34 @@ def _parse_ciphertext(raw: bytes, level: RingLevel, polynomials: int) -> np.ndar
     return data.astype(np.uint64).reshape(polynomials, *level.shape)
 
 
-def _transformed(context: ts.Context, level: RingLevel, residues: np.ndarray, to_ntt_form: bool) -> np.ndarray:
-    shaped = check_residues(level, residues, 1, "polynomial")[0]
-    # c1 = 1 keeps SEAL from calling the ciphertext transparent; only c0 is read back
-    polys = np.stack([shaped, np.ones(level.shape, dtype=np.uint64)])
-    ciphertext = ciphertext_from(context, level, polys, 1.0, ntt_form=not to_ntt_form)
+_POLYS_PER_TRANSFORM = 16  # SEAL_CIPHERTEXT_SIZE_MAX: the most polynomials one ciphertext (one transform) holds
+
+
+def _transformed_many(context: ts.Context, level: RingLevel, residues: np.ndarray, to_ntt_form: bool) -> np.ndarray:
+    """Every polynomial of ``residues`` (count, k, N) through SEAL's NTT (or its inverse), up to
+    :data:`_POLYS_PER_TRANSFORM` of them per ciphertext: one SEAL load, transform and save per batch."""
+    shaped = check_residues(level, residues, len(residues), "polynomials")
+    out = np.empty_like(shaped)
     evaluator = sealapi.Evaluator(_seal(context))
-    try:
-        if to_ntt_form:
-            evaluator.transform_to_ntt_inplace(ciphertext)
-        else:
-            evaluator.transform_from_ntt_inplace(ciphertext)
-    except _SEAL_FAILURES as error:
-        raise CiphertextError(f"SEAL's NTT refused the polynomial: {error}") from None
-    return ciphertext_polys(ciphertext, level)[0]
+    for start in range(0, len(shaped), _POLYS_PER_TRANSFORM):
+        batch = shaped[start : start + _POLYS_PER_TRANSFORM]
+        # a second polynomial of ones keeps a lone polynomial from making a "transparent" ciphertext SEAL refuses
+        padded = batch if len(batch) > 1 else np.concatenate([batch, np.ones((1, *level.shape), dtype=np.uint64)])
+        ciphertext = ciphertext_from(context, level, padded, 1.0, ntt_form=not to_ntt_form)
+        try:
+            if to_ntt_form:
+                evaluator.transform_to_ntt_inplace(ciphertext)
+            else:
+                evaluator.transform_from_ntt_inplace(ciphertext)
+        except _SEAL_FAILURES as error:
+            raise CiphertextError(f"SEAL's NTT refused the polynomials: {error}") from None
+        out[start : start + len(batch)] = ciphertext_polys(ciphertext, level)[: len(batch)]
+    return out
+
+
+def _transformed(context: ts.Context, level: RingLevel, residues: np.ndarray, to_ntt_form: bool) -> np.ndarray:
+    shaped = check_residues(level, residues, 1, "polynomial")
+    return _transformed_many(context, level, shaped, to_ntt_form)[0]
 
 
 def to_ntt(context: ts.Context, level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
@@ -471,9 +485,40 @@ def to_ntt(context: ts.Context, level: RingLevel, coefficients: np.ndarray) -> n
     return _transformed(context, level, coefficients, True)
 
 
+def to_ntt_many(context: ts.Context, level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
+    """:func:`to_ntt` of every polynomial of ``coefficients`` (count, k, N), batched through SEAL."""
+    return _transformed_many(context, level, coefficients, True)
+
+
 def from_ntt(context: ts.Context, level: RingLevel, values: np.ndarray) -> np.ndarray:
     """NTT-form residues (k, N) back in coefficient form, by SEAL's inverse NTT."""
     return _transformed(context, level, values, False)
+
+
+def multiply_pointwise(level: RingLevel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a · b`` for NTT-form residues (…, k, N) — products of ring elements, point by point modulo each prime — in
+    exact uint64 arithmetic, no 128-bit product: Horner over ``b``'s digits of ``w = 63 − bits(q)`` bits, every
+    intermediate below ``2^64``. The same numbers as SEAL's ``multiply_plain`` (``tests/test_ring_mask.py``),
+    without its serialisation round trip per call."""
+    left, right = np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)
+    if left.shape[-2:] != level.shape or right.shape[-2:] != level.shape:
+        raise CiphertextError(f"residues of shapes {left.shape} and {right.shape}, expected (…, {level.shape})")
+    left, right = np.broadcast_arrays(left, right)
+    out = np.empty(left.shape, dtype=np.uint64)
+    for row, prime in enumerate(level.moduli):
+        bits = prime.bit_length()
+        width = 63 - bits
+        if width < 1:
+            raise CiphertextError(f"prime {prime} of {bits} bits: pointwise products need primes below 2^62")
+        q, mask = np.uint64(prime), np.uint64((1 << width) - 1)
+        x, y = left[..., row, :] % q, right[..., row, :] % q
+        acc = np.zeros(x.shape, dtype=np.uint64)
+        for digit in reversed(range(-(-bits // width))):
+            acc = (acc << np.uint64(width)) % q  # acc < q < 2^bits: the shift stays below 2^63
+            part = (y >> np.uint64(digit * width)) & mask
+            acc = (acc + (x * part) % q) % q  # x · part < 2^(bits + width) = 2^63; the sum below 2q
+        out[..., row, :] = acc
+    return out
 
 
 def multiply_residues(context: ts.Context, level: RingLevel, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -210,7 +210,7 @@ def generate_key_share(rings: Rings, party: int, crp: np.ndarray) -> KeyShare:
     level, context = rings.key, rings.key_context
     secret = ring_mask.to_ntt(context, level, ring_mask.signed_residues(level, _ternary(level.degree)))
     error = ring_mask.flooding_residues(context, level, 1, KEY_ERROR_STD)[0]
-    public = ring_mask.sub_mod(error, ring_mask.multiply_residues(context, level, a, secret), level)
+    public = ring_mask.sub_mod(error, ring_mask.multiply_pointwise(level, a, secret), level)
     return KeyShare(int(party), public, secret)
 
 
@@ -424,7 +424,7 @@ def _flooded(rings: Rings, c1: np.ndarray, secret: np.ndarray, flooding_std: flo
     if not np.isfinite(flooding_std):
         raise CryptoError(f"the flooding standard deviation must be finite, got {flooding_std!r}")
     context, level = rings.context, rings.data
-    product = ring_mask.multiply_residues(context, level, c1, secret)
+    product = ring_mask.multiply_pointwise(level, c1, secret)
     return ring_mask.add_mod(product, ring_mask.flooding_residues(context, level, 1, float(flooding_std))[0], level)
 
 
