@@ -620,11 +620,9 @@ def test_a_contributor_whose_decryption_thread_is_down_is_replaced_in_the_decryp
             view = wait_open(coordinator)
             reference = _weights(coordinator, coordinator.model(0)).numpy()
             terms = _stage_terms(view, seed=3)
-            started = time.monotonic()
             _upload_terms(coordinator, policy, keys, view, terms, reference=reference)
             driver.join(timeout=60)
             assert not driver.is_alive()
-            assert time.monotonic() - started >= 1.0  # bank-a was waited for, for the decryption timeout
         status = coordinator.status()
         assert status["phase"] == "finished" and status["rounds"][0]["status"] == "applied"
         assert sorted(status["rounds"][0]["contributors"]) == list(BANKS)  # every upload is in the sum
@@ -633,12 +631,13 @@ def test_a_contributor_whose_decryption_thread_is_down_is_replaced_in_the_decryp
         for kind, (_, values, contributors) in sums.items():
             assert contributors == BANKS
             np.testing.assert_allclose(values, _summed(terms, kind).numpy(), atol=1e-4)
-        # each bank counts the ciphertexts it partially decrypted: bank-a none, bank-c each sum's, bank-b each sum's
-        # twice (for the set with bank-a too, whose partials were dropped: a partial is bound to its set)
+        # each bank counts the ciphertexts it partially decrypted: bank-a none, bank-c each sum's, bank-b each sum's and
+        # the first sum's twice — first for the set with bank-a, whose partials were dropped (a partial is bound to its
+        # set); bank-a, left out there, is asked for none of the round's later sums
         slots = policy.he.poly_modulus_degree // 2
-        chunks = sum(ckks.chunk_count(int(np.prod(shape)), slots) for shape in view.shapes.values())
+        per_kind = [ckks.chunk_count(int(np.prod(shape)), slots) for shape in view.shapes.values()]
         counts = {bank: decryptor.decryption_count() for bank, decryptor in federation.decryptors.items()}
-        assert counts == {"bank-a": 0, "bank-b": 2 * chunks, "bank-c": chunks}
+        assert counts == {"bank-a": 0, "bank-b": sum(per_kind) + per_kind[0], "bank-c": sum(per_kind)}
     finally:
         store.close()
         federation.close()

@@ -1012,6 +1012,7 @@ class Coordinator:
         board (contributors first, then any bank alive), fused here (``crypto/partial_decryption.py``)."""
         sums = {}
         threshold = self.policy.he.threshold
+        left_out: set[str] = set()  # banks that failed a decryption of this round are not asked for its next sums
         for kind, shape in current.shapes.items():
             uploads = [current.uploads[bank][kind] for bank in complete]
             length = int(np.prod(shape))
@@ -1026,6 +1027,7 @@ class Coordinator:
                     self.federation, current.round, kind, receipts, self.fingerprint, slots, c1s
                 )
                 candidates = [*complete, *sorted(b for b in self.banks if b not in complete and self._alive(b))]
+                candidates = [bank for bank in candidates if bank not in left_out]
                 _, partials = self.board.gather(
                     current.round,
                     kind,
@@ -1036,6 +1038,7 @@ class Coordinator:
                     self.policy.timeouts.decryption_seconds,
                     self._alive,
                     stop,
+                    left_out,
                 )
             with timer.phase("aggregation"):  # fusing and decoding
                 values = fused_values(self.context, summed, [authority, *partials], length, layout, len(uploads))

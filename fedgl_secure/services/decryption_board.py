@@ -110,10 +110,12 @@ class DecryptionBoard:
         timeout: float,
         alive: Callable[[str], bool],
         stop: threading.Event,
+        left_out: set[str] | None = None,
     ) -> tuple[tuple[str, ...], list[np.ndarray]]:
         """The partial decryptions of ``threshold`` banks, trying decrypting sets from ``candidates`` in order:
         returns (the set, its partials in set order). A bank that refuses, or that is not alive or has not answered
-        when ``timeout`` runs out, is left out of the next set. :class:`DecryptionUnavailable` when fewer than
+        when ``timeout`` runs out, is left out of the next set — and added to ``left_out`` when given, so that the
+        caller asks no bank that just failed for its next sums. :class:`DecryptionUnavailable` when fewer than
         ``threshold`` candidates remain; :class:`DecryptionRefused` (reason ``stopped``) when ``stop`` is set."""
         chunks = len(upload_c1[0]) if upload_c1 else 0
         remaining = list(dict.fromkeys(candidates))
@@ -136,6 +138,8 @@ class DecryptionBoard:
                 return chosen, [task.partials[bank] for bank in chosen]
             for bank in missing:
                 failed[bank] = task.refusals.get(bank, "did not answer")
+            if left_out is not None:
+                left_out.update(missing)
             remaining = [bank for bank in remaining if bank not in missing]
             self.log.warning("partials.retry", round=round_number, kind=kind, left_out=missing, remaining=remaining)
         raise DecryptionUnavailable(
