@@ -89,12 +89,13 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
 def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_keys):
     """The register budget T = log2 Q − 2 − g (the pad needs no slot bits; a complex slot's two registers reach
     √5 · 2^(T−1) with the real part centred): one 24-bit digit per register at N = 4096, [36, 36, 37], 7 banks
-    (46 guard bits hold the encryption noise and the decryption's flooding);
+    (46 guard bits hold the encryption noise and the flooding of the key authority's and t banks' partial
+    decryptions, ``fused_flooding_std``);
     sums of all-lowest and all-highest values (P = 0 and P close to 2^T, in the real and the imaginary parts of
     every slot) come back exact."""
     secret, public = default_keys
     he = HEParameters()
-    flooding = he.flooding_std()
+    flooding = he.fused_flooding_std()  # what a fused decryption carries, as the policy's layouts are sized for
     available = packing.slot_bits(he.poly_modulus_degree, 72, he.max_banks, flooding)
     assert available == 72 - 2 - packing.guard_bits(he.poly_modulus_degree, he.max_banks, flooding) == 24
     top = ((1 << available) - 1) // he.max_banks  # L: 7·L < 2^24, so the digit is all 24 bits
