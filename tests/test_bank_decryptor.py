@@ -54,9 +54,7 @@ def _request(c: Consortium, uploads):
 def test_a_bank_needs_every_banks_signing_key(tmp_path, ceremony, small_policy):
     keys = {name: key.public_key() for name, key in ceremony.keys.items() if name != "bank-c"}
     held, he = ceremony.held["bank-a"], small_policy.he
-    rings = threshold.rings_of(
-        threshold.parameters_context(he.poly_modulus_degree, he.coeff_mod_bit_sizes, 2.0**he.global_scale_bits)
-    )
+    rings = threshold.rings_for(he)
     with pytest.raises(CryptoError, match=r"no receipt-signing key for banks \['bank-c'\]"):
         BankDecryptor(tmp_path / "bank-a", small_policy, rings, held, keys)
 

@@ -138,13 +138,10 @@ class KeyAuthority:
         self._operator_secret = operator_secret
         try:
             self._check_he_parameters()
-            self.rings = threshold.rings_of(
-                threshold.parameters_context(
-                    policy.he.poly_modulus_degree, policy.he.coeff_mod_bit_sizes, 2.0**policy.he.global_scale_bits
-                )
-            )
+            self.rings = threshold.rings_for(policy.he)
             self._crp = threshold.common_random_polynomial(self.rings, self.federation)
-            self._held, self.authority_share = self._load_or_create_share()
+            held, self.authority_share = self._load_or_create_share()
+            self._hold(held)
             self.audit = AuditLog(self.state_dir / AUDIT_FILE, self.ledger.get_meta(AUDIT_HEAD))
         except Exception:
             self.ledger.close()
@@ -188,10 +185,10 @@ class KeyAuthority:
             if _share_digest(raw) != self.ledger.get_meta(AUTHORITY_SHARE_SHA256):
                 raise CryptoError(f"{share_path}: missing, or not the public share of the sealed key share (altered)")
             self.log.info("key_share.unsealed")
-            return held, _residues(raw, self.rings.key.shape)
+            return held, key_ceremony.parse_residues(raw, self.rings.key.shape, str(share_path))
         key_share = threshold.generate_key_share(self.rings, threshold.AUTHORITY, self._crp)
         held = HeldShare(threshold.AUTHORITY, self.roster, key_share.secret, b"")
-        raw = np.ascontiguousarray(key_share.public, dtype="<u8").tobytes()
+        raw = key_ceremony.residue_bytes(key_share.public)
         write_atomically(share_path, raw)
         self.ledger.set_meta(AUTHORITY_SHARE_SHA256, _share_digest(raw))
         write_atomically(sealed_path, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE)
@@ -212,9 +209,12 @@ class KeyAuthority:
             raise ProtocolConflict("not-ready", f"the key ceremony waits for the public shares of {missing}")
         return self._held.public_context
 
-    @property
-    def fingerprint(self) -> str | None:
-        return ckks.fingerprint(self._held.public_context) if self.ceremony_complete else None
+    def _hold(self, held: HeldShare) -> None:
+        """Keep ``held``, and what every decryption reads of it: the context's fingerprint (None while the ceremony
+        is pending) and ``s_0``'s data-level residues."""
+        self._held = held
+        self.fingerprint = ckks.fingerprint(held.public_context) if held.public_context else None
+        self._data_secret = np.ascontiguousarray(held.secret[: len(self.rings.data.moduli)])
 
     def _signing_keys(self) -> dict[str, Ed25519PublicKey]:
         return {name: load_public_key(raw) for name, raw in self.ledger.banks().items()}
@@ -293,7 +293,7 @@ class KeyAuthority:
         write_atomically(
             self.state_dir / SEALED_FILE, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE
         )
-        self._held = held
+        self._hold(held)
         self._record({"event": "ceremony-complete", "decision": "allowed", "fingerprint": self.fingerprint})
         self.log.info("ceremony.complete", fingerprint=self.fingerprint[:12])
 
@@ -418,8 +418,7 @@ class KeyAuthority:
                 digests = chunk_digests(total)
                 self._check_fresh(federation, digests)
                 noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
-                secret = np.ascontiguousarray(self._held.secret[: len(self.level.moduli)])
-                view = partial_residues(self.rings, total, secret, self.flooding_std)
+                view = partial_residues(self.rings, total, self._data_secret, self.flooding_std)
                 if noise is not None:
                     view = self._add_noise(kind, view, noise)
                 if not self.ledger.record_decryption(
@@ -526,10 +525,3 @@ class KeyAuthority:
 def _share_digest(raw: bytes) -> str:
     """SHA-256 (hex) of a public share's bytes, kept in the ledger so an altered share file is noticed."""
     return hashlib.sha256(raw).hexdigest()
-
-
-def _residues(raw: bytes, shape: tuple[int, int]) -> np.ndarray:
-    expected = shape[0] * shape[1] * 8
-    if len(raw) != expected:
-        raise CryptoError(f"a public share of {len(raw)} bytes, expected {expected}")
-    return np.frombuffer(raw, dtype="<u8").reshape(shape).astype(np.uint64)

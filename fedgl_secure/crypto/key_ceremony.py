@@ -83,12 +83,12 @@ def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _residue_bytes(residues: np.ndarray) -> bytes:
+def residue_bytes(residues: np.ndarray) -> bytes:
     """A ring element as its wire form: little-endian uint64, C order."""
     return np.ascontiguousarray(residues, dtype="<u8").tobytes()
 
 
-def _parse_residues(data: bytes, shape: tuple[int, int], what: str) -> np.ndarray:
+def parse_residues(data: bytes, shape: tuple[int, int], what: str) -> np.ndarray:
     """Wire bytes back to a (k, N) uint64 array, refusing a wrong length before reshaping."""
     expected = shape[0] * shape[1] * 8
     if len(data) != expected:
@@ -294,7 +294,7 @@ def announce(
     if key_share.party != party:
         raise CryptoError(f"the key share is party {key_share.party}'s, but {bank!r} is party {party}")
     public = shamir.check_element(rings.key, key_share.public, f"public share of {bank!r}")
-    unsigned = Announcement(roster.digest(), party, bank, _residue_bytes(public), _exchange_public(exchange_key), b"")
+    unsigned = Announcement(roster.digest(), party, bank, residue_bytes(public), _exchange_public(exchange_key), b"")
     return dataclasses.replace(unsigned, signature=signing_key.sign(unsigned.signed_bytes()))
 
 
@@ -334,7 +334,7 @@ def verify_announcement(
         raise CryptoError(
             f"{who}: exchange key of {len(message.exchange_key)} bytes, expected {EXCHANGE_KEY_BYTES} (X25519)"
         )
-    public = _parse_residues(message.public_share, rings.key.shape, f"{who}: public_share")
+    public = parse_residues(message.public_share, rings.key.shape, f"{who}: public_share")
     return shamir.check_element(rings.key, public, f"{who}: public_share")
 
 
@@ -519,7 +519,7 @@ def seal_envelopes(
         )
         key = _envelope_key(roster, exchange_key, announced[dealer], announced[recipient], announced[recipient])
         nonce = os.urandom(NONCE_BYTES)
-        ciphertext = ChaCha20Poly1305(key).encrypt(nonce, _residue_bytes(share), _aad(digest, dealer, recipient))
+        ciphertext = ChaCha20Poly1305(key).encrypt(nonce, residue_bytes(share), _aad(digest, dealer, recipient))
         envelopes.append(ShareEnvelope(digest, dealer, recipient, nonce, ciphertext))
     return envelopes
 
@@ -579,7 +579,7 @@ def open_envelopes(
                 f"the share dealt by {source} could not be opened (tampered, or not sealed for {me})"
             ) from None
         what = f"share dealt by {source} to {me}"
-        shares[dealer] = shamir.check_element(rings.data, _parse_residues(payload, rings.data.shape, what), what)
+        shares[dealer] = shamir.check_element(rings.data, parse_residues(payload, rings.data.shape, what), what)
     return shares
 
 
@@ -663,7 +663,7 @@ def seal_held_share(held: HeldShare, operator_secret: bytes | str) -> bytes:
     order), then the public context."""
     if not isinstance(held, HeldShare):
         raise CryptoError(f"expected a HeldShare, got {type(held).__name__}")
-    secret = _residue_bytes(held.secret)
+    secret = residue_bytes(held.secret)
     header = {
         "version": HELD_SHARE_VERSION,
         "party": held.party,
@@ -713,7 +713,7 @@ def unseal_held_share(sealed: bytes, operator_secret: bytes | str, rings: thresh
     if shape != level.shape:
         raise CryptoError(f"{what}: secret of shape {shape}, these parameters need {level.shape} for party {party}")
     secret = shamir.check_element(
-        level, _parse_residues(body[:secret_size], level.shape, f"{what}: secret"), f"{what}: secret"
+        level, parse_residues(body[:secret_size], level.shape, f"{what}: secret"), f"{what}: secret"
     )
     context = body[secret_size:]
     if hashlib.sha256(context).hexdigest() != context_sha256:

@@ -65,7 +65,6 @@ from fedgl_secure.crypto.upload import (
     finite_term,
     make_upload,
     sign_upload,
-    upload_c1,
 )
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
@@ -137,10 +136,7 @@ def local_key_ceremony(
     """Every bank's side of the dealer-free key generation in this process, relayed by ``authority`` as the services
     relay it (each bank with its own ceremony object, checking every announcement it receives); returns each bank's
     partial decryptor, its ledger under ``state_root/<bank>``. The banks must be registered with the authority."""
-    policy, he = authority.policy, authority.policy.he
-    rings = threshold.rings_of(
-        threshold.parameters_context(he.poly_modulus_degree, he.coeff_mod_bit_sizes, 2.0**he.global_scale_bits)
-    )
+    policy, rings = authority.policy, authority.rings
     crp = threshold.common_random_polynomial(rings, authority.federation)
     public = {name: key.public_key() for name, key in signing_keys.items()}
     ceremonies = {name: BankCeremony(rings, authority.roster, name, key, crp) for name, key in signing_keys.items()}
@@ -304,9 +300,8 @@ class SecureSummation:
         ``t`` contributing banks decrypt their share of the sum, fuse and decode. Runs on the aggregator's thread;
         times each party's share."""
         started = time.perf_counter()
-        summed = self._aggregate(ticket, kind, banks, uploads)
+        summed, c1s = self._aggregate(ticket, kind, banks, uploads)
         receipts = [upload.receipt for upload in uploads]
-        c1s = [upload_c1(self.public_context, upload.chunks) for upload in uploads]
         layout, length = self._layouts[kind], uploads[0].length
         slots = packing.slot_length(layout, length)
         decrypting = self._decrypting_set(banks)
@@ -424,12 +419,16 @@ class SecureSummation:
             self.wire.add(upload)
         return uploads
 
-    def _aggregate(self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]) -> list:
-        """The aggregator's part: check every receipt and digest, then add ciphertexts (no secret key)."""
+    def _aggregate(
+        self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
+    ) -> tuple[list, list[np.ndarray]]:
+        """The aggregator's part: check every receipt and digest, then add ciphertexts (no secret key). Returns the
+        sum and each upload's checked c1 (what the decryptors are sent)."""
+        c1s = []
         for bank, upload in zip(banks.values(), uploads, strict=True):
             check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
-            check_c1_digest(self.public_context, upload, bank.name)
-        return ckks.add_serialized(self.public_context, [upload.chunks for upload in uploads])
+            c1s.append(check_c1_digest(self.public_context, upload, bank.name))
+        return ckks.add_serialized(self.public_context, [upload.chunks for upload in uploads]), c1s
 
 
 class QuantisedSummation:

@@ -48,6 +48,7 @@ import tenseal.sealapi as sealapi
 from fedgl_secure.crypto import ckks, ring_mask, shamir
 from fedgl_secure.crypto.ring_mask import RingLevel
 from fedgl_secure.errors import CiphertextError, ContextError, CryptoError
+from fedgl_secure.policy.schema import HEParameters
 
 AUTHORITY = 0  # the key authority's party index; banks are 1..n (their Shamir evaluation points)
 KEY_ERROR_STD = 3.2  # σ of the public shares' error: SEAL's default noise standard deviation
@@ -118,6 +119,11 @@ def rings_of(context: ts.Context) -> Rings:
     if tuple(int(word) for word in auxiliary.first_parms_id()) != key_parms_id:
         raise ContextError("the key-level context's parameters id differs from the key level's (SEAL changed?)")
     return Rings(context, data, RingLevel(key_parms_id, tuple(key_primes), degree), _LevelContext(auxiliary))
+
+
+def rings_for(he: HEParameters) -> Rings:
+    """The data and key rings of a policy's CKKS parameters, from a context holding no key at all."""
+    return rings_of(parameters_context(he.poly_modulus_degree, he.coeff_mod_bit_sizes, 2.0**he.global_scale_bits))
 
 
 def parameters_context(

@@ -183,11 +183,14 @@ def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTick
         )
 
 
-def check_c1_digest(context: ts.Context, upload: Upload, sender: str) -> None:
-    """The aggregator's check of the ``c1`` digest the key authority will check the sum against, once the chunks
+def check_c1_digest(context: ts.Context, upload: Upload, sender: str) -> np.ndarray:
+    """The aggregator's check of the ``c1`` digest every decryptor will check the sum against, once the chunks
     parse as ciphertexts: a bank whose receipt does not match its chunks is refused on its own here, instead of
-    the key authority refusing the whole sum at decryption."""
-    if c1_digest(upload_c1(context, upload.chunks)) != upload.receipt.c1_sha256:
+    the decryptors refusing the whole sum. Returns the checked ``c1`` (chunks, data primes, N): what the aggregator
+    sends the decryptors."""
+    c1 = upload_c1(context, upload.chunks)
+    if c1_digest(c1) != upload.receipt.c1_sha256:
         raise ReceiptError(
             f"upload of {upload.kind!r} from {sender!r}: its ciphertexts' c1 does not match the receipt's c1 digest"
         )
+    return c1

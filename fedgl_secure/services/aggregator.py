@@ -63,7 +63,7 @@ from fedgl_secure.crypto import ckks, packing, ring_mask
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_c1_digest, check_upload, upload_c1
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_c1_digest, check_upload
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
@@ -208,6 +208,7 @@ class _OpenRound:
     deadline: float
     stage: str
     uploads: dict[str, dict[str, Upload]] = field(default_factory=dict)
+    c1s: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # each upload's checked c1, for decryptors
 
     def complete_banks(self) -> tuple[str, ...]:
         return tuple(b for b in self.participants if set(self.uploads.get(b, {})) == set(self.shapes))
@@ -525,12 +526,13 @@ class Coordinator:
                 raise ProtocolConflict("already-uploaded", f"{bank} already uploaded other {kind!r} for this round")
         # parsing ciphertexts is the slow part: outside the lock, then re-check the round
         check_chunks(self.context, chunks, packing.slot_length(self._layouts.get(kind), length), kind)
-        check_c1_digest(self.context, upload, bank)
+        c1 = check_c1_digest(self.context, upload, bank)
         with self._changed:
             if self._open is not current:
                 raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
             self.store.save_receipt(receipt)  # durable before the upload can count towards a decryption
             current.uploads.setdefault(bank, {})[kind] = upload
+            current.c1s.setdefault(bank, {})[kind] = c1
             self._seen[bank] = time.monotonic()
             self._changed.notify_all()
         return True
@@ -1019,7 +1021,7 @@ class Coordinator:
             layout = self._layouts.get(kind)
             slots = packing.slot_length(layout, length)
             receipts = [upload.receipt for upload in uploads]
-            c1s = [upload_c1(self.context, upload.chunks) for upload in uploads]  # every decryptor sums them itself
+            c1s = [current.c1s[bank][kind] for bank in complete]  # every decryptor sums them itself
             with timer.phase("aggregation"):
                 summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
             with timer.phase("decryption"):  # the key authority's share, then t banks' (on their machines)

@@ -61,7 +61,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import Depends, FastAPI
 from torch import nn
 
-from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto import ckks, threshold
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_ceremony import Roster
@@ -100,7 +100,7 @@ from fedgl_secure.services.aggregator import (
     ProtocolConflict,
 )
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
-from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share, rings_for
+from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share
 from fedgl_secure.services.bank_label_prior import (
     STAGED_LABELS_FILE,
     LabelPriorParticipant,
@@ -1084,7 +1084,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
             log,
             stop=stop,
         )
-        decryptor = BankDecryptor(node.state_dir, policy, rings_for(policy.he), held, verify_keys)
+        decryptor = BankDecryptor(node.state_dir, policy, threshold.rings_for(policy.he), held, verify_keys)
         decrypting = threading.Event()
         decryption = threading.Thread(
             target=PartialDecryptionWorker(aggregator, decryptor, node.bank.poll_seconds, log).run,

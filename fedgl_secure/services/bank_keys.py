@@ -45,13 +45,6 @@ class _Pending(FedGLError):
     """The ceremony waits for other banks (retried)."""
 
 
-def rings_for(he: HEParameters) -> threshold.Rings:
-    """The data and key rings of the policy's CKKS parameters (no key)."""
-    return threshold.rings_of(
-        threshold.parameters_context(he.poly_modulus_degree, he.coeff_mod_bit_sizes, 2.0**he.global_scale_bits)
-    )
-
-
 def ensure_key_share(
     state_dir: Path,
     roster: Roster,
@@ -67,7 +60,7 @@ def ensure_key_share(
 ) -> HeldShare:
     """This bank's held share: unsealed from ``state_dir`` when it exists (for this roster), else made by the key
     ceremony (module doc) and sealed there."""
-    rings = rings_for(he)
+    rings = threshold.rings_for(he)
     path = Path(state_dir) / KEY_SHARE_FILE
     if path.exists():
         held = key_ceremony.unseal_held_share(path.read_bytes(), operator_secret, rings)
