@@ -41,7 +41,7 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import PREDICTIONS, WEIGHTS
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.services import tls, wire
-from fedgl_secure.services.bank_keys import ensure_key_share, rings_for
+from fedgl_secure.services.bank_keys import ensure_key_share
 from fedgl_secure.services.config import BankSection, KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import (
     DECRYPT_HEADER,
@@ -89,7 +89,7 @@ class Service:
         self.client = KeyAuthorityClient(self.http)
         self.act_as("aggregator", NodeRole.AGGREGATOR)
         self.values = {name: np.linspace(-1.0, 1.0, LENGTH) * (i + 1) for i, name in enumerate(BANKS)}
-        self.rings = rings_for(policy.he)  # the banks' own, from the policy: no key
+        self.rings = threshold.rings_for(policy.he)  # the banks' own, from the policy: no key
         self.banks: dict[str, BankDecryptor] = {}
 
     def act_as(self, name: str, role: NodeRole) -> None:
@@ -794,7 +794,7 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
         receipts, c1s = [u.receipt for u in uploads], [upload_c1(public, u.chunks) for u in uploads]
         slots = packing.slot_length(layout_w, LENGTH)
         authority = KeyAuthorityClient(aggregator).decrypt(FEDERATION, 1, WEIGHTS, receipts, fingerprint, slots, c1s)
-        rings = rings_for(policy.he)
+        rings = threshold.rings_for(policy.he)
         partials = [authority]
         decrypting = list(banks[: policy.he.threshold])
         for name in decrypting:

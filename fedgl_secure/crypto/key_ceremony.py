@@ -46,6 +46,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -162,12 +163,9 @@ class Roster:
 # --- JSON helpers --------------------------------------------------------------------------------------
 
 
-def _load_json_object(text: str | bytes, what: str, kind: str, expected: set[str]) -> dict:
-    """A JSON object of message type ``kind`` (checked first: the most telling error) with exactly ``expected``."""
-    try:
-        data = json.loads(text)
-    except (ValueError, TypeError) as error:
-        raise CryptoError(f"{what}: not JSON ({error})") from None
+def _checked_object(data: object, what: str, kind: str, expected: set[str]) -> dict:
+    """A parsed JSON object of message type ``kind`` (checked first: the most telling error) with exactly
+    ``expected``."""
     if not isinstance(data, dict):
         raise CryptoError(f"{what}: expected a JSON object, got {type(data).__name__}")
     if data.get("type") != kind:
@@ -211,11 +209,55 @@ def _check_fields(message: object, what: str) -> None:
             raise CryptoError(f"{what}: field {spec.name!r} must be a non-empty string, got {value!r}")
 
 
+class _Message:
+    """A ceremony message (a frozen dataclass of str, int and bytes fields) and its compact JSON: bytes as base64,
+    with a ``type`` so that one kind of message is never read as another. The field types are checked on
+    construction, naming the field; nothing is verified here (signatures, rosters: the functions below)."""
+
+    _TYPE: ClassVar[str]
+    _WHAT: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        _check_fields(self, self._WHAT)
+
+    def to_data(self) -> dict:
+        """The message as a JSON-ready object."""
+        data: dict = {"type": self._TYPE}
+        for spec in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, spec.name)
+            data[spec.name] = _b64(value) if spec.type == "bytes" else value
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_data(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes):
+        """Parse :meth:`to_json`'s output; anything malformed is a :class:`CryptoError` naming the field."""
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as error:
+            raise CryptoError(f"{cls._WHAT}: not JSON ({error})") from None
+        return cls.from_data(data)
+
+    @classmethod
+    def from_data(cls, data: object):
+        """:meth:`to_data`'s object (parsed JSON) back to a message, every field checked and named."""
+        specs = fields(cls)  # type: ignore[arg-type]
+        data = _checked_object(data, cls._WHAT, cls._TYPE, {spec.name for spec in specs})
+        return cls(
+            **{
+                spec.name: _json_bytes(data, spec.name, cls._WHAT) if spec.type == "bytes" else data[spec.name]
+                for spec in specs
+            }
+        )
+
+
 # --- announcements -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Announcement:
+class Announcement(_Message):
     """A bank's public message: its public key share p_i and a fresh X25519 key for receiving Shamir shares,
     signed with its Ed25519 receipt-signing key.
 
@@ -229,10 +271,8 @@ class Announcement:
     exchange_key: bytes  # raw 32-byte X25519 public key
     signature: bytes  # Ed25519 over signed_bytes()
 
-    _TYPE = "announcement"
-
-    def __post_init__(self) -> None:
-        _check_fields(self, "announcement")
+    _TYPE: ClassVar[str] = "announcement"
+    _WHAT: ClassVar[str] = "announcement"
 
     def signed_bytes(self) -> bytes:
         """What the bank signs: the domain, then every field but the signature, length-prefixed (the public
@@ -247,37 +287,6 @@ class Announcement:
                 _sha256(self.public_share),
                 self.exchange_key,
             )
-        )
-
-    def to_json(self) -> str:
-        """Compact JSON, bytes as base64, with a ``type`` so an envelope is never read as an announcement."""
-        return json.dumps(
-            {
-                "type": self._TYPE,
-                "roster_sha256": self.roster_sha256,
-                "party": self.party,
-                "bank": self.bank,
-                "public_share": _b64(self.public_share),
-                "exchange_key": _b64(self.exchange_key),
-                "signature": _b64(self.signature),
-            },
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Announcement:
-        """Parse :meth:`to_json`'s output; anything malformed is a :class:`CryptoError` naming the field.
-        Nothing is verified here: that is :func:`verify_announcements`' job."""
-        what = "announcement"
-        names = {"roster_sha256", "party", "bank", "public_share", "exchange_key", "signature"}
-        data = _load_json_object(text, what, cls._TYPE, names)
-        return cls(
-            roster_sha256=data["roster_sha256"],
-            party=data["party"],
-            bank=data["bank"],
-            public_share=_json_bytes(data, "public_share", what),
-            exchange_key=_json_bytes(data, "exchange_key", what),
-            signature=_json_bytes(data, "signature", what),
         )
 
 
@@ -407,7 +416,7 @@ def _by_party(
 
 
 @dataclass(frozen=True)
-class ShareEnvelope:
+class ShareEnvelope(_Message):
     """One Shamir share f_dealer(recipient), AEAD-encrypted to the recipient's announced X25519 key.
 
     The key is known only to the dealer and the recipient (X25519 of their announced keys), so the relay can
@@ -420,38 +429,8 @@ class ShareEnvelope:
     nonce: bytes  # 12 bytes
     ciphertext: bytes
 
-    _TYPE = "share-envelope"
-
-    def __post_init__(self) -> None:
-        _check_fields(self, "share envelope")
-
-    def to_json(self) -> str:
-        """Compact JSON, bytes as base64, with a ``type`` so an announcement is never read as an envelope."""
-        return json.dumps(
-            {
-                "type": self._TYPE,
-                "roster_sha256": self.roster_sha256,
-                "dealer": self.dealer,
-                "recipient": self.recipient,
-                "nonce": _b64(self.nonce),
-                "ciphertext": _b64(self.ciphertext),
-            },
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> ShareEnvelope:
-        """Parse :meth:`to_json`'s output; anything malformed is a :class:`CryptoError` naming the field."""
-        what = "share envelope"
-        names = {"roster_sha256", "dealer", "recipient", "nonce", "ciphertext"}
-        data = _load_json_object(text, what, cls._TYPE, names)
-        return cls(
-            roster_sha256=data["roster_sha256"],
-            dealer=data["dealer"],
-            recipient=data["recipient"],
-            nonce=_json_bytes(data, "nonce", what),
-            ciphertext=_json_bytes(data, "ciphertext", what),
-        )
+    _TYPE: ClassVar[str] = "share-envelope"
+    _WHAT: ClassVar[str] = "share envelope"
 
 
 def _aad(digest: str, dealer: int, recipient: int) -> bytes:

@@ -173,8 +173,7 @@ def create_app(
         ),
     )
     def authority_share(caller: BankOnly) -> Response:
-        share = np.ascontiguousarray(authority.authority_share, dtype="<u8")
-        return Response(share.tobytes(), media_type=OCTET_STREAM)
+        return Response(key_ceremony.residue_bytes(authority.authority_share), media_type=OCTET_STREAM)
 
     @app.post("/v1/ceremony/announce", responses=wire.error_responses(400, 409))
     async def announce(request: Request, caller: BankOnly) -> dict:
@@ -185,7 +184,7 @@ def create_app(
 
     @app.get("/v1/ceremony/announcements")
     def announcements(caller: BankOnly) -> list[dict]:
-        return [json.loads(message.to_json()) for message in authority.announcements()]
+        return [message.to_data() for message in authority.announcements()]
 
     @app.post("/v1/ceremony/deal", responses=wire.error_responses(400, 409))
     async def deal(request: Request, caller: BankOnly) -> dict:
@@ -195,14 +194,14 @@ def create_app(
                 raise ValueError("expected a JSON list of share envelopes")
         except ValueError as error:
             raise encodings.WireError(f"share envelopes: {error}") from None
-        envelopes = [key_ceremony.ShareEnvelope.from_json(json.dumps(item)) for item in raw]
+        envelopes = [key_ceremony.ShareEnvelope.from_data(item) for item in raw]
         await run_in_threadpool(authority.accept_envelopes, caller.name, envelopes)
         log.info("ceremony.dealt", caller=caller.name, envelopes=len(envelopes))
         return {"accepted": len(envelopes)}
 
     @app.get("/v1/ceremony/envelopes")
     def envelopes(caller: BankOnly) -> list[dict]:
-        return [json.loads(envelope.to_json()) for envelope in authority.envelopes_for(caller.name)]
+        return [envelope.to_data() for envelope in authority.envelopes_for(caller.name)]
 
     @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=wire.error_responses(409))
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
@@ -346,17 +345,14 @@ class KeyAuthorityClient:
 
     def announcements(self) -> list[key_ceremony.Announcement]:
         items = self._call("GET", "/v1/ceremony/announcements").json()
-        return [key_ceremony.Announcement.from_json(json.dumps(item)) for item in items]
+        return [key_ceremony.Announcement.from_data(item) for item in items]
 
     def deal(self, envelopes: Sequence[key_ceremony.ShareEnvelope]) -> None:
-        body = "[" + ",".join(envelope.to_json() for envelope in envelopes) + "]"
-        self._call(
-            "POST", "/v1/ceremony/deal", content=body.encode("utf-8"), headers={"Content-Type": "application/json"}
-        )
+        self._call("POST", "/v1/ceremony/deal", json=[envelope.to_data() for envelope in envelopes])
 
     def envelopes(self) -> list[key_ceremony.ShareEnvelope]:
         items = self._call("GET", "/v1/ceremony/envelopes").json()
-        return [key_ceremony.ShareEnvelope.from_json(json.dumps(item)) for item in items]
+        return [key_ceremony.ShareEnvelope.from_data(item) for item in items]
 
     def decrypt(
         self,
