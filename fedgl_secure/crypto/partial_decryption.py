@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
 from fedgl_secure.crypto.key_ceremony import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
-from fedgl_secure.crypto.threshold import Rings
+from fedgl_secure.crypto.threshold import Rings, partial_residues
 from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused, ReceiptError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy
@@ -157,17 +157,6 @@ def summed_c1(
 def chunk_digests(c1_total: np.ndarray) -> list[str]:
     """The SHA-256 of each summed ciphertext's ``c1`` (chunk by chunk): the ledgers' names for ciphertexts."""
     return [c1_digest(c1) for c1 in c1_total]
-
-
-def partial_residues(rings: Rings, c1_total: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
-    """``c1·secret + E`` for every chunk, shape (chunks, k, N), NTT form; ``E`` fresh flooding noise of σ
-    ``flooding_std`` per coefficient (one draw per chunk, from the OS CSPRNG)."""
-    level = rings.data
-    if not (flooding_std > 0 and math.isfinite(flooding_std)):
-        raise CryptoError(f"the flooding standard deviation must be positive and finite, got {flooding_std!r}")
-    secret = shamir.check_element(level, secret, "secret share")
-    noise = ring_mask.flooding_residues(rings.context, level, len(c1_total), float(flooding_std))
-    return ring_mask.add_mod(ring_mask.multiply_pointwise(level, c1_total, secret), noise, level)
 
 
 def fused_values(

@@ -424,14 +424,22 @@ def _check_ciphertext(rings: Rings, ciphertext: np.ndarray) -> np.ndarray:
     return ciphertext
 
 
-def _flooded(rings: Rings, c1: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
+def partial_residues(rings: Rings, c1s: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
+    """Step 5's one operation, for a stack of ciphertexts: ``c1·secret + E`` for every ``c1`` of ``c1s`` (chunks, k,
+    N), NTT form at the data level; ``E`` fresh flooding noise of σ ``flooding_std`` per coefficient, one draw per
+    ciphertext from the OS CSPRNG. ``secret`` is the party's share (a bank's already Lagrange-weighted)."""
     if isinstance(flooding_std, bool) or not isinstance(flooding_std, int | float) or not flooding_std > 0:
         raise CryptoError(f"the flooding standard deviation must be a positive number, got {flooding_std!r}")
     if not np.isfinite(flooding_std):
         raise CryptoError(f"the flooding standard deviation must be finite, got {flooding_std!r}")
-    context, level = rings.context, rings.data
-    product = ring_mask.multiply_pointwise(level, c1, secret)
-    return ring_mask.add_mod(product, ring_mask.flooding_residues(context, level, 1, float(flooding_std))[0], level)
+    level = rings.data
+    secret = shamir.check_element(level, secret, "secret share")
+    noise = ring_mask.flooding_residues(rings.context, level, len(c1s), float(flooding_std))
+    return ring_mask.add_mod(ring_mask.multiply_pointwise(level, c1s, secret), noise, level)
+
+
+def _flooded(rings: Rings, c1: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
+    return partial_residues(rings, c1[None], secret, flooding_std)[0]
 
 
 def authority_partial(
