@@ -1,72 +1,107 @@
-"""Approximate top-s inner-product neighbours in linear time: an inverted file searched list by list.
+"""Approximate top-s neighbours for Eq. 15 in linear time: an inverted file probed per small group of rows.
 
-Exact search is ``O(M² D)``; a consortium's union index reaches millions of rows, where that is
-hours. This backend keeps the work per row constant, so a round's pseudo graph grows linearly with
-``M`` (what ``benchmarks/consortium_scale.py`` measures from 100k to 1M customers per bank):
+Eq. 15 keeps, per row ``i`` of ``H̄`` (``M x D``), the ``s`` largest similarities ``h_i · h_j``
+(``j ≠ i``; ``cosine`` normalises the rows first). Exact search is ``O(M² D)``: hours at
+``2.5·10^6`` rows on a CPU. This index keeps the work per row constant:
 
-1. **Lists.** The rows' directions (L2-normalised) are clustered by spherical k-means into
-   ``nlist = M / LIST_SIZE`` lists — a fixed list size, not a fixed list count, is what makes the
-   search linear — in two levels (``√nlist`` groups, then lists within each group), so that
-   assigning ``M`` rows costs ``M x 2√nlist`` similarities rather than ``M x nlist``. Clustering
-   directions means a few high-norm rows (``dot``) neither drag the centroids nor crowd one list.
-2. **Probes.** Each list is searched against the ``nprobe`` lists whose centroids are most similar
-   to its own (itself first): a fixed number of candidate rows per query.
-3. **Search.** All queries of one list share the same candidates, so a list is one dense
-   ``queries x candidates`` product and one ``topk`` — BLAS/GPU-shaped work, the same code on a
-   CPU and on CUDA, rather than a per-query scan.
+1. **Keys.** Search becomes a cosine search on unit *keys*. For ``cosine`` a row's key is the row
+   (already unit). For ``dot`` (maximum inner product) the standard MIPS reduction: a row is stored
+   as ``[h/Φ, √(1 - ‖h‖²/Φ²)]`` (``Φ`` the largest norm) and queried as ``[h/‖h‖, 0]``, so that the
+   query key's inner product with a stored key is ``h_i · h_j / (‖h_i‖ Φ)``: the order of ``dot``,
+   with high-norm rows placed near the queries that rank them first instead of among rows of the
+   same direction only (the direction-only lists lost 90 % of the neighbours at 10^7 rows,
+   docs/results/pseudo_graph_cuda.json).
+2. **Lists.** Stored keys are clustered by spherical k-means into ``M / LIST_SIZE`` lists in two
+   levels (``√nlist`` groups, then lists within each group), so assigning ``M`` rows costs
+   ``M x 3√nlist`` similarities, not ``M x nlist``; lists above ``LIST_SIZE`` rows (duplicated or
+   all-zero rows) are cut into pieces.
+3. **Query groups.** Query keys are assigned to the same lists and each list's queries are split
+   by a few k-means rounds into groups of about ``GROUP_SIZE``: small and tight, so that one set of
+   probes serves every row of a group nearly as well as probes of its own. (Probing once per list,
+   as this module first did, loses the rows at a list's border: in 16 dimensions a border row's
+   neighbours lie in lists that the list's centre does not see.)
+4. **Probes.** Each group scans the lists whose centroids are most similar to its centroid, nearest
+   first, until ``candidates`` rows (``CANDIDATES``, more for ``dot``) and never fewer than ``s + 1``:
+   a fixed number of candidates per row.
+5. **Search.** On a CPU with numba, ``probed_knn``'s kernel scores each group's rows against its
+   lists tile by tile in L1; otherwise (CUDA, or no numba) a torch product and ``topk`` per group.
+   Both compute the exact similarity of every candidate, so only the candidate sets approximate.
 
-Lists whose probes hold too few rows for ``s`` neighbours are searched exactly. Randomness (the
-k-means sample and start) comes from a fixed seed, so the same input on the same device gives the
-same graph. Recall of the exact top-s on clustered embeddings is measured by
-``benchmarks/pseudo_graph.py --backend ivf --recall-sample N`` (docs/results/).
+Randomness (k-means samples and starts) comes from ``SEED``, so the same input on the same device
+gives the same graph. Recall of the exact top-s is measured by ``benchmarks/pseudo_graph.py
+--recall-sample N`` (docs/results/pseudo_graph_2_5m.json, pseudo_graph_10m.json).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-# Rows per list. With MIN_NPROBE lists probed, every query scores ~LIST_SIZE * MIN_NPROBE = 16384
-# candidates. Measured on 10^6 clustered rows (50 centres, D = 16, cosine; docs/results/
-# pseudo_graph_cuda.json): recall of the exact top-100 0.98 here, 0.72 with 512 x 16 (8192
-# candidates), 0.99 with 128 x 128 at 2.5x the time.
-LIST_SIZE = 256
-MIN_NPROBE = 64
-# Probe enough lists to expect at least this many candidates per wanted neighbour.
-CANDIDATES_PER_NEIGHBOR = 4
+# Stored rows per list. Larger lists mean fewer, longer runs per probe (less padding, fewer
+# centroids to rank) but a coarser choice of candidates; measured on 10^6 clustered rows, lists of
+# ~1,000 and of ~250 rows need the same number of candidates for the same recall.
+LIST_SIZE = 1024
+# Query rows per group: one kernel block (fused_knn.BLOCK), so a group's rows share every column
+# chunk the kernel loads.
+GROUP_SIZE = 64
+# Candidate rows per query row, cosine (direction) search and dot (MIPS) search. Chosen by the
+# recall sweep in docs/results/pseudo_graph_10m.json (recall >= 0.95 at 2.5·10^6 and 10^7 rows).
+CANDIDATES = 16384
+CANDIDATES_MIPS = 24576
+# Never fewer candidates than this many per wanted neighbour: a larger s needs a wider search
+# (measured on 10^6 clustered rows, cosine: recall of the top-100 0.97 with 16,384 candidates).
+CANDIDATES_PER_NEIGHBOR = 240
 KMEANS_ROWS_PER_LIST = 32
 KMEANS_ITERATIONS = 8
+GROUP_ITERATIONS = 4
 SEED = 0
-# Rows whose scores against the centroids (or against the whole index, for the exact fallback)
-# are computed at once: bounds the working set of those products.
+# Rows whose scores against centroids are computed at once: bounds those products' working set.
 _BLOCK_SCORES = 2**24
+# Query groups per kernel call: bounds the results held at once and gives the progress bar steps.
+_GROUPS_PER_STEP = 256
 
 
 @dataclass(frozen=True)
 class IvfPlan:
-    """How ``M`` rows are searched: list count, lists probed per query, k-means sample and rounds."""
+    """How ``M`` rows are searched: lists, candidates per row, k-means sample and rounds."""
 
     nlist: int
-    nprobe: int
+    candidates: int
     train_rows: int
     iterations: int
+    mips: bool
 
     @property
     def candidates_per_query(self) -> int:
-        """Expected candidate rows each query is scored against."""
-        return self.nprobe * LIST_SIZE
+        """Candidate rows each query row is scored against (at least; whole lists are scanned)."""
+        return self.candidates
 
 
-def ivf_plan(m: int, s: int) -> IvfPlan:
-    """The plan for ``M = m`` rows and ``s`` neighbours: lists of ~``LIST_SIZE`` rows, at least
-    ``MIN_NPROBE`` probes and enough to expect ``CANDIDATES_PER_NEIGHBOR * (s + 1)`` candidates."""
+def ivf_plan(m: int, s: int, mips: bool = False) -> IvfPlan:
+    """The plan for ``M = m`` rows and ``s`` neighbours; ``mips`` for ``dot`` similarity."""
     nlist = max(1, round(m / LIST_SIZE))
-    wanted = math.ceil(CANDIDATES_PER_NEIGHBOR * (s + 1) / LIST_SIZE)
-    nprobe = min(nlist, max(MIN_NPROBE, wanted))
-    return IvfPlan(nlist, nprobe, min(m, KMEANS_ROWS_PER_LIST * nlist), KMEANS_ITERATIONS)
+    base = CANDIDATES_MIPS if mips else CANDIDATES
+    candidates = min(m, max(base, CANDIDATES_PER_NEIGHBOR * (s + 1)))
+    return IvfPlan(nlist, candidates, min(m, KMEANS_ROWS_PER_LIST * nlist), KMEANS_ITERATIONS, mips)
+
+
+def search_keys(h: torch.Tensor, mips: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit ``(stored keys, query keys)`` whose inner products order the candidates as ``h``'s
+    inner products do (MIPS reduction for ``mips``; see the module docstring). Zero rows get zero keys."""
+    if not mips:
+        keys = torch.nn.functional.normalize(h, p=2.0, dim=1)
+        return keys, keys
+    norms = h.norm(dim=1, keepdim=True)
+    phi = norms.max().clamp_min(torch.finfo(h.dtype).tiny)
+    lift = (1 - (norms / phi).square()).clamp_min(0).sqrt()
+    stored = torch.cat([h / phi, lift], dim=1)
+    query = torch.cat([torch.nn.functional.normalize(h, p=2.0, dim=1), torch.zeros_like(lift)], dim=1)
+    return stored, query
 
 
 def nearest_centroid(directions: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -91,83 +126,56 @@ def spherical_kmeans(directions: torch.Tensor, k: int, iterations: int, generato
 
 
 @dataclass(frozen=True)
-class InvertedLists:
-    """Rows grouped into lists, and which lists each list is searched against.
+class Coarse:
+    """Two-level centroids: ``groups`` (``√nlist``) and each group's lists, ``lists[first[g]:first[g + 1]]``."""
 
-    Attributes:
-        order: all row ids, list by list (list ``c`` is ``order[offsets[c]:offsets[c + 1]]``).
-        offsets: ``count + 1`` bounds into ``order``.
-        probes: ``count x nprobe`` list ids per list, most similar centroid first, itself first of all.
-    """
+    groups: torch.Tensor
+    lists: torch.Tensor
+    first: list[int]
 
-    order: torch.Tensor
-    offsets: list[int]
-    probes: torch.Tensor
+    def assign(self, keys: torch.Tensor) -> torch.Tensor:
+        """Each key's list: the most similar list centroid within its two most similar groups."""
+        m = keys.shape[0]
+        row_groups = top_centroids(keys, self.groups, min(2, self.groups.shape[0]))
+        assignment = torch.zeros(m, dtype=torch.int64, device=keys.device)
+        best = torch.full((m,), float("-inf"), device=keys.device)
+        for g in range(self.groups.shape[0]):
+            rows = torch.nonzero((row_groups == g).any(dim=1)).squeeze(1)
+            score, nearest = (keys[rows] @ self.lists[self.first[g] : self.first[g + 1]].t()).max(dim=1)
+            better = score > best[rows]
+            best[rows[better]] = score[better]
+            assignment[rows[better]] = self.first[g] + nearest[better]
+        return assignment
 
-    @property
-    def count(self) -> int:
-        return len(self.offsets) - 1
 
-
-def build_inverted_lists(h: torch.Tensor, plan: IvfPlan) -> InvertedLists:
-    """Partition the rows of ``h`` by direction into ~``plan.nlist`` lists in two levels.
-
-    One level of ``nlist`` centroids would cost ``M x nlist`` similarities to assign the rows, as
-    much as exact search once ``nlist`` grows with ``M``. So ~``√nlist`` coarse groups are found
-    first (spherical k-means on a sample), each group is split into sub-centroids in proportion to
-    its share of the sample, and every row is assigned to its coarse group, then to the nearest
-    sub-centroid of that group: ``M x 2√nlist`` similarities. A row near a group border may land in
-    a list whose centroid is not its globally nearest; probing neighbouring lists covers that.
-    """
-    m = h.shape[0]
-    device = h.device
-    directions = torch.nn.functional.normalize(h, p=2.0, dim=1)
-    generator = torch.Generator().manual_seed(SEED)
-    sample = directions[torch.randperm(m, generator=generator)[: plan.train_rows].to(device)]
+def train_coarse(keys: torch.Tensor, plan: IvfPlan, generator: torch.Generator) -> Coarse:
+    """``√nlist`` groups by spherical k-means on a sample, each split into lists in proportion to its share."""
+    m = keys.shape[0]
+    sample = keys[torch.randperm(m, generator=generator)[: plan.train_rows].to(keys.device)]
     groups = spherical_kmeans(sample, max(1, round(math.sqrt(plan.nlist))), plan.iterations, generator)
     sample_group = nearest_centroid(sample, groups)
     sizes = torch.bincount(sample_group, minlength=groups.shape[0]).cpu()
     kept = torch.nonzero(sizes).squeeze(1)  # a group no sample row chose has no lists
-    groups, sizes = groups[kept.to(device)], sizes[kept]
-    sample_group = torch.searchsorted(kept.to(device), sample_group)
-    centroids = []
+    groups, sizes = groups[kept.to(keys.device)], sizes[kept]
+    sample_group = torch.searchsorted(kept.to(keys.device), sample_group)
+    lists = []
     for g, size in enumerate(sizes.tolist()):
         members = sample[sample_group == g]
-        lists = min(size, max(1, round(plan.nlist * size / plan.train_rows)))
-        centroids.append(spherical_kmeans(members, lists, plan.iterations, generator))
-    del sample, sample_group
-    first_list = [0, *torch.tensor([c.shape[0] for c in centroids]).cumsum(0).tolist()]
-    # each row looks in its two most similar groups: a row near a group border then still finds the
-    # list it is closest to (measured: with one group, recall of the top-100 fell as M grew)
-    row_groups = top_centroids(directions, groups, min(2, groups.shape[0]))
-    assignment = torch.empty(m, dtype=torch.int64, device=device)
-    best = torch.full((m,), float("-inf"), device=device)
-    for g, sub_centroids in enumerate(centroids):
-        rows = torch.nonzero((row_groups == g).any(dim=1)).squeeze(1)
-        score, nearest = (directions[rows] @ sub_centroids.t()).max(dim=1)
-        better = score > best[rows]
-        best[rows[better]] = score[better]
-        assignment[rows[better]] = first_list[g] + nearest[better]
-    del directions, row_groups, best
-    order = torch.argsort(assignment, stable=True)
-    assignment, centroids_per_list = split_oversized_lists(assignment[order], torch.cat(centroids))
-    count = centroids_per_list.shape[0]
-    offsets = [0, *torch.bincount(assignment, minlength=count).cpu().cumsum(0).tolist()]
-    probes = top_centroids(centroids_per_list, centroids_per_list, min(plan.nprobe, count), own_first=True).cpu()
-    return InvertedLists(order, offsets, probes)
+        count = min(size, max(1, round(plan.nlist * size / plan.train_rows)))
+        lists.append(spherical_kmeans(members, count, plan.iterations, generator))
+    first = [0, *torch.tensor([c.shape[0] for c in lists]).cumsum(0).tolist()]
+    return Coarse(groups, torch.cat(lists), first)
 
 
 def split_oversized_lists(sorted_lists: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut every list of more than ``LIST_SIZE`` rows into near-equal pieces of at most ``LIST_SIZE`` rows.
 
     Rows sharing one direction — all-zero embeddings (a ReLU layer's dead rows), duplicated
-    customers — land in one list however many there are; searched as one list against its probes
-    that costs (list size)², which put 198,000 rows in one list and a 2 TB score block at 2.5M
-    nodes; and k-means lists in dense regions run to twice the mean size, which dense regions'
-    probes then pay for again (a 10x larger index took 18x the time). Pieces keep the list's
-    centroid, so they probe each other, and every row is scored against at most
-    ``nprobe * LIST_SIZE`` candidates. ``sorted_lists`` is each row's list id in ascending order (rows already grouped);
-    returns the new ids (still ascending) and one centroid per new list.
+    customers — land in one list however many there are, and k-means lists in dense regions run
+    to twice the mean size; every group probing such a list would pay for all of it. Pieces keep
+    the list's centroid, so they rank equally and are probed together. ``sorted_lists`` is each
+    row's list id in ascending order; returns the new ids (still ascending) and one centroid per
+    new list.
     """
     counts = torch.bincount(sorted_lists, minlength=centroids.shape[0])
     pieces = torch.div(counts + LIST_SIZE - 1, LIST_SIZE, rounding_mode="floor").clamp(min=1)
@@ -179,55 +187,195 @@ def split_oversized_lists(sorted_lists: torch.Tensor, centroids: torch.Tensor) -
     return first_piece[sorted_lists] + piece, centroids.repeat_interleave(pieces, dim=0)
 
 
-def top_centroids(rows: torch.Tensor, centroids: torch.Tensor, k: int, own_first: bool = False) -> torch.Tensor:
-    """The ``k`` most similar centroids of each row (inner product), in bounded blocks; with
-    ``own_first`` row ``i`` is centroid ``i`` and comes first in its own list."""
+def top_centroids(rows: torch.Tensor, centroids: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` most similar centroids of each row (inner product), most similar first, in bounded blocks."""
     top = torch.empty((rows.shape[0], k), dtype=torch.int64, device=rows.device)
     step = max(1, _BLOCK_SCORES // max(1, centroids.shape[0]))
     centroids_t = centroids.t().contiguous()
     for start in range(0, rows.shape[0], step):
-        scores = rows[start : start + step] @ centroids_t
-        if own_first:
-            local = torch.arange(scores.shape[0], device=rows.device)
-            scores[local, start + local] = float("inf")
-        top[start : start + step] = scores.topk(k, dim=1).indices
+        top[start : start + step] = (rows[start : start + step] @ centroids_t).topk(k, dim=1).indices
     return top
 
 
-def search_lists(
-    h: torch.Tensor, s: int, lists: InvertedLists
-) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
-    """Yield ``(row ids, neighbour ids, similarities)`` per list: each row's approximate top ``s``
-    other rows by inner product ``h_i · h_j``, sorted by decreasing similarity, on ``h``'s device.
+@dataclass(frozen=True)
+class InvertedIndex:
+    """Stored rows in lists and query rows in groups, with each group's probed lists.
 
-    ``s`` must be below ``M``. Rows come in list order, not in index order; every row appears once.
+    Attributes:
+        order: stored row ids list by list (list ``c`` is ``order[offsets[c]:offsets[c + 1]]``).
+        offsets: ``lists + 1`` bounds into ``order``.
+        group_rows: query row ids group by group (group ``g`` is ``group_rows[group_offsets[g]:...]``).
+        group_offsets: ``groups + 1`` bounds into ``group_rows``.
+        probe_offsets, probes: group ``g`` scans lists ``probes[probe_offsets[g]:probe_offsets[g + 1]]``,
+            most similar first.
     """
-    device = h.device
-    order, bounds = lists.order, lists.offsets
-    grouped = h[order]  # rows list by list: a list is a contiguous slice
-    for c in range(lists.count):
-        first, stop = bounds[c], bounds[c + 1]
+
+    order: torch.Tensor
+    offsets: np.ndarray
+    group_rows: torch.Tensor
+    group_offsets: np.ndarray
+    probe_offsets: np.ndarray
+    probes: np.ndarray
+
+    @property
+    def count(self) -> int:
+        """Number of lists."""
+        return len(self.offsets) - 1
+
+    @property
+    def groups(self) -> int:
+        """Number of query groups."""
+        return len(self.group_offsets) - 1
+
+
+def build_index(h: torch.Tensor, plan: IvfPlan, s: int) -> InvertedIndex:
+    """Lists, query groups and probes for the rows of ``h`` (see the module docstring)."""
+    m = h.shape[0]
+    generator = torch.Generator().manual_seed(SEED)
+    stored, queries = search_keys(h, plan.mips)
+    coarse = train_coarse(stored, plan, generator)
+    home = coarse.assign(stored)
+    order = torch.argsort(home, stable=True)
+    pieces, centroids = split_oversized_lists(home[order], coarse.lists)
+    sizes = torch.bincount(pieces, minlength=centroids.shape[0]).cpu().numpy()
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    del stored
+    query_home = home if not plan.mips else coarse.assign(queries)
+    del home
+    group_rows, group_offsets, group_centroids = split_into_groups(queries, query_home, generator)
+    probe_offsets, probes = plan_probes(group_centroids, centroids, sizes, max(plan.candidates, s + 1), m)
+    return InvertedIndex(order, offsets, group_rows, group_offsets, probe_offsets, probes)
+
+
+def split_into_groups(
+    keys: torch.Tensor, home: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
+    """Split each list's query rows into about ``size / GROUP_SIZE`` tight groups (a few k-means rounds).
+
+    Returns the row ids group by group, the groups' bounds, and each group's unit centroid.
+    """
+    order = torch.argsort(home, stable=True)
+    counts = torch.bincount(home).cpu().tolist()
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    rows_out, sizes_out, centres_out = [], [], []
+    for first, stop in zip(bounds[:-1], bounds[1:], strict=True):
         if first == stop:
             continue
-        candidates = torch.cat([torch.arange(bounds[p], bounds[p + 1]) for p in lists.probes[c].tolist()]).to(device)
-        queries = grouped[first:stop]
         rows = order[first:stop]
-        if candidates.numel() <= s:  # too few rows around this list: search it exactly
-            yield (rows, *_exact_top_s(queries, rows, h, s))
-            continue
-        scores = queries @ grouped[candidates].t()
-        # the list's own rows sit at the start of its candidates (it probes itself first)
-        own = torch.arange(stop - first, device=device)
-        scores[own, own] = float("-inf")
-        values, columns = torch.topk(scores, s, dim=1)
-        yield rows, order[candidates[columns]], values
+        k = -(-(stop - first) // GROUP_SIZE)
+        if k == 1:
+            label = torch.zeros(stop - first, dtype=torch.int64, device=keys.device)
+            centres = keys[rows].sum(dim=0, keepdim=True)
+        else:
+            centres = spherical_kmeans(keys[rows], k, GROUP_ITERATIONS, generator)
+            label = nearest_centroid(keys[rows], centres)
+            centres = torch.zeros_like(centres).index_add_(0, label, keys[rows])
+        sizes = torch.bincount(label, minlength=centres.shape[0])
+        kept = sizes > 0
+        rows_out.append(rows[torch.argsort(label, stable=True)])
+        sizes_out.append(sizes[kept])
+        centres_out.append(centres[kept])
+    sizes = torch.cat(sizes_out).cpu().numpy()
+    centres = torch.nn.functional.normalize(torch.cat(centres_out), p=2.0, dim=1)
+    return torch.cat(rows_out), np.concatenate([[0], np.cumsum(sizes)]), centres
 
 
-def _exact_top_s(
-    queries: torch.Tensor, rows: torch.Tensor, h: torch.Tensor, s: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact ``(neighbour ids, similarities)`` of a few rows against all of ``h`` (self excluded)."""
-    scores = queries @ h.t()
-    scores[torch.arange(rows.shape[0], device=h.device), rows] = float("-inf")
-    values, ids = torch.topk(scores, s, dim=1)
-    return ids, values
+def plan_probes(
+    group_centroids: torch.Tensor, list_centroids: torch.Tensor, list_sizes: np.ndarray, wanted: int, m: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's lists, most similar centroid first, until they hold ``wanted`` rows (all lists
+    when ``wanted`` reaches ``M``): ``(probe_offsets, probes)``."""
+    count = list_centroids.shape[0]
+    nonempty = list_sizes > 0
+    if wanted >= m or count == 1:
+        # every group scans every list; the most similar first, so the kernel's threshold rises early
+        depth = count
+    else:
+        mean = float(list_sizes[nonempty].mean())
+        depth = min(count, 2 * math.ceil(wanted / mean) + 8)
+    top = top_centroids(group_centroids, list_centroids, depth).cpu().numpy()
+    held = np.cumsum(list_sizes[top], axis=1)
+    # lists up to and including the first that reaches `wanted` rows
+    take = np.minimum((held < wanted).sum(axis=1) + 1, depth)
+    short = held[np.arange(len(top)), take - 1] < min(wanted, m)
+    if short.any():  # too few rows among the top lists (tiny lists): probe all of them
+        full = top_centroids(group_centroids[torch.from_numpy(np.flatnonzero(short))], list_centroids, count)
+        rows = [top[i, : take[i]] for i in range(len(top))]
+        for i, all_lists in zip(np.flatnonzero(short), full.cpu().numpy(), strict=True):
+            rows[i] = all_lists
+        take = np.array([len(r) for r in rows])
+        probes = np.concatenate(rows)
+    else:
+        probes = top[np.arange(depth)[None, :] < take[:, None]]
+    keep = nonempty[probes]  # empty lists cost nothing but a loop turn; drop them anyway
+    probe_offsets = np.concatenate([[0], np.cumsum(take)])
+    counts = np.add.reduceat(keep.astype(np.int64), probe_offsets[:-1]) if len(probes) else np.zeros(0, np.int64)
+    return np.concatenate([[0], np.cumsum(counts)]), probes[keep]
+
+
+def search_index(
+    h: torch.Tensor,
+    s: int,
+    index: InvertedIndex,
+    kernel_context: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(row ids, neighbour ids, similarities)`` per step of groups: each row's approximate top
+    ``s`` other rows by ``h_i · h_j``, sorted by decreasing similarity, every row exactly once.
+
+    On a CPU with numba the fused ``probed_knn`` kernel runs (inside ``kernel_context()``, which
+    sets its threads); elsewhere a torch product per group on ``h``'s device.
+    """
+    kernel = _import_kernel() if h.device.type == "cpu" else None
+    if kernel is not None:
+        yield from _kernel_search(kernel, h, s, index, kernel_context or nullcontext)
+    else:
+        yield from _torch_search(h, s, index)
+
+
+def steps(index: InvertedIndex) -> int:
+    """Progress steps ``search_index`` yields."""
+    return -(-index.groups // _GROUPS_PER_STEP)
+
+
+def _kernel_search(kernel, h, s, index, kernel_context):
+    points = h.contiguous().numpy()
+    lists = kernel.pack_lists(points, index.order.numpy(), index.offsets)
+    blocks = kernel.query_blocks(
+        points, index.group_rows.numpy(), index.group_offsets, index.probe_offsets, index.probes
+    )
+    # blocks of one step: those of _GROUPS_PER_STEP consecutive groups
+    edges = np.searchsorted(blocks.group, np.arange(0, index.groups, _GROUPS_PER_STEP))
+    edges = np.append(edges, len(blocks.group))
+    for start, stop in zip(edges[:-1], edges[1:], strict=True):
+        with kernel_context():
+            rows, scores, ids = kernel.probed_top_s(blocks, lists, s, int(start), int(stop))
+        yield torch.from_numpy(rows), torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+def _torch_search(h, s, index):
+    device = h.device
+    order = index.order.to(device)
+    grouped = h[order]  # stored rows list by list: a list is a contiguous slice
+    offsets = index.offsets
+    for step in range(steps(index)):
+        out_rows, out_ids, out_values = [], [], []
+        for g in range(step * _GROUPS_PER_STEP, min(index.groups, (step + 1) * _GROUPS_PER_STEP)):
+            lists = index.probes[index.probe_offsets[g] : index.probe_offsets[g + 1]]
+            slots = torch.from_numpy(np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in lists])).to(device)
+            rows = index.group_rows[index.group_offsets[g] : index.group_offsets[g + 1]].to(device)
+            candidates = order[slots]
+            scores = h[rows] @ grouped[slots].t()
+            scores[candidates[None, :] == rows[:, None]] = float("-inf")  # the row itself is not an edge
+            values, columns = torch.topk(scores, s, dim=1)
+            out_rows.append(rows)
+            out_ids.append(candidates[columns])
+            out_values.append(values)
+        yield torch.cat(out_rows), torch.cat(out_ids), torch.cat(out_values)
+
+
+def _import_kernel():
+    try:
+        from fedgl_secure.engine import probed_knn
+    except ImportError:
+        return None
+    return probed_knn

@@ -168,7 +168,7 @@ def _top_s_kernel(rows, first_row, columns, position, m, s, capacity, out_scores
             start = chunk * CHUNK
             width = min(CHUNK, m - start)
             for offset in range(0, count, TILE):
-                _tile_scores(rows, first + offset, columns[chunk], groups, tile)
+                tile_scores(rows, first + offset, columns[chunk], groups, tile)
                 for u in range(min(TILE, count - offset)):
                     local = offset + u
                     scores = tile[u]
@@ -190,7 +190,7 @@ def _top_s_kernel(rows, first_row, columns, position, m, s, capacity, out_scores
                             members[local, n] = start + c0 + lane
                             n += 1
                             if n == capacity:
-                                bar = _keep_best(values[local], members[local], n, s, spare_values, spare_members)
+                                bar = keep_best(values[local], members[local], n, s, spare_values, spare_members)
                                 n = s
                                 hits &= above_mask(scores, c0, bar)
                     held[local] = n
@@ -198,7 +198,7 @@ def _top_s_kernel(rows, first_row, columns, position, m, s, capacity, out_scores
         for local in range(count):
             n = held[local]
             if n > s:
-                _keep_best(values[local], members[local], n, s, spare_values, spare_members)
+                keep_best(values[local], members[local], n, s, spare_values, spare_members)
             order = np.argsort(-values[local, :s], kind="mergesort")
             for k in range(s):
                 out_scores[first + local, k] = values[local, order[k]]
@@ -206,7 +206,7 @@ def _top_s_kernel(rows, first_row, columns, position, m, s, capacity, out_scores
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _tile_scores(rows, row, chunk, groups, tile):  # pragma: no cover - compiled
+def tile_scores(rows, row, chunk, groups, tile):  # pragma: no cover - compiled
     """``tile[u, c] = rows[row + u] · chunk[:, c]`` for the tile's four rows, unrolled over 8 dims."""
     for g in range(groups):
         k = g * GROUP
@@ -239,7 +239,7 @@ def _tile_scores(rows, row, chunk, groups, tile):  # pragma: no cover - compiled
 
 
 @njit(fastmath=True, cache=True)
-def _keep_best(values, members, n, s, spare_values, spare_members):  # pragma: no cover - compiled
+def keep_best(values, members, n, s, spare_values, spare_members):  # pragma: no cover - compiled
     """Move the ``s`` largest of ``values[:n]`` (with their ``members``) to the front; return the
     smallest of them, the new admission threshold.
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from fedgl_secure.engine.approximate_knn import build_inverted_lists, ivf_plan, search_lists
+from fedgl_secure.engine import approximate_knn
 from fedgl_secure.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -278,8 +278,11 @@ def discover_pseudo_graph(
         blocks, steps = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds), len(bounds)
     elif chosen == "ivf":
         h = h.to(target)
-        lists = build_inverted_lists(h, ivf_plan(m, s_eff))
-        blocks, steps = search_lists(h, s_eff, lists), lists.count
+        _check_no_overflow(h)
+        index = approximate_knn.build_index(h, approximate_knn.ivf_plan(m, s_eff, mips=similarity == "dot"), s_eff)
+        threads = torch.get_num_threads()
+        blocks = approximate_knn.search_index(h, s_eff, index, kernel_context=lambda: _numba_threads(threads))
+        steps = approximate_knn.steps(index)
     else:
         budget = _BLOCK_SCORE_BYTES_CUDA if target.type == "cuda" else _BLOCK_SCORE_BYTES
         bounds = _block_bounds(m, block_size or max(1, budget // (4 * m)))
@@ -321,11 +324,7 @@ def _fused_top_s(
     fused_knn = _import_fused()
     assert fused_knn is not None  # resolve_backend checked it
     points = h.numpy()
-    # The kernel keeps scores in float32 and marks "none yet" with float32's lowest value, so no
-    # score may overflow: |h_i . h_j| <= max ||h||^2 (Cauchy-Schwarz) bounds them all.
-    largest = float((points.astype("float64") ** 2).sum(axis=1).max())
-    if not largest < float(torch.finfo(torch.float32).max) / 2:
-        raise ConfigError(_OVERFLOW_MESSAGE)
+    _check_no_overflow(h)
     columns = fused_knn.prepare_columns(points)
     threads = torch.get_num_threads()
     for start, stop in bounds:
@@ -333,6 +332,14 @@ def _fused_top_s(
         with _numba_threads(threads):
             scores, ids = fused_knn.top_s_rows(points, columns, s, start, stop)
         yield slice(start, stop), torch.from_numpy(ids), torch.from_numpy(scores)
+
+
+def _check_no_overflow(h: torch.Tensor) -> None:
+    """The numba kernels keep scores in float32 and mark "none yet" with float32's lowest value, so no
+    score may overflow: ``|h_i · h_j| <= max ‖h‖²`` (Cauchy-Schwarz) bounds them all."""
+    largest = float(h.to(torch.float64).square().sum(dim=1).max())
+    if not largest < float(torch.finfo(torch.float32).max) / 2:
+        raise ConfigError(_OVERFLOW_MESSAGE)
 
 
 @contextmanager
