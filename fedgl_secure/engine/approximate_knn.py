@@ -56,6 +56,12 @@ CANDIDATES_MIPS = 24576
 # Never fewer candidates than this many per wanted neighbour: a larger s needs a wider search
 # (measured on 10^6 clustered rows, cosine: recall of the top-100 0.97 with 16,384 candidates).
 CANDIDATES_PER_NEIGHBOR = 240
+# dot: this share of each row's candidates are the rows of the largest norms (hubs), scanned by
+# every group. A few high-norm rows are the top-s of nearly every row under dot (DESIGN §3: one
+# node was the neighbour of 2,673 of Cora's 2,708), and k-means on MIPS keys scatters them into
+# lists dominated by ordinary rows, whose centroids no query ranks high (measured: recall 0.67 for
+# 30 hubs among 3,000 rows without this, 1.0 with).
+HUB_SHARE = 0.25
 KMEANS_ROWS_PER_LIST = 32
 KMEANS_ITERATIONS = 8
 GROUP_ITERATIONS = 4
@@ -75,6 +81,7 @@ class IvfPlan:
     train_rows: int
     iterations: int
     mips: bool
+    hubs: int
 
     @property
     def candidates_per_query(self) -> int:
@@ -87,7 +94,9 @@ def ivf_plan(m: int, s: int, mips: bool = False) -> IvfPlan:
     nlist = max(1, round(m / LIST_SIZE))
     base = CANDIDATES_MIPS if mips else CANDIDATES
     candidates = min(m, max(base, CANDIDATES_PER_NEIGHBOR * (s + 1)))
-    return IvfPlan(nlist, candidates, min(m, KMEANS_ROWS_PER_LIST * nlist), KMEANS_ITERATIONS, mips)
+    # Hubs only while the other rows can still fill a group's s + 1 candidates.
+    hubs = min(int(HUB_SHARE * candidates), m - s - 1) if mips and m > 2 * (s + 1) else 0
+    return IvfPlan(nlist, candidates, min(m, KMEANS_ROWS_PER_LIST * nlist), KMEANS_ITERATIONS, mips, max(hubs, 0))
 
 
 def search_keys(h: torch.Tensor, mips: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,21 +238,35 @@ class InvertedIndex:
 
 
 def build_index(h: torch.Tensor, plan: IvfPlan, s: int) -> InvertedIndex:
-    """Lists, query groups and probes for the rows of ``h`` (see the module docstring)."""
+    """Lists, query groups and probes for the rows of ``h`` (see the module docstring).
+
+    With ``plan.hubs`` the rows of the largest norms form list 0, which every group scans first.
+    """
     m = h.shape[0]
     generator = torch.Generator().manual_seed(SEED)
     stored, queries = search_keys(h, plan.mips)
-    coarse = train_coarse(stored, plan, generator)
-    home = coarse.assign(stored)
-    order = torch.argsort(home, stable=True)
-    pieces, centroids = split_oversized_lists(home[order], coarse.lists)
+    rest = torch.arange(m, device=h.device)
+    if plan.hubs:
+        by_norm = torch.argsort(h.norm(dim=1), descending=True, stable=True)
+        hubs, rest = torch.sort(by_norm[: plan.hubs]).values, torch.sort(by_norm[plan.hubs :]).values
+    coarse = train_coarse(stored[rest], plan, generator)
+    home = coarse.assign(stored[rest])
+    order = rest[torch.argsort(home, stable=True)]
+    pieces, centroids = split_oversized_lists(torch.sort(home).values, coarse.lists)
     sizes = torch.bincount(pieces, minlength=centroids.shape[0]).cpu().numpy()
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
     del stored
-    query_home = home if not plan.mips else coarse.assign(queries)
+    query_home = coarse.assign(queries) if plan.mips or plan.hubs else home
     del home
     group_rows, group_offsets, group_centroids = split_into_groups(queries, query_home, generator)
-    probe_offsets, probes = plan_probes(group_centroids, centroids, sizes, max(plan.candidates, s + 1), m)
+    wanted = max(plan.candidates, s + 1) - plan.hubs
+    probe_offsets, probes = plan_probes(group_centroids, centroids, sizes, wanted, m - plan.hubs)
+    if plan.hubs:  # list 0: the hubs, first in every group's probes
+        order = torch.cat([hubs, order])
+        sizes = np.concatenate([[plan.hubs], sizes])
+        groups = len(probe_offsets) - 1
+        probes = np.insert(probes + 1, probe_offsets[:-1], 0)
+        probe_offsets = probe_offsets + np.arange(groups + 1)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
     return InvertedIndex(order, offsets, group_rows, group_offsets, probe_offsets, probes)
 
 
