@@ -85,7 +85,7 @@ class LocalConsortium:
         consortium = load_consortium(self.consortium_path)
         policy = load_policy(consortium.policy)
         banks = tuple(bank.name for bank in consortium.banks)
-        roster = Roster(consortium.federation, banks, policy.he.threshold)
+        roster = Roster(consortium.federation, banks, policy.he.threshold, policy.digest)
         verify_keys = load_signing_public_keys(self.layout, banks)
 
         def ceremony(bank: str) -> None:

@@ -81,7 +81,7 @@ class Federation:
 
     def __init__(self, root, policy: Policy, keys: dict[str, Ed25519PrivateKey]) -> None:
         self.policy, self.keys, self.banks = policy, keys, tuple(keys)
-        roster = Roster(FEDERATION, self.banks, policy.he.threshold)
+        roster = Roster(FEDERATION, self.banks, policy.he.threshold, policy.digest)
         self.authority = KeyAuthority(root / "ka", policy, OPERATOR_SECRET, roster)
         for bank, key in keys.items():
             self.authority.register_bank(bank, key.public_key())
@@ -151,7 +151,7 @@ def test_bad_uploads_are_refused_and_the_round_still_completes(setup):
         size, positions = coordinator.index_for("bank-a")
         assert size == 60 and sorted(positions.tolist()) == sorted(set(positions.tolist()))
         ticket = RoundTicket(
-            "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+            "fed-test", view.round, view.nonce, tuple(view.participants), view.context_fingerprint, view.policy_sha256
         )
         rng = np.random.default_rng(0)
         values = {kind: rng.uniform(0, 1, shape) for kind, shape in view.shapes.items()}
@@ -273,7 +273,7 @@ def _coordinator(federation: Federation, store, max_rounds, method=None, serving
 
 def _upload_all(coordinator, policy, keys, view, banks):
     ticket = RoundTicket(
-        "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+        "fed-test", view.round, view.nonce, tuple(view.participants), view.context_fingerprint, view.policy_sha256
     )
     for bank in banks:
         for kind, shape in view.shapes.items():
@@ -281,14 +281,47 @@ def _upload_all(coordinator, policy, keys, view, banks):
             coordinator.accept_upload(bank, view.round, kind, made.chunks, made.receipt)
 
 
-def _wait_round(coordinator, number, timeout=30.0):
+def _wait_round(coordinator, number, timeout=30.0, other_than=None):
+    """The view of round ``number`` once open (with a nonce other than ``other_than``: reopened)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         view = coordinator.round_view("bank-c")
-        if view.phase == "open" and view.round == number:
+        if view.phase == "open" and view.round == number and view.nonce != other_than:
             return view
         time.sleep(0.05)
     raise AssertionError(f"round {number} did not open: {coordinator.status()}")
+
+
+def test_a_late_participant_aborts_the_round_which_reopens_without_it(small_he, tmp_path):
+    """Every decryptor refuses a sum without each participant its receipts name (R13), so the aggregator does not
+    decrypt the banks that made the deadline: it aborts the round and reopens it, with a fresh nonce, without the
+    late bank (four banks: the other three still reach the quorum), and applies that attempt."""
+    policy = Policy(he=small_he, quorum=QUORUM, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
+    banks = (*BANKS, "bank-d")
+    keys = {bank: Ed25519PrivateKey.generate() for bank in banks}
+    federation = Federation(tmp_path / "late", policy, keys)
+    store = AggregatorStore(tmp_path / "late.sqlite3")
+    coordinator = _coordinator(federation, store, max_rounds=1)
+    for offset, bank in enumerate(banks):
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    stop = threading.Event()
+    driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
+    driver.start()
+    try:
+        first = _wait_round(coordinator, 1)
+        assert first.participants == banks
+        _upload_all(coordinator, policy, keys, first, ["bank-b", "bank-c", "bank-d"])  # bank-a stays silent
+        reopened = _wait_round(coordinator, 1, other_than=first.nonce)
+        assert reopened.participants == ("bank-b", "bank-c", "bank-d")
+        _upload_all(coordinator, policy, keys, reopened, ["bank-b", "bank-c", "bank-d"])
+        driver.join(timeout=30)
+        assert not driver.is_alive()
+    finally:
+        stop.set()
+    [row] = coordinator.status()["rounds"]
+    assert (row["round"], row["status"], row["attempts"]) == (1, "applied", 2)
+    assert row["contributors"] == ["bank-b", "bank-c", "bank-d"]
+    store.close()
 
 
 def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quorum(setup, tmp_path):
@@ -314,10 +347,12 @@ def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quo
             coordinator.withdraw("bank-x", "privacy-budget-exhausted", 1)
         with pytest.raises(ProtocolConflict, match="withdrawn"):
             _upload_all(coordinator, policy, keys, first, ["bank-a"])
-        started = time.monotonic()
-        _upload_all(coordinator, policy, keys, first, ["bank-b", "bank-c", "bank-d"])
-        second = _wait_round(coordinator, 2)  # round 1 applied without waiting for bank-a's deadline
-        assert time.monotonic() - started < 10
+        # round 1 can no longer hold every participant's upload: aborted at once (not at bank-a's deadline) and
+        # reopened with a fresh nonce without bank-a
+        reopened = _wait_round(coordinator, 1, other_than=first.nonce)
+        assert reopened.participants == ("bank-b", "bank-c", "bank-d")
+        _upload_all(coordinator, policy, keys, reopened, ["bank-b", "bank-c", "bank-d"])
+        second = _wait_round(coordinator, 2)
         assert "bank-a" not in second.participants
         assert coordinator.withdraw("bank-b", "privacy-budget-exhausted", 2)  # 2 banks left, quorum 3
         driver.join(timeout=10)
@@ -328,7 +363,7 @@ def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quo
     reason = "privacy budget exhausted: 2 banks left, quorum 3 (withdrawn: bank-a at round 1, bank-b at round 2)"
     assert status["phase"] == "finished" and status["stopped_reason"] == reason
     assert [(r["round"], r["status"], r["attempts"]) for r in status["rounds"]] == [
-        (1, "applied", 1),
+        (1, "applied", 2),
         (2, "aborted", 1),
     ]
     assert status["rounds"][1]["detail"].endswith("withdrawn: bank-b")
@@ -363,7 +398,12 @@ def test_the_upload_body_limit_follows_the_round_shapes(setup):
             coordinator.context,
             policy.he,
             RoundTicket(
-                "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+                "fed-test",
+                view.round,
+                view.nonce,
+                tuple(view.participants),
+                view.context_fingerprint,
+                view.policy_sha256,
             ),
             "bank-a",
             Ed25519PrivateKey.generate(),
@@ -414,7 +454,7 @@ def _upload_terms(coordinator, policy, keys, view, terms, banks=BANKS, reference
     """Each bank's terms as a bank uploads them: weights centred on ``reference``, the W̄ it trained the stage
     from (crypto/centring.py; the coordinator adds it back after decryption)."""
     ticket = RoundTicket(
-        "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+        "fed-test", view.round, view.nonce, tuple(view.participants), view.context_fingerprint, view.policy_sha256
     )
     for bank in banks:
         for kind, values in terms[bank].items():
@@ -506,7 +546,7 @@ def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_the
     store.close()
 
 
-def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_from_the_same_state(
+def test_a_round_whose_last_stage_misses_a_participant_is_abandoned_and_retried_from_the_same_state(
     setup, tmp_path, small_he
 ):
     from fedgl_secure.methods.graphfl import FINETUNE, META
@@ -532,7 +572,8 @@ def test_a_round_whose_last_stage_misses_the_quorum_is_abandoned_and_retried_fro
         assert not driver.is_alive()
     rounds = coordinator.status()["rounds"]
     assert [(r["round"], r["base_version"], r["status"]) for r in rounds] == [(1, 0, "abandoned"), (2, 0, "applied")]
-    assert rounds[0]["detail"].startswith("stage 'finetune': 1 of 3 banks uploaded every kind in time; 3 needed")
+    late = "stage 'finetune': 1 of 3 banks uploaded every kind; each participant is needed; late: bank-b, bank-c"
+    assert rounds[0]["detail"] == late
     assert _adam_steps(store, 1) == 1  # the abandoned round's meta step was undone, not taken twice
     store.close()
     federation.close()
@@ -581,7 +622,7 @@ def test_status_never_shows_an_applied_round_beyond_the_latest_version(setup):
     try:
         view = wait_open(coordinator)
         ticket = RoundTicket(
-            "fed-test", view.round, view.nonce, len(view.participants), view.context_fingerprint, view.policy_sha256
+            "fed-test", view.round, view.nonce, tuple(view.participants), view.context_fingerprint, view.policy_sha256
         )
         rng = np.random.default_rng(0)
         for bank in BANKS:

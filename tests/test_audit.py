@@ -102,7 +102,7 @@ def base_run(tmp_path_factory) -> Path:
     _zero_model(root / "model.npz")
 
     keys = {bank: Ed25519PrivateKey.generate() for bank in BANKS}
-    roster = Roster(FEDERATION, tuple(BANKS), policy.he.threshold)
+    roster = Roster(FEDERATION, tuple(BANKS), policy.he.threshold, policy.digest)
     authority = KeyAuthority(root / "key-authority", policy, "correct horse battery staple", roster)
     receipts, decryptors = [], {}
     try:
@@ -112,7 +112,7 @@ def base_run(tmp_path_factory) -> Path:
         public = ckks.load_public_context(authority.public_context)
         for round_number in range(1, ROUNDS + 1):
             nonce = secrets.token_hex(16)
-            ticket = RoundTicket(FEDERATION, round_number, nonce, len(BANKS), authority.fingerprint, policy.digest)
+            ticket = RoundTicket(FEDERATION, round_number, nonce, tuple(BANKS), authority.fingerprint, policy.digest)
             authority.open_round(FEDERATION, round_number, nonce, BANKS, policy.digest)
             for kind in KINDS:
                 uploads = [

@@ -107,7 +107,7 @@ def test_a_bank_checks_receipts_and_c1_itself_and_refusals_consume_nothing(conso
     # bound to another round, kind or context than the request says
     _refused(Refusal.RECEIPT_MISMATCH, "bound to another round", lambda: ask(round_number=2))
     _refused(Refusal.RECEIPT_MISMATCH, "bound to another kind", lambda: ask(kind="predictions"))
-    foreign = RoundTicket(FEDERATION, 1, c.ticket.nonce, 3, "ab" * 32, c.policy.digest)
+    foreign = RoundTicket(FEDERATION, 1, c.ticket.nonce, c.ticket.participants, "ab" * 32, c.policy.digest)
     other = make_upload(c.public, c.policy.he, foreign, "bank-c", c.keys["bank-c"], KIND, np.ones(LENGTH))
     detail = "bound to another context_fingerprint"
     _refused(Refusal.RECEIPT_MISMATCH, detail, lambda: ask([a.receipt, other.receipt], c.c1s([a, other])))
@@ -196,7 +196,7 @@ def test_one_sum_per_round_and_kind_each_decrypting_set_once_and_the_ledger_surv
 def test_the_budget_is_enforced_and_survives_a_restart(tmp_path, ceremony, small_policy):
     """he.max_decryptions counts every ciphertext a share partially decrypted, new decrypting sets included."""
     policy = small_policy.model_copy(update={"he": small_policy.he.model_copy(update={"max_decryptions": 2})})
-    c = Consortium(tmp_path, ceremony)  # for the public context, the shares and the signing keys
+    c = Consortium(tmp_path, ceremony, policy)  # for the public context, the shares and the signing keys
     verify = {name: key.public_key() for name, key in c.keys.items()}
     fingerprint = ckks.fingerprint(c.authority.public_context)
 
@@ -204,7 +204,7 @@ def test_the_budget_is_enforced_and_survives_a_restart(tmp_path, ceremony, small
         return BankDecryptor(tmp_path / "budget-bank", policy, c.authority.rings, c.held["bank-a"], verify)
 
     def request(round_number):
-        ticket = RoundTicket(FEDERATION, round_number, secrets.token_hex(16), 3, fingerprint, policy.digest)
+        ticket = RoundTicket(FEDERATION, round_number, secrets.token_hex(16), tuple(BANKS), fingerprint, policy.digest)
         uploads = [make_upload(c.public, policy.he, ticket, name, c.keys[name], KIND, c.values[name]) for name in BANKS]
         return _request(c, uploads)
 

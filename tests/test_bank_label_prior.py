@@ -11,15 +11,17 @@ import scipy.sparse as sp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE, prior_size
 from fedgl_secure.privacy.label_release import StagedRelease
-from fedgl_secure.services.aggregator_service import RoundResponse
+from fedgl_secure.services.aggregator_service import RoundResponse, Served
 from fedgl_secure.services.bank_label_prior import LabelPriorParticipant
 from fedgl_secure.services.wire import ServiceError
+from fedgl_secure.wire.broadcast import stage_label
 from fedgl_secure.wire.encodings import encode_arrays
 
 NODES, FEATURES, CLASSES = 30, 5, 3
@@ -70,6 +72,7 @@ def participant(he, aggregator, tmp_path) -> LabelPriorParticipant:
         fingerprint=ckks.fingerprint(ckks.public_context_bytes(context)),
         policy=policy,
         signing_key=Ed25519PrivateKey.generate(),
+        broadcast_key=AGGREGATOR_KEY.public_key(),
         normaliser=float(NODES),
         release=StagedRelease(labels, train, val, CLASSES, 2.0, 2, "validation-first", 0.5),
         release_path=tmp_path / "staged.npz",
@@ -80,6 +83,15 @@ def participant(he, aggregator, tmp_path) -> LabelPriorParticipant:
         log=get_logger(node="bank-a", role="bank"),
         poll_seconds=0.0,
     )
+
+
+AGGREGATOR_KEY = Ed25519PrivateKey.generate()  # signs what the scripted aggregator serves
+
+
+def served(round_number: int, body: bytes) -> Served:
+    """``body`` as the aggregator serves round ``round_number``'s prior to bank-a: signed."""
+    label = stage_label(round_number, LABEL_PRIOR_STAGE)
+    return Served(body, sign_broadcast(AGGREGATOR_KEY, "f", "bank-a", label, body))
 
 
 def prior_round(bank: LabelPriorParticipant) -> RoundResponse:
@@ -128,7 +140,7 @@ def test_a_prior_that_cannot_be_downloaded_is_retried_not_fatal(small_he, tmp_pa
         attempts.append((round_number, stage))
         if len(attempts) == 1:
             raise ServiceError(None, "unreachable", "connection refused")
-        return encode_arrays({"prior": published})
+        return served(round_number, encode_arrays({"prior": published}))
 
     aggregator.stage_model = stage_model
     bank = participant(small_he.model_dump(), aggregator, tmp_path)
@@ -150,7 +162,7 @@ def test_a_round_whose_start_cannot_be_downloaded_is_taken_part_in_at_the_next_p
         attempts.append(round_number)
         if len(attempts) == 1:
             raise ServiceError(None, "unreachable", "server disconnected")
-        return encode_arrays({"prior": np.zeros(prior_size(FEATURES, CLASSES), dtype=np.float32)})
+        return served(round_number, encode_arrays({"prior": np.zeros(prior_size(FEATURES, CLASSES), dtype=np.float32)}))
 
     aggregator.stage_model = stage_model
     with pytest.raises(ConfigError, match="finished after 2 of the label prior's 20 rounds"):

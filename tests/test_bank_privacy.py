@@ -15,6 +15,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import centre_term, wire_reference
 from fedgl_secure.crypto.receipts import verify_receipt
 from fedgl_secure.crypto.upload import RoundTicket
@@ -34,9 +35,9 @@ from fedgl_secure.privacy.guarantees import planned_ledger
 from fedgl_secure.privacy.mechanisms import clip_vector
 from fedgl_secure.services import bank as bank_module
 from fedgl_secure.services.aggregator import check_consortium_can_run
-from fedgl_secure.services.aggregator_service import IndexView, RoundResponse
+from fedgl_secure.services.aggregator_service import IndexView, RoundResponse, Served
 from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
-from fedgl_secure.wire.broadcast import encode_broadcast
+from fedgl_secure.wire.broadcast import encode_broadcast, model_label
 
 BANKS = ("bank-a", "bank-b", "bank-c")
 PROPORTIONS = [0.5, 0.6, 0.7]
@@ -100,7 +101,8 @@ class ScriptedAggregator:
         return self.views.pop(0) if self.views else RoundResponse(phase="finished", federation="fed", final_version=0)
 
     def model(self, version):
-        return self.model_bytes
+        body = self.model_bytes
+        return Served(body, sign_broadcast(AGGREGATOR_KEY, "fed", "bank-a", model_label(version), body))
 
     def report(self, version, counts, histograms=None):
         pass
@@ -114,6 +116,7 @@ class ScriptedAggregator:
 
 
 CONFIG = experiment()
+AGGREGATOR_KEY = Ed25519PrivateKey.generate()  # signs what the scripted aggregator serves
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +157,7 @@ def bank_a(world, policy, aggregator, config=CONFIG, **options) -> BankWorker:
         policy=policy,
         signing_key=Ed25519PrivateKey.generate(),
         pseudonym_key=b"k" * 32,
+        broadcast_key=AGGREGATOR_KEY.public_key(),
         poll_seconds=0.01,
         **options,
     )
@@ -370,7 +374,7 @@ def test_a_large_upload_is_encrypted_on_the_banks_pool_and_decrypts_to_its_terms
     generator = torch.Generator().manual_seed(3)
     contribution = {kind: torch.rand(shape, generator=generator) for kind, shape in world.shapes.items()}
     reference = torch.rand(contribution["weights"].numel() - 1, generator=generator)
-    ticket = RoundTicket("fed", 1, "ab" * 16, len(BANKS), ckks.fingerprint(world.public), small_policy.digest)
+    ticket = RoundTicket("fed", 1, "ab" * 16, tuple(BANKS), ckks.fingerprint(world.public), small_policy.digest)
     try:
         uploads = list(worker._encrypt_kinds(ticket, contribution, reference))
         assert worker.encryption.started or worker.encryption.workers == 1

@@ -148,6 +148,7 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
                 values=1,
                 c1_sha256=c1_digest(c1),
                 policy_sha256=load_policy(consortium.root / "policy.toml").digest,
+                participants=tuple(sorted(BANKS)),
             ),
         )
         for bank in BANKS

@@ -11,7 +11,8 @@ uploads. Under the baseline policy (packed, the defaults; 3 banks, t = 2):
    naming the problem; the partials of a real sum do not decrypt one upload.
 3. **A coalition of the aggregator, the key authority and t − 1 banks** holding all their secrets cannot decrypt one
    bank's upload, and the honest bank outside it refuses to help; the key authority with t banks decrypts the sum.
-4. No state file of any party holds the collective secret.
+4. With more banks than the quorum, no two sums of one round over different bank sets decrypt (R13).
+5. No state file of any party holds the collective secret.
 """
 
 from __future__ import annotations
@@ -454,6 +455,58 @@ def test_the_key_authority_with_t_banks_decrypts_the_sum(consortium):
         fused = c.fuse(PREDICTIONS, uploads, [authority, *c.bank_partials(c.ticket, PREDICTIONS, uploads, chosen)])
         np.testing.assert_allclose(fused, expected, rtol=0, atol=1e-9)
         assert np.abs(fused - sum(values.values())).max() <= len(BANKS) * layout.step / 2 + 1e-9
+
+
+FOUR_BANKS = ("bank-a", "bank-b", "bank-c", "bank-d")
+
+
+@pytest.fixture(scope="module")
+def four_bank_ceremony(tmp_path_factory) -> Ceremony:
+    return run_ceremony(tmp_path_factory.mktemp("four-bank-ceremony"), Policy(), FOUR_BANKS)
+
+
+def test_with_more_banks_than_the_quorum_no_two_sums_of_a_round_over_different_sets_decrypt(
+    tmp_path, four_bank_ceremony
+):
+    """R13. Four banks, quorum 3, t = 2; the coalition: the aggregator, the key authority (its share given outright)
+    and bank-d. Without the participant set in the receipts, the honest bank-a would decrypt Σ{a, b, c, d} and the
+    honest bank-b Σ{b, c, d} of the same round — each one sum per (round, kind) — and their difference is bank-a's
+    upload. Every receipt now names the round's participants and every decryptor needs the sum to hold exactly them:
+    a sum over a subset of the named set, or over receipts naming different sets, is refused (``incomplete-sum``),
+    so bank-a's upload is in one decryptable sum only."""
+    c = Consortium(tmp_path, four_bank_ceremony)
+    try:
+        values = _values(c.policy, PREDICTIONS) | {"bank-d": np.zeros(LENGTH)}  # the colluder contributes zero
+        everyone = c.open(1, FOUR_BANKS)
+        uploads = dict(
+            zip(FOUR_BANKS, c.uploads(everyone, PREDICTIONS, senders=FOUR_BANKS, values=values), strict=True)
+        )
+
+        def ask(bank, parts, decrypting):
+            receipts = _receipts(parts)
+            return c.banks[bank].partial(1, PREDICTIONS, receipts, c.c1s(parts), list(decrypting))
+
+        whole = list(uploads.values())
+        authority = c.coalition_authority_partial(PREDICTIONS, whole)
+        partials = [authority, ask("bank-d", whole, ("bank-a", "bank-d")), ask("bank-a", whole, ("bank-a", "bank-d"))]
+        layout = c.policy.upload_layout(PREDICTIONS)
+        fused = c.fuse(PREDICTIONS, whole, partials)
+        assert np.abs(fused - sum(values.values())).max() <= len(whole) * layout.step / 2 + 1e-9  # the round's sum
+        # the same round's receipts of b, c, d without a's: the honest bank-b (and the key authority) refuse
+        subset = [uploads[name] for name in ("bank-b", "bank-c", "bank-d")]
+        detail = _refused(Refusal.INCOMPLETE_SUM, lambda: ask("bank-b", subset, ("bank-b", "bank-d"))).detail
+        assert "missing: ['bank-a']" in detail
+        _refused(Refusal.INCOMPLETE_SUM, lambda: c.authority_partial(everyone, PREDICTIONS, subset))
+        # told {b, c, d} instead, b and c upload under another participant set: a sum beside a's receipt mixes two sets
+        told = dataclasses.replace(everyone, participants=("bank-b", "bank-c", "bank-d"))
+        others = c.uploads(told, PREDICTIONS, senders=("bank-b", "bank-c", "bank-d"), values=values)
+        mixed = [uploads["bank-a"], *others]
+        detail = _refused(Refusal.INCOMPLETE_SUM, lambda: ask("bank-c", mixed, ("bank-c", "bank-d"))).detail
+        assert "2 different participant sets" in detail
+        # the honest banks gave one partial between them: bank-a's, for the round's whole sum
+        assert c.banks["bank-b"].decryption_count() == 0 and c.banks["bank-a"].decryption_count() == 1
+    finally:
+        c.close()
 
 
 # --- 4. state on disk -------------------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ def test_a_round_encrypted_on_the_pool_equals_the_quantised_plaintext_sum():
 
 def test_the_receipt_signed_by_the_caller_covers_the_workers_chunks(pool):
     key = Ed25519PrivateKey.generate()
-    ticket = RoundTicket("fed", 4, "ab" * 16, 3, ckks.fingerprint(pool.public_context), "0" * 64)
+    banks = ("bank-a", "bank-b", "bank-c")
+    ticket = RoundTicket("fed", 4, "ab" * 16, banks, ckks.fingerprint(pool.public_context), "0" * 64)
     encrypted = pool.submit("predictions", np.linspace(0, 1, 300), None, participants=3).result()
     upload = sign_upload(
         ckks.load_public_context(pool.public_context), ticket, "bank-a", key, "predictions", encrypted.chunks, 300

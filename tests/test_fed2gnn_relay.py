@@ -208,7 +208,7 @@ def http_relay(tmp_path, small_he, graph):
     signing = {name: Ed25519PrivateKey.generate() for name in names}
     policy = Policy(he=small_he, quorum=3)  # a quorum above t = 2, as the policy requires
     # the federation's collective public context, from the key ceremony of these banks (t from the policy)
-    roster = Roster(FEDERATION, tuple(names), policy.he.threshold)
+    roster = Roster(FEDERATION, tuple(names), policy.he.threshold, policy.digest)
     authority = KeyAuthority(tmp_path / "ka", policy, b"operator-secret-for-tests-0123", roster)
     for name, key in signing.items():
         authority.register_bank(name, key.public_key())

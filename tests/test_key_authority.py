@@ -54,7 +54,7 @@ from fedgl_secure.errors import (
     ReceiptError,
     SealError,
 )
-from fedgl_secure.policy.schema import HEParameters, Policy, policy_from_dict
+from fedgl_secure.policy.schema import HEParameters, Policy, Timeouts, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
 
 OPERATOR_SECRET = "correct horse battery staple"
@@ -81,7 +81,7 @@ class Ceremony:
 def run_ceremony(root: Path, policy: Policy, banks: tuple[str, ...] = BANKS) -> Ceremony:
     """A key authority over a roster of ``banks`` (t from the policy), the banks registered, ``local_key_ceremony``
     run; everything closed again."""
-    roster = Roster(FEDERATION, banks, policy.he.threshold)
+    roster = Roster(FEDERATION, banks, policy.he.threshold, policy.digest)
     keys = {name: Ed25519PrivateKey.generate() for name in banks}
     authority = KeyAuthority(root / "ka", policy, OPERATOR_SECRET, roster)
     try:
@@ -97,14 +97,17 @@ def run_ceremony(root: Path, policy: Policy, banks: tuple[str, ...] = BANKS) -> 
 
 class Consortium:
     """A key authority (a copy of a ceremony's state directory), three banks' decryptors with fresh ledgers, and
-    helpers to run a round against them as the aggregator would."""
+    helpers to run a round against them as the aggregator would. Under a policy other than the ceremony's, a fresh
+    ceremony is run first: the key is made under one policy."""
 
     def __init__(self, root: Path, ceremony: Ceremony, policy: Policy | None = None) -> None:
+        if policy is not None and policy.digest != ceremony.policy.digest:  # the policy is bound into the key (R15)
+            ceremony = run_ceremony(root / "ceremony", policy, tuple(ceremony.keys))
         self.root, self.state_dir = root, root / "ka"
         shutil.copytree(ceremony.state_dir, self.state_dir)
         self.policy = policy or ceremony.policy
         self.keys, self.held = ceremony.keys, ceremony.held
-        self.roster = Roster(FEDERATION, tuple(ceremony.keys), self.policy.he.threshold)
+        self.roster = Roster(FEDERATION, tuple(ceremony.keys), self.policy.he.threshold, ceremony.policy.digest)
         self.values = {name: np.full(LENGTH, float(i + 1)) for i, name in enumerate(ceremony.keys)}
         self._start()
 
@@ -129,7 +132,7 @@ class Consortium:
     def open(self, round_number: int, participants=BANKS) -> RoundTicket:
         digest = self.policy.digest
         ticket = RoundTicket(
-            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.authority.fingerprint, digest
+            FEDERATION, round_number, secrets.token_hex(16), tuple(participants), self.authority.fingerprint, digest
         )
         self.authority.open_round(FEDERATION, round_number, ticket.nonce, participants, digest)
         return ticket
@@ -300,7 +303,7 @@ def test_stale_round_and_non_participant_are_refused(tmp_path, small_policy):
 
 def test_no_open_round_is_refused(consortium):
     c = consortium
-    ticket = RoundTicket(FEDERATION, 1, "ab" * 16, 3, c.authority.fingerprint, c.policy.digest)
+    ticket = RoundTicket(FEDERATION, 1, "ab" * 16, tuple(BANKS), c.authority.fingerprint, c.policy.digest)
     _refused(Refusal.NO_OPEN_ROUND, lambda: c.decrypt(ticket))
 
 
@@ -335,8 +338,9 @@ def test_each_round_and_kind_is_decrypted_once_even_across_restarts(consortium):
 def test_restart_under_other_he_parameters_is_refused(consortium, small_policy):
     consortium.close()
     other = small_policy.model_copy(update={"he": HEParameters()})
+    roster = Roster(FEDERATION, BANKS, 2, other.digest)
     with pytest.raises(ContextError, match="the key share was made for HE parameters"):
-        KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET, consortium.roster)
+        KeyAuthority(consortium.state_dir, other, OPERATOR_SECRET, roster)
     consortium.restart()
     _close(consortium.decrypt(consortium.open(1)), np.full(LENGTH, 6.0))
 
@@ -345,16 +349,36 @@ def test_restart_with_another_roster_is_refused(consortium):
     c = consortium
     c.close()
     for roster in (
-        Roster(FEDERATION, (*BANKS, "bank-d"), 2),  # a bank more
-        Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2),  # another order: other party indices
-        Roster("another-federation", BANKS, 2),
+        Roster(FEDERATION, (*BANKS, "bank-d"), 2, c.policy.digest),  # a bank more
+        Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2, c.policy.digest),  # another order: other party indices
+        Roster("another-federation", BANKS, 2, c.policy.digest),
     ):
         with pytest.raises(ContextError, match="another federation or bank list"):
             KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, roster)
     with pytest.raises(PolicyError, match="the roster's threshold 3 is not the policy's"):
-        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 3))
+        KeyAuthority(c.state_dir, c.policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 3, c.policy.digest))
     with pytest.raises(SealError, match="wrong operator secret"):
         KeyAuthority(c.state_dir, c.policy, "not the operator secret at all", c.roster)
+    # the policy is bound into the key (R15): another policy, even with its own roster, is refused naming both
+    other = c.policy.model_copy(update={"timeouts": Timeouts(upload_seconds=c.policy.timeouts.upload_seconds + 1)})
+    assert other.digest != c.policy.digest
+    with pytest.raises(PolicyError, match=f"the roster binds policy {c.policy.digest[:12]}…, this key authority runs"):
+        KeyAuthority(c.state_dir, other, OPERATOR_SECRET, c.roster)
+    other_roster = Roster(FEDERATION, BANKS, 2, other.digest)
+    with pytest.raises(
+        ContextError, match=f"made under policy {c.policy.digest[:12]}…, this key authority runs {other.digest[:12]}"
+    ):
+        KeyAuthority(c.state_dir, other, OPERATOR_SECRET, other_roster)
+    with pytest.raises(
+        PolicyError, match=f"made under policy {c.policy.digest[:12]}…, the bank runs {other.digest[:12]}"
+    ):
+        BankDecryptor(
+            c.root / "other-bank",
+            other,
+            c.authority.rings,
+            c.held["bank-a"],
+            {n: k.public_key() for n, k in c.keys.items()},
+        )
     c.restart()  # none of that changed the state
     _close(c.decrypt(c.open(1)), np.full(LENGTH, 6.0))
 
@@ -480,14 +504,14 @@ def test_a_key_authority_serves_its_rosters_federation_only(consortium):
 
 
 def test_the_ceremony_relay_checks_announcements_and_waits_for_every_bank(tmp_path, small_policy):
-    roster = Roster(FEDERATION, BANKS, 2)
+    roster = Roster(FEDERATION, BANKS, 2, small_policy.digest)
     authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
     try:
         keys = {name: Ed25519PrivateKey.generate() for name in BANKS}
         for name, key in keys.items():
             authority.register_bank(name, key.public_key())
         rings = authority.rings
-        crp = threshold.common_random_polynomial(rings, FEDERATION)
+        crp = threshold.common_random_polynomial(rings, roster.digest())
         banks = {name: BankCeremony(rings, roster, name, keys[name], crp) for name in BANKS}
         mine = banks["bank-a"].announcement()
 
@@ -518,7 +542,7 @@ def test_the_ceremony_relay_checks_announcements_and_waits_for_every_bank(tmp_pa
         with pytest.raises(CryptoError, match="bad signature"):
             authority.accept_announcement("bank-a", dataclasses.replace(mine, public_share=bytes(altered)))
         # an announcement made for another roster (a replay from another ceremony), validly signed
-        other = Roster("another-federation", BANKS, 2)
+        other = Roster("another-federation", BANKS, 2, small_policy.digest)
         foreign = BankCeremony(rings, other, "bank-a", keys["bank-a"], crp).announcement()
         with pytest.raises(CryptoError, match="is for another roster"):
             authority.accept_announcement("bank-a", foreign)
@@ -711,7 +735,7 @@ def test_sealed_secret_round_trips_and_wrong_secret_fails(tmp_path, small_policy
         seal_secret_context(b"x", "short")
     # the key authority's share file is sealed from the start (before any bank announced); restarting with the
     # wrong secret fails clearly
-    roster = Roster(FEDERATION, BANKS, 2)
+    roster = Roster(FEDERATION, BANKS, 2, small_policy.digest)
     authority = KeyAuthority(tmp_path / "ka", small_policy, OPERATOR_SECRET, roster)
     share = authority.authority_share.copy()
     authority.close()
@@ -741,11 +765,13 @@ def test_receipts_sign_verify_and_bind_every_field():
         values=10,
         c1_sha256="3" * 64,
         policy_sha256="5" * 64,
+        participants=("bank-a", "bank-b"),
     )
     receipt = sign_receipt(key, fields)
     verify_receipt(key.public_key(), receipt)
     assert canonical_bytes(fields).endswith(b'"values":10}')  # sorted keys
     changes = [("round", 2), ("kind", "predictions"), ("sender", "bank-b"), ("nonce", "cd" * 16), ("values", 11)]
+    changes.append(("participants", ("bank-a", "bank-b", "bank-c")))
     for name, value in changes + [("c1_sha256", "4" * 64), ("policy_sha256", "6" * 64)]:
         with pytest.raises(ReceiptError, match="bad signature"):
             verify_receipt(key.public_key(), receipt.model_copy(update={name: value}))
@@ -793,7 +819,7 @@ def central_noise_policy(he):
 
 def test_central_noise_is_added_to_the_key_authoritys_partial_and_audited(tmp_path, ceremony, small_he):
     """The fused result (c0 + the key authority's partial with Encode(n) + t banks' partials) is s + N(0, σ²),
-    Σŵ_k exact; audited. The same HE parameters and roster: the ceremony's share serves this policy."""
+    Σŵ_k exact; audited."""
     policy = central_noise_policy(small_he)
     c = Consortium(tmp_path, ceremony, policy)
     n = 4000  # two chunks at N = 4096
@@ -859,5 +885,5 @@ def test_central_noise_too_wide_for_the_sums_range_is_refused_at_start(tmp_path,
     )
     assert noise_std(policy, "weights") == 10000.0  # 8σ = 80,000 > 2^(54 − 36 − 1) / 2 = 65,536
     with pytest.raises(PolicyError, match="does not fit the range"):
-        KeyAuthority(tmp_path / "ka", policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 2))
+        KeyAuthority(tmp_path / "ka", policy, OPERATOR_SECRET, Roster(FEDERATION, BANKS, 2, policy.digest))
     assert not (tmp_path / "ka").exists()  # refused before any key share was made

@@ -79,7 +79,7 @@ class Service:
 
     def __init__(self, state_dir: Path, policy, keys: dict[str, Ed25519PrivateKey] | None = None) -> None:
         self.policy = policy
-        self.roster = Roster(FEDERATION, BANKS, policy.he.threshold)
+        self.roster = Roster(FEDERATION, BANKS, policy.he.threshold, policy.digest)
         self.authority = KeyAuthority(state_dir, policy, OPERATOR_SECRET, self.roster)
         self.keys = keys or {name: Ed25519PrivateKey.generate() for name in BANKS}
         for name, key in self.keys.items():
@@ -112,7 +112,7 @@ class Service:
     # --- the key ceremony, every bank in turn over HTTP ---------------------------------------------------
 
     def ceremonies(self) -> dict[str, BankCeremony]:
-        crp = threshold.common_random_polynomial(self.rings, FEDERATION)
+        crp = threshold.common_random_polynomial(self.rings, self.roster.digest())
         return {name: BankCeremony(self.rings, self.roster, name, key, crp) for name, key in self.keys.items()}
 
     def run_ceremony(self, ceremonies: dict[str, BankCeremony] | None = None, announced=()) -> dict[str, HeldShare]:
@@ -151,7 +151,7 @@ class Service:
     def open(self, round_number: int, participants=BANKS) -> RoundTicket:
         digest = self.policy.digest
         ticket = RoundTicket(
-            FEDERATION, round_number, secrets.token_hex(16), len(participants), self.fingerprint, digest
+            FEDERATION, round_number, secrets.token_hex(16), tuple(participants), self.fingerprint, digest
         )
         self.client.open_round(FEDERATION, round_number, ticket.nonce, participants, digest)
         return ticket
@@ -754,7 +754,7 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
             try:
                 held[name] = ensure_key_share(
                     tmp_path / "banks" / name,
-                    Roster(FEDERATION, banks, policy.he.threshold),
+                    Roster(FEDERATION, banks, policy.he.threshold, policy.digest),
                     name,
                     policy.he,
                     b"bank operator secret",
@@ -782,7 +782,7 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
         public = ckks.load_public_context(data)
         nonce = secrets.token_hex(16)
         KeyAuthorityClient(aggregator).open_round(FEDERATION, 1, nonce, list(banks), policy.digest)
-        ticket = RoundTicket(FEDERATION, 1, nonce, len(banks), fingerprint, policy.digest)
+        ticket = RoundTicket(FEDERATION, 1, nonce, tuple(banks), fingerprint, policy.digest)
         values = {name: np.linspace(0.0, 1.0, LENGTH) * (i + 1) for i, name in enumerate(banks)}
         layout_w = policy.upload_layout(WEIGHTS)
         uploads = [

@@ -30,6 +30,7 @@ from fedgl_secure.policy.packing_layout import noise_bound
 BANKS = ("bank-a", "bank-b", "bank-c")
 THRESHOLD = 2
 FEDERATION = "ceremony-federation"
+POLICY = "5" * 64  # the digest of the policy every node runs (Policy.digest)
 OPERATOR_SECRET = "operator secret of at least 16 bytes"
 
 
@@ -74,7 +75,7 @@ def rings(small_he) -> threshold.Rings:
 
 @pytest.fixture(scope="module")
 def roster() -> kc.Roster:
-    return kc.Roster(FEDERATION, BANKS, THRESHOLD)
+    return kc.Roster(FEDERATION, BANKS, THRESHOLD, POLICY)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def keys() -> dict[str, Ed25519PrivateKey]:
 
 @pytest.fixture(scope="module")
 def ceremony(small_he, rings, roster, keys) -> Ceremony:
-    crp = threshold.common_random_polynomial(rings, FEDERATION)
+    crp = threshold.common_random_polynomial(rings, roster.digest())
     verify_keys = {bank: key.public_key() for bank, key in keys.items()}
     authority = threshold.generate_key_share(rings, threshold.AUTHORITY, crp)
     banks = {bank: kc.BankCeremony(rings, roster, bank, keys[bank], crp) for bank in BANKS}
@@ -261,7 +262,7 @@ def test_announcements_are_verified(ceremony):
     refused([a, c], r"no announcement from banks \['bank-b'\]")
     refused([a, b, b, c], "'bank-b' announced more than once")
     refused([a, b, c, _resign(a, keys["bank-a"], bank="bank-z")], "unknown bank 'bank-z'")
-    foreign = kc.Roster("another-federation", BANKS, THRESHOLD).digest()
+    foreign = kc.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
     refused([a, _resign(b, keys["bank-b"], roster_sha256=foreign), c], "'bank-b' is for another roster")
     refused([a, _resign(b, keys["bank-b"], party=3), c], "'bank-b' claims party 3, but the roster makes it party 2")
     short = b.public_share[:-8]
@@ -317,7 +318,7 @@ def test_envelopes_are_checked(dealt, ceremony):
     refused(others, r"no envelope for bank 'bank-a' \(party 1\) from bank 'bank-b' \(party 2\)")
     refused([*mine, from_b], "'bank-b' \\(party 2\\) sent bank 'bank-a' \\(party 1\\) more than one envelope")
     refused([*others, dataclasses.replace(from_b, dealer=1)], "foreign dealer bank 'bank-a'")
-    foreign = kc.Roster("another-federation", BANKS, THRESHOLD).digest()
+    foreign = kc.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
     refused([*others, dataclasses.replace(from_b, roster_sha256=foreign)], "'bank-b'.*for another roster")
     # every refusal left the bank where it was: the right envelopes still finish
     held = bank_a.finish(mine, p0)
@@ -349,15 +350,15 @@ def test_finished_and_dealt_steps_are_not_repeated(dealt, ceremony):
 
 def test_rosters_are_checked(roster):
     with pytest.raises(CryptoError, match=r"t = 1: needs 2 <= t"):
-        kc.Roster(FEDERATION, BANKS, 1)
+        kc.Roster(FEDERATION, BANKS, 1, POLICY)
     with pytest.raises(CryptoError, match="t = 4 exceeds the 3 parties"):
-        kc.Roster(FEDERATION, BANKS, 4)
+        kc.Roster(FEDERATION, BANKS, 4, POLICY)
     with pytest.raises(CryptoError, match=r"names banks \['bank-a'\] more than once"):
-        kc.Roster(FEDERATION, ("bank-a", "bank-b", "bank-a"), 2)
+        kc.Roster(FEDERATION, ("bank-a", "bank-b", "bank-a"), 2, POLICY)
     with pytest.raises(CryptoError, match="non-empty federation id"):
-        kc.Roster("", BANKS, 2)
+        kc.Roster("", BANKS, 2, POLICY)
     with pytest.raises(CryptoError, match="non-empty strings"):
-        kc.Roster(FEDERATION, ("bank-a", ""), 2)
+        kc.Roster(FEDERATION, ("bank-a", ""), 2, POLICY)
     assert roster.party("bank-c") == 3 and roster.bank(1) == "bank-a"
     with pytest.raises(CryptoError, match="'bank-z' is not in the roster"):
         roster.party("bank-z")
@@ -368,19 +369,20 @@ def test_rosters_are_checked(roster):
     # every field is bound into the digest
     digests = {
         roster.digest(),
-        kc.Roster(FEDERATION + "x", BANKS, 2).digest(),
-        kc.Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2).digest(),
-        kc.Roster(FEDERATION, BANKS, 3).digest(),
-        kc.Roster(FEDERATION, (*BANKS, "bank-d"), 2).digest(),
+        kc.Roster(FEDERATION + "x", BANKS, 2, POLICY).digest(),
+        kc.Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2, POLICY).digest(),
+        kc.Roster(FEDERATION, BANKS, 3, POLICY).digest(),
+        kc.Roster(FEDERATION, (*BANKS, "bank-d"), 2, POLICY).digest(),
+        kc.Roster(FEDERATION, BANKS, 2, "6" * 64).digest(),  # another policy
     }
-    assert len(digests) == 5 and kc.Roster(FEDERATION, list(BANKS), 2).digest() == roster.digest()
+    assert len(digests) == 6 and kc.Roster(FEDERATION, list(BANKS), 2, POLICY).digest() == roster.digest()
 
 
 def test_the_context_needs_the_federations_polynomial_and_every_share(ceremony):
     rings, roster = ceremony.rings, ceremony.roster
     shares = kc.verify_announcements(rings, roster, _announcements(ceremony), ceremony.verify_keys)
     other = threshold.common_random_polynomial(rings, "another-federation")
-    with pytest.raises(CryptoError, match="not federation 'ceremony-federation'"):
+    with pytest.raises(CryptoError, match="not the roster's \\(federation 'ceremony-federation'"):
         kc.collective_context(rings, roster, other, ceremony.authority.public, shares)
     with pytest.raises(CryptoError, match=r"missing parties \[2\]"):
         kc.collective_context(rings, roster, ceremony.crp, ceremony.authority.public, {1: shares[1], 3: shares[3]})

@@ -81,7 +81,7 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
     with pytest.raises(PackingOverflow, match="max_banks = 7"):
         masked_decryption(public, summed, 10, layout, banks, secret)
     # and a bank refuses to encrypt into a round with more participants than the headroom
-    ticket = RoundTicket("fed", 1, "00" * 16, banks, "f" * 64, Policy().digest)
+    ticket = RoundTicket("fed", 1, "00" * 16, tuple(f"bank-{i}" for i in range(banks)), "f" * 64, Policy().digest)
     with pytest.raises(PackingOverflow, match="exceed he.max_banks"):
         make_upload(public, HEParameters(), ticket, "bank-0", Ed25519PrivateKey.generate(), "weights", terms[0])
 

@@ -95,17 +95,19 @@ def _mode(path: Path) -> int:
 def test_every_file_is_created_with_owner_only_keys_and_folders(provisioned):
     consortium, layout, report = provisioned
     banks = [bank.name for bank in consortium.banks]
+    signers = [*banks, consortium.aggregator.name]  # banks sign receipts, the aggregator its broadcasts
     private = [layout.ca_key] + [layout.tls_key(node.name) for node in consortium.nodes]
-    private += [layout.signing_key(bank) for bank in banks] + [layout.pseudonym_key(bank) for bank in banks]
+    private += [layout.signing_key(name) for name in signers] + [layout.pseudonym_key(bank) for bank in banks]
     public = [layout.ca_cert] + [layout.tls_cert(node.name) for node in consortium.nodes]
-    public += [layout.signing_public_key(bank) for bank in banks]
+    public += [layout.signing_public_key(name) for name in signers]
     assert sorted(report.created) == sorted(private + public) and report.kept == ()
     assert report.root == consortium.pki_dir
     assert {_mode(path) for path in private} == {0o600}
     assert {_mode(path) for path in public} == {0o644}
     folders = [layout.root, *(path for path in layout.root.rglob("*") if path.is_dir())]
     assert {_mode(folder) for folder in folders} == {0o700}
-    assert not layout.signing_key("aggregator").exists() and not layout.pseudonym_key("key-authority").exists()
+    assert not layout.signing_key("key-authority").exists() and not layout.pseudonym_key("key-authority").exists()
+    assert not layout.pseudonym_key("aggregator").exists()
 
 
 def test_the_ca_may_sign_leaf_certificates_only(provisioned):
@@ -345,12 +347,12 @@ def test_cli_provision_reports_created_then_kept_files(tmp_path):
     out = tmp_path / "elsewhere"
     first = CliRunner().invoke(app, ["provision", str(path), "--out", str(out)])
     assert first.exit_code == 0, first.output
-    assert "created  ca/ca.crt" in first.output and f"16 files created, 0 kept, under {out}" in first.output
+    assert "created  ca/ca.crt" in first.output and f"18 files created, 0 kept, under {out}" in first.output
     assert (out / "ca" / "ca.key").exists()
     assert not (tmp_path / "pki").exists()  # --out wins over the file's pki_dir
     second = CliRunner().invoke(app, ["provision", str(path), "--out", str(out)])
     assert second.exit_code == 0 and "kept     nodes/bank-a/signing.key" in second.output
-    assert "0 files created, 16 kept" in second.output
+    assert "0 files created, 18 kept" in second.output
 
 
 def test_cli_provision_errors_are_one_line_with_exit_code_2(tmp_path):

@@ -417,7 +417,7 @@ def test_key_generation_refuses_bad_input(federation):
         threshold.collective_public_key(rings, crp, {**publics, 2: publics[2][:, :10]}, BANKS)
     with pytest.raises(CiphertextError, match="expected"):
         threshold.public_context(rings, federation.public_key[:1])
-    with pytest.raises(CryptoError, match="non-empty federation id"):
+    with pytest.raises(CryptoError, match="non-empty federation label"):
         threshold.common_random_polynomial(rings, "")
     with pytest.raises(CryptoError, match="not a bank"):
         threshold.deal_shares(rings, federation.keys[0], THRESHOLD, BANKS)

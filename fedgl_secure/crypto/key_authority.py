@@ -93,6 +93,7 @@ AUDIT_FILE = "audit.jsonl"
 AUDIT_HEAD = "audit_head"
 HE_PARAMETERS = "he_parameters"
 ROSTER = "roster_sha256"
+POLICY = "policy_sha256"  # the policy the key share was made under: bound into the key
 AUTHORITY_SHARE_SHA256 = "authority_public_share_sha256"
 NOISE_SIGMAS = 8.0  # central noise must fit the sum's spare range this many standard deviations out
 
@@ -126,6 +127,11 @@ class KeyAuthority:
             )
         if roster.threshold != policy.he.threshold:
             raise PolicyError(f"the roster's threshold {roster.threshold} is not the policy's he.threshold")
+        if roster.policy_sha256 != policy.digest:
+            raise PolicyError(
+                f"the roster binds policy {roster.policy_sha256[:12]}…, this key authority runs {policy.digest[:12]}…; "
+                "every node must run the same policy file"
+            )
         self.state_dir = Path(state_dir)
         self.roster = roster
         self.federation = roster.federation  # every other federation id is refused
@@ -139,7 +145,7 @@ class KeyAuthority:
         try:
             self._check_he_parameters()
             self.rings = threshold.rings_for(policy.he)
-            self._crp = threshold.common_random_polynomial(self.rings, self.federation)
+            self._crp = threshold.common_random_polynomial(self.rings, self.roster.digest())
             held, self.authority_share = self._load_or_create_share()
             self._hold(held)
             self.audit = AuditLog(self.state_dir / AUDIT_FILE, self.ledger.get_meta(AUDIT_HEAD))
@@ -165,6 +171,15 @@ class KeyAuthority:
                 f"{self.state_dir}: the key share was made for HE parameters {recorded}, the policy asks for {wanted}; "
                 "use a fresh state directory to generate keys for the new parameters"
             )
+        made_under = self.ledger.get_meta(POLICY)
+        if made_under is None:
+            self.ledger.set_meta(POLICY, self.policy.digest)
+        elif made_under != self.policy.digest:
+            raise ContextError(
+                f"{self.state_dir}: the key share was made under policy {made_under[:12]}…, this key authority runs "
+                f"{self.policy.digest[:12]}…; the policy is bound into the key (one policy for all): run the policy "
+                "the federation was made under, or make a new key in a fresh state directory"
+            )
         roster = self.ledger.get_meta(ROSTER)
         if roster is None:
             self.ledger.set_meta(ROSTER, self.roster.digest())
@@ -172,7 +187,8 @@ class KeyAuthority:
             raise ContextError(
                 f"{self.state_dir}: the key share was made for another federation or bank list (roster "
                 f"{roster[:12]}…, now {self.roster.digest()[:12]}…: {self.roster.federation!r}, banks "
-                f"{list(self.roster.banks)}, t = {self.roster.threshold}); a new key needs a fresh state directory"
+                f"{list(self.roster.banks)}, t = {self.roster.threshold}, policy "
+                f"{self.roster.policy_sha256[:12]}…); a new key needs a fresh state directory"
             )
 
     def _load_or_create_share(self) -> tuple[HeldShare, np.ndarray]:

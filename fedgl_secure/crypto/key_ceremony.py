@@ -108,14 +108,17 @@ def _exchange_public(key: X25519PrivateKey) -> bytes:
 
 @dataclass(frozen=True)
 class Roster:
-    """Who takes part: federation id, the banks in consortium order (bank i is party i+1), threshold t.
+    """Who takes part and under what: federation id, the banks in consortium order (bank i is party i+1),
+    threshold t, and the SHA-256 of the policy every node runs (``Policy.digest``).
 
-    Every party must hold the same roster: its digest is bound into every message and every key derived,
-    so a message made for another federation, bank list or threshold is refused."""
+    Every party must hold the same roster: its digest is bound into every message and seeds the common random
+    polynomial, so a message made for another federation, bank list, threshold or policy is refused, and the
+    collective key — hence the context and its fingerprint — is the policy's own (one policy for all)."""
 
     federation: str
     banks: tuple[str, ...]
     threshold: int
+    policy_sha256: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.federation, str) or not self.federation:
@@ -130,6 +133,8 @@ class Roster:
         if repeated:
             raise CryptoError(f"the roster names banks {repeated} more than once")
         shamir.check_access_structure(self.threshold, len(self.banks))
+        if not isinstance(self.policy_sha256, str) or not _HEX64.fullmatch(self.policy_sha256):
+            raise CryptoError(f"the roster's policy digest must be 64 lowercase hex digits, got {self.policy_sha256!r}")
 
     def party(self, bank: str) -> int:
         """The party index of ``bank`` (its Shamir evaluation point)."""
@@ -151,9 +156,10 @@ class Roster:
         return self.banks[int(party) - 1]
 
     def digest(self) -> str:
-        """SHA-256 (hex) of the canonical encoding (domain, federation, banks in order, threshold)."""
+        """SHA-256 (hex) of the canonical encoding (domain, federation, banks in order, threshold, policy digest)."""
         names = [name.encode("utf-8") for name in self.banks]
-        encoded = DOMAIN + b"roster" + _frame(self.federation.encode("utf-8"), len(names), *names, self.threshold)
+        fields = (self.federation.encode("utf-8"), len(names), *names, self.threshold, self.policy_sha256.encode())
+        encoded = DOMAIN + b"roster/v2" + _frame(*fields)
         return hashlib.sha256(encoded).hexdigest()
 
     def _describe(self, party: int) -> str:
@@ -575,10 +581,12 @@ def collective_context(
     """The collective public context (``threshold.public_context`` of ``(p_0 + Σ_b p_b, a)``), as bytes.
 
     Deterministic: every party that saw the same shares computes the same bytes, which is what lets them
-    compare fingerprints. ``crp`` must be the roster's federation's common random polynomial."""
+    compare fingerprints. ``crp`` must be the roster's common random polynomial (seeded by its digest)."""
     a = shamir.check_element(rings.key, crp, "common random polynomial")
-    if not np.array_equal(a, threshold.common_random_polynomial(rings, roster.federation)):
-        raise CryptoError(f"the common random polynomial is not federation {roster.federation!r}'s")
+    if not np.array_equal(a, threshold.common_random_polynomial(rings, roster.digest())):
+        raise CryptoError(
+            f"the common random polynomial is not the roster's (federation {roster.federation!r}, its policy and banks)"
+        )
     if threshold.AUTHORITY in bank_shares:
         raise CryptoError("bank_shares holds party 0: the key authority's public share is passed on its own")
     public_key = threshold.collective_public_key(
@@ -650,6 +658,7 @@ def seal_held_share(held: HeldShare, operator_secret: bytes | str) -> bytes:
             "federation": held.roster.federation,
             "banks": list(held.roster.banks),
             "threshold": held.roster.threshold,
+            "policy_sha256": held.roster.policy_sha256,
         },
         "roster_sha256": held.roster.digest(),
         "secret_shape": list(held.secret.shape),
@@ -675,7 +684,8 @@ def unseal_held_share(sealed: bytes, operator_secret: bytes | str, rings: thresh
         header = json.loads(payload[start : start + length])
         if not isinstance(header, dict) or header.get("version") != HELD_SHARE_VERSION:
             raise CryptoError(f"{what}: unsupported header version (expected {HELD_SHARE_VERSION})")
-        roster = Roster(header["roster"]["federation"], tuple(header["roster"]["banks"]), header["roster"]["threshold"])
+        kept = header["roster"]
+        roster = Roster(kept["federation"], tuple(kept["banks"]), kept["threshold"], kept["policy_sha256"])
         party, shape = header["party"], tuple(header["secret_shape"])
         secret_size, context_size = header["secret_bytes"], header["public_context_bytes"]
         context_sha256 = header["public_context_sha256"]

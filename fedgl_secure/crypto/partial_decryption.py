@@ -39,7 +39,7 @@ from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
 from fedgl_secure.crypto.key_ceremony import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
 from fedgl_secure.crypto.threshold import Rings, partial_residues
-from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused, ReceiptError
+from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy
 
@@ -69,6 +69,7 @@ class Refusal(str, Enum):
     BUDGET_EXHAUSTED = "budget-exhausted"  # beyond the query budget the noise flooding holds for
     POLICY_MISMATCH = "policy-mismatch"  # a receipt signed under another policy than the decryptor's
     BAD_DECRYPTING_SET = "bad-decrypting-set"  # not t distinct banks of the federation, or without this bank
+    INCOMPLETE_SUM = "incomplete-sum"  # the sum does not hold exactly the participants its receipts name
 
 
 def check_receipts(
@@ -82,7 +83,9 @@ def check_receipts(
     """The receipts a sum is decrypted for: each parses, is from a bank in ``signing_keys`` and verifies under its
     key, was signed under policy ``policy_sha256``, matches every field of ``expected`` (federation, round, nonce,
     kind, context fingerprint — whichever are given), comes from ``participants`` when given; all from distinct
-    banks and at least ``quorum`` of them. Otherwise :class:`DecryptionRefused` naming the first problem."""
+    banks, at least ``quorum`` of them, and **exactly the participants every receipt names** (so an honest bank's
+    upload is in one decryptable sum of its round: no two sums over different sets to difference, R13).
+    Otherwise :class:`DecryptionRefused` naming the first problem."""
     checked: list[Receipt] = []
     for position, raw in enumerate(receipts):
         try:
@@ -118,7 +121,28 @@ def check_receipts(
         raise DecryptionRefused(Refusal.BELOW_QUORUM.value, f"{len(checked)} valid receipts, the quorum is {quorum}")
     if len({receipt.nonce for receipt in checked}) != 1:
         raise DecryptionRefused(Refusal.RECEIPT_MISMATCH.value, "the receipts are bound to different round nonces")
+    check_exact_cover(checked)
     return checked
+
+
+def check_exact_cover(receipts: Sequence[Receipt]) -> None:
+    """Refuse (``incomplete-sum``) unless every receipt names the same participants and the receipts' senders are
+    exactly them: a sum over a subset or a superset of the round's banks is not decrypted."""
+    named = {receipt.participants for receipt in receipts}
+    if len(named) != 1:
+        raise DecryptionRefused(
+            Refusal.INCOMPLETE_SUM.value, f"the receipts name {len(named)} different participant sets for one sum"
+        )
+    participants = set(named.pop())
+    senders = {receipt.sender for receipt in receipts}
+    if senders != participants:
+        missing, foreign = sorted(participants - senders), sorted(senders - participants)
+        detail = f"the sum holds {len(senders)} uploads, the round's participants are {sorted(participants)}"
+        if missing:
+            detail += f"; missing: {missing}"
+        if foreign:
+            detail += f"; not participants: {foreign}"
+        raise DecryptionRefused(Refusal.INCOMPLETE_SUM.value, detail)
 
 
 def expected_slots(policy: Policy, kind: str, receipts: Sequence[Receipt]) -> int:
@@ -240,6 +264,11 @@ class BankDecryptor:
         self.held = held
         self.share = held.threshold_share(rings)
         self.roster = held.roster
+        if self.roster.policy_sha256 != policy.digest:
+            raise PolicyError(
+                f"this bank's key share was made under policy {self.roster.policy_sha256[:12]}…, the bank runs "
+                f"{policy.digest[:12]}…; the policy is bound into the key (one policy for all)"
+            )
         self.bank = self.roster.bank(held.party)
         unknown = sorted(set(self.roster.banks) - set(signing_keys))
         if unknown:

@@ -1,11 +1,15 @@
 """Signed upload receipts (DESIGN §5.3 step 2): a bank's Ed25519 signature over what it uploaded.
 
 A receipt binds one upload to (federation, round, nonce, kind, sender, SHA-256 of the ciphertext bytes,
-context fingerprint), the number of values it holds, and the SHA-256 of its ciphertexts' ``c1`` polynomials —
+context fingerprint), the round's participants as the bank was told them, the number of values it holds, and the
+SHA-256 of its ciphertexts' ``c1`` polynomials —
 the half that carries only encryption randomness, which the key authority receives for every receipted upload
 to check that what it decrypts is exactly their sum (``key_authority.py``). The aggregator checks it before
 adding; the key authority checks a quorum of them before decrypting a sum, so a sum can only be decrypted for
-a round the banks really took part in, under the context they really used. Signing covers a canonical encoding
+a round the banks really took part in, under the context they really used. Every decryptor requires the sum to
+hold exactly the participants its receipts name: an honest bank signs one receipt per (round, nonce, kind), so
+each of its uploads is in one decryptable sum only, and sums over different bank sets of one round cannot be
+formed and differenced (docs/threat-model.md, R13). Signing covers a canonical encoding
 (sorted, compact JSON after a domain-separation tag) so both sides hash exactly the same bytes.
 """
 
@@ -19,12 +23,12 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedgl_secure.errors import ReceiptError
 from fedgl_secure.tomlio import format_validation_error
 
-DOMAIN = b"fedgl-secure/upload-receipt/v2\n"
+DOMAIN = b"fedgl-secure/upload-receipt/v3\n"
 C1_DOMAIN = b"fedgl-secure/c1-residues/v1\n"
 _HEX64 = r"^[0-9a-f]{64}$"
 
@@ -44,6 +48,17 @@ class ReceiptFields(BaseModel):
     values: int = Field(ge=0, le=2**40)  # values in the upload (before packing): fixes its chunk count
     c1_sha256: str = Field(pattern=_HEX64)
     policy_sha256: str = Field(pattern=_HEX64)  # the bank's policy (Policy.digest): one policy for all nodes
+    # the banks the round (stage) was opened for, sorted: the one set a sum holding this upload may be over
+    participants: tuple[str, ...] = Field(min_length=1, max_length=1024)
+
+    @field_validator("participants")
+    @classmethod
+    def _sorted_and_distinct(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not 1 <= len(name) <= 128 for name in names):
+            raise ValueError("every participant name has 1 to 128 characters")
+        if list(names) != sorted(set(names)):
+            raise ValueError("participants must be sorted and distinct")
+        return names
 
 
 class Receipt(ReceiptFields):

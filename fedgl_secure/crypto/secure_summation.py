@@ -137,7 +137,7 @@ def local_key_ceremony(
     relay it (each bank with its own ceremony object, checking every announcement it receives); returns each bank's
     partial decryptor, its ledger under ``state_root/<bank>``. The banks must be registered with the authority."""
     policy, rings = authority.policy, authority.rings
-    crp = threshold.common_random_polynomial(rings, authority.federation)
+    crp = threshold.common_random_polynomial(rings, authority.roster.digest())
     public = {name: key.public_key() for name, key in signing_keys.items()}
     ceremonies = {name: BankCeremony(rings, authority.roster, name, key, crp) for name, key in signing_keys.items()}
     for name, ceremony in ceremonies.items():
@@ -194,7 +194,9 @@ class SecureSummation:
         self._banks = {
             client_id: _Bank(bank_name(client_id), Ed25519PrivateKey.generate()) for client_id in range(count)
         }
-        self.roster = Roster(self.federation, tuple(bank.name for bank in self._banks.values()), policy.he.threshold)
+        self.roster = Roster(
+            self.federation, tuple(bank.name for bank in self._banks.values()), policy.he.threshold, policy.digest
+        )
         self.authority = KeyAuthority(self.state_dir, policy, operator_secret or secrets.token_bytes(32), self.roster)
         try:
             for bank in self._banks.values():
@@ -270,8 +272,9 @@ class SecureSummation:
         shapes = self._check_kinds(contributions)
         banks = {client_id: self._bank(client_id) for client_id in sorted(contributions)}
         nonce, digest = secrets.token_hex(16), self.policy.digest
-        ticket = RoundTicket(self.federation, round_number, nonce, len(banks), self.fingerprint, digest)
-        self.authority.open_round(self.federation, round_number, nonce, [b.name for b in banks.values()], digest)
+        names = tuple(bank.name for bank in banks.values())
+        ticket = RoundTicket(self.federation, round_number, nonce, names, self.fingerprint, digest)
+        self.authority.open_round(self.federation, round_number, nonce, list(names), digest)
         log = self.log.bind(round=round_number)
         fusing: dict[str, Future] = {}
         # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next
@@ -392,7 +395,8 @@ class SecureSummation:
         else:
 
             def submit(client_id: int, kind: str) -> Future:
-                return self.encryption.submit(kind, term(client_id, kind), self._layouts[kind], ticket.participants)
+                participants = len(ticket.participants)
+                return self.encryption.submit(kind, term(client_id, kind), self._layouts[kind], participants)
 
             jobs = {kind: [(client_id, submit(client_id, kind)) for client_id in banks] for kind in kinds}
             try:

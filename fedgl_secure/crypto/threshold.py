@@ -157,12 +157,13 @@ def _xof(seed: bytes) -> Callable[[int], bytes]:
     return lambda size: hashlib.shake_256(seed + next(counter).to_bytes(8, "little")).digest(size)
 
 
-def crp_seed(rings: Rings, federation: str) -> bytes:
-    """The public seed of the common random polynomial: the federation id and the key level (N, primes,
-    SEAL's parameters id), so that no two federations or parameter sets share an ``a``."""
-    if not isinstance(federation, str) or not federation:
-        raise CryptoError("the common random polynomial needs a non-empty federation id")
-    name = federation.encode("utf-8")
+def crp_seed(rings: Rings, label: str) -> bytes:
+    """The public seed of the common random polynomial: a label naming the federation — the roster's digest
+    (federation, banks, threshold, policy digest: ``key_ceremony.Roster.digest``) — and the key level (N, primes,
+    SEAL's parameters id), so that no two federations, policies or parameter sets share an ``a``."""
+    if not isinstance(label, str) or not label:
+        raise CryptoError("the common random polynomial needs a non-empty federation label")
+    name = label.encode("utf-8")
     level = rings.key
     return b"".join(
         (
@@ -176,12 +177,12 @@ def crp_seed(rings: Rings, federation: str) -> bytes:
     )
 
 
-def common_random_polynomial(rings: Rings, federation: str) -> np.ndarray:
+def common_random_polynomial(rings: Rings, label: str) -> np.ndarray:
     """Step 1: ``a``, uniform at the key level in NTT form, shape (K, N) — the same for every party.
 
     ``a`` is sampled directly in the NTT domain (uniform there is uniform in coefficients too, the NTT being a
     bijection), by ``ring_mask.uniform_residues``' rejection sampling over SHAKE-256 of :func:`crp_seed`."""
-    return ring_mask.uniform_residues(rings.key, 1, _xof(crp_seed(rings, federation)))[0]
+    return ring_mask.uniform_residues(rings.key, 1, _xof(crp_seed(rings, label)))[0]
 
 
 # --- step 2: key shares ------------------------------------------------------------------------------

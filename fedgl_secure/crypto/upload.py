@@ -38,9 +38,12 @@ class RoundTicket:
     federation: str
     round: int
     nonce: str
-    participants: int
+    participants: tuple[str, ...]  # the banks the round (stage) was opened for: every receipt binds them
     context_fingerprint: str
     policy_sha256: str  # the aggregator's policy (Policy.digest); a bank running another one does not upload
+
+    def __post_init__(self) -> None:  # receipts bind the set, sorted: one canonical form for every signer
+        object.__setattr__(self, "participants", tuple(sorted(set(self.participants))))
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def make_upload(
     by default ``params.layout(kind)``."""
     flat = finite_term(kind, values)
     chosen = params.layout(kind) if layout is _FROM_PARAMS else layout
-    chunks = encrypt_term(context, params, chosen, ticket.participants, kind, flat)  # type: ignore[arg-type]
+    chunks = encrypt_term(context, params, chosen, len(ticket.participants), kind, flat)  # type: ignore[arg-type]
     return sign_upload(context, ticket, sender, signing_key, kind, chunks, int(flat.size))
 
 
@@ -144,6 +147,7 @@ def sign_upload(
         sender=sender,
         ciphertext_sha256=ciphertext_digest(chunks),
         context_fingerprint=ticket.context_fingerprint,
+        participants=ticket.participants,
     )
     return Upload(kind, chunks, length, sign_receipt(signing_key, fields))
 
@@ -166,6 +170,7 @@ def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTick
         "kind": upload.kind,
         "sender": sender,
         "context_fingerprint": ticket.context_fingerprint,
+        "participants": ticket.participants,
     }
     if receipt.policy_sha256 != ticket.policy_sha256:
         raise ReceiptError(

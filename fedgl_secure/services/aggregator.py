@@ -7,13 +7,14 @@ The aggregator holds the *public* CKKS context only. Per round it
 2. accepts each participant's encrypted, receipted upload per kind — checking the receipt,
    the digest, the chunk count and that every chunk is a ciphertext of this context, so one bad
    upload can never spoil the sum;
-3. at the deadline (or when every participant has uploaded every kind) adds the ciphertexts of
-   the banks that uploaded *everything*; below the quorum it aborts the round and reopens it
-   with a fresh nonce; otherwise, for each kind, it asks the key authority for its partial
-   decryption of the sum (sending each receipted upload's ``c1``; the key authority sums them
-   itself) and ``t`` banks for theirs through the decryption board (``decryption_board.py``),
-   fuses them (``crypto/partial_decryption.fused_values``), decodes, and stores each decrypted sum
-   at once, and
+3. once every participant has uploaded every kind, adds the ciphertexts; a participant missing at
+   the deadline (or withdrawn) aborts the round, which reopens with a fresh nonce without the banks
+   that missed it — every receipt names the round's participants and every decryptor refuses a sum
+   that does not hold exactly them (``partial_decryption.check_exact_cover``, R13); then, for each
+   kind, it asks the key authority for its partial decryption of the sum (sending each receipted
+   upload's ``c1``; the key authority sums them itself) and ``t`` banks for theirs through the
+   decryption board (``decryption_board.py``), fuses them (``crypto/partial_decryption.fused_values``),
+   decodes, and stores each decrypted sum at once, and
 4. runs the method's server step (W̄, pseudo labels, pseudo graph) on the fused plaintext and
    stores the next model version together with the round, in one transaction.
 
@@ -24,7 +25,7 @@ key authority still decrypts each (round, kind) once), its server update (``stag
 broadcast the next stage starts from, published as the round's stage model
 (``GET /v1/rounds/{round}/stages/{stage}``), and the next stage is open to the banks whose uploads
 that sum holds. The last stage's update is the next model version (step 4). Each stage has its own
-upload deadline; a first stage below the quorum aborts the round (nothing was decrypted), a later one
+upload deadline; a first stage missing a participant aborts the round (nothing was decrypted), a later one
 abandons it.
 
 Round states: ``open`` → ``applied`` | ``aborted`` (reopened with a fresh nonce) |
@@ -57,9 +58,10 @@ from typing import Protocol
 import numpy as np
 import tenseal as ts
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.receipts import Receipt
@@ -107,7 +109,13 @@ from fedgl_secure.services.config import BANK_SOURCES
 from fedgl_secure.services.decryption_board import DecryptionBoard
 from fedgl_secure.services.pseudonyms import union_positions
 from fedgl_secure.wire import encodings
-from fedgl_secure.wire.broadcast import decode_broadcast, encode_broadcast
+from fedgl_secure.wire.broadcast import (
+    decode_broadcast,
+    encode_broadcast,
+    encode_projection,
+    model_label,
+    stage_label,
+)
 
 PRIOR_BASE_VERSION = -1  # a label-prior round's base version in the store: it comes before model version 0
 PRIOR_FITTED = "fitted"  # a label-prior round's status once its θ̄ is published
@@ -245,7 +253,6 @@ class _Choice:
     """Who takes part in the next round and how many must upload everything — or why the run stops."""
 
     participants: tuple[str, ...] = ()
-    required: int = 0
     stopped_reason: str | None = None
 
 
@@ -268,6 +275,7 @@ class Coordinator:
         store: AggregatorStore,
         decryptor: Decryptor,
         liveness_seconds: float = 5.0,
+        broadcast_key: Ed25519PrivateKey | None = None,
     ) -> None:
         if config.federation.partition == "louvain":
             if config.federation.num_clients != len(banks):
@@ -288,6 +296,9 @@ class Coordinator:
         self.policy_digest = policy.digest  # announced on every poll: computed once
         self.banks = tuple(banks)
         self.signing_keys = dict(signing_keys)
+        # signs what each bank is served (crypto/broadcast_signature.py); the service passes the provisioned key,
+        # an in-process coordinator without one signs with a key nobody can verify against
+        self.broadcast_key = broadcast_key or Ed25519PrivateKey.generate()
         self.context = ckks.load_public_context(public_context)
         self.fingerprint = ckks.fingerprint(public_context)
         self.store = store
@@ -315,6 +326,8 @@ class Coordinator:
         self._latest_version: int | None = store.latest_version()
         self._stopped_reason: str | None = store.stopped_reason()
         self._withdrawn: dict[str, Withdrawal] = store.withdrawals()
+        # base version → banks that missed an upload deadline of a round from it: its reopening goes without them
+        self._missed: dict[int, set[str]] = {}
         self._index: tuple[int, dict[str, np.ndarray]] | None = store.index()
         self._upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
         self._prior_upload_shapes: dict[str, tuple[int, ...]] | None = None  # likewise (the label prior's)
@@ -441,6 +454,26 @@ class Coordinator:
             raise ProtocolConflict("unknown-version", f"model version {version} does not exist (yet)")
         return data
 
+    def broadcast_for(self, bank: str, version: int) -> tuple[bytes, str]:
+        """Model ``version`` as ``bank`` is served it: its projection (W̄, its rows of Ȳ and Ā) and the signature."""
+        return self._projection(bank, version, self.model(version), model_label(version))
+
+    def stage_broadcast_for(self, bank: str, round_number: int, stage: str) -> tuple[bytes, str]:
+        """The broadcast after ``stage`` of round ``round_number`` as ``bank`` is served it (projected, signed)."""
+        data = self.stage_model(round_number, stage)
+        label = stage_label(round_number, stage)
+        if stage == LABEL_PRIOR_STAGE:  # the fitted prior θ̄: model parameters, nothing per customer
+            self.index_for(bank)
+            return data, sign_broadcast(self.broadcast_key, self.federation, bank, label, data)
+        return self._projection(bank, round_number, data, label)
+
+    def _projection(self, bank: str, version: int, data: bytes, label: str) -> tuple[bytes, str]:
+        size, positions = self.index_for(bank)
+        self._shapes()
+        broadcast = decode_broadcast(version, data, self._num_parameters, size, self.config.self_supervision.neighbors)
+        body = encode_projection(broadcast, positions)
+        return body, sign_broadcast(self.broadcast_key, self.federation, bank, label, body)
+
     def stage_model(self, round_number: int, stage: str) -> bytes:
         """The broadcast published after ``stage`` of round ``round_number`` (the next stage starts from it)."""
         data = self.store.stage_model(round_number, stage)
@@ -491,6 +524,10 @@ class Coordinator:
         """Check and keep one upload; True when it is new, False when it repeats an accepted one."""
         self._bank_index(bank)
         with self._changed:
+            if bank in self._withdrawn:
+                raise ProtocolConflict(
+                    "withdrawn", f"{bank} withdrew ({self._withdrawn[bank].reason}); it uploads no more"
+                )
             current = self._open
             if current is None or current.round != round_number:
                 open_number = current.round if current else None
@@ -499,10 +536,6 @@ class Coordinator:
                 raise ProtocolConflict("stale-round", f"round {round_number} was reopened with a fresh nonce; retrain")
             if bank not in current.participants:
                 raise ProtocolConflict("not-participant", f"{bank} is not a participant of round {round_number}")
-            if bank in self._withdrawn:
-                raise ProtocolConflict(
-                    "withdrawn", f"{bank} withdrew ({self._withdrawn[bank].reason}); it uploads no more"
-                )
             if kind not in current.shapes:
                 raise CiphertextError(
                     f"round {round_number} (stage {current.stage!r}) expects kinds {sorted(current.shapes)}, "
@@ -513,7 +546,7 @@ class Coordinator:
                 self.federation,
                 current.round,
                 current.nonce,
-                len(current.participants),
+                current.participants,
                 self.fingerprint,
                 self.policy_digest,
             )
@@ -775,7 +808,6 @@ class Coordinator:
             nonce,
             LABEL_PRIOR_STAGE,
             self.banks,
-            len(self.banks),
             timer,
             wire_reference(start),
             first=True,
@@ -853,12 +885,13 @@ class Coordinator:
         return ()
 
     def _choose_participants(self, stop: threading.Event, version: int) -> _Choice | None:
-        """Participants and how many must upload everything for a round from ``version``, or the reason
-        the run stops (:meth:`_exhausted`); None if ``stop`` was set.
+        """The participants of a round from ``version`` (each must upload everything), or the reason the run
+        stops (:meth:`_exhausted`); None if ``stop`` was set.
 
         Every chosen bank that has not withdrawn, or — once a silent bank has had ``liveness_seconds``
-        since this aggregator (re)started to show up — at least the quorum of live ones; a pinned set
-        (see :meth:`_pinned_contributors`) must be live in full.
+        since this aggregator (re)started to show up — at least the quorum of live ones; banks that missed
+        an attempt from ``version`` are left out while the others reach the quorum; a pinned set (see
+        :meth:`_pinned_contributors`) must be live in full.
         """
         pinned = self._pinned_contributors(version)
         with self._changed:
@@ -869,11 +902,15 @@ class Coordinator:
                 chosen, live = self._participants(version + 1)
                 if pinned:
                     if set(pinned) <= set(live):
-                        return _Choice(pinned, len(pinned))
+                        return _Choice(pinned)
                 else:
+                    missed = self._missed.get(version, set())
+                    if len([bank for bank in live if bank not in missed]) >= _quorum(self.policy):
+                        chosen = tuple(bank for bank in chosen if bank not in missed)
+                        live = tuple(bank for bank in live if bank not in missed)
                     waited_long_enough = time.monotonic() - self._started >= self.liveness_seconds
                     if len(live) >= _quorum(self.policy) and (len(live) == len(chosen) or waited_long_enough):
-                        return _Choice(live, _quorum(self.policy))
+                        return _Choice(live)
                 self._changed.wait(0.2)
         return None
 
@@ -895,7 +932,7 @@ class Coordinator:
     def _run_round(self, stop: threading.Event, round_number: int, version: int, choice: _Choice) -> str:
         """One round from ``version``: each of the method's stages in turn (:meth:`_run_stage`), under one
         nonce; "applied", "aborted" (reopened), "abandoned" (the next round number retries) or "stopped"."""
-        participants, required = choice.participants, choice.required
+        participants = choice.participants
         log = self.log.bind(round=round_number)
         try:
             nonce = self._open_at_key_authority(stop, round_number, participants)
@@ -909,7 +946,7 @@ class Coordinator:
         timer = PhaseTimer()
         for index, stage in enumerate(self._stages):
             outcome, participants, sums = self._run_stage(
-                stop, round_number, version, nonce, stage, participants, required, timer, reference, first=index == 0
+                stop, round_number, version, nonce, stage, participants, timer, reference, first=index == 0
             )
             if outcome != "decrypted":
                 return outcome
@@ -938,7 +975,6 @@ class Coordinator:
         nonce: str,
         stage: str,
         participants: tuple[str, ...],
-        required: int,
         timer: PhaseTimer,
         reference: np.ndarray,
         *,
@@ -948,8 +984,9 @@ class Coordinator:
         """Collect ``stage``'s uploads until its deadline (or every expected bank's), then decrypt its sums
         (the weights restored from their centring on ``reference``, the W̄ the stage's banks trained from).
         Returns ("decrypted", the banks whose uploads the sums hold, the sums), or the round's outcome with
-        nothing: "stopped", "aborted" (below ``required`` in the first stage: nothing was decrypted, the
-        round reopens) or "abandoned" (a later stage, or a refused decryption: the next round number retries).
+        nothing: "stopped", "aborted" (a participant missing in the first stage: nothing was decrypted, the
+        round reopens without it) or "abandoned" (a later stage, or a refused decryption: the next round number
+        retries).
         ``shapes``: the stage's kinds and shapes when it is not one of the method's (the label prior's)."""
         log = self.log.bind(round=round_number, stage=stage)
         timeouts = self.policy.timeouts
@@ -967,16 +1004,19 @@ class Coordinator:
                 # banks that withdrew during the round are not waited for
                 complete = current.complete_banks()
                 expected = [b for b in participants if b in complete or b not in self._withdrawn]
-                if len(complete) == len(expected) or len(expected) < required:
+                if len(complete) == len(expected) or len(expected) < len(participants):  # done, or never complete
                     break
                 self._changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             complete = current.complete_banks()
             withdrew = sorted(b for b in participants if b in self._withdrawn and b not in complete)
             self._open = None
-            self._aggregating = len(complete) >= required
-        missing = sorted(set(participants) - set(complete) - set(withdrew))
-        if len(complete) < required:
-            detail = f"{len(complete)} of {len(participants)} banks uploaded every kind in time; {required} needed"
+            self._aggregating = len(complete) == len(participants)
+        if len(complete) < len(participants):  # every decryptor refuses a sum without all the participants (R13)
+            missing = sorted(set(participants) - set(complete) - set(withdrew))
+            detail = f"{len(complete)} of {len(participants)} banks uploaded every kind; each participant is needed"
+            if not withdrew:  # the deadline passed: the reopened round goes without the late banks
+                self._missed.setdefault(version, set()).update(missing)
+                detail += f"; late: {', '.join(missing)}"
             if len(self._stages) > 1:
                 detail = f"stage {stage!r}: {detail}"
             if withdrew:
@@ -987,10 +1027,6 @@ class Coordinator:
             self.store.close_round(round_number, status, detail)
             log.warning(f"round.{status}", complete=list(complete), missing=missing, withdrawn=withdrew, detail=detail)
             return status, (), {}
-        if missing:
-            log.warning("round.timed_out_banks", missing=missing, complete=list(complete))
-        if withdrew:
-            log.warning("round.withdrawn_banks", withdrawn=withdrew, complete=list(complete))
         try:
             sums = self._decrypt_sums(stop, current, complete, timer, reference)
         except FedGLError as error:  # DecryptionRefused included

@@ -57,7 +57,7 @@ from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, Prot
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
-from fedgl_secure.services.pki import load_signing_public_keys
+from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
 from fedgl_secure.services.pseudonyms import PSEUDONYM_PATTERN
 from fedgl_secure.services.retry import retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
@@ -70,6 +70,7 @@ from fedgl_secure.services.tls import (
 from fedgl_secure.wire import encodings
 
 RECEIPT_HEADER = "X-FedGL-Receipt"
+BROADCAST_SIGNATURE_HEADER = "X-FedGL-Broadcast-Signature"  # the aggregator's Ed25519 signature (hex) of a broadcast
 MAX_PSEUDONYMS = 50_000_000
 # Enrolment carries one 64-hex pseudonym per customer (~67 bytes in JSON): a 1,000,000-customer bank sends
 # ~67 MB, past the 64 MiB cap of every other body; this cap admits ~7.5 M customers per bank.
@@ -106,6 +107,17 @@ class IndexResponse(_Schema):
     max_bank_nodes: int  # the public w_max of the DP step: the largest bank's node count
 
 
+class Served(NamedTuple):
+    """A broadcast as the aggregator served it: the bytes and its signature over them (``broadcast_signature``)."""
+
+    body: bytes
+    signature: str | None
+
+
+def _served(response: httpx.Response) -> Served:
+    return Served(response.content, response.headers.get(BROADCAST_SIGNATURE_HEADER))
+
+
 class IndexView(NamedTuple):
     """What a bank learns of the union index: M, its own positions, and the largest bank's size."""
 
@@ -135,7 +147,7 @@ class RoundResponse(_Schema):
 def ticket_for(view: RoundResponse, policy_sha256: str) -> RoundTicket:
     """What a bank uploads into the open round ``view`` under its own policy (whose digest the view's must equal)."""
     return RoundTicket(
-        view.federation, view.round, view.nonce, len(view.participants), view.context_fingerprint, policy_sha256
+        view.federation, view.round, view.nonce, tuple(view.participants), view.context_fingerprint, policy_sha256
     )
 
 
@@ -346,7 +358,8 @@ def create_app(
     def model(
         version: Annotated[int, Path(ge=0, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
     ) -> Response:
-        return Response(coordinator.model(version), media_type=wire.OCTET_STREAM)
+        body, signature = coordinator.broadcast_for(caller.name, version)  # this bank's rows only, signed
+        return Response(body, media_type=wire.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
 
     @app.get(
         "/v1/rounds/{round_number}/stages/{stage}",
@@ -361,7 +374,8 @@ def create_app(
         stage: Annotated[str, Path(max_length=64)],
         caller: Caller = Depends(bank_only),
     ) -> Response:
-        return Response(coordinator.stage_model(round_number, stage), media_type=wire.OCTET_STREAM)
+        body, signature = coordinator.stage_broadcast_for(caller.name, round_number, stage)
+        return Response(body, media_type=wire.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
 
     @app.put(
         "/v1/rounds/{round_number}/uploads/{kind}",
@@ -509,12 +523,13 @@ class AggregatorClient:
     def current_round(self) -> RoundResponse:
         return self._parse(RoundResponse, "GET", "/v1/round")
 
-    def model(self, version: int) -> bytes:
-        return self._call("GET", f"/v1/models/{version}").content
+    def model(self, version: int) -> Served:
+        """Model ``version`` as this bank is served it (its projection) with the aggregator's signature."""
+        return _served(self._call("GET", f"/v1/models/{version}"))
 
-    def stage_model(self, round_number: int, stage: str) -> bytes:
-        """The broadcast published after ``stage`` of round ``round_number``."""
-        return self._call("GET", f"/v1/rounds/{round_number}/stages/{stage}").content
+    def stage_model(self, round_number: int, stage: str) -> Served:
+        """The broadcast published after ``stage`` of round ``round_number`` (projected, signed)."""
+        return _served(self._call("GET", f"/v1/rounds/{round_number}/stages/{stage}"))
 
     def upload(self, round_number: int, kind: str, chunks: Sequence[bytes], receipt: Receipt) -> UploadResponse:
         return self._parse(
@@ -611,6 +626,7 @@ def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:
         store=store,
         decryptor=key_authority,
         liveness_seconds=node.aggregator.liveness_seconds,
+        broadcast_key=load_signing_key(layout, node.name),
     )
     log.info("aggregator.starting", url=entry.url, fingerprint=fingerprint[:12])
     try:

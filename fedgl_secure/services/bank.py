@@ -57,11 +57,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from fastapi import Depends, FastAPI
 from torch import nn
 
 from fedgl_secure.crypto import ckks, threshold
+from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_ceremony import Roster
@@ -99,7 +100,7 @@ from fedgl_secure.services.aggregator import (
     FINAL_GRACE_SECONDS,
     ProtocolConflict,
 )
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
+from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, Served, ticket_for
 from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share
 from fedgl_secure.services.bank_label_prior import (
     STAGED_LABELS_FILE,
@@ -116,7 +117,7 @@ from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
-from fedgl_secure.wire.broadcast import decode_broadcast
+from fedgl_secure.wire.broadcast import decode_broadcast, model_label, stage_label
 
 LEDGER_FILE = "privacy-ledger.json"
 PREPARED_GRAPH_FILE = "privacy-graph.npz"  # the graph after edge DP, kept so a restart does not re-draw it
@@ -197,6 +198,7 @@ class BankWorker:
         policy: Policy,
         signing_key: Ed25519PrivateKey,
         pseudonym_key: bytes,
+        broadcast_key: Ed25519PublicKey,
         poll_seconds: float = 0.2,
         state_dir: Path | None = None,
         random_bytes: RandomBytes | None = None,
@@ -206,7 +208,8 @@ class BankWorker:
         when the policy has DP. ``random_bytes`` replaces the CSPRNG for the noise (tests only). The
         public w_max of the DP step comes with the union index. ``reconstruction``: Fed²GNN's set-up (this
         bank's share of the exchange and who it is in it), run before enrolment; ``graph`` is then replaced
-        by the reconstructed graph."""
+        by the reconstructed graph. ``broadcast_key``: the aggregator's public key, which every broadcast this
+        bank is served must be signed with."""
         self.name = name
         self.federation = federation
         self.client_index = client_index
@@ -225,6 +228,7 @@ class BankWorker:
         self.policy = policy
         self.signing_key = signing_key
         self.pseudonym_key = pseudonym_key
+        self.broadcast_key = broadcast_key
         self.poll_seconds = poll_seconds
         check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
         check_self_training_services(config)  # as the aggregator: refused, not silently ignored
@@ -362,6 +366,7 @@ class BankWorker:
             fingerprint=self.fingerprint,
             policy=self.policy,
             signing_key=self.signing_key,
+            broadcast_key=self.broadcast_key,
             normaliser=self.privacy_normaliser,
             release=release,
             release_path=staged_path,
@@ -576,7 +581,8 @@ class BankWorker:
                     self.log.warning("final_model.not_fixed", detail="predict will fetch it from the aggregator")
                     return
                 stop.wait(self.poll_seconds)
-            save_final_model(self.state_dir, self.federation, version, self.aggregator.model(version))
+            served = self._verified(model_label(version), self.aggregator.model(version))
+            save_final_model(self.state_dir, self.federation, version, served)
             self.log.info("bank.final_model_saved", version=version)
         except (FedGLError, OSError) as error:
             self.log.warning("final_model.not_saved", error=str(error)[:300])
@@ -626,7 +632,7 @@ class BankWorker:
         return counts, histograms
 
     def _download(self, session: _Session, version: int) -> Broadcast:
-        return self._decode(session, version, self.aggregator.model(version))
+        return self._decode(session, version, self._verified(model_label(version), self.aggregator.model(version)))
 
     def _stage(self, view: RoundResponse) -> str:
         """The stage ``view`` opens; an open round that names none is the method's first (an aggregator that
@@ -635,7 +641,14 @@ class BankWorker:
 
     def _download_stage(self, session: _Session, round_number: int, stage: str) -> Broadcast:
         """The broadcast published after ``stage`` of round ``round_number``, checked like a model version."""
-        return self._decode(session, round_number, self.aggregator.stage_model(round_number, stage))
+        served = self.aggregator.stage_model(round_number, stage)
+        return self._decode(session, round_number, self._verified(stage_label(round_number, stage), served))
+
+    def _verified(self, label: str, served: Served) -> bytes:
+        """The body of a broadcast this bank was served, once its signature is the aggregator's over it, for this
+        bank (``crypto/broadcast_signature.py``); else :class:`ReceiptError`."""
+        verify_broadcast(self.broadcast_key, self.federation, self.name, label, served.body, served.signature)
+        return served.body
 
     def _decode(self, session: _Session, version: int, data: bytes) -> Broadcast:
         """``data`` as a broadcast of this federation's shapes (a wrong size or kind is refused, not trained on)."""
@@ -645,6 +658,7 @@ class BankWorker:
             session.num_parameters,
             session.graph.num_global_nodes,
             self.config.self_supervision.neighbors,
+            rows=session.graph.positions,  # served its projection only: its own rows of Ȳ and Ā
         )
 
     def _report(self, session: _Session, version: int, broadcast: Broadcast) -> None:
@@ -804,7 +818,8 @@ class BankWorker:
                     self.context, self.policy.he, ticket, self.name, self.signing_key, kind, terms[kind], layouts[kind]
                 )
             return
-        jobs = {self.encryption.submit(kind, terms[kind], layouts[kind], ticket.participants): kind for kind in kinds}
+        participants = len(ticket.participants)
+        jobs = {self.encryption.submit(kind, terms[kind], layouts[kind], participants): kind for kind in kinds}
         try:
             for job in as_completed(jobs):
                 kind = jobs[job]
@@ -1065,7 +1080,8 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     agg_http = make_http_client(layout, node.name, consortium.aggregator.url, expect_role=NodeRole.AGGREGATOR)
     banks = [bank.name for bank in consortium.banks]
     verify_keys = load_signing_public_keys(layout, banks)
-    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold)
+    aggregator_key = load_signing_public_keys(layout, [consortium.aggregator.name])[consortium.aggregator.name]
+    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold, policy.digest)
     operator_secret = read_operator_secret(node)  # a missing secret stops the node here, naming both options
     aggregator = AggregatorClient(agg_http)
     progress = _Progress(node.name)
@@ -1103,6 +1119,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
             policy=policy,
             signing_key=load_signing_key(layout, node.name),
             pseudonym_key=load_pseudonym_key(layout, node.name),
+            broadcast_key=aggregator_key,
             poll_seconds=node.bank.poll_seconds,
             state_dir=node.state_dir,
             reconstruction=reconstruction,

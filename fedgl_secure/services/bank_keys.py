@@ -83,7 +83,7 @@ def ensure_key_share(
 
         return retry_until_ready(once, what, log, timeout=timeout, retry_on=(_Pending,), stop=stop)
 
-    crp = threshold.common_random_polynomial(rings, roster.federation)
+    crp = threshold.common_random_polynomial(rings, roster.digest())
     ceremony = BankCeremony(rings, roster, bank, signing_key, crp)
     wait(lambda: key_authority.announce(ceremony.announcement()), "the key authority (announcement)")
     log.info("ceremony.announced", banks=len(roster.banks), threshold=roster.threshold)

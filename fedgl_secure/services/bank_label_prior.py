@@ -28,8 +28,9 @@ import numpy as np
 import scipy.sparse as sp
 import tenseal as ts
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.upload import Upload, finite_term, make_upload
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
@@ -51,6 +52,7 @@ from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResp
 from fedgl_secure.services.kept_release import keep_release, take_back_release
 from fedgl_secure.services.retry import StopRequested
 from fedgl_secure.wire import encodings
+from fedgl_secure.wire.broadcast import stage_label
 
 STAGED_LABELS_FILE = "privacy-labels-staged.npz"  # the release in progress, between the prior's stages
 
@@ -108,6 +110,7 @@ class LabelPriorParticipant:
         fingerprint: str,
         policy: Policy,
         signing_key: Ed25519PrivateKey,
+        broadcast_key: Ed25519PublicKey,
         normaliser: float,
         release: StagedRelease,
         release_path: Path,
@@ -120,7 +123,7 @@ class LabelPriorParticipant:
     ) -> None:
         self.name, self.federation, self.aggregator = name, federation, aggregator
         self.context, self.fingerprint, self.policy = context, fingerprint, policy
-        self.signing_key, self.normaliser = signing_key, normaliser
+        self.signing_key, self.normaliser, self.broadcast_key = signing_key, normaliser, broadcast_key
         self.release, self.release_path, self.settings = release, release_path, settings
         self.propagated = propagated_features(adjacency, features)
         self.num_classes = num_classes
@@ -176,7 +179,10 @@ class LabelPriorParticipant:
 
     def _download_prior(self, round_number: int) -> torch.Tensor:
         """θ̄ that label-prior round ``round_number`` published, checked for its size."""
-        arrays = encodings.decode_arrays(self.aggregator.stage_model(round_number, LABEL_PRIOR_STAGE))
+        served = self.aggregator.stage_model(round_number, LABEL_PRIOR_STAGE)
+        label = stage_label(round_number, LABEL_PRIOR_STAGE)
+        verify_broadcast(self.broadcast_key, self.federation, self.name, label, served.body, served.signature)
+        arrays = encodings.decode_arrays(served.body)
         expected = prior_size(self.propagated.shape[1], self.num_classes)
         prior = arrays.get("prior")
         if prior is None or prior.shape != (expected,):

@@ -80,6 +80,7 @@ def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
             "values": st.integers(min_value=0, max_value=2**40),
             "c1_sha256": _hex(64),
             "policy_sha256": _hex(64),
+            "participants": st.lists(_names(128), min_size=1, max_size=8, unique=True).map(sorted),
             "signature": _hex(128),
         }
     )

@@ -439,7 +439,7 @@ def run_key_authority(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
     banks = [bank.name for bank in consortium.banks]
-    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold)
+    roster = Roster(consortium.federation, tuple(banks), policy.he.threshold, policy.digest)
     authority = KeyAuthority(state_dir, policy, secret, roster)
     try:
         for bank, public_key in pki.load_signing_public_keys(layout, banks).items():

@@ -5,7 +5,8 @@
 * the consortium CA (EC P-256, self-signed, may sign leaf certificates only);
 * per node, an EC P-256 TLS key and a certificate with ``CN=<node>``, ``OU=<role>``,
   ``O=<federation>``, valid for client *and* server authentication — every node is both;
-* per bank, an Ed25519 receipt-signing key, its public half under ``public/``, and the one
+* per bank, an Ed25519 receipt-signing key, its public half under ``public/`` (the aggregator gets one
+  too: it signs every broadcast it serves), and the one
   node-pseudonym key all banks share (HMAC key of §5.4; it must be equal everywhere, or the
   same customer gets different pseudonyms at different banks).
 
@@ -104,8 +105,8 @@ def provision(consortium: ConsortiumConfig, out: Path | None = None) -> Provisio
     plan = _Plan()
     _plan_tls(consortium, layout, plan, datetime.now(timezone.utc))
     banks = [bank.name for bank in consortium.banks]
-    for bank in banks:
-        _plan_signing_key(layout, bank, plan)
+    for name in (*banks, consortium.aggregator.name):  # banks sign receipts, the aggregator broadcasts
+        _plan_signing_key(layout, name, plan)
     _plan_pseudonym_keys(layout, banks, plan)
     _write_all(layout.root, plan)
     report = ProvisionReport(layout.root, tuple(plan.writes), tuple(plan.kept))

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
 from fedgl_secure.engine.simulation import resolve_device
@@ -37,8 +38,9 @@ from fedgl_secure.services.bank import (
     save_final_model,
 )
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
+from fedgl_secure.services.pki import load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
-from fedgl_secure.wire.broadcast import decode_broadcast
+from fedgl_secure.wire.broadcast import decode_broadcast, model_label
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,13 @@ def fetch_final_model(node: NodeConfig, consortium: ConsortiumConfig) -> tuple[i
                 f"the federation {consortium.federation!r} has finished but not yet fixed its final model (it waits "
                 "for every bank's report of the last version, at most a minute); try again shortly"
             )
-        data = client.model(version)
+        served = client.model(version)
+    aggregator = consortium.aggregator.name
+    aggregator_key = load_signing_public_keys(layout, [aggregator])[aggregator]
+    verify_broadcast(
+        aggregator_key, consortium.federation, node.name, model_label(version), served.body, served.signature
+    )
+    data = served.body
     save_final_model(node.state_dir, consortium.federation, version, data)
     return version, data
 
@@ -124,6 +132,7 @@ def predict(
         int(model.flat_parameters().numel()),
         graph.num_global_nodes,
         config.self_supervision.neighbors,
+        rows=graph.positions,  # the bank is served its projection of the final broadcast
     )
     model.load_flat_parameters(broadcast.weights.to(device))
     model.eval()
