@@ -47,7 +47,8 @@ NOTES = [
     "phases.bank: mean seconds per round of each bank's round.uploaded 'phases' (download of the broadcast, "
     "evaluation report, local training, CKKS encryption, upload); their sum is bank_round_seconds.",
     "phases.aggregator: mean seconds per round of the aggregator's round.applied 'phases' (aggregation: homomorphic "
-    "sums and masking; decryption: the key authority's decryption as the aggregator waits for it, unmasking; "
+    "sums, fusing the partial decryptions and decoding; decryption: the key authority's and t banks' partial "
+    "decryptions as the aggregator waits for them; "
     "server_step: fusion, pseudo labels, pseudo graph, broadcast encoding and storing).",
     "phases.pseudo_graph: the aggregator's pseudo_graph.discovered 'seconds' (part of server_step), with its backend.",
     "phases.after_last_upload_seconds: time from the last bank's round.uploaded to round.applied (log timestamps).",
@@ -57,6 +58,9 @@ NOTES = [
     "the first round's seconds include the banks' start-up after the index (the round opens before the banks "
     "are ready), so seconds_per_round_steady (rounds after the first) is given as well.",
     "peak_rss_mib: VmHWM of /proc/<pid>/status of each node process, polled every 0.5 s (last value before exit).",
+    "traffic: upload bytes per encrypted value (banks' round.uploaded bytes / values) and the threshold "
+    "decryption's traffic from each party's own log — verification downloads (each receipted upload's c1, to the key "
+    "authority and to every bank asked) and partial decryptions — per decrypted value and per applied round.",
 ]
 
 
@@ -322,11 +326,42 @@ def summarise(customers, consortium, logs, outcome, wall_start, wall_seconds, pe
             "after_last_upload_seconds": after_last,
         },
         "bytes_per_bank_per_round": bytes_per_bank,
+        "traffic": traffic(aggregator, uploaded, bank_events, len(applied)),
         "peak_rss_mib": {name: round(kb / 1024, 1) for name, kb in peak_kb.items()},
         "events_seen": {
             name: sorted({e.get("event") for e in events if e.get("event")})
             for name, events in {consortium.aggregator.name: aggregator, **bank_events}.items()
         },
+    }
+
+
+def traffic(aggregator: list[dict], uploaded: dict[str, list[dict]], bank_events: dict, rounds: int) -> dict:
+    """The issue-27 split, from each party's own log: upload bytes per encrypted value (banks' ``round.uploaded``),
+    and the threshold decryption's traffic — the verification downloads (every receipted upload's c1, to the key
+    authority and to each bank asked, refusals included) and the partial decryptions sent back — per decrypted
+    value and per applied round (aggregator's ``sum.decrypted``, banks' ``decryption.partial_sent`` /
+    ``decryption.refusal_sent``)."""
+    upload_bytes = sum(float(e.get("bytes", 0)) for ups in uploaded.values() for e in ups)
+    upload_values = sum(float(e.get("values", 0)) for ups in uploaded.values() for e in ups)
+    sums = [e for e in aggregator if e.get("event") == "sum.decrypted"]
+    answers = [
+        e
+        for events in bank_events.values()
+        for e in events
+        if e.get("event") in ("decryption.partial_sent", "decryption.refusal_sent")
+    ]
+    verification = sum(e.get("authority_c1_bytes", 0) for e in sums) + sum(e.get("c1_bytes", 0) for e in answers)
+    partial = sum(e.get("authority_partial_bytes", 0) for e in sums) + sum(e.get("partial_bytes", 0) for e in answers)
+    decrypted = sum(e.get("values", 0) for e in sums)
+    return {
+        "upload_bytes_per_value": round(upload_bytes / upload_values, 3) if upload_values else None,
+        "upload_bytes_per_round": round(upload_bytes / rounds) if rounds else None,
+        "decryption_verification_bytes": verification,
+        "decryption_partial_bytes": partial,
+        "decrypted_values": decrypted,
+        "decryption_bytes_per_decrypted_value": round((verification + partial) / decrypted, 3) if decrypted else None,
+        "decryption_bytes_per_round": round((verification + partial) / rounds) if rounds else None,
+        "partial_decryptions_by_banks": sum(1 for e in answers if e.get("event") == "decryption.partial_sent"),
     }
 
 

@@ -535,16 +535,16 @@ def test_the_ceremony_relay_checks_announcements_and_waits_for_every_bank(tmp_pa
         assert caught.value.code == "not-your-share"
         # a bad signature: signed by another key, or a public share altered after signing
         forged = dataclasses.replace(mine, signature=keys["bank-b"].sign(mine.signed_bytes()))
-        with pytest.raises(CryptoError, match="announcement of bank 'bank-a': bad signature"):
+        with pytest.raises(ProtocolConflict, match="announcement of bank 'bank-a': bad signature"):
             authority.accept_announcement("bank-a", forged)
         altered = bytearray(mine.public_share)
         altered[0] ^= 1
-        with pytest.raises(CryptoError, match="bad signature"):
+        with pytest.raises(ProtocolConflict, match="bad signature"):
             authority.accept_announcement("bank-a", dataclasses.replace(mine, public_share=bytes(altered)))
         # an announcement made for another roster (a replay from another ceremony), validly signed
         other = Roster("another-federation", BANKS, 2, small_policy.digest)
         foreign = BankCeremony(rings, other, "bank-a", keys["bank-a"], crp).announcement()
-        with pytest.raises(CryptoError, match="is for another roster"):
+        with pytest.raises(ProtocolConflict, match="is for another roster"):
             authority.accept_announcement("bank-a", foreign)
         assert authority.announcements() == []
         # the real one, twice (a retry: a no-op), then a second, different one: refused, the first one kept

@@ -359,7 +359,10 @@ def test_malformed_ceremony_bodies_are_4xx_and_store_nothing(fresh):
         (json.dumps({k: v for k, v in fields.items() if k != "signature"}).encode(), "missing fields ['signature']"),
         (json.dumps({**fields, "public_share": "%%%"}).encode(), "'public_share' is not valid base64"),
         (json.dumps({**fields, "party": -1}).encode(), "'party' must be a non-negative integer"),
-        # well formed, but not bank-a's: signed by another key, or made for another roster
+    ]
+    # well formed (what the OpenAPI document describes), but not bank-a's: signed by another key, or made for
+    # another roster — the ceremony refuses them, 409
+    refused = [
         (
             dataclasses.replace(good, signature=other_key.sign(good.signed_bytes())).to_json().encode(),
             "bad signature",
@@ -369,6 +372,8 @@ def test_malformed_ceremony_bodies_are_4xx_and_store_nothing(fresh):
     client = fresh.as_bank("bank-a")
     for body, problem in cases:
         assert problem in _error(fresh.http.post("/v1/ceremony/announce", content=body), 400, "bad-request")
+    for body, problem in refused:
+        assert problem in _error(fresh.http.post("/v1/ceremony/announce", content=body), 409, "bad-announcement")
     for body, code, problem in [
         (b"{}", "bad-wire-format", "expected a JSON list of share envelopes"),
         (b"[1, 2", "bad-wire-format", "share envelopes: "),

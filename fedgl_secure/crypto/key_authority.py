@@ -244,9 +244,9 @@ class KeyAuthority:
                 raise ProtocolConflict("not-your-share", f"{caller!r} cannot announce for {announcement.bank!r}")
             try:
                 key_ceremony.verify_announcement(self.rings, self.roster, announcement, self._signing_keys())
-            except CryptoError as error:
+            except CryptoError as error:  # a well-formed message the ceremony refuses: a conflict, not a bad body
                 self._record({"event": "announce", "decision": "refused", "bank": caller, "reason": str(error)})
-                raise
+                raise ProtocolConflict("bad-announcement", str(error)) from None
             path = self.state_dir / CEREMONY_DIR / f"announcement-{announcement.party}.json"
             if path.exists():
                 if Announcement.from_json(path.read_bytes()) != announcement:
@@ -266,6 +266,8 @@ class KeyAuthority:
     def accept_envelopes(self, caller: str, envelopes: Sequence[ShareEnvelope]) -> None:
         """Keep the Shamir shares a bank dealt, sealed to their recipients (relayed; unreadable here). Every envelope
         is checked before any is written: a refused batch changes nothing."""
+        if caller not in self.roster.banks:
+            raise ProtocolConflict("not-in-roster", f"{caller!r} is not a bank of federation {self.federation!r}")
         dealer = self.roster.party(caller)
         with self._lock:
             directory = self.state_dir / CEREMONY_DIR
@@ -378,6 +380,72 @@ class KeyAuthority:
 
     # --- decryption -------------------------------------------------------------------------
 
+    def check_decryption(
+        self,
+        caller_role: str,
+        federation: str,
+        round_number: int,
+        kind: str,
+        receipts: Sequence[Receipt | dict | str | bytes],
+        fingerprint: str,
+        length: int,
+    ) -> None:
+        """Every rule of :meth:`decrypt_sum` that needs no ``c1``, so that the service refuses a request before it
+        reads the body (a refusal is audited like :meth:`decrypt_sum`'s); :meth:`decrypt_sum` checks them again."""
+        with self._lock:
+            try:
+                self._admit(caller_role, federation, round_number, kind, receipts, fingerprint, length)
+            except DecryptionRefused as refusal:
+                event = self._event(caller_role, federation, round_number, kind)
+                self._record({**event, "decision": "refused", "reason": refusal.reason, "detail": refusal.detail})
+                self.log.warning("decrypt.refused", reason=refusal.reason, detail=refusal.detail, round=round_number)
+                raise
+
+    @staticmethod
+    def _event(caller_role: str, federation: str, round_number: int, kind: str) -> dict:
+        return {
+            "event": "decrypt",
+            "caller": caller_role,
+            "federation": federation,
+            "round": round_number,
+            "kind": kind,
+        }
+
+    def _admit(
+        self,
+        caller_role: str,
+        federation: str,
+        round_number: int,
+        kind: str,
+        receipts: Sequence[Receipt | dict | str | bytes],
+        fingerprint: str,
+        length: int,
+    ) -> tuple[OpenRound, list[Receipt], int]:
+        """The request's rules before any ``c1`` (caller, round, kind, receipts, once per (round, kind), size):
+        (the open round, the checked receipts, the slot values) or :class:`DecryptionRefused`. Under the lock."""
+        open_round = self._check_request(caller_role, federation, round_number, kind, fingerprint)
+        expected = {
+            "federation": open_round.federation,
+            "round": open_round.round,
+            "nonce": open_round.nonce,
+            "kind": kind,
+            "context_fingerprint": self.fingerprint,
+        }
+        checked = check_receipts(
+            receipts, self._signing_keys(), expected, self.policy_digest, self._quorum(), open_round.participants
+        )
+        if self.ledger.was_decrypted(federation, round_number, kind):
+            raise DecryptionRefused(
+                Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
+            )
+        slots = expected_slots(self.policy, kind, checked)
+        if length != slots:
+            raise DecryptionRefused(
+                Refusal.WRONG_SHAPE.value,
+                f"the request announces {length} slot values; the receipted uploads hold {slots}",
+            )
+        return open_round, checked, slots
+
     def decrypt_sum(
         self,
         caller_role: str,
@@ -394,42 +462,13 @@ class KeyAuthority:
         ``c1`` polynomials of that bank's upload (chunks, data primes, N). Returns ``c1_sum·s_0 + E`` (+ encoded central
         noise), shape (chunks, data primes, N), uint64, NTT form."""
         log = self.log.bind(caller=caller_role, federation=federation, round=round_number, kind=kind)
-        event = {
-            "event": "decrypt",
-            "caller": caller_role,
-            "federation": federation,
-            "round": round_number,
-            "kind": kind,
-        }
+        event = self._event(caller_role, federation, round_number, kind)
         with self._lock:
             try:
-                open_round = self._check_request(caller_role, federation, round_number, kind, fingerprint)
-                expected = {
-                    "federation": open_round.federation,
-                    "round": open_round.round,
-                    "nonce": open_round.nonce,
-                    "kind": kind,
-                    "context_fingerprint": self.fingerprint,
-                }
-                checked = check_receipts(
-                    receipts,
-                    self._signing_keys(),
-                    expected,
-                    self.policy_digest,
-                    self._quorum(),
-                    open_round.participants,
+                open_round, checked, slots = self._admit(
+                    caller_role, federation, round_number, kind, receipts, fingerprint, length
                 )
                 senders = tuple(sorted(receipt.sender for receipt in checked))
-                if self.ledger.was_decrypted(federation, round_number, kind):
-                    raise DecryptionRefused(
-                        Refusal.ALREADY_DECRYPTED.value, f"{kind!r} of round {round_number} was already decrypted"
-                    )
-                slots = expected_slots(self.policy, kind, checked)
-                if length != slots:
-                    raise DecryptionRefused(
-                        Refusal.WRONG_SHAPE.value,
-                        f"the request announces {length} slot values; the receipted uploads hold {slots}",
-                    )
                 total = summed_c1(self.level, checked, upload_c1, ckks.chunk_count(slots, self.level.degree // 2))
                 digests = chunk_digests(total)
                 self._check_fresh(federation, digests)

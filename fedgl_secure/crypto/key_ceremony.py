@@ -66,6 +66,7 @@ EXCHANGE_KEY_BYTES = 32  # raw X25519 public key
 SIGNATURE_BYTES = 64  # Ed25519
 NONCE_BYTES = 12  # ChaCha20-Poly1305
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # what b64decode(validate) takes
 
 
 # --- canonical encodings -----------------------------------------------------------------------------
@@ -245,6 +246,22 @@ class _Message:
         except (ValueError, TypeError) as error:
             raise CryptoError(f"{cls._WHAT}: not JSON ({error})") from None
         return cls.from_data(data)
+
+    @classmethod
+    def json_schema(cls) -> dict:
+        """The JSON Schema of :meth:`to_data`'s object, as strict as the parser (for the services' OpenAPI: a body
+        that matches it parses, and what is refused after that is the ceremony's refusal, not a malformed body)."""
+        properties: dict = {"type": {"type": "string", "enum": [cls._TYPE]}}
+        for spec in fields(cls):  # type: ignore[arg-type]
+            if spec.name == "roster_sha256":
+                properties[spec.name] = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+            elif spec.type == "int":
+                properties[spec.name] = {"type": "integer", "minimum": 0, "maximum": 2**31}
+            elif spec.type == "bytes":
+                properties[spec.name] = {"type": "string", "format": "byte", "pattern": _BASE64_PATTERN}
+            else:
+                properties[spec.name] = {"type": "string", "minLength": 1}
+        return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
     @classmethod
     def from_data(cls, data: object):

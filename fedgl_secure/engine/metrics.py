@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 from scipy.special import logsumexp
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 DEFAULT_TOP_FRACTION = 0.01
 
@@ -121,6 +120,10 @@ def column_ranking_metrics(
     both positives and negatives (its per-call overhead dominates on a few thousand nodes); other
     columns, and all of them when a score is not finite, are NaN.
     """
+    # deferred: scikit-learn (with scipy.stats) costs ~1.7 s to import, paid by every bank and aggregator process
+    # at start-up although only evaluation reaches this line
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
     _check_top_fraction(top_fraction)
     scores = np.asarray(scores, dtype=np.float64)
     positive = np.asarray(is_positive, dtype=bool)

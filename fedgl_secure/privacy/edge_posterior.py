@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.preprocessing import normalize
 
 from fedgl_secure.privacy.mechanisms import randomized_response_posteriors
 
@@ -84,6 +83,9 @@ def feature_posterior_weights(
     n = released.shape[0]
     if n < 2 or upper.nnz == 0:
         return sp.csr_matrix(released, dtype=np.float64)
+    # deferred: importing scikit-learn costs ~1.7 s in every node process, and only this release needs it
+    from sklearn.preprocessing import normalize
+
     unit = normalize(sp.csr_matrix(features, dtype=np.float64), norm="l2")  # zero rows stay zero
     if unit.shape[0] != n:
         raise ValueError(f"features have {unit.shape[0]} rows for a graph of {n} nodes")

@@ -248,6 +248,15 @@ FINAL_VERSION = "final_version"
 FINAL_GRACE_SECONDS = 60.0  # how long a finished federation waits for the banks' reports of its last version
 
 
+@dataclass
+class _Projections:
+    """The broadcast last asked for (its signature label), decoded, and each bank's signed projection of it."""
+
+    label: str
+    source: Broadcast | None
+    served: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class _Choice:
     """Who takes part in the next round and how many must upload everything — or why the run stops."""
@@ -299,6 +308,8 @@ class Coordinator:
         # signs what each bank is served (crypto/broadcast_signature.py); the service passes the provisioned key,
         # an in-process coordinator without one signs with a key nobody can verify against
         self.broadcast_key = broadcast_key or Ed25519PrivateKey.generate()
+        self._projections = _Projections("", None)  # the latest broadcast served, decoded, and its projections
+        self._projections_lock = threading.Lock()
         self.context = ckks.load_public_context(public_context)
         self.fingerprint = ckks.fingerprint(public_context)
         self.store = store
@@ -468,11 +479,20 @@ class Coordinator:
         return self._projection(bank, round_number, data, label)
 
     def _projection(self, bank: str, version: int, data: bytes, label: str) -> tuple[bytes, str]:
+        """``bank``'s signed projection of the broadcast ``label``. The banks of a round ask for the same broadcast
+        at once: it is decoded once and each projection made once, for the latest broadcast asked for."""
         size, positions = self.index_for(bank)
-        self._shapes()
-        broadcast = decode_broadcast(version, data, self._num_parameters, size, self.config.self_supervision.neighbors)
-        body = encode_projection(broadcast, positions)
-        return body, sign_broadcast(self.broadcast_key, self.federation, bank, label, body)
+        with self._projections_lock:
+            if self._projections.label != label:
+                self._shapes()
+                neighbors = self.config.self_supervision.neighbors
+                source = decode_broadcast(version, data, self._num_parameters, size, neighbors)
+                self._projections = _Projections(label, source)
+            cache = self._projections
+            if bank not in cache.served:
+                body = encode_projection(cache.source, positions)
+                cache.served[bank] = (body, sign_broadcast(self.broadcast_key, self.federation, bank, label, body))
+            return cache.served[bank]
 
     def stage_model(self, round_number: int, stage: str) -> bytes:
         """The broadcast published after ``stage`` of round ``round_number`` (the next stage starts from it)."""
@@ -1081,6 +1101,15 @@ class Coordinator:
             with timer.phase("aggregation"):  # fusing and decoding
                 values = fused_values(self.context, summed, [authority, *partials], length, layout, len(uploads))
                 values = restore_sum(kind, values, reference)
+            self.log.info(  # the key authority's share of the decryption traffic (each bank logs its own)
+                "sum.decrypted",
+                round=current.round,
+                kind=kind,
+                values=length,
+                uploads=len(uploads),
+                authority_c1_bytes=sum(c1.nbytes for c1 in c1s),
+                authority_partial_bytes=authority.nbytes,
+            )
             self.store.save_sum(current.round, kind, current.nonce, values, complete)
             sums[kind] = values
         return sums

@@ -736,6 +736,7 @@ class BankWorker:
         log.info(
             "round.uploaded",
             bytes=uploaded,
+            values=sum(int(np.prod(shape)) for shape in view.shapes.values()),  # bytes per value in benchmarks
             seconds=round(time.perf_counter() - started, 3),
             phases=timer.seconds(),
         )

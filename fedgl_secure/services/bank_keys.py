@@ -137,12 +137,21 @@ class PartialDecryptionWorker:
         answered = 0
         for task in self.aggregator.decryption_tasks():
             c1s = self.aggregator.decryption_c1(task, self.shape)
+            downloaded = sum(c1.nbytes for c1 in c1s)  # the verification download: every receipted upload's c1
             try:
                 residues = self.decryptor.partial(task.round, task.kind, task.receipts, c1s, task.decrypting_set)
             except DecryptionRefused as refusal:
                 self.aggregator.refuse_decryption(task.task_id, refusal.reason, refusal.detail)
+                self.log.info("decryption.refusal_sent", round=task.round, kind=task.kind, c1_bytes=downloaded)
             else:
                 self.aggregator.post_partial(task.task_id, np.ascontiguousarray(residues))
-                self.log.info("decryption.partial_sent", round=task.round, kind=task.kind, chunks=len(residues))
+                self.log.info(
+                    "decryption.partial_sent",
+                    round=task.round,
+                    kind=task.kind,
+                    chunks=len(residues),
+                    c1_bytes=downloaded,
+                    partial_bytes=residues.nbytes,
+                )
             answered += 1
         return answered

@@ -175,7 +175,13 @@ def create_app(
     def authority_share(caller: BankOnly) -> Response:
         return Response(key_ceremony.residue_bytes(authority.authority_share), media_type=OCTET_STREAM)
 
-    @app.post("/v1/ceremony/announce", responses=wire.error_responses(400, 409))
+    @app.post(
+        "/v1/ceremony/announce",
+        responses=wire.error_responses(400, 409),
+        openapi_extra=wire.json_request(
+            "the bank's signed announcement (key_ceremony.Announcement)", key_ceremony.Announcement.json_schema()
+        ),
+    )
     async def announce(request: Request, caller: BankOnly) -> dict:
         announcement = key_ceremony.Announcement.from_json(await request.body())
         await run_in_threadpool(authority.accept_announcement, caller.name, announcement)
@@ -186,7 +192,14 @@ def create_app(
     def announcements(caller: BankOnly) -> list[dict]:
         return [message.to_data() for message in authority.announcements()]
 
-    @app.post("/v1/ceremony/deal", responses=wire.error_responses(400, 409))
+    @app.post(
+        "/v1/ceremony/deal",
+        responses=wire.error_responses(400, 409),
+        openapi_extra=wire.json_request(
+            "the Shamir shares the bank dealt, each sealed to its recipient (key_ceremony.ShareEnvelope)",
+            {"type": "array", "maxItems": MAX_RECEIPTS, "items": key_ceremony.ShareEnvelope.json_schema()},
+        ),
+    )
     async def deal(request: Request, caller: BankOnly) -> dict:
         try:
             raw = json.loads(await request.body())
@@ -241,6 +254,18 @@ def create_app(
             # Refused by the library, without reading the body, so the attempt lands in the audit log.
             await run_in_threadpool(_decrypt, authority, caller, meta, [])
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
+        # every rule that needs no c1 first: a request the key authority refuses anyway is refused (403) before its
+        # body is read, so a malformed body (400) is reported only for a request that could be served
+        await run_in_threadpool(
+            authority.check_decryption,
+            caller.role.value,
+            meta.federation,
+            meta.round,
+            meta.kind,
+            meta.receipts,
+            meta.context_fingerprint,
+            meta.length,
+        )
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         c1s = decode_decrypt_body(body, meta, slots, authority.level.shape)
         bound.info("decrypt.requested", bytes=len(body), receipts=len(meta.receipts))

@@ -64,6 +64,7 @@ _HTTP_CODES = {
 
 
 OCTET_STREAM = "application/octet-stream"
+JSON = "application/json"
 BINARY_SCHEMA = {"type": "string", "format": "binary"}
 CHUNKS_FORMAT = "fedgl-chunks"
 """OpenAPI ``format`` of a chunk-framed ciphertext body (:func:`encode_chunks`); JSON Schema cannot say more."""
@@ -260,6 +261,12 @@ def binary_request(description: str, headers: Mapping[str, str] | None = None) -
             for name, text in (headers or {}).items()
         ],
     }
+
+
+def json_request(description: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` of a route that parses its JSON body itself (ceremony messages): the body's schema, as
+    strict as the parser, so that a body matching it is read and only the protocol can refuse it."""
+    return {"requestBody": {"required": True, "description": description, "content": {JSON: {"schema": schema}}}}
 
 
 def uint64_request(description: str) -> dict[str, Any]:
