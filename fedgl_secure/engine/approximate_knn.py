@@ -40,7 +40,9 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
+import structlog
 import torch
+from tqdm.auto import tqdm
 
 # Stored rows per list. Larger lists mean fewer, longer runs per probe (less padding, fewer
 # centroids to rank) but a coarser choice of candidates; measured on 10^6 clustered rows, lists of
@@ -49,13 +51,23 @@ LIST_SIZE = 1024
 # Query rows per group: one kernel block (fused_knn.BLOCK), so a group's rows share every column
 # chunk the kernel loads.
 GROUP_SIZE = 64
-# Candidate rows per query row, cosine (direction) search and dot (MIPS) search. Chosen by the
-# recall sweep in docs/results/pseudo_graph_10m.json (recall >= 0.95 at 2.5·10^6 and 10^7 rows).
-CANDIDATES = 16384
-CANDIDATES_MIPS = 24576
-# Never fewer candidates than this many per wanted neighbour: a larger s needs a wider search
-# (measured on 10^6 clustered rows, cosine: recall of the top-100 0.97 with 16,384 candidates).
-CANDIDATES_PER_NEIGHBOR = 240
+# Candidate rows per query row of the first pass, cosine (direction) search and dot (MIPS) search.
+# The lists only seed the neighbour lists; refinement (knn_refine) finds what they miss, and a
+# partition's recall at a fixed candidate count falls as M grows on high-dimensional data
+# (16-dimensional clusters: 0.97 at 10^6 rows, 0.82 at 2.5·10^6 with 16,384 candidates).
+CANDIDATES = 4096
+CANDIDATES_MIPS = 8192
+# Never fewer first-pass candidates than this many per wanted neighbour.
+CANDIDATES_PER_NEIGHBOR = 40
+# Neighbour lists are searched and refined at least this wide, then cut to s: NN-descent needs
+# wide enough lists to find neighbours through neighbours (recall of the top-10 at 10^6 clustered
+# rows after refinement: 0.66 with lists of 10, 0.96 with lists of 32).
+MIN_WIDTH = 32
+# Refinement: neighbours' neighbours read per row (fan x fan), at most this many rounds, stopping
+# once a round changes fewer than this share of the list entries.
+REFINE_FAN = 16
+REFINE_ROUNDS = 10
+REFINE_SETTLE = 0.0005
 # dot: this share of each row's candidates are the rows of the largest norms (hubs), scanned by
 # every group. A few high-norm rows are the top-s of nearly every row under dot (DESIGN §3: one
 # node was the neighbour of 2,673 of Cora's 2,708), and k-means on MIPS keys scatters them into
@@ -66,6 +78,7 @@ KMEANS_ROWS_PER_LIST = 32
 KMEANS_ITERATIONS = 8
 GROUP_ITERATIONS = 4
 SEED = 0
+_log = structlog.get_logger(__name__)
 # Rows whose scores against centroids are computed at once: bounds those products' working set.
 _BLOCK_SCORES = 2**24
 # Query groups per kernel call: bounds the results held at once and gives the progress bar steps.
@@ -394,6 +407,52 @@ def _torch_search(h, s, index):
             out_ids.append(candidates[columns])
             out_values.append(values)
         yield torch.cat(out_rows), torch.cat(out_ids), torch.cat(out_values)
+
+
+def approximate_top_s(
+    h: torch.Tensor,
+    s: int,
+    mips: bool,
+    kernel_context: Callable[[], AbstractContextManager[None]] | None = None,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's approximate top ``s`` other rows by ``h_i · h_j``: ``(ids, similarities)``, ``M x s``
+    int64 / float32 on the CPU, sorted by decreasing similarity.
+
+    The inverted lists seed lists of ``max(s, MIN_WIDTH)`` neighbours; on a CPU with numba,
+    ``knn_refine`` then refines them by neighbours' neighbours (``h`` is copied to the CPU for that
+    when it lives on a GPU). ``s`` must be below ``M``.
+    """
+    m = h.shape[0]
+    width = min(max(s, MIN_WIDTH), m - 1)
+    index = build_index(h, ivf_plan(m, width, mips), width)
+    ids = torch.empty((m, width), dtype=torch.int64)
+    values = torch.empty((m, width), dtype=torch.float32)
+    context = kernel_context or nullcontext
+    with tqdm(total=steps(index), desc="pseudo graph (lists)", unit="step", disable=not progress) as bar:
+        for rows, found, top in search_index(h, width, index, context):
+            rows = rows.cpu()
+            ids[rows] = found.cpu()
+            values[rows] = top.cpu()
+            bar.update(1)
+    del index
+    refiner = _import_refiner()
+    if refiner is not None and width < m - 1:
+        points = h.detach().cpu().contiguous().numpy()
+        with context():
+            changes = refiner.refine(points, ids.numpy(), values.numpy(), REFINE_FAN, REFINE_ROUNDS, REFINE_SETTLE)
+        _log.debug("pseudo_graph.refined", rounds=len(changes), changed=changes)
+    if width > s:
+        ids, values = ids[:, :s].contiguous(), values[:, :s].contiguous()
+    return ids, values
+
+
+def _import_refiner():
+    try:
+        from fedgl_secure.engine import knn_refine
+    except ImportError:
+        return None
+    return knn_refine
 
 
 def _import_kernel():
