@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import itertools
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,6 +292,22 @@ def test_malformed_json_is_refused_naming_the_field(ceremony):
         kc.ShareEnvelope.from_json(ceremony.announcements_json[0])
     with pytest.raises(CryptoError, match="not JSON"):
         kc.ShareEnvelope.from_json(b"\xff{")
+    with pytest.raises(CryptoError, match="field 'party' must be a non-negative integer, got 1.5"):
+        kc.Announcement.from_json(json.dumps({**text, "party": 1.5}))
+    # JSON has numbers: 1.0 is the integer the schema (json_schema, the services' OpenAPI) allows
+    assert kc.Announcement.from_json(json.dumps({**text, "party": float(text["party"])})) == _announcements(ceremony)[0]
+
+
+def test_the_message_schemas_describe_what_parses(ceremony):
+    """The OpenAPI schema of a message is as strict as its parser: every field, required, nothing else."""
+    schema = kc.Announcement.json_schema()
+    text = json.loads(ceremony.announcements_json[0])
+    assert set(schema["required"]) == set(text) and schema["additionalProperties"] is False
+    assert schema["properties"]["type"]["enum"] == ["announcement"]
+    pattern = re.compile(schema["properties"]["signature"]["pattern"])
+    assert pattern.fullmatch(text["signature"]) and not pattern.fullmatch("abc")  # base64 as b64decode takes it
+    envelope = kc.ShareEnvelope.json_schema()
+    assert set(envelope["required"]) == {"type", "roster_sha256", "dealer", "recipient", "nonce", "ciphertext"}
 
 
 def test_envelopes_are_checked(dealt, ceremony):

@@ -268,12 +268,15 @@ class _Message:
         """:meth:`to_data`'s object (parsed JSON) back to a message, every field checked and named."""
         specs = fields(cls)  # type: ignore[arg-type]
         data = _checked_object(data, cls._WHAT, cls._TYPE, {spec.name for spec in specs})
-        return cls(
-            **{
-                spec.name: _json_bytes(data, spec.name, cls._WHAT) if spec.type == "bytes" else data[spec.name]
-                for spec in specs
-            }
-        )
+        values = {}
+        for spec in specs:
+            value = data[spec.name]
+            if spec.type == "bytes":
+                value = _json_bytes(data, spec.name, cls._WHAT)
+            elif spec.type == "int" and isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+                value = int(value)  # JSON has numbers: 3.0 is the integer 3 (as JSON Schema's "integer" says)
+            values[spec.name] = value
+        return cls(**values)
 
 
 # --- announcements -------------------------------------------------------------------------------------
