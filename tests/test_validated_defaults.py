@@ -77,6 +77,7 @@ RECEIPT_FIELDS = {
     "values": 10,
     "c1_sha256": HEX64,
     "policy_sha256": HEX64,
+    "participants": ("bank-a", "bank-b", "bank-c"),
 }
 
 
