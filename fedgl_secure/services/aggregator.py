@@ -489,10 +489,13 @@ class Coordinator:
                 source = decode_broadcast(version, data, self._num_parameters, size, neighbors)
                 self._projections = _Projections(label, source)
             cache = self._projections
-            if bank not in cache.served:
-                body = encode_projection(cache.source, positions)
-                cache.served[bank] = (body, sign_broadcast(self.broadcast_key, self.federation, bank, label, body))
-            return cache.served[bank]
+            served = cache.served.get(bank)
+        if served is None:  # outside the lock: the banks' projections are made side by side
+            body = encode_projection(cache.source, positions)
+            served = cache.served.setdefault(
+                bank, (body, sign_broadcast(self.broadcast_key, self.federation, bank, label, body))
+            )
+        return served
 
     def stage_model(self, round_number: int, stage: str) -> bytes:
         """The broadcast published after ``stage`` of round ``round_number`` (the next stage starts from it)."""
