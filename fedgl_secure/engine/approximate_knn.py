@@ -15,21 +15,23 @@ Eq. 15 keeps, per row ``i`` of ``H̄`` (``M x D``), the ``s`` largest similariti
    levels (``√nlist`` groups, then lists within each group), so assigning ``M`` rows costs
    ``M x 3√nlist`` similarities, not ``M x nlist``; lists above ``LIST_SIZE`` rows (duplicated or
    all-zero rows) are cut into pieces.
-3. **Query groups.** Query keys are assigned to the same lists and each list's queries are split
-   by a few k-means rounds into groups of about ``GROUP_SIZE``: small and tight, so that one set of
-   probes serves every row of a group nearly as well as probes of its own. (Probing once per list,
-   as this module first did, loses the rows at a list's border: in 16 dimensions a border row's
-   neighbours lie in lists that the list's centre does not see.)
+3. **Query groups.** Query keys are assigned to the same lists and each list's queries are cut
+   into runs of at most ``GROUP_SIZE`` along a fixed random direction, so that one set of probes
+   serves a run of similar rows. (Probing once per list, as this module first did, loses the rows
+   at a list's border: in 16 dimensions a border row's neighbours lie in lists that the list's
+   centre does not see.)
 4. **Probes.** Each group scans the lists whose centroids are most similar to its centroid, nearest
-   first, until ``candidates`` rows (``CANDIDATES``, more for ``dot``) and never fewer than ``s + 1``:
-   a fixed number of candidates per row.
+   first, until ``candidates`` rows (``CANDIDATES``, more for ``dot``, with a hub list of the
+   highest-norm rows first for ``dot``) and never fewer than ``s + 1``.
 5. **Search.** On a CPU with numba, ``probed_knn``'s kernel scores each group's rows against its
    lists tile by tile in L1; otherwise (CUDA, or no numba) a torch product and ``topk`` per group.
    Both compute the exact similarity of every candidate, so only the candidate sets approximate.
+6. **Refinement.** These seed lists of ``max(s, MIN_WIDTH)`` neighbours; ``knn_refine``'s
+   NN-descent rounds (on the CPU, where numba imports) then score neighbours' neighbours.
 
 Randomness (k-means samples and starts) comes from ``SEED``, so the same input on the same device
 gives the same graph. Recall of the exact top-s is measured by ``benchmarks/pseudo_graph.py
---recall-sample N`` (docs/results/pseudo_graph_2_5m.json, pseudo_graph_10m.json).
+--recall-sample N`` (docs/results/pseudo_graph_scale_partial.json so far).
 """
 
 from __future__ import annotations

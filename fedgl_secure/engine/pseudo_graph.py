@@ -26,9 +26,10 @@ little recall for linear time:
   (``dot`` through the MIPS reduction, plus a list of the highest-norm rows that every row scans),
   rows queried in groups of ~64 that each scan the lists nearest to them up to a fixed number of
   candidates, every candidate scored exactly (on a CPU by ``probed_knn``'s fused kernel, on CUDA
-  by torch). Recall of the exact top-s >= 0.95 at 2.5·10^6 and 10^7 rows, D = 16, s = 10 and 100,
-  dot and cosine, on clustered rows and bank-like embeddings (docs/results/pseudo_graph_2_5m.json,
-  pseudo_graph_10m.json).
+  by torch), seed lists of ``max(s, 32)`` neighbours that NN-descent rounds (``knn_refine``)
+  refine. Recall of the exact top-s on 16-dimensional clustered rows: 0.96-0.98 for s = 10 at
+  10^6-2.5·10^6 rows, 0.86 for cosine s = 100 at 10^6 (docs/results/pseudo_graph_scale_partial.json);
+  issue 29's 0.95 at 10^7 is not yet shown.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
 fused from ``FUSED_MIN_NODES`` rows, else faiss) and ``ivf`` above (on the GPU when there is
