@@ -292,18 +292,25 @@ def _wait_round(coordinator, number, timeout=30.0, other_than=None):
     raise AssertionError(f"round {number} did not open: {coordinator.status()}")
 
 
+def _four_banks(tmp_path, policy, name, max_rounds):
+    """Four enrolled banks (one more than the quorum of 3): their keys, key authority and decryptors, and a
+    coordinator over a fresh store."""
+    banks = (*BANKS, "bank-d")
+    keys = {bank: Ed25519PrivateKey.generate() for bank in banks}
+    federation = Federation(tmp_path / name, policy, keys)
+    store = AggregatorStore(tmp_path / f"{name}.sqlite3")
+    coordinator = _coordinator(federation, store, max_rounds=max_rounds)
+    for offset, bank in enumerate(banks):
+        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    return banks, keys, federation, store, coordinator
+
+
 def test_a_late_participant_aborts_the_round_which_reopens_without_it(small_he, tmp_path):
     """Every decryptor refuses a sum without each participant its receipts name (R13), so the aggregator does not
     decrypt the banks that made the deadline: it aborts the round and reopens it, with a fresh nonce, without the
     late bank (four banks: the other three still reach the quorum), and applies that attempt."""
     policy = Policy(he=small_he, quorum=QUORUM, timeouts=Timeouts(round_seconds=30, upload_seconds=2))
-    banks = (*BANKS, "bank-d")
-    keys = {bank: Ed25519PrivateKey.generate() for bank in banks}
-    federation = Federation(tmp_path / "late", policy, keys)
-    store = AggregatorStore(tmp_path / "late.sqlite3")
-    coordinator = _coordinator(federation, store, max_rounds=1)
-    for offset, bank in enumerate(banks):
-        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    banks, keys, _, store, coordinator = _four_banks(tmp_path, policy, "late", max_rounds=1)
     stop = threading.Event()
     driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
     driver.start()
@@ -327,13 +334,7 @@ def test_a_late_participant_aborts_the_round_which_reopens_without_it(small_he, 
 def test_withdrawn_banks_are_not_awaited_nor_invited_and_the_run_stops_below_quorum(setup, tmp_path):
     _, _, _, policy = setup  # upload deadline 20 s: nothing below may wait for it
     # four banks, so that one can withdraw and the quorum of 3 still be met
-    banks = (*BANKS, "bank-d")
-    keys = {bank: Ed25519PrivateKey.generate() for bank in banks}
-    federation = Federation(tmp_path / "four-banks", policy, keys)
-    store = AggregatorStore(tmp_path / "withdrawals.sqlite3")
-    coordinator = _coordinator(federation, store, max_rounds=5)
-    for offset, bank in enumerate(banks):
-        coordinator.enrol(bank, 5, 3, pseudonymise(b"k" * 32, range(offset * 10, offset * 10 + 40)))
+    banks, keys, federation, store, coordinator = _four_banks(tmp_path, policy, "four-banks", max_rounds=5)
     stop = threading.Event()
     driver = threading.Thread(target=coordinator.run, args=(stop,), daemon=True)
     driver.start()

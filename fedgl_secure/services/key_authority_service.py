@@ -256,16 +256,7 @@ def create_app(
             raise AssertionError(f"the key authority accepted a decryption request from role {caller.role.value!r}")
         # every rule that needs no c1 first: a request the key authority refuses anyway is refused (403) before its
         # body is read, so a malformed body (400) is reported only for a request that could be served
-        await run_in_threadpool(
-            authority.check_decryption,
-            caller.role.value,
-            meta.federation,
-            meta.round,
-            meta.kind,
-            meta.receipts,
-            meta.context_fingerprint,
-            meta.length,
-        )
+        await run_in_threadpool(authority.check_decryption, *_request_fields(caller, meta))
         body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
         c1s = decode_decrypt_body(body, meta, slots, authority.level.shape)
         bound.info("decrypt.requested", bytes=len(body), receipts=len(meta.receipts))
@@ -283,13 +274,9 @@ def create_app(
     return app
 
 
-def _decrypt(
-    authority: KeyAuthority,
-    caller: tls.Caller,
-    meta: DecryptRequest,
-    c1s: Sequence[np.ndarray],
-) -> np.ndarray:
-    return authority.decrypt_sum(
+def _request_fields(caller: tls.Caller, meta: DecryptRequest) -> tuple:
+    """What the key authority's rules read of a decryption request, in its methods' order."""
+    return (
         caller.role.value,
         meta.federation,
         meta.round,
@@ -297,8 +284,16 @@ def _decrypt(
         meta.receipts,
         meta.context_fingerprint,
         meta.length,
-        c1s,
     )
+
+
+def _decrypt(
+    authority: KeyAuthority,
+    caller: tls.Caller,
+    meta: DecryptRequest,
+    c1s: Sequence[np.ndarray],
+) -> np.ndarray:
+    return authority.decrypt_sum(*_request_fields(caller, meta), c1s)
 
 
 def encode_decrypt_body(upload_c1: Sequence[np.ndarray]) -> bytes:
