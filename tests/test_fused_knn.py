@@ -176,7 +176,7 @@ def test_refuses_a_gpu_device():
 def _keep_best(values, members, s):
     spare_values = np.empty_like(values)
     spare_members = np.empty_like(members)
-    return fused_knn._keep_best(values, members, values.shape[0], s, spare_values, spare_members)
+    return fused_knn.keep_best(values, members, values.shape[0], s, spare_values, spare_members)
 
 
 @pytest.mark.parametrize("kind", ["random", "ties", "equal"])
