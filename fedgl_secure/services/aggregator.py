@@ -1143,6 +1143,8 @@ class Coordinator:
         with self._applying:
             self.store.apply_round(round_number, version + 1, encoded, contributors, encoded_state)
             self._reference = (version + 1, wire_reference(broadcast.weights))
+            with self._projections_lock:  # the banks ask for it next: projected from memory, not decoded again
+                self._projections = _Projections(model_label(version + 1), broadcast)
             with self._changed:
                 self._latest_version = version + 1
                 self._changed.notify_all()

@@ -56,7 +56,7 @@ def encode_projection(broadcast: Broadcast, rows: np.ndarray) -> bytes:
         own[rows] = True
         kept_neighbors, kept_weights = neighbors[rows], broadcast.pseudo_graph.weights.cpu().numpy()[rows]
         foreign = ~own[kept_neighbors]
-        placeholder = np.broadcast_to(((rows + 1) % num_global_nodes)[:, None], kept_neighbors.shape)
+        placeholder = np.broadcast_to(_placeholders(rows, num_global_nodes)[:, None], kept_neighbors.shape)
         arrays["pseudo_graph_neighbors"] = np.where(foreign, placeholder, kept_neighbors)
         arrays["pseudo_graph_weights"] = np.where(foreign, 0.0, kept_weights).astype(np.float32)
     return encodings.encode_arrays(arrays)
@@ -119,6 +119,12 @@ def decode_broadcast(
     )
 
 
+def _placeholders(rows: np.ndarray, num_global_nodes: int) -> np.ndarray:
+    """The neighbour index standing in, at zero weight, for each of ``rows``' hidden neighbours: the next row,
+    never the row itself (a zero weight is no edge, :class:`PseudoGraph`)."""
+    return (rows + 1) % max(num_global_nodes, 1)
+
+
 def _expanded(version: int, arrays: dict[str, np.ndarray], num_global_nodes: int, rows: np.ndarray | None) -> dict:
     """A projection's arrays at union size: its rows where they belong, no label and zero-weight placeholders
     (never the row itself) elsewhere. Refused unless it is a projection onto exactly ``rows``."""
@@ -138,7 +144,7 @@ def _expanded(version: int, arrays: dict[str, np.ndarray], num_global_nodes: int
         if weights is None or not shaped or weights.shape != neighbors.shape:
             raise CiphertextError(f"model version {version}: malformed projected pseudo graph")
         width = neighbors.shape[1]
-        placeholder = (np.arange(num_global_nodes, dtype=np.int64) + 1) % max(num_global_nodes, 1)
+        placeholder = _placeholders(np.arange(num_global_nodes, dtype=np.int64), num_global_nodes)
         full_neighbors = np.repeat(placeholder[:, None], width, axis=1)
         full_weights = np.zeros((num_global_nodes, width), dtype=np.float32)
         full_neighbors[sent], full_weights[sent] = neighbors, weights
