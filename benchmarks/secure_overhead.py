@@ -72,7 +72,7 @@ import torch
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.secure_summation import PhaseTimes, SecureSummation
 from fedgl_secure.data.registry import load_dataset
-from fedgl_secure.engine.aggregation import PlaintextSummation, Summation
+from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, open_round
 from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.engine.simulation import RunResult, run_experiment
 from fedgl_secure.log import configure_logging
@@ -156,12 +156,24 @@ class LockstepSummation:
         contributions: Mapping[int, Mapping[str, torch.Tensor]],
         reference: torch.Tensor | None = None,
     ):
-        if self.keep_first_round and self.first_round is None:
-            self.first_round = {
-                k: {kind: t.detach().clone() for kind, t in c.items()} for k, c in contributions.items()
-            }
-        started = time.perf_counter()
-        sums = self.inner(round_number, contributions, reference=reference)
+        with self.open_round(round_number, sorted(contributions), reference) as round_sum:
+            for client_id in sorted(contributions):
+                round_sum.add(client_id, contributions[client_id])
+            return round_sum.result()
+
+    def open_round(self, round_number: int, participants, reference: torch.Tensor | None = None) -> LockstepRound:
+        """The inner summation's round (streamed when it streams: a secure run's banks encrypt while the next
+        bank trains, inside this run's turn), timed and handed over at its end."""
+        return LockstepRound(self, open_round(self.inner, round_number, participants, reference))
+
+    def keep(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+        if self.keep_first_round and not self.round_seconds:
+            self.first_round = self.first_round or {}
+            self.first_round[client_id] = {kind: t.detach().clone() for kind, t in contribution.items()}
+
+    def finished(self, started: float) -> None:
+        """The end of a summation begun at ``started`` (its result's wait: with a streamed round, the part of the
+        summation that did not overlap training): record it, and hand the baton over."""
         finished = time.perf_counter()
         self.summation_seconds.append(finished - started)
         self.round_seconds.append(finished - self.resumed)
@@ -169,6 +181,29 @@ class LockstepSummation:
             self.phases_after_first = dataclasses.replace(self.inner.seconds)
         self.baton.hand_over(self.name)
         self.resumed = time.perf_counter()
+
+
+class LockstepRound:
+    """One round of a :class:`LockstepSummation`: the inner round, its result timed."""
+
+    def __init__(self, owner: LockstepSummation, inner) -> None:
+        self.owner, self.inner = owner, inner
+
+    def __enter__(self) -> LockstepRound:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.inner.__exit__(*exc_info)
+
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+        self.owner.keep(client_id, contribution)
+        self.inner.add(client_id, contribution)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        started = time.perf_counter()
+        sums = self.inner.result()
+        self.owner.finished(started)
         return sums
 
 

@@ -265,7 +265,7 @@ def test_one_banks_upload_with_the_quorums_receipts_is_not_a_sum(consortium):
     ]
     layout = c.policy.upload_layout(PREDICTIONS)
     with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
-        fused_values(c.public, a.chunks, partials, LENGTH, layout, 1)
+        fused_values(c.public, c.read(a), partials, LENGTH, layout, 1)
     fused = c.fuse(PREDICTIONS, uploads, partials)
     assert np.abs(fused - sum(values.values())).max() <= len(uploads) * layout.step / 2 + 1e-9
 
@@ -370,7 +370,7 @@ def test_a_coalition_of_the_aggregator_the_key_authority_and_t_minus_1_banks_can
             assert np.median(np.abs(guess)) > bound, (colluder, factors)
             bank_part = ring_mask.multiply_residues(c.public, level, c1, weighted)
             with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
-                fused_values(c.public, a.chunks, [authority_part[None], bank_part[None]], LENGTH, layout, 1)
+                fused_values(c.public, c.read(a), [authority_part[None], bank_part[None]], LENGTH, layout, 1)
 
 
 def test_the_honest_bank_refuses_one_upload_and_sums_made_with_replayed_or_forged_receipts(consortium):

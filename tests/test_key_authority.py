@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask, shamir, threshold
+from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask, shamir, threshold
 from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
 from fedgl_secure.crypto.key_authority import (
     AGGREGATOR,
@@ -43,7 +43,7 @@ from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values, 
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.secure_summation import local_key_ceremony
-from fedgl_secure.crypto.upload import RoundTicket, check_c1_digest, check_upload, make_upload, upload_c1
+from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload, read_checked, upload_c1
 from fedgl_secure.errors import (
     CiphertextError,
     ContextError,
@@ -149,6 +149,11 @@ class Consortium:
         """What the aggregator sends beside a sum: each receipted upload's c1 polynomials."""
         return [upload_c1(self.public, u.chunks) for u in uploads]
 
+    def read(self, upload) -> residue_sum.ChunkedCiphertext:
+        """The aggregator's reading of one upload (its chunks checked as ciphertexts)."""
+        slots = self.slots(upload.kind, upload.length)
+        return residue_sum.read_upload(self.public, upload.chunks, slots, upload.kind)
+
     def slots(self, kind: str, length: int) -> int:
         return packing.slot_length(self.policy.upload_layout(kind), length)
 
@@ -171,7 +176,7 @@ class Consortium:
         return [self.banks[name].partial(ticket.round, kind, receipts, c1s, list(decrypting)) for name in decrypting]
 
     def fuse(self, kind, uploads, partials) -> np.ndarray:
-        summed = ckks.add_serialized(self.public, [u.chunks for u in uploads])
+        summed = residue_sum.add(self.public, [self.read(u) for u in uploads])
         layout = self.policy.upload_layout(kind)
         return fused_values(self.public, summed, partials, uploads[0].length, layout, len(uploads))
 
@@ -796,9 +801,10 @@ def test_aggregator_checks_uploads_before_adding(consortium):
     fields = upload.receipt.fields().model_copy(update={"c1_sha256": "7" * 64})
     wrong_c1 = replace(upload, receipt=sign_receipt(c.keys["bank-a"], fields))
     check_upload(wrong_c1, c.keys["bank-a"].public_key(), ticket, "bank-a")  # signed, bound: only the c1 differs
-    check_c1_digest(c.public, upload, "bank-a")
+    slots = c.slots(upload.kind, upload.length)
+    np.testing.assert_array_equal(read_checked(c.public, upload, "bank-a", slots).c1, c.c1s([upload])[0])
     with pytest.raises(ReceiptError, match="c1 does not match"):
-        check_c1_digest(c.public, wrong_c1, "bank-a")
+        read_checked(c.public, wrong_c1, "bank-a", slots)
 
 
 # --- central DP noise -------------------------------------------------------------------------------------------

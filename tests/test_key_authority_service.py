@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
-from fedgl_secure.crypto import ckks, packing, threshold
+from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
 from fedgl_secure.crypto.audit import verify_audit_chain
 from fedgl_secure.crypto.key_authority import SEALED_FILE, KeyAuthority, Refusal
 from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
@@ -184,8 +184,10 @@ class Service:
             self.banks[name].partial(round_number, kind, self.last_receipts, self.last_c1, list(decrypting))
             for name in decrypting
         ]
-        summed = ckks.add_serialized(self.public, [u.chunks for u in self.last_uploads])
         layout = self.policy.upload_layout(kind)
+        slots = packing.slot_length(layout, LENGTH)
+        read = [residue_sum.read_upload(self.public, u.chunks, slots, u.kind) for u in self.last_uploads]
+        summed = residue_sum.add(self.public, read)
         return fused_values(self.public, summed, partials, LENGTH, layout, len(self.last_uploads))
 
     def post(self, ticket, kind=WEIGHTS, receipts=None, c1s=None, fingerprint=None, round_number=None):
@@ -806,7 +808,7 @@ def test_real_process_over_mutual_tls(tmp_path, small_he):
             decryptor = BankDecryptor(tmp_path / "banks" / name, policy, rings, held[name], verify_keys)
             partials.append(decryptor.partial(1, WEIGHTS, receipts, c1s, decrypting))
             decryptor.close()
-        summed = ckks.add_serialized(public, [u.chunks for u in uploads])
+        summed = residue_sum.add(public, [residue_sum.read_upload(public, u.chunks, slots, u.kind) for u in uploads])
         fused = fused_values(public, summed, partials, LENGTH, layout_w, len(uploads))
         np.testing.assert_allclose(fused, sum(values.values()), atol=1e-6)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
 from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
@@ -34,11 +34,18 @@ def masked_decryption(public, summed, length, layout, banks, secret):
     threshold decryption adds, from one test-only secret context."""
     level = ring_mask.data_level(secret)
     partial = []
-    for chunk in summed:
-        ciphertext, _ = ring_mask.tenseal_ciphertext(secret, chunk, "chunk")
+    for polys in summed.polys:
+        ciphertext = ring_mask.ciphertext_from(secret, level, polys, summed.scale)
         flooded = ring_mask.decrypt_flooded(secret, ciphertext, level, HEParameters().fused_flooding_std())
-        partial.append(ring_mask.sub_mod(flooded, ring_mask.ciphertext_polys(ciphertext, level)[0], level))
+        partial.append(ring_mask.sub_mod(flooded, polys[0], level))
     return fused_values(public, summed, [np.stack(partial)], length, layout, banks)
+
+
+def summed_uploads(public, uploads, layout, length):
+    """The aggregator's sum of the uploads' chunks, each read and checked (``residue_sum``)."""
+    slots = packing.slot_length(layout, length)
+    read = [residue_sum.read_upload(public, chunks, slots, f"upload {i}") for i, chunks in enumerate(uploads)]
+    return residue_sum.add(public, read)
 
 
 def random_terms(layout: packing.KindLayout, banks: int, length: int, seed: int) -> np.ndarray:
@@ -57,7 +64,7 @@ def test_sums_at_max_banks_decode_within_the_stated_bound_through_ckks(default_k
     length = 4 * layout.per_slot * ckks.slot_count(public) + 5  # two registers a slot: three chunks, one partial
     terms = random_terms(layout, banks, length, seed=KINDS.index(kind))
     uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
-    summed = ckks.add_serialized(public, uploads)
+    summed = summed_uploads(public, uploads, layout, length)
 
     decoded = masked_decryption(public, summed, length, layout, banks, secret)
     error = np.abs(decoded - terms.sum(axis=0))
@@ -75,9 +82,8 @@ def test_one_bank_more_than_the_headroom_is_refused(default_keys):
     layout = HEParameters().layout("weights")
     banks = layout.max_banks + 1
     terms = np.full((banks, 10), layout.upper)  # the worst case: every digit at its top
-    summed = ckks.add_serialized(
-        public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
-    )
+    uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
+    summed = summed_uploads(public, uploads, layout, 10)
     with pytest.raises(PackingOverflow, match="max_banks = 7"):
         masked_decryption(public, summed, 10, layout, banks, secret)
     # and a bank refuses to encrypt into a round with more participants than the headroom
@@ -106,10 +112,9 @@ def test_a_payload_filling_every_slot_bit_decodes_exactly_at_both_ends(default_k
     length = 2 * ckks.slot_count(public) + 100  # two registers a slot: two chunks, the last one partial
     for value in (0.0, float(top)):
         terms = np.full((he.max_banks, length), value)
-        summed = ckks.add_serialized(
-            public, [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
-        )
-        assert len(summed) == 2
+        uploads = [ckks.encrypt_vector(public, packing.encode(t, layout), layout.scale_bits) for t in terms]
+        summed = summed_uploads(public, uploads, layout, length)
+        assert len(summed.sizes) == 2
         decoded = masked_decryption(public, summed, length, layout, he.max_banks, secret)
         np.testing.assert_array_equal(decoded, terms.sum(axis=0))
     with pytest.raises(ValueError, match="a slot offers 24"):

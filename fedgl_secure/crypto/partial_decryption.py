@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
 from fedgl_secure.crypto.key_ceremony import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
+from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
 from fedgl_secure.crypto.threshold import Rings, partial_residues
 from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.log import get_logger
@@ -185,7 +186,7 @@ def chunk_digests(c1_total: np.ndarray) -> list[str]:
 
 def fused_values(
     context: ts.Context,
-    summed_chunks: Sequence[bytes],
+    summed: ChunkedCiphertext,
     partials: Sequence[np.ndarray],
     length: int,
     layout: packing.KindLayout | None,
@@ -193,32 +194,33 @@ def fused_values(
 ) -> np.ndarray:
     """The aggregator's fusion of one kind: ``c0 + Σ partials`` chunk by chunk, decoded, unpacked to ``length`` values.
 
-    ``partials``: the key authority's and the decrypting set's partial decryptions, each (chunks, k, N). A packed
-    kind's sum lies around the public centre of its range (``layout.centre``), subtracted in the ring before decoding
-    and added back, so the decoder only meets centred real parts. A slot beyond the wrap-around bound means a partial
-    made for another sum, a missing decryptor, or a sum that wrapped: refused, never decoded to garbage."""
+    ``summed``: the sum of the uploads (:func:`~fedgl_secure.crypto.residue_sum.add`); ``partials``: the key
+    authority's and the decrypting set's partial decryptions, each (chunks, k, N). A packed kind's sum lies around
+    the public centre of its range (``layout.centre``), subtracted in the ring before decoding and added back, so
+    the decoder only meets centred real parts. A slot beyond the wrap-around bound means a partial made for another
+    sum, a missing decryptor, or a sum that wrapped: refused, never decoded to garbage."""
     level = ring_mask.data_level(context)
     slots = packing.slot_length(layout, length)
     per_chunk = ckks.slot_count(context)
-    if len(summed_chunks) != ckks.chunk_count(slots, per_chunk):
-        raise CiphertextError(f"{len(summed_chunks)} chunks cannot hold {slots} values ({per_chunk} per chunk)")
-    replies = [ring_mask.check_residues(level, part, len(summed_chunks), "a partial decryption") for part in partials]
+    chunks = len(summed.sizes)
+    if chunks != ckks.chunk_count(slots, per_chunk):
+        raise CiphertextError(f"{chunks} chunks cannot hold {slots} values ({per_chunk} per chunk)")
+    replies = [ring_mask.check_residues(level, part, chunks, "a partial decryption") for part in partials]
     offset = layout.centre if layout is not None else 0.0
     complex_slots = layout is not None
+    scale = summed.scale
+    bound = math.prod(level.moduli) / (2.0 * scale)  # no sum decodes beyond it: it would have wrapped
     values = []
-    for index, chunk in enumerate(summed_chunks):
-        ciphertext, size = ring_mask.tenseal_ciphertext(context, chunk, f"chunk {index}")
+    for index, size in enumerate(summed.sizes):
         expected = min(per_chunk, slots - index * per_chunk)
         if size != expected:
             raise CiphertextError(f"chunk {index}: holds {size} values, expected {expected}")
-        scale = float(ciphertext.scale)
-        plain = ring_mask.ciphertext_polys(ciphertext, level)[0]
+        plain = summed.c0[index]
         for reply in replies:
             plain = ring_mask.add_mod(plain, reply[index], level)
         if offset:
             plain = ring_mask.sub_mod(plain, ring_mask.constant_residues(round(offset * scale), level), level)
         decoded = ring_mask.decode(context, level, plain, scale, complex_slots)[:size]
-        bound = math.prod(level.moduli) / (2.0 * scale)  # no sum decodes beyond it: it would have wrapped
         reach = float(max(np.abs(decoded.real).max(), np.abs(decoded.imag).max())) if decoded.size else 0.0
         if not reach < bound:
             raise CiphertextError(
@@ -280,6 +282,8 @@ class BankDecryptor:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(Path(state_dir) / BANK_LEDGER_FILE, check_same_thread=False, isolation_level=None)
+        # durable at every commit (FULL), one sync of the write-ahead log per commit instead of a journal's three
+        self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_BANK_SCHEMA)
         self.log = get_logger(role="bank-decryptor", bank=self.bank, federation=self.roster.federation)

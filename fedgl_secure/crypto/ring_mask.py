@@ -430,14 +430,26 @@ def ciphertext_polys(ciphertext: sealapi.Ciphertext, level: RingLevel) -> np.nda
     return _parse_ciphertext(raw, level, int(ciphertext.size()))
 
 
+@dataclass(frozen=True)
+class _CiphertextMembers:
+    polys: np.ndarray  # (polynomials, k, N)
+    ntt_form: bool
+    scale: float
+    correction: int
+
+
 def _parse_ciphertext(raw: bytes, level: RingLevel, polynomials: int) -> np.ndarray:
     """The residues of a SEAL-serialised data-level ciphertext of ``polynomials`` polynomials, every field
     checked (:class:`CiphertextError` otherwise): SEAL's layout read back without a round trip through SEAL."""
+    return _ciphertext_members(raw, level, polynomials).polys
+
+
+def _ciphertext_members(raw: bytes, level: RingLevel, polynomials: int) -> _CiphertextMembers:
     expected = _CIPHER_FIELDS.size + _HEADER.size + 8 + 8 * polynomials * level.size
     body = _seal_body(raw, expected)
     if len(body) != expected:
         raise CiphertextError(f"SEAL's ciphertext holds {len(body)} bytes, expected {expected}")
-    *parms_id, ntt_form, count, degree, primes, _, _ = _CIPHER_FIELDS.unpack_from(body)
+    *parms_id, ntt_form, count, degree, primes, scale, correction = _CIPHER_FIELDS.unpack_from(body)
     (values,) = struct.unpack_from("<Q", body, _CIPHER_FIELDS.size + _HEADER.size)
     if (
         tuple(parms_id) != level.parms_id
@@ -447,7 +459,8 @@ def _parse_ciphertext(raw: bytes, level: RingLevel, polynomials: int) -> np.ndar
     ):
         raise CiphertextError("SEAL's ciphertext fields do not match the data level")
     data = np.frombuffer(body, dtype="<u8", count=values, offset=_CIPHER_FIELDS.size + _HEADER.size + 8)
-    return data.astype(np.uint64).reshape(polynomials, *level.shape)
+    polys = data.astype(np.uint64).reshape(polynomials, *level.shape)
+    return _CiphertextMembers(polys, bool(ntt_form), scale, correction)
 
 
 _POLYS_PER_TRANSFORM = 16  # SEAL_CIPHERTEXT_SIZE_MAX: the most polynomials one ciphertext (one transform) holds
@@ -534,20 +547,73 @@ def multiply_residues(context: ts.Context, level: RingLevel, a: np.ndarray, b: n
 
 
 def c1_residues(chunk: bytes, level: RingLevel, where: str) -> np.ndarray:
-    """The second polynomial ``c1`` (NTT form, (k, N)) of one serialised TenSEAL chunk, read from its bytes.
+    """The second polynomial ``c1`` (NTT form, (k, N)) of one serialised TenSEAL chunk, read from its bytes
+    (:func:`read_chunk`).
 
     ``c1`` carries only encryption randomness (``u·a + e1``), never the message: it is what a decryptor may see of
-    a single upload to check that what it decrypts is a real sum. The chunk is TenSEAL's ``CKKSVectorProto``
-    holding one SEAL ciphertext (:func:`tenseal_chunk`); reading it here costs a fifth of deserialising it
-    through TenSEAL and saving it again through SEAL. Whoever relies on the sum loads the summed ciphertext
-    through SEAL itself (the key authority), so a chunk whose bytes read otherwise only fails that check."""
+    a single upload to check that what it decrypts is a real sum."""
+    return read_chunk(chunk, level, where).polys[1]
+
+
+@dataclass(frozen=True)
+class ChunkCiphertext:
+    """One serialised TenSEAL chunk read from its bytes: both polynomials ``(c0, c1)`` in NTT form, shape (2, k, N),
+    how many values it holds and its scale."""
+
+    polys: np.ndarray
+    size: int
+    scale: float
+
+
+def read_chunk(chunk: bytes, level: RingLevel, where: str) -> ChunkCiphertext:
+    """One serialised TenSEAL chunk — TenSEAL's ``CKKSVectorProto`` holding one SEAL ciphertext
+    (:func:`tenseal_chunk`) — read from its bytes, with every check SEAL's own loader makes for a CKKS ciphertext
+    (parameters id of the data level, two polynomials in NTT form, every residue below its prime, a scale within
+    the modulus, no correction factor) and TenSEAL's (one ciphertext, one size, the vector's scale the
+    ciphertext's): :class:`CiphertextError` naming the problem otherwise.
+
+    A fifth of the cost of loading the chunk through TenSEAL, and the residues come out as numbers: the aggregator
+    adds uploads residue by residue (:mod:`~fedgl_secure.crypto.residue_sum`) instead of loading, adding and
+    saving them again through SEAL (whose save always compresses)."""
     if not isinstance(chunk, bytes | bytearray | memoryview):
         raise CiphertextError(f"{where}: expected ciphertext bytes, got {type(chunk).__name__}")
-    ciphertexts = [value for number, value in _proto_fields(bytes(chunk), where) if number == 2]
+    try:
+        return _read_chunk(bytes(chunk), level, where)
+    except CiphertextError as error:
+        detail = str(error).removeprefix(f"{where}: ")
+        size = len(chunk)
+        raise CiphertextError(f"{where}: not a CKKS ciphertext of this context ({size} bytes): {detail}") from None
+
+
+def _read_chunk(chunk: bytes, level: RingLevel, where: str) -> ChunkCiphertext:
+    fields = list(_proto_fields(chunk, where))
+    ciphertexts = [value for number, value in fields if number == 2]
     if len(ciphertexts) != 1:
         raise CiphertextError(f"{where}: a CKKS vector of {len(ciphertexts)} ciphertexts, expected one")
-    polys = _parse_ciphertext(ciphertexts[0], level, 2)
-    return polys[1]
+    sizes = [value for number, value in fields if number == 1]
+    if len(sizes) != 1:
+        raise CiphertextError(f"{where}: a CKKS vector without one packed size field")
+    size, end = _read_varint(sizes[0], 0, where)
+    if end != len(sizes[0]):
+        raise CiphertextError(f"{where}: a CKKS vector of several sizes, expected one")
+    scales = [value for number, value in fields if number == 3]
+    if len(scales) != 1 or len(scales[0]) != 8:
+        raise CiphertextError(f"{where}: a CKKS vector without its scale")
+    members = _ciphertext_members(ciphertexts[0], level, 2)
+    (vector_scale,) = struct.unpack("<d", scales[0])
+    total_bits = sum(prime.bit_length() for prime in level.moduli)
+    if not members.ntt_form:
+        raise CiphertextError(f"{where}: a CKKS ciphertext not in NTT form")
+    if members.correction != 1:
+        raise CiphertextError(f"{where}: a CKKS ciphertext with correction factor {members.correction}, expected 1")
+    if not (np.isfinite(members.scale) and members.scale > 0 and np.log2(members.scale) < total_bits):
+        raise CiphertextError(f"{where}: a CKKS ciphertext of scale {members.scale!r}, outside (0, 2^{total_bits})")
+    if vector_scale != members.scale:
+        raise CiphertextError(f"{where}: the vector's scale {vector_scale!r} is not its ciphertext's {members.scale!r}")
+    if not 0 < size <= level.degree // 2:
+        raise CiphertextError(f"{where}: a CKKS vector of {size} values, a chunk holds 1 to {level.degree // 2}")
+    polys = check_residues(level, members.polys, 2, where)
+    return ChunkCiphertext(polys, int(size), float(members.scale))
 
 
 def _read_varint(data: bytes, offset: int, where: str) -> tuple[int, int]:

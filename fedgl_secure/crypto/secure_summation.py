@@ -41,7 +41,7 @@ import secrets
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,20 +50,21 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing, threshold
+from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
 from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
 from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.key_ceremony import BankCeremony, Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
+from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
 from fedgl_secure.crypto.upload import (
     RoundTicket,
     Upload,
-    check_c1_digest,
     check_upload,
     finite_term,
     make_upload,
+    read_checked,
     sign_upload,
 )
 from fedgl_secure.errors import CiphertextError, PolicyError
@@ -260,6 +261,13 @@ class SecureSummation:
             )
         return shapes
 
+    def open_round(
+        self, round_number: int, participants: Sequence[int], reference: torch.Tensor | None = None
+    ) -> SecureRound:
+        """Round ``round_number`` of ``participants`` (client ids), summed as each bank contributes
+        (:class:`SecureRound`); ``reference`` the broadcast W̄ the weights kind is centred on."""
+        return SecureRound(self, round_number, participants, reference)
+
     def __call__(
         self,
         round_number: int,
@@ -268,28 +276,11 @@ class SecureSummation:
     ) -> dict[str, torch.Tensor]:
         if not contributions:
             raise PolicyError("secure summation: no client contributed to this round")
-        centre = wire_reference(reference)
-        shapes = self._check_kinds(contributions)
-        banks = {client_id: self._bank(client_id) for client_id in sorted(contributions)}
-        nonce, digest = secrets.token_hex(16), self.policy.digest
-        names = tuple(bank.name for bank in banks.values())
-        ticket = RoundTicket(self.federation, round_number, nonce, names, self.fingerprint, digest)
-        self.authority.open_round(self.federation, round_number, nonce, list(names), digest)
-        log = self.log.bind(round=round_number)
-        fusing: dict[str, Future] = {}
-        # the aggregator fuses a kind as soon as every bank has uploaded it, while the banks encrypt the next
-        with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
-            kinds = self._largest_first(shapes)
-            for kind, uploads in self._encrypt_round(ticket, banks, contributions, kinds, centre):
-                fusing[kind] = aggregator.submit(self._fuse, ticket, kind, banks, uploads)
-            fused = {kind: future.result() for kind, future in fusing.items()}
-        sums = {}
-        for kind, (values, uploads) in fused.items():
-            self.accepted_receipts.extend(upload.receipt for upload in uploads)
-            values = restore_sum(kind, values, centre)
-            sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(shapes[kind])
-            log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
-        return sums
+        self._check_kinds(contributions)  # before the key authority opens a round nobody could finish
+        with self.open_round(round_number, sorted(contributions), reference) as round_sum:
+            for client_id in sorted(contributions):
+                round_sum.add(client_id, contributions[client_id])
+            return round_sum.result()
 
     def _largest_first(self, shapes: Mapping[str, torch.Size]) -> list[str]:
         """Kinds by the CKKS slots they take, largest first: the kind fused after the last encryption, which
@@ -297,16 +288,22 @@ class SecureSummation:
         return sorted(shapes, key=lambda kind: (-packing.slot_length(self._layouts[kind], shapes[kind].numel()), kind))
 
     def _fuse(
-        self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
+        self,
+        ticket: RoundTicket,
+        kind: str,
+        banks: Mapping[int, _Bank],
+        checked: list[tuple[Upload, ChunkedCiphertext]],
     ) -> tuple[np.ndarray, list[Upload]]:
-        """The aggregator's and the decryptors' part for one kind: check, add, have the key authority and the first
-        ``t`` contributing banks decrypt their share of the sum, fuse and decode. Runs on the aggregator's thread;
-        times each party's share."""
+        """The aggregator's and the decryptors' part for one kind, its uploads checked (:meth:`_check`): add, have the
+        key authority and the first ``t`` contributing banks decrypt their share of the sum, fuse and decode. Runs on
+        the aggregator's thread; times each party's share."""
         started = time.perf_counter()
-        summed, c1s = self._aggregate(ticket, kind, banks, uploads)
-        receipts = [upload.receipt for upload in uploads]
+        uploads = [upload for upload, _ in checked]
         layout, length = self._layouts[kind], uploads[0].length
         slots = packing.slot_length(layout, length)
+        summed = residue_sum.add(self.public_context, [ciphertext for _, ciphertext in checked])
+        c1s = [ciphertext.c1 for _, ciphertext in checked]
+        receipts = [upload.receipt for upload in uploads]
         decrypting = self._decrypting_set(banks)
 
         def timed(call, *args) -> tuple[np.ndarray, float]:
@@ -351,88 +348,163 @@ class SecureSummation:
         names += [name for name in self.roster.banks if name not in names]
         return names[: self.policy.he.threshold]
 
-    def _encrypt_round(
-        self,
-        ticket: RoundTicket,
-        banks: Mapping[int, _Bank],
-        contributions: Mapping[int, Mapping[str, torch.Tensor]],
-        kinds: list[str],
-        reference: np.ndarray | None,
-    ) -> Iterator[tuple[str, list[Upload]]]:
-        """Every bank's side of the round: encrypt and sign each kind (the weights centred on ``reference``),
-        banks concurrently on the encryption pool (module doc); yields each kind's uploads, in order, as soon as
-        every bank has made its own."""
-        busy: dict[int, float] = defaultdict(float)
-
-        def term(client_id: int, kind: str) -> np.ndarray:
-            return finite_term(kind, bank_term(kind, contributions[client_id][kind], reference))
-
-        def encrypt_here(client_id: int, kind: str) -> Upload:
-            begun = time.perf_counter()
-            bank = banks[client_id]
-            upload = make_upload(
-                self.public_context,
-                self.policy.he,
-                ticket,
-                bank.name,
-                bank.signing_key,
-                kind,
-                term(client_id, kind),
-                layout=self._layouts[kind],
-            )
-            busy[client_id] += time.perf_counter() - begun
-            return upload
-
-        started = time.perf_counter()
-        chunks = sum(
-            term_chunks(self.policy.he, self._layouts[kind], contribution[kind].numel())
-            for contribution in contributions.values()
-            for kind in kinds
-        )
-        if not self.encryption.use_for(chunks):
-            for kind in kinds:
-                yield kind, self._count([encrypt_here(client_id, kind) for client_id in banks])
-        else:
-
-            def submit(client_id: int, kind: str) -> Future:
-                participants = len(ticket.participants)
-                return self.encryption.submit(kind, term(client_id, kind), self._layouts[kind], participants)
-
-            jobs = {kind: [(client_id, submit(client_id, kind)) for client_id in banks] for kind in kinds}
-            try:
-                for kind in kinds:
-                    uploads = []
-                    for client_id, job in jobs[kind]:
-                        encrypted = job.result()
-                        busy[client_id] += encrypted.seconds
-                        bank = banks[client_id]
-                        length = contributions[client_id][kind].numel()
-                        upload = sign_upload(
-                            self.public_context, ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
-                        )
-                        uploads.append(upload)
-                    yield kind, self._count(uploads)
-            finally:  # a failed (or abandoned) round: do not encrypt the kinds nobody will fuse
-                for _, job in (pair for queued in jobs.values() for pair in queued):
-                    job.cancel()
-        self.seconds.encrypt += time.perf_counter() - started  # the hand-over of a finished kind takes microseconds
-        self.seconds.encrypt_slowest_bank += max(busy.values(), default=0.0)
-
     def _count(self, uploads: list[Upload]) -> list[Upload]:
         for upload in uploads:
             self.wire.add(upload)
         return uploads
 
-    def _aggregate(
-        self, ticket: RoundTicket, kind: str, banks: Mapping[int, _Bank], uploads: list[Upload]
-    ) -> tuple[list, list[np.ndarray]]:
-        """The aggregator's part: check every receipt and digest, then add ciphertexts (no secret key). Returns the
-        sum and each upload's checked c1 (what the decryptors are sent)."""
-        c1s = []
-        for bank, upload in zip(banks.values(), uploads, strict=True):
-            check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
-            c1s.append(check_c1_digest(self.public_context, upload, bank.name))
-        return ckks.add_serialized(self.public_context, [upload.chunks for upload in uploads]), c1s
+    def _check(self, ticket: RoundTicket, bank: _Bank, upload: Upload) -> ChunkedCiphertext:
+        """The aggregator's check of one upload as it arrives: receipt, binding and digests, its chunks read once
+        (what it adds; their c1 what the decryptors are sent). No secret key."""
+        started = time.perf_counter()
+        check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
+        slots = packing.slot_length(self._layouts[upload.kind], upload.length)
+        read = read_checked(self.public_context, upload, bank.name, slots)
+        self.seconds.aggregate += time.perf_counter() - started
+        return read
+
+
+class SecureRound:
+    """One round of a :class:`SecureSummation`, summed as its banks contribute.
+
+    Each contribution is encrypted as soon as it is added — on the encryption pool's workers once the round is large
+    enough, so while the next bank still trains, as banks on their own machines encrypt right after their own
+    training — and :meth:`result` waits for the last ciphertexts, has the aggregator check, add and have each kind
+    decrypted once every participant has uploaded it, and returns the sums. The key authority opens the round with
+    its participants when the round is opened here. Used as a context manager, a round left before its result
+    cancels the encryptions nobody will fuse."""
+
+    def __init__(
+        self,
+        summation: SecureSummation,
+        round_number: int,
+        participants: Sequence[int],
+        reference: torch.Tensor | None,
+    ) -> None:
+        if not participants:
+            raise PolicyError("secure summation: no client takes part in this round")
+        self._summation = summation
+        self._centre = wire_reference(reference)
+        self._banks = {client_id: summation._bank(client_id) for client_id in sorted(set(participants))}
+        names = tuple(bank.name for bank in self._banks.values())
+        nonce, digest = secrets.token_hex(16), summation.policy.digest
+        self.ticket = RoundTicket(summation.federation, round_number, nonce, names, summation.fingerprint, digest)
+        summation.authority.open_round(summation.federation, round_number, nonce, list(names), digest)
+        self._shapes: dict[str, torch.Size] = {}
+        self._kinds: list[str] = []
+        self._on_pool = False
+        self._jobs: dict[str, dict[int, Future]] = defaultdict(dict)  # encryptions running on the pool
+        self._uploads: dict[str, dict[int, Upload]] = defaultdict(dict)  # uploads made in this process
+        self._checked: dict[str, dict[int, tuple[Upload, ChunkedCiphertext]]] = defaultdict(dict)  # by the aggregator
+        self._contributed: set[int] = set()
+        self._busy: dict[int, float] = defaultdict(float)  # each bank's own encryption seconds
+        self._encrypting = 0.0  # seconds of this round's encryption phase outside the pool's overlap
+        self._log = summation.log.bind(round=round_number)
+
+    def __enter__(self) -> SecureRound:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel the encryptions not started yet (a failed or abandoned round)."""
+        for jobs in self._jobs.values():
+            for job in jobs.values():
+                job.cancel()
+
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+        """Bank ``client_id``'s pre-weighted terms: encrypted now (on the pool) or at once here, kind by kind, the
+        largest first."""
+        summation = self._summation
+        if client_id not in self._banks:
+            raise PolicyError(f"{bank_name(client_id)} is not a participant of round {self.ticket.round}")
+        if client_id in self._contributed:
+            raise PolicyError(f"{bank_name(client_id)} already contributed to round {self.ticket.round}")
+        shapes = summation._check_kinds({client_id: contribution})
+        if not self._shapes:
+            self._shapes, self._kinds = shapes, summation._largest_first(shapes)
+            he, layouts = summation.policy.he, summation._layouts
+            per_bank = sum(term_chunks(he, layouts[kind], shapes[kind].numel()) for kind in self._kinds)
+            self._on_pool = summation.encryption.use_for(per_bank * len(self._banks))
+        elif shapes != self._shapes:
+            raise CiphertextError(f"{bank_name(client_id)} uploads other kinds or shapes than the others")
+        self._contributed.add(client_id)
+        participants = len(self.ticket.participants)
+        for kind in self._kinds:
+            term = finite_term(kind, bank_term(kind, contribution[kind], self._centre))
+            layout = summation._layouts[kind]
+            if self._on_pool:
+                self._jobs[kind][client_id] = summation.encryption.submit(kind, term, layout, participants)
+                continue
+            begun = time.perf_counter()
+            bank = self._banks[client_id]
+            self._uploads[kind][client_id] = make_upload(
+                summation.public_context,
+                summation.policy.he,
+                self.ticket,
+                bank.name,
+                bank.signing_key,
+                kind,
+                term,
+                layout=layout,
+            )
+            spent = time.perf_counter() - begun
+            self._busy[client_id] += spent
+            self._encrypting += spent
+        self._check_arrived()
+
+    def _check_arrived(self) -> None:
+        """The aggregator checks every upload that has arrived (its encryption done) as it arrives, as the service
+        does on upload: what is left for :meth:`result` is the last banks' uploads and the decryptions."""
+        for kind in self._kinds:
+            for client_id in self._contributed:
+                job = self._jobs[kind].get(client_id)
+                if client_id not in self._checked[kind] and (job is None or job.done()):
+                    self._checked_upload(client_id, kind)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The round's sums, kind by kind, once every participant has contributed: the aggregator (one thread of
+        its own) fuses a kind as soon as every bank's upload of it is ready, while the next kind's wait."""
+        summation = self._summation
+        missing = [bank.name for client_id, bank in self._banks.items() if client_id not in self._contributed]
+        if missing:
+            raise PolicyError(f"round {self.ticket.round}: no contribution from {missing}")
+        fusing: dict[str, Future] = {}
+        with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
+            started = time.perf_counter()
+            for kind in self._kinds:
+                checked = [self._checked_upload(client_id, kind) for client_id in self._banks]
+                fusing[kind] = aggregator.submit(summation._fuse, self.ticket, kind, self._banks, checked)
+            summation.seconds.encrypt += self._encrypting + time.perf_counter() - started
+            summation.seconds.encrypt_slowest_bank += max(self._busy.values(), default=0.0)
+            fused = {kind: future.result() for kind, future in fusing.items()}
+        sums = {}
+        for kind, (values, uploads) in fused.items():
+            summation.accepted_receipts.extend(upload.receipt for upload in uploads)
+            values = restore_sum(kind, values, self._centre)
+            sums[kind] = torch.from_numpy(values.astype(np.float32)).reshape(self._shapes[kind])
+            self._log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
+        return sums
+
+    def _checked_upload(self, client_id: int, kind: str) -> tuple[Upload, ChunkedCiphertext]:
+        """Bank ``client_id``'s upload of ``kind`` (made here already, or its encryption awaited and signed here:
+        signing keys stay in this process), checked and read by the aggregator once."""
+        done = self._checked[kind].get(client_id)
+        if done is not None:
+            return done
+        summation, bank = self._summation, self._banks[client_id]
+        upload = self._uploads[kind].get(client_id)
+        if upload is None:
+            encrypted = self._jobs[kind][client_id].result()
+            self._busy[client_id] += encrypted.seconds
+            length = self._shapes[kind].numel()
+            upload = sign_upload(
+                summation.public_context, self.ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
+            )
+        summation._count([upload])
+        self._checked[kind][client_id] = upload, summation._check(self.ticket, bank, upload)
+        return self._checked[kind][client_id]
 
 
 class QuantisedSummation:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedgl_secure.crypto.ring_mask import RingLevel, add_mod, uniform_residues
+from fedgl_secure.crypto.ring_mask import RingLevel, add_mod, multiply_pointwise, uniform_residues
 from fedgl_secure.errors import CiphertextError, CryptoError
 
 
@@ -73,11 +73,10 @@ def check_element(level: RingLevel, residues: np.ndarray, what: str) -> np.ndarr
 
 
 def scale_rows(level: RingLevel, residues: np.ndarray, factors: Sequence[int]) -> np.ndarray:
-    """``residues[i] · factors[i] mod q_i`` for each prime ``i``: exact (Python integers; 60-bit products)."""
-    out = np.empty(level.shape, dtype=np.uint64)
-    for row, (prime, factor) in enumerate(zip(level.moduli, factors, strict=True)):
-        out[row] = ((residues[row].astype(object) * (int(factor) % prime)) % prime).astype(np.uint64)
-    return out
+    """``residues[i] · factors[i] mod q_i`` for each prime ``i``: exact (:func:`ring_mask.multiply_pointwise`, a
+    product of the element with the constant ``factors`` in NTT form)."""
+    column = np.asarray([int(factor) % prime for prime, factor in zip(level.moduli, factors, strict=True)], np.uint64)
+    return multiply_pointwise(level, residues, np.broadcast_to(column.reshape(-1, 1), level.shape))
 
 
 def share(

@@ -13,7 +13,7 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
 from fedgl_secure.crypto.receipts import (
     Receipt,
     ReceiptFields,
@@ -22,6 +22,7 @@ from fedgl_secure.crypto.receipts import (
     sign_receipt,
     verify_receipt,
 )
+from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
 from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
 from fedgl_secure.policy.ckks_params import sum_bound
 from fedgl_secure.policy.schema import HEParameters
@@ -188,14 +189,15 @@ def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTick
         )
 
 
-def check_c1_digest(context: ts.Context, upload: Upload, sender: str) -> np.ndarray:
-    """The aggregator's check of the ``c1`` digest every decryptor will check the sum against, once the chunks
-    parse as ciphertexts: a bank whose receipt does not match its chunks is refused on its own here, instead of
-    the decryptors refusing the whole sum. Returns the checked ``c1`` (chunks, data primes, N): what the aggregator
-    sends the decryptors."""
-    c1 = upload_c1(context, upload.chunks)
-    if c1_digest(c1) != upload.receipt.c1_sha256:
+def read_checked(context: ts.Context, upload: Upload, sender: str, slots: int) -> ChunkedCiphertext:
+    """The aggregator's reading of an upload whose receipt it checked (:func:`check_upload`): its chunks read as
+    ciphertexts of ``context`` holding ``slots`` CKKS values (:func:`residue_sum.read_upload`), and their ``c1`` the
+    one the receipt's digest binds — every decryptor checks the sum against it, so a bank whose receipt does not
+    match its chunks is refused on its own here instead of the decryptors refusing the whole sum. The result is
+    what the aggregator adds; its ``c1`` what the decryptors are sent."""
+    ciphertext = residue_sum.read_upload(context, upload.chunks, slots, f"upload of {upload.kind!r} from {sender!r}")
+    if c1_digest(ciphertext.c1) != upload.receipt.c1_sha256:
         raise ReceiptError(
             f"upload of {upload.kind!r} from {sender!r}: its ciphertexts' c1 does not match the receipt's c1 digest"
         )
-    return c1
+    return ciphertext

@@ -8,7 +8,7 @@ consortium share every other line of the algorithm.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -58,6 +58,59 @@ class Summation(Protocol):
         contributions: Mapping[int, Mapping[str, torch.Tensor]],
         reference: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]: ...
+
+
+class RoundSum(Protocol):
+    """One round's sum in the making: each client's terms added as the client finishes, the sums at the end. A
+    context manager: leaving it before :meth:`result` abandons the round."""
+
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None: ...
+
+    def result(self) -> dict[str, torch.Tensor]: ...
+
+    def __enter__(self) -> RoundSum: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class StreamingSummation(Protocol):
+    """A summation that starts on each client's terms as they come (the secure one encrypts a bank's upload while
+    the next bank trains, as banks on their own machines would) instead of once all have come."""
+
+    def open_round(
+        self, round_number: int, participants: Sequence[int], reference: torch.Tensor | None = None
+    ) -> RoundSum: ...
+
+
+class CollectedRound:
+    """A round for a summation that sums all terms at once: it collects them, and sums on :meth:`result`."""
+
+    def __init__(self, summation: Summation, round_number: int, reference: torch.Tensor | None) -> None:
+        self.summation, self.round_number, self.reference = summation, round_number, reference
+        self.contributions: dict[int, Mapping[str, torch.Tensor]] = {}
+
+    def __enter__(self) -> CollectedRound:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+        self.contributions[client_id] = contribution
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return self.summation(self.round_number, self.contributions, reference=self.reference)
+
+
+def open_round(
+    summation: Summation, round_number: int, participants: Sequence[int], reference: torch.Tensor | None = None
+) -> RoundSum:
+    """Round ``round_number``'s sum over ``participants``: streamed when ``summation`` can start on each client's
+    terms as they come (:class:`StreamingSummation`), collected otherwise — the same sums either way."""
+    if isinstance(summation, StreamingSummation):
+        return summation.open_round(round_number, participants, reference)
+    return CollectedRound(summation, round_number, reference)
 
 
 class PlaintextSummation:

@@ -19,7 +19,13 @@ from fedgl_secure.data.global_index import GlobalIndex, merge_client_graphs
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.sampling import make_clients, select_participants
-from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, client_weight, normalise_contribution
+from fedgl_secure.engine.aggregation import (
+    PlaintextSummation,
+    Summation,
+    client_weight,
+    normalise_contribution,
+    open_round,
+)
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import (
@@ -198,11 +204,13 @@ def run_round_stages(
     each; every stage's uploads are ``ŵ_k·X_k`` (``w_max`` public, as a bank's), summed by ``summation``
     under the round's number, and the stage's server update gives the broadcast the next stage starts from."""
     for stage in method_stages(method):
-        contributions = {
-            k: normalise_contribution(stage_contribution(method, stage, trainers[k], broadcast), weight_normaliser)
-            for k in participants
-        }
-        sums = summation(round_number, contributions, reference=broadcast.weights)
+        # each client's terms go to the summation as soon as the client is done (a secure one encrypts them
+        # while the next client trains)
+        with open_round(summation, round_number, participants, reference=broadcast.weights) as round_sum:
+            for k in participants:
+                contribution = stage_contribution(method, stage, trainers[k], broadcast)
+                round_sum.add(k, normalise_contribution(contribution, weight_normaliser))
+            sums = round_sum.result()
         broadcast = stage_update(method, stage, sums, round_number, broadcast)
     return broadcast
 

@@ -56,16 +56,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.partial_decryption import fused_values
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.upload import RoundTicket, Upload, check_c1_digest, check_upload
+from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
+from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, read_checked
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
@@ -144,20 +144,6 @@ class Decryptor(Protocol):
     ) -> np.ndarray: ...  # the key authority's partial decryption's residues (uint64), not values
 
 
-def check_chunks(context: ts.Context, chunks: Sequence[bytes], length: int, kind: str) -> None:
-    """Every chunk parses as a ciphertext of ``context`` and holds the right number of values (``length``
-    CKKS values: packed slots for a packed kind, ``packing.slot_length``)."""
-    slots = ckks.slot_count(context)
-    expected = ckks.chunk_count(length, slots)
-    if len(chunks) != expected:
-        raise CiphertextError(f"{kind}: {len(chunks)} ciphertext chunks, expected {expected} for {length} values")
-    for index, data in enumerate(chunks):
-        vector = ckks._load_chunk(context, data, f"{kind}, chunk {index}")
-        want = max(0, min(slots, length - index * slots))
-        if vector.size() != want:
-            raise CiphertextError(f"{kind}, chunk {index}: holds {vector.size()} values, expected {want}")
-
-
 # --- the coordinator -------------------------------------------------------------------------
 
 
@@ -216,7 +202,8 @@ class _OpenRound:
     deadline: float
     stage: str
     uploads: dict[str, dict[str, Upload]] = field(default_factory=dict)
-    c1s: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # each upload's checked c1, for decryptors
+    # each upload read and checked: what the aggregator adds; its c1 what the decryptors are sent
+    ciphertexts: dict[str, dict[str, ChunkedCiphertext]] = field(default_factory=dict)
 
     def complete_banks(self) -> tuple[str, ...]:
         return tuple(b for b in self.participants if set(self.uploads.get(b, {})) == set(self.shapes))
@@ -581,14 +568,13 @@ class Coordinator:
                     return False
                 raise ProtocolConflict("already-uploaded", f"{bank} already uploaded other {kind!r} for this round")
         # parsing ciphertexts is the slow part: outside the lock, then re-check the round
-        check_chunks(self.context, chunks, packing.slot_length(self._layouts.get(kind), length), kind)
-        c1 = check_c1_digest(self.context, upload, bank)
+        ciphertext = read_checked(self.context, upload, bank, packing.slot_length(self._layouts.get(kind), length))
         with self._changed:
             if self._open is not current:
                 raise ProtocolConflict("stale-round", f"round {round_number} closed while the upload was checked")
             self.store.save_receipt(receipt)  # durable before the upload can count towards a decryption
             current.uploads.setdefault(bank, {})[kind] = upload
-            current.c1s.setdefault(bank, {})[kind] = c1
+            current.ciphertexts.setdefault(bank, {})[kind] = ciphertext
             self._seen[bank] = time.monotonic()
             self._changed.notify_all()
         return True
@@ -1080,9 +1066,10 @@ class Coordinator:
             layout = self._layouts.get(kind)
             slots = packing.slot_length(layout, length)
             receipts = [upload.receipt for upload in uploads]
-            c1s = [current.c1s[bank][kind] for bank in complete]  # every decryptor sums them itself
+            read = [current.ciphertexts[bank][kind] for bank in complete]
+            c1s = [ciphertext.c1 for ciphertext in read]  # every decryptor sums them itself
             with timer.phase("aggregation"):
-                summed = ckks.add_serialized(self.context, [upload.chunks for upload in uploads])
+                summed = residue_sum.add(self.context, read)
             with timer.phase("decryption"):  # the key authority's share, then t banks' (on their machines)
                 authority = self.decryptor.decrypt(
                     self.federation, current.round, kind, receipts, self.fingerprint, slots, c1s
