@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, key_ceremony, ring_mask, threshold
 from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
+from fedgl_secure.crypto.flooding_reserve import FloodingReserve
 from fedgl_secure.crypto.key_ceremony import Announcement, HeldShare, Roster, ShareEnvelope
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.partial_decryption import (
@@ -156,6 +157,7 @@ class KeyAuthority:
         self.flooding_std = policy.he.flooding_std()
         self.policy_digest = policy.digest
         self.level = self.rings.data
+        self._flooding = FloodingReserve(self.rings.context, self.level, self.flooding_std)
         self._record({"event": "start", "decision": "allowed", "roster": roster.digest()})
         self._complete_ceremony()
 
@@ -316,6 +318,7 @@ class KeyAuthority:
         self.log.info("ceremony.complete", fingerprint=self.fingerprint[:12])
 
     def close(self) -> None:
+        self._flooding.close()
         self.ledger.close()
 
     def verify_audit(self) -> ChainReport:
@@ -473,7 +476,8 @@ class KeyAuthority:
                 digests = chunk_digests(total)
                 self._check_fresh(federation, digests)
                 noise = self._central_noise(kind, length)  # drawn before the decryption is consumed
-                view = partial_residues(self.rings, total, self._data_secret, self.flooding_std)
+                flooding = self._flooding.take(len(total))
+                view = partial_residues(self.rings, total, self._data_secret, self.flooding_std, flooding)
                 if noise is not None:
                     view = self._add_noise(kind, view, noise)
                 if not self.ledger.record_decryption(

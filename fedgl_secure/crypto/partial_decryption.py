@@ -36,6 +36,7 @@ import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
+from fedgl_secure.crypto.flooding_reserve import FloodingReserve
 from fedgl_secure.crypto.key_ceremony import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
 from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
@@ -280,6 +281,7 @@ class BankDecryptor:
         self.policy_digest = policy.digest
         self.flooding_std = policy.he.flooding_std()
         Path(state_dir).mkdir(parents=True, exist_ok=True)
+        self._flooding = FloodingReserve(rings.context, rings.data, self.flooding_std)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(Path(state_dir) / BANK_LEDGER_FILE, check_same_thread=False, isolation_level=None)
         # durable at every commit (FULL), one sync of the write-ahead log per commit instead of a journal's three
@@ -289,6 +291,7 @@ class BankDecryptor:
         self.log = get_logger(role="bank-decryptor", bank=self.bank, federation=self.roster.federation)
 
     def close(self) -> None:
+        self._flooding.close()
         self._db.close()
 
     def decryption_count(self) -> int:
@@ -329,7 +332,8 @@ class BankDecryptor:
                 self._check_fresh(federation, round_number, kind, sum_digest, label, digests)
                 factors = shamir.lagrange_factors(self.rings.data, chosen)[self.held.party]
                 weighted = shamir.scale_rows(self.rings.data, self.share.secret, factors)
-                reply = partial_residues(self.rings, total, weighted, self.flooding_std)
+                noise = self._flooding.take(len(total))
+                reply = partial_residues(self.rings, total, weighted, self.flooding_std, noise)
                 self._record(federation, round_number, kind, sum_digest, label, digests)
             except DecryptionRefused as refusal:
                 log.warning("partial.refused", reason=refusal.reason, detail=refusal.detail)

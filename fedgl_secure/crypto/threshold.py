@@ -425,17 +425,23 @@ def _check_ciphertext(rings: Rings, ciphertext: np.ndarray) -> np.ndarray:
     return ciphertext
 
 
-def partial_residues(rings: Rings, c1s: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
+def partial_residues(
+    rings: Rings, c1s: np.ndarray, secret: np.ndarray, flooding_std: float, noise: np.ndarray | None = None
+) -> np.ndarray:
     """Step 5's one operation, for a stack of ciphertexts: ``c1·secret + E`` for every ``c1`` of ``c1s`` (chunks, k,
     N), NTT form at the data level; ``E`` fresh flooding noise of σ ``flooding_std`` per coefficient, one draw per
-    ciphertext from the OS CSPRNG. ``secret`` is the party's share (a bank's already Lagrange-weighted)."""
+    ciphertext from the OS CSPRNG — drawn here, or ``noise`` (chunks, k, N) made ahead for this call alone
+    (:class:`~fedgl_secure.crypto.flooding_reserve.FloodingReserve`). ``secret`` is the party's share (a bank's
+    already Lagrange-weighted)."""
     if isinstance(flooding_std, bool) or not isinstance(flooding_std, int | float) or not flooding_std > 0:
         raise CryptoError(f"the flooding standard deviation must be a positive number, got {flooding_std!r}")
     if not np.isfinite(flooding_std):
         raise CryptoError(f"the flooding standard deviation must be finite, got {flooding_std!r}")
     level = rings.data
     secret = shamir.check_element(level, secret, "secret share")
-    noise = ring_mask.flooding_residues(rings.context, level, len(c1s), float(flooding_std))
+    if noise is None:
+        noise = ring_mask.flooding_residues(rings.context, level, len(c1s), float(flooding_std))
+    noise = ring_mask.check_residues(level, noise, len(c1s), "flooding noise")
     return ring_mask.add_mod(ring_mask.multiply_pointwise(level, c1s, secret), noise, level)
 
 
