@@ -379,3 +379,18 @@ def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():
     assert decoded.pseudo_graph.neighbors.shape == (m, s)
     with pytest.raises(CiphertextError, match="malformed pseudo graph"):  # more neighbours than s: refused
         decode_broadcast(3, data, 7, m, max_neighbors=s - 1)
+
+
+def test_metadata_headers_are_declared_non_empty_so_an_empty_one_is_not_schema_valid():
+    """An empty ``X-FedGL-Receipt`` is refused (400): the OpenAPI document says so (schemathesis found it declared
+    schema-valid), and the format names what the header carries."""
+    extra = wire.binary_request("chunks", {"X-FedGL-Receipt": "the signed receipt"})
+    (parameter,) = extra["parameters"]
+    assert parameter["in"] == "header" and parameter["required"]
+    assert parameter["schema"] == {"type": "string", "format": "fedgl-receipt", "minLength": 1}
+    with pytest.raises(WireError, match="missing header X-FedGL-Receipt"):
+        encodings.decode_header("", _Meta, "X-FedGL-Receipt")
+
+
+class _Meta(BaseModel):
+    round: int

@@ -254,9 +254,10 @@ def binary_request(description: str, headers: Mapping[str, str] | None = None) -
                 "in": "header",
                 "required": True,
                 "description": text,
-                # the format alone: a pattern or length would also be true, but generators would then draw
-                # base64url strings of no model instead of asking for the format (fuzzing.py registers it)
-                "schema": {"type": "string", "format": header_format(name)},
+                # non-empty, so an empty value is not schema-valid; the format names the base64url model inside
+                # (fuzzing.py registers its values). A pattern would be true as well, but generators would then
+                # draw base64url strings of no model instead of asking for the format
+                "schema": {"type": "string", "format": header_format(name), "minLength": 1},
             }
             for name, text in (headers or {}).items()
         ],
