@@ -232,7 +232,7 @@ def simulate(
         "best_val_accuracy": round(result.best_val_accuracy, 4),
         "global_test_accuracy": round(result.global_test_accuracy, 4),
         "local_test_accuracy": [round(a, 4) for a in result.local_test_accuracy],
-        # ROC-AUC, PR-AUC and recall at the top 1 % on the global test set, at the best round (fedgl/metrics.py)
+        # ROC-AUC, PR-AUC and recall at the top 1 % on the global test set, at the best round (engine/metrics.py)
         "global_test_metrics": {key: round(value, 4) for key, value in result.global_test_metrics.items()},
         "wall_seconds": round(result.wall_seconds, 2),
     }

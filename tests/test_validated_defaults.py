@@ -119,7 +119,7 @@ CASES = [
     ),
     # --- data/splits.py (a random split's sizes given under the default standard split would be ignored)
     Case(SplitConfig, {}, ("val_size", 0), ({"train_per_class": 5}, "split")),
-    # --- fedgl/config.py
+    # --- engine/config.py
     Case(TrainingConfig, {}, ("dropout", 1.0)),
     Case(FederationConfig, {}, ("proportions", (1.5,))),
     Case(SelfSupervisionConfig, {}, ("threshold", 1.0)),

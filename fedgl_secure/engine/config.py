@@ -296,7 +296,7 @@ class CentroidsConfig(_Section):
 
 
 class EvaluationConfig(BaseModel):
-    """What a run reports besides accuracy: ranking metrics for imbalanced labels (``fedgl/metrics.py``)."""
+    """What a run reports besides accuracy: ranking metrics for imbalanced labels (``engine/metrics.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 

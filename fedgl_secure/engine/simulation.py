@@ -1,6 +1,6 @@
 """In-process simulation of a federation: the round loop, the baselines and the run record.
 
-The loop is method-agnostic (see ``methods.py``) and takes the summation step as a
+The loop is method-agnostic (see ``methods/base.py``) and takes the summation step as a
 parameter, so a secure backend can replace the plaintext sum without touching anything else.
 """
 
@@ -114,7 +114,7 @@ class RoundRecord:
     pseudo_label_accuracy: float | None = None
     pseudo_graph_edges: int | None = None
     pseudo_graph_homophily: float | None = None
-    # ranking metrics for imbalanced labels on the global test set (fedgl/metrics.py); None: not computed
+    # ranking metrics for imbalanced labels on the global test set (engine/metrics.py); None: not computed
     test_roc_auc: float | None = None
     test_pr_auc: float | None = None
     test_recall_at_top: float | None = None

@@ -217,7 +217,7 @@ class ReportRequest(_Schema):
     test_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
     test_total: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
     # with a positive class: validation negatives, validation positives, test negatives, test positives,
-    # each counted per score bin (fedgl/score_histograms.py)
+    # each counted per score bin (engine/score_histograms.py)
     histograms: list[list[wire.BoundedJsonInt]] | None = Field(None, min_length=4, max_length=4)
 
     def checked_histograms(self) -> np.ndarray | None:

@@ -69,7 +69,7 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
         "best_val_accuracy": ratio(best[1][1], best[1][2]) if best else float("nan"),
         "global_test_accuracy": ratio(best[1][3], best[1][4]) if best else float("nan"),
         "local_test_accuracy": [],
-        # from the banks' pooled score histograms (fedgl/score_histograms.py); None without a positive class
+        # from the banks' pooled score histograms (engine/score_histograms.py); None without a positive class
         "global_test_metrics": metrics,
         "wall_seconds": sum(h["seconds"] or 0.0 for h in history),
         "num_clients": len(consortium.banks),
