@@ -13,14 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def pytest_configure(config):
     """Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread: torch's
     own pool per worker would oversubscribe the cores, and its spinning threads slow small GCN steps badly.
-    The consortium processes a test starts inherit it (they use one thread on a shared host anyway).
-
-    xdist's ``--dist loadfile`` would hand out the files by number of tests, most first (``--loadscope-reorder``,
-    its default): the files that start consortia (one to seven tests each) came last, both workers then ran them
-    side by side at the end, and the file a worker had queued behind its last one left the other idle. The
-    collection order below (:data:`LONGEST_FIRST`) is kept instead."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
+    The consortium processes a test starts inherit it (they use one thread on a shared host anyway)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
@@ -45,30 +38,20 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI (CI={os.environ['CI']}), where every part must be present: {reason}"
 
 
-# Files that start real consortia, longest first, then the slowest of the rest (per-file totals of a
-# `make test` run on 2 cores): pytest-xdist (--dist loadfile, see pytest_configure) hands whole files to the
-# workers in collection order, so the long ones start first and the short ones fill the gaps at the end.
+# Files that start real consortia, longest first: pytest-xdist (--dist loadfile) hands whole files to the workers
+# in collection order, so the long ones start first and the short ones fill the gaps at the end.
 LONGEST_FIRST = (
     "test_consortium_faults.py",
-    "test_fed2gnn_consortium.py",
-    "test_gap_consortium.py",
     "test_consortium_label_dp.py",
-    "test_consortium_privacy.py",
-    "test_consortium_centroids.py",
-    "test_bank_consortium.py",
+    "test_fed2gnn_consortium.py",
     "test_graphfl_consortium.py",
+    "test_consortium_centroids.py",
+    "test_gap_consortium.py",
+    "test_consortium_privacy.py",
+    "test_bank_consortium.py",
     "test_consortium.py",
     "test_fgcl_consortium.py",
     "test_fuzz_services.py",
-    "test_aggregator.py",
-    "test_simulation.py",
-    "test_key_authority_service.py",
-    "test_secure_simulation.py",
-    "test_cli.py",
-    "test_backbones.py",
-    "test_dp_round.py",
-    "test_decryption_attacks.py",
-    "test_key_authority.py",
 )
 
 
