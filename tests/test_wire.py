@@ -390,7 +390,3 @@ def test_metadata_headers_are_declared_non_empty_so_an_empty_one_is_not_schema_v
     assert parameter["schema"] == {"type": "string", "format": "fedgl-receipt", "minLength": 1}
     with pytest.raises(WireError, match="missing header X-FedGL-Receipt"):
         encodings.decode_header("", _Meta, "X-FedGL-Receipt")
-
-
-class _Meta(BaseModel):
-    round: int
