@@ -39,10 +39,11 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +220,7 @@ class SecureSummation:
         self.wire = WireStats()
         self.decryption = DecryptionTraffic()
         self.seconds = PhaseTimes()
+        self._timing = threading.Lock()
         self.accepted_receipts: list[Receipt] = []
         self.log = get_logger(role="secure-summation", federation=self.federation)
 
@@ -337,9 +339,10 @@ class SecureSummation:
         banks_seconds = sum(seconds for _, seconds in answered)
         values = fused_values(self.public_context, summed, partials, length, layout, len(uploads))
         self.decryption.add(len(uploads), len(authority), self.authority.level.shape, len(partials), length)
-        self.seconds.aggregate += time.perf_counter() - started - decryption_seconds
-        self.seconds.decrypt += decryption_seconds
-        self.seconds.decrypt_banks += banks_seconds + authority_seconds
+        with self._timing:
+            self.seconds.aggregate += time.perf_counter() - started - decryption_seconds
+            self.seconds.decrypt += decryption_seconds
+            self.seconds.decrypt_banks += banks_seconds + authority_seconds
         return values, uploads
 
     def _decrypting_set(self, contributors: Mapping[int, _Bank]) -> list[str]:
@@ -360,7 +363,8 @@ class SecureSummation:
         check_upload(upload, bank.signing_key.public_key(), ticket, bank.name)
         slots = packing.slot_length(self._layouts[upload.kind], upload.length)
         read = read_checked(self.public_context, upload, bank.name, slots)
-        self.seconds.aggregate += time.perf_counter() - started
+        with self._timing:  # the aggregator's checking and fusing threads both count here
+            self.seconds.aggregate += time.perf_counter() - started
         return read
 
 
@@ -395,7 +399,11 @@ class SecureRound:
         self._on_pool = False
         self._jobs: dict[str, dict[int, Future]] = defaultdict(dict)  # encryptions running on the pool
         self._uploads: dict[str, dict[int, Upload]] = defaultdict(dict)  # uploads made in this process
-        self._checked: dict[str, dict[int, tuple[Upload, ChunkedCiphertext]]] = defaultdict(dict)  # by the aggregator
+        # the aggregator's checks, one thread of its own taking each upload as it arrives, as the service does on
+        # upload; and its fusion of each kind, on another, as soon as that kind's checks are done
+        self._checker = ThreadPoolExecutor(1, thread_name_prefix="aggregator-checks")
+        self._fuser = ThreadPoolExecutor(1, thread_name_prefix="aggregator")
+        self._checks: dict[str, dict[int, Future]] = defaultdict(dict)
         self._contributed: set[int] = set()
         self._busy: dict[int, float] = defaultdict(float)  # each bank's own encryption seconds
         self._encrypting = 0.0  # seconds of this round's encryption phase outside the pool's overlap
@@ -408,10 +416,13 @@ class SecureRound:
         self.close()
 
     def close(self) -> None:
-        """Cancel the encryptions not started yet (a failed or abandoned round)."""
+        """Cancel the encryptions and checks not started yet (a failed or abandoned round); wait for the aggregator's
+        threads."""
         for jobs in self._jobs.values():
             for job in jobs.values():
                 job.cancel()
+        self._checker.shutdown(wait=True, cancel_futures=True)
+        self._fuser.shutdown(wait=True, cancel_futures=True)
 
     def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
         """Bank ``client_id``'s pre-weighted terms: encrypted now (on the pool) or at once here, kind by kind, the
@@ -452,16 +463,8 @@ class SecureRound:
             spent = time.perf_counter() - begun
             self._busy[client_id] += spent
             self._encrypting += spent
-        self._check_arrived()
-
-    def _check_arrived(self) -> None:
-        """The aggregator checks every upload that has arrived (its encryption done) as it arrives, as the service
-        does on upload: what is left for :meth:`result` is the last banks' uploads and the decryptions."""
-        for kind in self._kinds:
-            for client_id in self._contributed:
-                job = self._jobs[kind].get(client_id)
-                if client_id not in self._checked[kind] and (job is None or job.done()):
-                    self._checked_upload(client_id, kind)
+        for kind in self._kinds:  # checked as each arrives: what is left for result() is the last bank's
+            self._checks[kind][client_id] = self._checker.submit(self._checked_upload, client_id, kind)
 
     def result(self) -> dict[str, torch.Tensor]:
         """The round's sums, kind by kind, once every participant has contributed: the aggregator (one thread of
@@ -470,15 +473,13 @@ class SecureRound:
         missing = [bank.name for client_id, bank in self._banks.items() if client_id not in self._contributed]
         if missing:
             raise PolicyError(f"round {self.ticket.round}: no contribution from {missing}")
-        fusing: dict[str, Future] = {}
-        with ThreadPoolExecutor(1, thread_name_prefix="aggregator") as aggregator:
-            started = time.perf_counter()
-            for kind in self._kinds:
-                checked = [self._checked_upload(client_id, kind) for client_id in self._banks]
-                fusing[kind] = aggregator.submit(summation._fuse, self.ticket, kind, self._banks, checked)
-            summation.seconds.encrypt += self._encrypting + time.perf_counter() - started
-            summation.seconds.encrypt_slowest_bank += max(self._busy.values(), default=0.0)
-            fused = {kind: future.result() for kind, future in fusing.items()}
+        started = time.perf_counter()
+        fusing = {kind: self._fuser.submit(self._fuse, kind) for kind in self._kinds}
+        for checks in self._checks.values():
+            wait(checks.values())
+        summation.seconds.encrypt += self._encrypting + time.perf_counter() - started
+        summation.seconds.encrypt_slowest_bank += max(self._busy.values(), default=0.0)
+        fused = {kind: future.result() for kind, future in fusing.items()}
         sums = {}
         for kind, (values, uploads) in fused.items():
             summation.accepted_receipts.extend(upload.receipt for upload in uploads)
@@ -487,12 +488,14 @@ class SecureRound:
             self._log.debug("kind.fused", kind=kind, banks=len(uploads), bytes=sum(u.wire_bytes for u in uploads))
         return sums
 
+    def _fuse(self, kind: str) -> tuple[np.ndarray, list[Upload]]:
+        """The aggregator's thread: ``kind`` once every bank's upload of it is checked."""
+        checked = [self._checks[kind][client_id].result() for client_id in self._banks]
+        return self._summation._fuse(self.ticket, kind, self._banks, checked)
+
     def _checked_upload(self, client_id: int, kind: str) -> tuple[Upload, ChunkedCiphertext]:
         """Bank ``client_id``'s upload of ``kind`` (made here already, or its encryption awaited and signed here:
-        signing keys stay in this process), checked and read by the aggregator once."""
-        done = self._checked[kind].get(client_id)
-        if done is not None:
-            return done
+        signing keys stay in this process), checked and read by the aggregator."""
         summation, bank = self._summation, self._banks[client_id]
         upload = self._uploads[kind].get(client_id)
         if upload is None:
@@ -503,8 +506,7 @@ class SecureRound:
                 summation.public_context, self.ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
             )
         summation._count([upload])
-        self._checked[kind][client_id] = upload, summation._check(self.ticket, bank, upload)
-        return self._checked[kind][client_id]
+        return upload, summation._check(self.ticket, bank, upload)
 
 
 class QuantisedSummation:
