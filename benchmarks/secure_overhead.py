@@ -11,7 +11,10 @@ sealing and bank enrolment happen before round 1 and are not round time. Every p
 Three runs: ``plain`` (plaintext sums), ``secure`` (CKKS, the banks of a round encrypting
 concurrently on the encryption pool's worker processes, as separate machines would; the pool starts
 in round 1, which is not timed) and ``secure_serial`` (the same, the
-banks encrypting one after another: ``encrypt_workers = 1``).
+banks encrypting one after another: ``encrypt_workers = 1``). The engine streams each bank's terms to the
+summation as the bank finishes training (``engine.aggregation.open_round``), so a secure run's banks encrypt, and
+its aggregator checks their uploads, while the next bank trains; its summation seconds are the wait after the
+last bank (the last encryptions, the decryptions and the fusion).
 
 **Interleaved timing.** On a shared machine the load drifts by more than the effect measured, so
 the runs go in lockstep: each runs the unchanged engine (``run_experiment``) in its own
@@ -28,9 +31,9 @@ Reported:
 * ``round_ratio_paired``: the secure run's own non-summation time as the baseline (what the round
   would cost with the plaintext sum), insensitive to any load difference between the runs;
 * ``round_ratio_separate_machines_model``: a model, not a measurement: the concurrent run with its
-  encryption phase replaced by the busiest bank's own encryption seconds (one machine per bank); an
-  optimistic one, as the aggregator fuses the first kinds while the banks still encrypt, and that
-  overlap would shrink with the encryption phase;
+  encryption phase replaced by the busiest bank's own encryption seconds (one machine per bank); with the
+  encryption streamed during training, the phase left is the wait for the last bank's ciphertexts, so the model
+  no longer subtracts what the other banks' encryption costs the training they overlap;
 * ``secure_phase_seconds_per_round``: each party's own seconds (encryption: the phase's wall time and
   the busiest bank's share; the aggregator's and the key authority's on the aggregator's thread); they
   overlap, so they add up to more than ``secure_summation_seconds_per_round``;

@@ -110,7 +110,7 @@ class ResultNumbers:
 
 def _key_unit(key: str) -> int | None:
     tokens = key.lower().split("_")
-    for token in (tokens[-1], tokens[0]):
+    for token in (tokens[-1], tokens[0], *tokens[1:-1]):  # upload_bytes_per_round: bytes
         if token in BYTE_UNITS and token != "b":
             return BYTE_UNITS[token]
     return None
