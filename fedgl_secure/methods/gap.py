@@ -1,7 +1,7 @@
 """GAP as a federated method (``--method gap``): node-level DP by aggregation perturbation, FedAvg of its modules.
 
 Each bank runs GAP's three modules on its own graph (:mod:`fedgl_secure.privacy.gap` has the mechanism and
-its accounting; :mod:`fedgl_secure.model.gap` the model), and the federation averages the modules' weights
+its accounting; :mod:`fedgl_secure.privacy.gap_model` the model), and the federation averages the modules' weights
 by FedAvg (Eq. 10) through the engine's summation (plaintext, or CKKS with ``--secure``). One round is one
 stage, uploading ``weights`` only; the round number picks the phase:
 
@@ -13,7 +13,7 @@ stage, uploading ``weights`` only; the round number picks the phase:
 * later rounds: no training (the budget covers the schedule only); the bank uploads W̄ unchanged.
 
 The global model is evaluated on the merged graph with the same pipeline as a bank: degree bound D and hop
-noise σ, drawn once per graph (:class:`~fedgl_secure.model.gap.GAPView`); the encoder's head answers before the
+noise σ, drawn once per graph (:class:`~fedgl_secure.privacy.gap_model.GAPView`); the encoder's head answers before the
 classifier phase. Features are row-normalised to unit L2 before the encoder (data-independent; it puts every
 example's gradient on the scale of the clip C).
 """
@@ -34,10 +34,10 @@ from fedgl_secure.engine.config import ExperimentConfig, GAPConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
-from fedgl_secure.model.gap import GAPModel, GAPView, public_projection
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import gap as gap_dp
 from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy.gap_model import GAPModel, GAPView, public_projection
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
 __all__ = ["GAP", "bounded_adjacency", "gap_config_values"]
