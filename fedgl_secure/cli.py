@@ -207,7 +207,7 @@ def simulate(
                 clients=clients,
             )
             if run_dir is not None:
-                from fedgl_secure.privacy.run_record import SecureRecord, stopped_rounds, write_run_dir
+                from fedgl_secure.wire.run_record import SecureRecord, stopped_rounds, write_run_dir
 
                 write_run_dir(
                     run_dir,

@@ -53,9 +53,9 @@ def _policy_text(name: str) -> str:
 
 
 def _run_record(rounds: int, *, secure: bool = True, banks=BANKS) -> dict:
-    """run.json as fedgl_secure.privacy.run_record writes it, around a synthetic-data RunResult."""
+    """run.json as fedgl_secure.wire.run_record writes it, around a synthetic-data RunResult."""
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.privacy.run_record import RUN_FORMAT
+    from fedgl_secure.wire.run_record import RUN_FORMAT
 
     config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"}).model_dump(mode="json")
     result = {

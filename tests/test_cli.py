@@ -113,7 +113,7 @@ def test_simulate_refuses_a_policy_it_cannot_honour(args, fragment, tmp_path):
 
 
 def test_simulate_plaintext_policy_writes_a_run_directory(tmp_path):
-    from fedgl_secure.privacy.run_record import load_run_dir
+    from fedgl_secure.wire.run_record import load_run_dir
 
     args = ["--policy", str(POLICIES / "research-plaintext.toml"), "--run-dir", str(tmp_path / "run")]
     result = _invoke("simulate", "--rounds", "1", "--no-progress", "--device", "cpu", *args)

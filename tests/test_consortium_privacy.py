@@ -22,12 +22,12 @@ from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger
-from fedgl_secure.privacy.run_record import load_run_dir
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.orchestrate import consortium_up
 from fedgl_secure.services.run_export import collect_consortium_run
+from fedgl_secure.wire.run_record import load_run_dir
 
 pytestmark = pytest.mark.slow
 

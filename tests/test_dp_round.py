@@ -26,7 +26,7 @@ from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, check_upload_kinds, noise_std
 from fedgl_secure.privacy.guarantees import planned_ledger, round_releases
 from fedgl_secure.privacy.mechanisms import clip_vector, gaussian_share, noise_share_std
-from fedgl_secure.privacy.run_record import RunDirectoryError, load_run_dir
+from fedgl_secure.wire.run_record import RunDirectoryError, load_run_dir
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 HE_ONLY = {"protection": "he", "quorum": 3, "allowed_kinds": [WEIGHTS]}

@@ -22,7 +22,7 @@ from fedgl_secure.audit.model import (
 )
 from fedgl_secure.audit.run_files import RunFiles
 from fedgl_secure.errors import FedGLError
-from fedgl_secure.privacy.run_record import (
+from fedgl_secure.wire.run_record import (
     RUN_FILE,
 )
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fedgl_secure.audit.model import AMBER, GREEN, INFO, RED, Check, Section, Table
 from fedgl_secure.audit.run_files import Decryption, RunFiles
 from fedgl_secure.errors import FedGLError
-from fedgl_secure.privacy.run_record import (
+from fedgl_secure.wire.run_record import (
     AUDIT_HEAD_FILE,
     BANKS_FILE,
     RECEIPTS_FILE,
@@ -322,7 +322,7 @@ def check_audit_chain(files: RunFiles) -> tuple[Section, AuditRecords]:
 def check_receipts(files: RunFiles) -> tuple[Section, list[Any]]:
     """Every receipt verifies under ``banks.json``; banks.json matches the key authority's registry.
 
-    :func:`~fedgl_secure.privacy.run_record.load_run_dir` has already parsed every receipt and every
+    :func:`~fedgl_secure.wire.run_record.load_run_dir` has already parsed every receipt and every
     key (a malformed one is a corrupt run directory, not a check).
     """
     from fedgl_secure.crypto.receipts import load_public_key, verify_receipt

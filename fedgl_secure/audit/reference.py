@@ -26,7 +26,7 @@ import numpy as np
 
 from fedgl_secure.audit.run_files import read_run_dir
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy.run_record import RUN_FILE, RunDirectoryError
+from fedgl_secure.wire.run_record import RUN_FILE, RunDirectoryError
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset

@@ -32,7 +32,7 @@ def audit_run(
 ) -> AuditReport:
     """Audit a run directory against its policy (or ``policy_path``).
 
-    Raises :class:`~fedgl_secure.privacy.run_record.RunDirectoryError` for a bad RUN_DIR.
+    Raises :class:`~fedgl_secure.wire.run_record.RunDirectoryError` for a bad RUN_DIR.
 
     For a DP run the membership attack also runs on a non-DP reference of the same experiment:
     ``reference_dir`` (checked to be one, else :class:`~fedgl_secure.audit.reference.ReferenceRunError`),

@@ -1,4 +1,4 @@
-"""Reading a run directory for the audit (through ``privacy.run_record.load_run_dir``), read-only: the key
+"""Reading a run directory for the audit (through ``wire.run_record.load_run_dir``), read-only: the key
 authority's SQLite ledger is copied to a temporary directory before it is opened.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedgl_secure.privacy.run_record import (
+from fedgl_secure.wire.run_record import (
     POLICY_FILE,
     RunDirectory,
     load_run_dir,
@@ -108,9 +108,9 @@ class RunFiles:
 
 
 def read_run_dir(run_dir: str | Path, policy_path: str | Path | None = None) -> RunFiles:
-    """Read a run directory with :func:`~fedgl_secure.privacy.run_record.load_run_dir`.
+    """Read a run directory with :func:`~fedgl_secure.wire.run_record.load_run_dir`.
 
-    Raises :class:`~fedgl_secure.privacy.run_record.RunDirectoryError` naming the first missing or
+    Raises :class:`~fedgl_secure.wire.run_record.RunDirectoryError` naming the first missing or
     corrupt file. ``policy_path`` audits against another policy than the run's own ``policy.toml``
     copy; a run that recorded no policy (a plaintext simulation) is audited as ``protection = "none"``.
     """

@@ -4,7 +4,7 @@
 aggregator's SQLite (final model as stored, accepted receipts, rounds and pooled reports, banks'
 withdrawals and the run's ``stopped_reason``), each bank's ``privacy-ledger.json`` (DP policies),
 the key authority's ledger, audit log and audit head, the policy file and the banks' public signing
-keys, and writes them with :func:`fedgl_secure.privacy.run_record.write_run_dir` — the same layout
+keys, and writes them with :func:`fedgl_secure.wire.run_record.write_run_dir` — the same layout
 a simulation leaves (a withdrawn bank is a ``stopped_banks`` entry, with the round it declined).
 """
 
@@ -86,10 +86,10 @@ def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: s
     from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
     from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.privacy.run_record import MODEL_FILE, SecureRecord, write_run_dir
     from fedgl_secure.services.aggregator_store import AggregatorStore
     from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
     from fedgl_secure.services.pki import load_signing_public_keys
+    from fedgl_secure.wire.run_record import MODEL_FILE, SecureRecord, write_run_dir
 
     if not isinstance(consortium, ConsortiumConfig):
         consortium = load_consortium(consortium)
