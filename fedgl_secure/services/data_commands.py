@@ -70,7 +70,7 @@ def check(
     Reads the tables of the node file's [bank.data] exactly as the bank node will; contacts nobody and
     writes nothing. Exit 0 when valid; exit 2 with one line naming the file, row and column otherwise.
     """
-    from fedgl_secure.data.sources.check import check_bank_data, render_text
+    from fedgl_secure.services.data_check import check_bank_data, render_text
 
     try:
         summary = check_bank_data(config).summary
