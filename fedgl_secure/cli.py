@@ -13,10 +13,10 @@ import typer
 from fedgl_secure.audit.command import audit as audit_command
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
-from fedgl_secure.privacy.commands import policy_app
 from fedgl_secure.services.commands import consortium_app, node_app, predict_command
 from fedgl_secure.services.commands import fail as _fail
 from fedgl_secure.services.data_commands import data_app
+from fedgl_secure.services.policy_commands import policy_app
 
 app = typer.Typer(
     help="fedgl-secure: privacy-hardened federated graph learning (FedGL) between institutions.",
