@@ -68,14 +68,10 @@ from fedgl_secure.crypto.upload import (
     read_checked,
     sign_upload,
 )
+from fedgl_secure.data.sampling import bank_name
 from fedgl_secure.errors import CiphertextError, PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy
-
-
-def bank_name(client_id: int) -> str:
-    """The consortium name of simulated client ``client_id``."""
-    return f"bank-{client_id}"
 
 
 @dataclass

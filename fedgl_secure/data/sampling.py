@@ -13,6 +13,12 @@ from fedgl_secure.seeding import numpy_stream
 PAPER_PROPORTIONS: tuple[float, ...] = (0.3, 0.4, 0.5, 0.5, 0.6, 0.7)
 
 
+def bank_name(client_id: int) -> str:
+    """The consortium name of simulated client ``client_id`` (``bank-0``, ``bank-1``, …): what an in-process
+    federation's banks sign receipts and keep ledgers under."""
+    return f"bank-{client_id}"
+
+
 def sample_client_nodes(
     num_nodes: int,
     proportions: Sequence[float],

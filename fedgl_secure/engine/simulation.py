@@ -436,7 +436,7 @@ def _private_client_graphs(
     """Each bank's graph after its one-off DP preparation (edge DP, degree bound, label release); checks the method
     first. A label release with the consortium prior sums the prior's weights on a summation like the run's
     (:func:`_release_summation`)."""
-    from fedgl_secure.crypto.secure_summation import bank_name
+    from fedgl_secure.data.sampling import bank_name
     from fedgl_secure.privacy.dp_round import check_runnable, releases_labels_together
 
     check_runnable(privacy.policy, config)

@@ -695,7 +695,7 @@ class FederationPrivacy:
         inside its method: GAP, the class sums), and return the observer that records
         ``releases_of_round(round)`` after each broadcast for every bank — selected or not, so no ledger
         under-reports."""
-        from fedgl_secure.crypto.secure_summation import bank_name
+        from fedgl_secure.data.sampling import bank_name
 
         for k in range(num_banks):
             name = bank_name(k)
