@@ -25,10 +25,12 @@ test: $(STAMP)
 	@# compiled once here: the suite starts ~75 node processes, each of which would otherwise compile the package
 	@# again where PYTHONDONTWRITEBYTECODE is set (0.6 s of CPU a start)
 	$(PY) -m compileall -q fedgl_secure
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fedgl_secure tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
