@@ -13,7 +13,7 @@ are exact. With a DP-SGD template (``policies/strict-dp-sgd.toml``) every run tr
 It then runs FedGL on the dataset with the plaintext summation plus the DP step
 (:class:`~fedgl_secure.privacy.dp_round.FederationPrivacy`), for seeds 0..n−1, and records the
 global test accuracy (at the best validation round, as every other benchmark) and the
-membership-inference AUC on the *final* global model W̄ (:func:`~fedgl_secure.privacy.attacks.
+membership-inference AUC on the *final* global model W̄ (:func:`~fedgl_secure.audit.attacks.
 membership_inference_auc` on the merged client graph), with its Hanley–McNeil standard error.
 The secure path (CKKS + masks) gives the same sums up to ≈1e-8 and records the same releases, so
 accuracy and accounting are those of a secure run; only the wall time differs.
@@ -38,12 +38,12 @@ units). ``--units mlp`` adds the features-only baseline (the GCN on a graph with
 centralised: what a model learns with no graph at all). Each run records accuracy, the MIA AUC on
 the final W̄, the attack floor (the same attack on the untrained initial W₀ of the same seed, which saw no data:
 :func:`~fedgl_secure.audit.attack_section.membership_floor`) and, when the final broadcast carries a pseudo
-graph, the link-inference AUC (:func:`~fedgl_secure.privacy.attacks.link_inference_auc` against the real merged
+graph, the link-inference AUC (:func:`~fedgl_secure.audit.attacks.link_inference_auc` against the real merged
 graph). ``--units gap`` is
 the node unit by GAP (``policies/node-dp-gap.toml`` with the budget's ε, ``--method gap``; ε = inf: GAP's
 pipeline without noise); ``--units centroids`` the node unit by one release of noisy class sums
 (``policies/node-dp-centroids.toml``, ``--method centroids``); every row's MIA attacks the method's own global
-model (:func:`~fedgl_secure.privacy.attacks.global_model_membership`). ``--label-options
+model (:func:`~fedgl_secure.audit.attacks.global_model_membership`). ``--label-options
 key=value,...`` replaces keys of the label template's ``[dp.labels]`` (e.g. ``stages=3``; with ``mechanism=``
 only the template's ε and correction are kept), to compare label releases (docs/privacy.md §6.10).
 ``--seeded-release`` (measurement only: it protects nothing) draws every DP release from a byte source seeded by
@@ -71,11 +71,11 @@ import numpy as np
 import torch
 
 from fedgl_secure.audit.attack_section import membership_floor
+from fedgl_secure.audit.attacks import global_model_membership, link_inference_auc, true_edge_index
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
 from fedgl_secure.policy.schema import DATA_KINDS, Policy, load_policy, policy_from_dict
-from fedgl_secure.privacy.attacks import global_model_membership, link_inference_auc, true_edge_index
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 

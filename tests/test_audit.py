@@ -442,7 +442,7 @@ def test_reference_of_another_experiment_or_with_dp_exits_2_naming_the_problem(r
 def test_dp_run_with_a_reference_reports_both_aucs_and_their_difference(run_dir, tmp_path, monkeypatch):
     import torch
 
-    from fedgl_secure.privacy.attacks import membership_inference_auc
+    from fedgl_secure.audit.attacks import membership_inference_auc
 
     _no_retraining(monkeypatch)
     weights = np.random.default_rng(7).normal(0.0, 0.5, PARAMETERS)
@@ -473,7 +473,7 @@ def test_dp_run_with_a_reference_reports_both_aucs_and_their_difference(run_dir,
 
 
 def test_a_high_reference_auc_is_information_not_a_failure(run_dir, tmp_path, monkeypatch):
-    from fedgl_secure.privacy.attacks import MembershipResult
+    from fedgl_secure.audit.attacks import MembershipResult
 
     leaky = MembershipResult(auc=0.97, members=50, nonmembers=50, attack="loss", auc_stderr=0.01)
     from fedgl_secure.audit import attack_section as audit
@@ -492,10 +492,10 @@ def test_a_high_reference_auc_is_information_not_a_failure(run_dir, tmp_path, mo
 
 
 def test_dp_run_retrains_its_reference_without_dp_for_the_rounds_it_ran(run_dir, monkeypatch):
+    from fedgl_secure.audit.attacks import membership_inference_auc
     from fedgl_secure.data.registry import load_dataset
     from fedgl_secure.engine.config import build_config
     from fedgl_secure.engine.simulation import run_experiment
-    from fedgl_secure.privacy.attacks import membership_inference_auc
 
     events: list[tuple[str, dict]] = []
 
@@ -725,9 +725,9 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
 
 
 def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(run_dir, monkeypatch):
+    from fedgl_secure.audit.attacks import membership_inference_auc
     from fedgl_secure.engine.config import build_config
     from fedgl_secure.engine.simulation import initial_parameters
-    from fedgl_secure.privacy.attacks import membership_inference_auc
 
     _no_retraining(monkeypatch)
     report = audit_run(run_dir, reference=False)

@@ -255,9 +255,9 @@ def test_negative_features_are_refused_while_the_sums_are_clipped_at_zero():
 
 
 def test_membership_inference_attacks_the_class_sums_model_itself():
+    from fedgl_secure.audit.attacks import global_model_membership, membership_inference_auc
     from fedgl_secure.engine.simulation import Federation
     from fedgl_secure.model.centroids import CentroidPropagation
-    from fedgl_secure.privacy.attacks import global_model_membership, membership_inference_auc
 
     dataset = _dataset()
     config = build_config({"method": "centroids", "seed": 0, "device": "cpu", "federation": {"max_rounds": 1}})

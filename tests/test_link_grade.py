@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fedgl_secure.audit.attack_section import edge_dp_auc_bound, link_grade
+from fedgl_secure.audit.attacks import LinkResult, restricted_pseudo_graph
 from fedgl_secure.audit.model import AMBER, GREEN, RED
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.privacy.attacks import LinkResult, restricted_pseudo_graph
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 1.0, 3.0])

@@ -16,13 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
-from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.engine.simulation import Federation, run_experiment
-from fedgl_secure.model.gcn import GCN
-from fedgl_secure.privacy.attacks import (
+from fedgl_secure.audit.attacks import (
     MEMBERSHIP_ATTACKS,
     attack_broadcast,
     auc_standard_error,
@@ -32,6 +26,12 @@ from fedgl_secure.privacy.attacks import (
     sample_non_edges,
     true_edge_index,
 )
+from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.simulation import Federation, run_experiment
+from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
 CPU = torch.device("cpu")

@@ -29,7 +29,7 @@ Sections, in report order:
    keys the key authority registered.
 6. ``leakage`` — the leakage ledger (what crosses which boundary), from docs/threat-model.md §3.
 7. ``attacks`` — membership inference on the final global model and link inference from the
-   pseudo graph (:mod:`fedgl_secure.privacy.attacks`); amber "not run" when the data is missing.
+   pseudo graph (:mod:`fedgl_secure.audit.attacks`); amber "not run" when the data is missing.
    For a DP run, the membership AUC of a non-DP reference of the same experiment is reported
    beside it (:mod:`fedgl_secure.audit.reference`), as ``info``.
 

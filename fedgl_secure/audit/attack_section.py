@@ -1,5 +1,5 @@
 """Audit section 7: empirical attacks — membership inference on the final model (with a non-DP reference
-beside a DP run's) and link inference from the pseudo graph (algorithms in ``privacy.attacks``).
+beside a DP run's) and link inference from the pseudo graph (algorithms in ``audit.attacks``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from fedgl_secure.wire.run_record import (
 )
 
 if TYPE_CHECKING:
+    from fedgl_secure.audit.attacks import LinkResult, MembershipResult
     from fedgl_secure.audit.reference import ReferenceModel, ReferencePlan
     from fedgl_secure.data.graph import GraphDataset
     from fedgl_secure.engine.config import ExperimentConfig
     from fedgl_secure.engine.graph_tensors import GraphTensors
-    from fedgl_secure.privacy.attacks import LinkResult, MembershipResult
 
 # --- 7. empirical attacks ------------------------------------------------------------------------------
 
@@ -142,13 +142,13 @@ def _membership_auc(
     weights: Any, config: ExperimentConfig, merged: GraphTensors, seed: int, round_number: int
 ) -> MembershipResult:
     """Membership inference on a flat parameter vector (array or tensor) of ``config``'s global model after round
-    ``round_number`` (:func:`~fedgl_secure.privacy.attacks.global_model_membership`: the method's own model where
+    ``round_number`` (:func:`~fedgl_secure.audit.attacks.global_model_membership`: the method's own model where
     it builds one, e.g. GAP's modules or the class sums).
 
     The same ``seed`` picks the same member and non-member nodes, so the run, its reference and the
     attack floor are scored on the same nodes.
     """
-    from fedgl_secure.privacy.attacks import global_model_membership
+    from fedgl_secure.audit.attacks import global_model_membership
 
     return global_model_membership(config, weights, merged, round_number=round_number, seed=seed)
 
@@ -181,7 +181,7 @@ def _membership(
 
 
 def _auc_figures(result: MembershipResult) -> dict[str, Any]:
-    """The JSON figures of a :class:`~fedgl_secure.privacy.attacks.MembershipResult`."""
+    """The JSON figures of a :class:`~fedgl_secure.audit.attacks.MembershipResult`."""
     return {
         "auc": result.auc,
         "auc_stderr": result.auc_stderr,
@@ -315,8 +315,8 @@ def _link(section: Section, files: RunFiles, merged: GraphTensors, seed: int) ->
     """Link inference from the broadcast pseudo graph; the result, or None when there is none or it failed."""
     import torch
 
+    from fedgl_secure.audit.attacks import link_inference_auc, restricted_pseudo_graph, true_edge_index
     from fedgl_secure.engine.pseudo_graph import PseudoGraph
-    from fedgl_secure.privacy.attacks import link_inference_auc, restricted_pseudo_graph, true_edge_index
 
     if "pseudo_graph_neighbors" not in files.directory.model or "pseudo_graph_weights" not in files.directory.model:
         section.add("link", GREEN, "no pseudo graph in model.npz: nothing to infer links from")
