@@ -315,7 +315,7 @@ def reproduce_fed2gnn(
     write fed2gnn[-<backbone>].md / .json."""
     from fedgl_secure.data.registry import DATASETS
     from fedgl_secure.engine.config import BACKBONES
-    from fedgl_secure.engine.reproduce_fed2gnn import run_table1
+    from fedgl_secure.methods.fed2gnn_reproduce import run_table1
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]

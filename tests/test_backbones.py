@@ -272,7 +272,7 @@ def test_table_of_a_backbone_shows_its_paper_row_and_the_command_refuses_unknown
     from typer.testing import CliRunner
 
     from fedgl_secure.cli import app
-    from fedgl_secure.engine.reproduce_fed2gnn import render_markdown, summarize, table1_specs
+    from fedgl_secure.methods.fed2gnn_reproduce import render_markdown, summarize, table1_specs
 
     def run(method, accuracy):
         config = {"training": {"backbone": "dagnn"}}

@@ -371,7 +371,7 @@ def test_brute_force_walks_helper_counts():
 
 
 def test_table1_summary_keeps_cells_apart_and_shows_the_paper():
-    from fedgl_secure.engine.reproduce_fed2gnn import render_markdown, summarize, table1_specs
+    from fedgl_secure.methods.fed2gnn_reproduce import render_markdown, summarize, table1_specs
 
     def run(method, seed, accuracy):
         return {"dataset": "cora", "method": method, "seed": seed, "global_test_accuracy": accuracy}
@@ -427,7 +427,7 @@ def test_consortium_services_run_fed2gnn_on_louvain_slices_only():
 
 
 def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
-    from fedgl_secure.engine.reproduce_fed2gnn import _canonical
+    from fedgl_secure.methods.fed2gnn_reproduce import _canonical
 
     config = build_config({"method": "fed2gnn", "federation": {"partition": "louvain", "num_clients": 3}})
     recorded = config.model_dump(mode="json")
