@@ -21,7 +21,7 @@ accuracy and accounting are those of a secure run; only the wall time differs.
 Method: ``fedgl-no-gpg`` by default (no pseudo graph, so DP-SGD templates run too). Under DP on
 uploads FedGL's pseudo graph (Eq. 9, β > 0) is allowed: P and H are computed with the public W̄ on
 each bank's own degree-bounded graph, never on the pseudo graph, so ``--method fedgl`` runs with
-``policies/strict-dp.toml``; :func:`~fedgl_secure.privacy.dp_round.check_runnable` refuses it only
+``policies/strict-dp.toml``; :func:`~fedgl_secure.methods.privacy_checks.check_runnable` refuses it only
 under DP-SGD, which trains on the fused graph whose degree nothing bounds. The non-DP reference
 also runs full ``fedgl`` (``--reference-method``) so the table can be compared with the issue's
 target "within 3 points of non-DP FedGL".

@@ -259,7 +259,7 @@ def test_gcn_backbone_is_the_engines_gcn():
 
 
 def test_dp_sgd_refuses_a_backbone_it_does_not_bound():
-    from fedgl_secure.privacy.dp_round import check_runnable
+    from fedgl_secure.methods.privacy_checks import check_runnable
 
     policy = load_policy(BASELINE.parent / "strict-dp-sgd.toml")
     config = {"method": "federated", "self_supervision": {"beta": 0.0}}

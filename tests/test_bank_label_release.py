@@ -17,9 +17,10 @@ from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
-from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
+from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.label_release import StagedRelease
 from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.bank import (

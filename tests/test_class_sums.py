@@ -17,13 +17,14 @@ from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.centroids import apply_centroids_policy
+from fedgl_secure.methods.privacy_checks import check_consortium, check_runnable
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.centroids import centroid_scores, propagate
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import class_sums
 from fedgl_secure.privacy.accounting import gaussian_epsilon
-from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium, check_runnable
+from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.tomlio import read_toml
 

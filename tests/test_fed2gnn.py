@@ -460,8 +460,8 @@ def test_the_neighbour_exchange_is_refused_under_an_edge_or_node_dp_policy(postu
     channel, so an edge or node guarantee would not hold (the simulation and the consortium both refuse)."""
     from pathlib import Path
 
+    from fedgl_secure.methods.privacy_checks import check_runnable
     from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.privacy.dp_round import check_runnable
 
     policy = load_policy(Path(__file__).parent.parent / "policies" / f"{posture}.toml")
     louvain = {"partition": "louvain", "num_clients": 3}

@@ -18,11 +18,12 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.methods.gap import GAP, apply_gap_policy, bounded_adjacency, check_gap_policy
+from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import gap
 from fedgl_secure.privacy.accounting import gaussian_epsilon
-from fedgl_secure.privacy.dp_round import FederationPrivacy, check_consortium
+from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.tomlio import read_toml
 
@@ -138,7 +139,7 @@ def test_gap_policy_runs_in_the_services_and_is_refused_with_another_method():
     with pytest.raises(ConfigError, match="method 'fedgl'"):
         check_gap_policy(policy, build_config({"method": "fedgl"}))
     strict = load_policy("policies/strict-dp.toml")
-    from fedgl_secure.privacy.dp_round import check_runnable
+    from fedgl_secure.methods.privacy_checks import check_runnable
 
     with pytest.raises(ConfigError, match="its own node-level DP"):
         check_runnable(strict, build_config({"method": "gap"}))

@@ -306,7 +306,8 @@ def test_graphfl_refuses_a_dp_policy(dataset):
 
 def test_the_consortium_runs_graphfl_but_refuses_it_under_any_dp_policy():
     """Without DP the aggregator accepts graphfl's two stages; under a DP policy, per round or once at the source
-    (edge DP), the consortium refuses it before any key is used, as the simulation does (dp_round.check_stages)."""
+    (edge DP), the consortium refuses it before any key is used, as the simulation does
+    (privacy_checks.check_stages)."""
     from pathlib import Path
 
     from fedgl_secure.policy.schema import load_policy

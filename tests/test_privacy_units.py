@@ -277,7 +277,7 @@ def test_the_released_graph_is_weighted_by_the_posterior_of_a_true_edge():
 
 
 def test_a_consortium_accepts_the_edge_unit_and_a_label_unit_released_by_each_bank():
-    from fedgl_secure.privacy.dp_round import check_consortium
+    from fedgl_secure.methods.privacy_checks import check_consortium
 
     config = build_config({"method": "fedgl"})
     check_consortium(policy_from_dict(label_policy(2.0)), config)  # the consortium prior: test_bank_label_release

@@ -33,7 +33,7 @@ SELF_SUPERVISED_METHODS: tuple[str, ...] = ("fedgl", "fedgl-no-gpg", "fedgl-no-g
 NEIGHBOUR_EXCHANGE_METHODS: tuple[str, ...] = ("fed2gnn", "fedavg-full")
 """Methods whose banks see other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange,
 FedAvg-Full's oracle halo): their clients are rebuilt (``methods.prepare_clients``) and DP refuses them
-outside the label unit (``privacy.dp_round.check_runnable``)."""
+outside the label unit (``methods.privacy_checks.check_runnable``)."""
 
 
 class _Section(BaseModel):

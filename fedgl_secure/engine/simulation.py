@@ -330,7 +330,7 @@ def _run_federated(
     method = build_method(config)
     merged = federation.merged
     client_graphs = federation.client_graphs
-    staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (dp_round.check_stages)
+    staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (privacy_checks.check_stages)
     if privacy is not None:
         client_graphs = _private_client_graphs(config, federation, privacy, summation)
         summation = privacy.with_central_noise(summation)
@@ -437,7 +437,8 @@ def _private_client_graphs(
     first. A label release with the consortium prior sums the prior's weights on a summation like the run's
     (:func:`_release_summation`)."""
     from fedgl_secure.data.sampling import bank_name
-    from fedgl_secure.privacy.dp_round import check_runnable, releases_labels_together
+    from fedgl_secure.methods.privacy_checks import check_runnable
+    from fedgl_secure.privacy.dp_round import releases_labels_together
 
     check_runnable(privacy.policy, config)
     graphs = federation.client_graphs

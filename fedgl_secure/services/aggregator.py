@@ -86,6 +86,7 @@ from fedgl_secure.methods.base import (
 )
 from fedgl_secure.methods.fed2gnn import check_services, signal_width
 from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
+from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.consortium_prior import (
@@ -95,7 +96,7 @@ from fedgl_secure.privacy.consortium_prior import (
     prior_steps,
     starts_stage,
 )
-from fedgl_secure.privacy.dp_round import check_consortium, releases_labels_together
+from fedgl_secure.privacy.dp_round import releases_labels_together
 from fedgl_secure.services.aggregator_store import (
     AggregatorStore,
     Enrolment,
@@ -154,7 +155,7 @@ def check_consortium_can_run(config: ExperimentConfig, policy: Policy, num_banks
     refuse to decrypt the others), and a round's share of banks must reach the quorum. The
     policy's DP must be one the consortium can enforce: what the simulation refuses (e.g. the pseudo
     graph under DP on predictions/embeddings) and plain-text protection are refused by
-    :func:`~fedgl_secure.privacy.dp_round.check_consortium`, the check every bank also runs (central
+    :func:`~fedgl_secure.methods.privacy_checks.check_consortium`, the check every bank also runs (central
     noise is run: the key authority adds it).
     """
     check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run

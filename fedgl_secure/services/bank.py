@@ -87,10 +87,11 @@ from fedgl_secure.methods import apply_in_method_policy, build_method, in_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity, ExchangeKeyFile, run_bank_exchange
+from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy, load_policy
 from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
-from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, check_consortium, releases_labels_together
+from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, releases_labels_together
 from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
 from fedgl_secure.seeding import numpy_stream
