@@ -47,6 +47,8 @@ def test_the_noise_is_flooding_noise_of_the_width_asked_in_ntt_form(rings):
 def test_every_polynomial_is_handed_out_once_and_a_large_request_is_made_up_on_the_spot(rings):
     reserve = FloodingReserve(rings.context, rings.data, 2.0**30)
     try:
+        assert reserve.ready() == 0  # nothing made before a first request
+        opening = reserve.take(1)  # made on the spot; the reserve starts filling
         _wait_until(lambda: reserve.ready() >= INITIAL_DEPTH, "the initial reserve")
         first = reserve.take(INITIAL_DEPTH + 5)  # more than is ready: the rest made now
         assert first.shape[0] == INITIAL_DEPTH + 5
@@ -55,12 +57,13 @@ def test_every_polynomial_is_handed_out_once_and_a_large_request_is_made_up_on_t
         second = reserve.take(2 * (INITIAL_DEPTH + 5))
     finally:
         reserve.close()
-    rows = np.concatenate([first, second]).reshape(len(first) + len(second), -1)
+    rows = np.concatenate([opening, first, second]).reshape(1 + len(first) + len(second), -1)
     assert len({row.tobytes() for row in rows}) == len(rows)  # no polynomial twice
 
 
 def test_a_closed_reserve_holds_nothing_and_still_makes_fresh_noise(rings):
     reserve = FloodingReserve(rings.context, rings.data, 2.0**30)
+    reserve.take(1)
     _wait_until(lambda: reserve.ready() > 0, "some noise made")
     reserve.close()
     assert reserve.ready() == 0

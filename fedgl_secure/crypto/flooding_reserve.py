@@ -21,7 +21,7 @@ import tenseal as ts
 from fedgl_secure.crypto import ring_mask
 from fedgl_secure.log import get_logger
 
-INITIAL_DEPTH = 8  # polynomials kept ready before the first request shows what a decryption takes
+INITIAL_DEPTH = 8  # polynomials kept ready once a first request shows this decryptor is one that decrypts
 MAX_DEPTH = 256  # at most this many (16 MiB at N = 4096 with two data primes)
 BATCH = 16  # polynomials per SEAL transform (ring_mask batches up to 16 into one ciphertext)
 
@@ -29,8 +29,9 @@ BATCH = 16  # polynomials per SEAL transform (ring_mask batches up to 16 into on
 class FloodingReserve:
     """Fresh flooding polynomials of σ ``std`` at ``level``, shape (k, N) each, kept ready by a background thread.
 
-    The reserve aims at twice the largest request seen (at least :data:`INITIAL_DEPTH`, at most ``max_depth``), so
-    a decryptor that decrypts kinds of ``c`` ciphertexts finds them ready next time. :meth:`close` stops the
+    Nothing is made before the first request (a decryptor outside every decrypting set costs nothing); from then
+    on the reserve aims at twice the largest request seen (at least :data:`INITIAL_DEPTH`, at most ``max_depth``),
+    so a decryptor that decrypts kinds of ``c`` ciphertexts finds them ready next time. :meth:`close` stops the
     thread; a closed reserve still makes noise on the spot."""
 
     def __init__(self, context: ts.Context, level: ring_mask.RingLevel, std: float, max_depth: int = MAX_DEPTH) -> None:
@@ -39,7 +40,7 @@ class FloodingReserve:
         self._context, self._level, self._std = context, level, float(std)
         self._max_depth = max(1, max_depth)
         self._ready: deque[np.ndarray] = deque()
-        self._target = min(INITIAL_DEPTH, self._max_depth)
+        self._target = 0  # until the first request
         self._closed = False
         self._changed = threading.Condition()
         self._log = get_logger(role="flooding-reserve")
@@ -53,7 +54,7 @@ class FloodingReserve:
             raise ValueError(f"a negative number of noise polynomials: {count}")
         with self._changed:
             ready = [self._ready.popleft() for _ in range(min(count, len(self._ready)))]
-            self._target = min(self._max_depth, max(self._target, 2 * count))
+            self._target = min(self._max_depth, max(self._target, INITIAL_DEPTH, 2 * count))
             self._changed.notify_all()
         missing = count - len(ready)
         if missing:

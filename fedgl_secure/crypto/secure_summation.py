@@ -347,11 +347,6 @@ class SecureSummation:
         names += [name for name in self.roster.banks if name not in names]
         return names[: self.policy.he.threshold]
 
-    def _count(self, uploads: list[Upload]) -> list[Upload]:
-        for upload in uploads:
-            self.wire.add(upload)
-        return uploads
-
     def _check(self, ticket: RoundTicket, bank: _Bank, upload: Upload) -> ChunkedCiphertext:
         """The aggregator's check of one upload as it arrives: receipt, binding and digests, its chunks read once
         (what it adds; their c1 what the decryptors are sent). No secret key."""
@@ -501,7 +496,7 @@ class SecureRound:
             upload = sign_upload(
                 summation.public_context, self.ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
             )
-        summation._count([upload])
+        summation.wire.add(upload)
         return upload, summation._check(self.ticket, bank, upload)
 
 
