@@ -247,10 +247,12 @@ def test_c1_read_from_a_chunks_bytes_is_the_ciphertexts_own(keys):
         ring_mask.c1_residues(b"\x08\x01", level, "varint field")
 
 
-@pytest.mark.parametrize("degree, bits", [(4096, (36, 36, 37)), (8192, (60, 60, 60))])
+@pytest.mark.parametrize(
+    "degree, bits", [(4096, (36, 36, 37)), (4096, (44, 45, 20)), (8192, (50, 51, 60)), (8192, (60, 60, 60))]
+)
 def test_pointwise_products_equal_seals_multiply_plain(degree, bits):
-    """``multiply_pointwise`` (exact uint64 Horner) gives SEAL's own products, for 36- and 60-bit primes, including
-    residues at q − 1 (the largest operands), and is symmetric."""
+    """``multiply_pointwise`` gives SEAL's own products — by the float64 quotient estimate (primes up to 50 bits) and
+    by Horner's digits (51 and 60 bits) — including residues at q − 1 (the largest operands), and is symmetric."""
     context = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=list(bits))
     level = ring_mask.data_level(context)
     a, b = ring_mask.uniform_residues(level, 2)
@@ -261,6 +263,22 @@ def test_pointwise_products_equal_seals_multiply_plain(degree, bits):
     np.testing.assert_array_equal(ring_mask.multiply_pointwise(level, b, a), expected)
     stacked = ring_mask.multiply_pointwise(level, np.stack([a, b]), b)  # a batch against one factor
     np.testing.assert_array_equal(stacked[0], expected)
+
+
+@pytest.mark.parametrize("bits", [14, 20, 36, 45, 49, 50, 51, 61, 62])
+def test_pointwise_products_equal_exact_integer_products(bits):
+    """Both product paths equal Python's exact ``x·y mod q`` for moduli of ``bits`` bits at and around the float
+    path's limit, on random operands and on the extremes (0, 1, q − 1, q − 2): the quotient estimate's error is
+    corrected, never carried."""
+    rng = np.random.default_rng(bits)
+    modulus = (1 << bits) - int(rng.integers(1, 1 << min(bits - 2, 20))) | 1  # odd, just below 2^bits
+    x = rng.integers(0, modulus, size=4096, dtype=np.uint64)
+    y = rng.integers(0, modulus, size=4096, dtype=np.uint64)
+    extremes = np.array([0, 1, modulus - 1, modulus - 2], dtype=np.uint64)
+    x[:16], y[:16] = np.repeat(extremes, 4), np.tile(extremes, 4)
+    level = ring_mask.RingLevel(moduli=(modulus,), degree=4096, parms_id=(0, 0, 0, 0))
+    got = ring_mask.multiply_pointwise(level, x.reshape(1, -1), y.reshape(1, -1))[0]
+    assert [int(value) for value in got] == [int(a) * int(b) % modulus for a, b in zip(x, y, strict=True)]
 
 
 def test_batched_ntt_equals_one_polynomial_at_a_time(small_context):
