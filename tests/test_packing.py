@@ -204,7 +204,7 @@ def test_default_policy_packs_every_kind_and_dp_noised_kinds_travel_unpacked():
     ("values", "field", "message"),
     [
         (
-            {"he": {"precision": {"weights": {"lower": -8, "upper": 8, "step_bits": 31}}}},
+            {"he": {"precision": {"weights": {"lower": -8, "upper": 8, "step_bits": 40}}}},
             "he.precision.weights",
             "bits",
         ),

@@ -94,7 +94,7 @@ CASES = [
     Case(
         HEParameters,
         {},
-        ("global_scale_bits", 70),
+        ("global_scale_bits", 92),
         # N = 1024 makes the default (60, 60) moduli exceed the 128-bit bound: the original defect
         ({"poly_modulus_degree": 1024}, "coeff_mod_bit_sizes"),
     ),

@@ -126,7 +126,7 @@ class KindPrecisions(BaseModel):
 class HEParameters(BaseModel):
     """CKKS parameters: ring dimension N, prime chain (bits, special prime last), scale 2^bits, packing.
 
-    The defaults (N = 4096, [36, 36, 37], values packed) use two data primes: banks pre-weight their terms
+    The defaults (N = 4096, [46, 47, 16], values packed) use two data primes: banks pre-weight their terms
     and ciphertexts are only ever added, so the data primes hold the packed values and the guard bits of the
     decryption's noise flooding (``statistical_security``, ``max_decryptions``); ``packing = "quantised"``
     puts several fixed-point values into each slot (``crypto/packing.py``), ``"none"`` one float per slot at
@@ -141,7 +141,7 @@ class HEParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     poly_modulus_degree: int = 4096
-    coeff_mod_bit_sizes: tuple[int, ...] = (36, 36, 37)
+    coeff_mod_bit_sizes: tuple[int, ...] = (46, 47, 16)
     global_scale_bits: int = 60
     packing: Literal["quantised", "none"] = "quantised"
     max_banks: int = Field(default=7, ge=2, le=1024)
