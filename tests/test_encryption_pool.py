@@ -10,9 +10,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
-from fedgl_secure.crypto.receipts import ciphertext_digest, verify_receipt
+from fedgl_secure.crypto.receipts import c1_digest, ciphertext_digest, verify_receipt
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
-from fedgl_secure.crypto.upload import RoundTicket, sign_upload
+from fedgl_secure.crypto.upload import RoundTicket, sign_upload, upload_c1
 from fedgl_secure.errors import CiphertextError, PackingOverflow
 from fedgl_secure.policy.schema import Policy
 
@@ -87,4 +87,9 @@ def test_the_receipt_signed_by_the_caller_covers_the_workers_chunks(pool):
     )
     verify_receipt(key.public_key(), upload.receipt)
     assert upload.receipt.ciphertext_sha256 == ciphertext_digest(encrypted.chunks)
+    # the c1 digest the worker read back from its chunks is the one the caller would read
+    context = ckks.load_public_context(pool.public_context)
+    assert encrypted.c1_sha256 == upload.receipt.c1_sha256 == c1_digest(upload_c1(context, encrypted.chunks))
+    handed = sign_upload(context, ticket, "bank-a", key, "predictions", encrypted.chunks, 300, encrypted.c1_sha256)
+    assert handed.receipt.c1_sha256 == upload.receipt.c1_sha256
     assert (upload.length, upload.kind, upload.receipt.round) == (300, "predictions", 4)

@@ -24,7 +24,8 @@ import numpy as np
 import tenseal as ts
 
 from fedgl_secure.crypto import ckks, packing
-from fedgl_secure.crypto.upload import encrypt_term
+from fedgl_secure.crypto.receipts import c1_digest
+from fedgl_secure.crypto.upload import encrypt_term, upload_c1
 from fedgl_secure.policy.schema import HEParameters
 
 # Batches of fewer ciphertexts are encrypted by the caller: a chunk takes ~2.5 ms at N = 4096, and starting the
@@ -38,9 +39,12 @@ _worker_context: list[ts.Context] = []
 
 @dataclass(frozen=True)
 class EncryptedTerm:
-    """One term's ciphertext chunks and the seconds the worker spent encrypting it (the bank's own time)."""
+    """One term's ciphertext chunks, the SHA-256 of their ``c1`` polynomials (what the bank's receipt binds:
+    :func:`~fedgl_secure.crypto.upload.sign_upload`; read back from the chunks here, so the bank's process only
+    signs) and the seconds the worker spent on both (the bank's own time)."""
 
     chunks: list[bytes]
+    c1_sha256: str
     seconds: float
 
 
@@ -53,7 +57,8 @@ def _encrypt(
 ) -> EncryptedTerm:
     started = time.perf_counter()
     chunks = encrypt_term(_worker_context[0], params, layout, participants, kind, values)
-    return EncryptedTerm(chunks, time.perf_counter() - started)
+    c1_sha256 = c1_digest(upload_c1(_worker_context[0], chunks))
+    return EncryptedTerm(chunks, c1_sha256, time.perf_counter() - started)
 
 
 def term_chunks(params: HEParameters, layout: packing.KindLayout | None, length: int) -> int:

@@ -211,8 +211,11 @@ class SecureSummation:
             self.authority.public_context, policy.he, self.encrypt_workers, min_chunks=pool_min_chunks
         )
         self.fingerprint = ckks.fingerprint(self.authority.public_context)
-        # the decryptors' threads: the key authority's and the t banks' partial decryptions of a sum run at once
-        self._decryptions = ThreadPoolExecutor(policy.he.threshold + 1, thread_name_prefix="decryptor")
+        # the decryptors' threads: the key authority's and the t banks' partial decryptions of a sum run at once, and
+        # the sums of different kinds side by side (each decryptor takes one request at a time, under its lock)
+        self._decryptions = ThreadPoolExecutor(
+            (policy.he.threshold + 1) * len(policy.allowed_kinds), thread_name_prefix="decryptor"
+        )
         self.wire = WireStats()
         self.decryption = DecryptionTraffic()
         self.seconds = PhaseTimes()
@@ -334,8 +337,8 @@ class SecureSummation:
         partials = [authority, *(partial for partial, _ in answered)]
         banks_seconds = sum(seconds for _, seconds in answered)
         values = fused_values(self.public_context, summed, partials, length, layout, len(uploads))
-        self.decryption.add(len(uploads), len(authority), self.authority.level.shape, len(partials), length)
-        with self._timing:
+        with self._timing:  # kinds are fused on threads of their own
+            self.decryption.add(len(uploads), len(authority), self.authority.level.shape, len(partials), length)
             self.seconds.aggregate += time.perf_counter() - started - decryption_seconds
             self.seconds.decrypt += decryption_seconds
             self.seconds.decrypt_banks += banks_seconds + authority_seconds
@@ -393,7 +396,7 @@ class SecureRound:
         # the aggregator's checks, one thread of its own taking each upload as it arrives, as the service does on
         # upload; and its fusion of each kind, on another, as soon as that kind's checks are done
         self._checker = ThreadPoolExecutor(1, thread_name_prefix="aggregator-checks")
-        self._fuser = ThreadPoolExecutor(1, thread_name_prefix="aggregator")
+        self._fuser = ThreadPoolExecutor(len(summation.policy.allowed_kinds), thread_name_prefix="aggregator")
         self._checks: dict[str, dict[int, Future]] = defaultdict(dict)
         self._contributed: set[int] = set()
         self._busy: dict[int, float] = defaultdict(float)  # each bank's own encryption seconds
@@ -494,7 +497,14 @@ class SecureRound:
             self._busy[client_id] += encrypted.seconds
             length = self._shapes[kind].numel()
             upload = sign_upload(
-                summation.public_context, self.ticket, bank.name, bank.signing_key, kind, encrypted.chunks, length
+                summation.public_context,
+                self.ticket,
+                bank.name,
+                bank.signing_key,
+                kind,
+                encrypted.chunks,
+                length,
+                encrypted.c1_sha256,
             )
         summation.wire.add(upload)
         return upload, summation._check(self.ticket, bank, upload)

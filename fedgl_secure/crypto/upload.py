@@ -133,14 +133,16 @@ def sign_upload(
     kind: str,
     chunks: list[bytes],
     length: int,
+    c1_sha256: str | None = None,
 ) -> Upload:
     """The bank's signed receipt over its ciphertext chunks of one kind, bound to the round (the signing half of
     :func:`make_upload`, for chunks encrypted elsewhere, e.g. on an encryption pool's worker). It binds the number
-    of values and the digest of the chunks' ``c1`` polynomials, which decryptors check sums against."""
+    of values and the digest of the chunks' ``c1`` polynomials, which decryptors check sums against: read from the
+    chunks here, or ``c1_sha256`` as the bank's own encryption worker read it (``EncryptedTerm.c1_sha256``)."""
     fields = ReceiptFields(
         policy_sha256=ticket.policy_sha256,
         values=length,
-        c1_sha256=c1_digest(upload_c1(context, chunks)),
+        c1_sha256=c1_digest(upload_c1(context, chunks)) if c1_sha256 is None else c1_sha256,
         federation=ticket.federation,
         round=ticket.round,
         nonce=ticket.nonce,

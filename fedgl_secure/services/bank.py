@@ -825,8 +825,16 @@ class BankWorker:
         try:
             for job in as_completed(jobs):
                 kind = jobs[job]
+                encrypted = job.result()
                 yield sign_upload(
-                    self.context, ticket, self.name, self.signing_key, kind, job.result().chunks, terms[kind].size
+                    self.context,
+                    ticket,
+                    self.name,
+                    self.signing_key,
+                    kind,
+                    encrypted.chunks,
+                    terms[kind].size,
+                    encrypted.c1_sha256,
                 )
         finally:  # an abandoned round: do not encrypt the kinds nobody will send
             for job in jobs:
