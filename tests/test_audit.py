@@ -31,7 +31,7 @@ from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.privacy.guarantees import round_releases
+from fedgl_secure.privacy.release_schedule import round_releases
 
 REPO = Path(__file__).resolve().parents[1]
 BANKS = ("bank-a", "bank-b", "bank-c")  # the quorum (3): the key authority opens no round with fewer

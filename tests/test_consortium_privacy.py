@@ -21,7 +21,7 @@ from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
-from fedgl_secure.privacy.guarantees import planned_ledger
+from fedgl_secure.privacy.release_schedule import planned_ledger
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
 from fedgl_secure.services.config import load_consortium

@@ -24,8 +24,9 @@ from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import dp_sgd
 from fedgl_secure.privacy.accounting import DP_SGD, PREDICTIONS
 from fedgl_secure.privacy.dp_round import FederationPrivacy
-from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
+from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.mechanisms import affected_rows, bound_degree
+from fedgl_secure.privacy.release_schedule import planned_ledger
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 NODES, FEATURES, CLASSES, HIDDEN, MAX_DEGREE = 60, 20, 3, 8, 4

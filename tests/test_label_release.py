@@ -15,7 +15,8 @@ from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy import label_release, mechanisms
 from fedgl_secure.privacy.accounting import LABELS
 from fedgl_secure.privacy.dp_round import BankPrivacy
-from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
+from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.privacy.release_schedule import planned_ledger
 
 
 def seeded_bytes(seed: int):

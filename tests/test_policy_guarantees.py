@@ -15,16 +15,9 @@ from fedgl_secure.cli import app
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import DP_SGD, EDGES, PRV_EPS_ERROR
-from fedgl_secure.privacy.guarantees import (
-    central_noise,
-    central_noise_count,
-    central_noise_stds,
-    effective_guarantees,
-    noise_std,
-    planned_ledger,
-    round_releases,
-    setup_releases,
-)
+from fedgl_secure.privacy.calibration import central_noise, central_noise_count, central_noise_stds, noise_std
+from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.privacy.release_schedule import planned_ledger, round_releases, setup_releases
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 STRICT = POLICIES / "strict-dp.toml"

@@ -20,8 +20,9 @@ from fedgl_secure.methods.base import WEIGHTS
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
-from fedgl_secure.privacy.guarantees import effective_guarantees, planned_ledger
+from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.label_dp import forward_corrected_loss
+from fedgl_secure.privacy.release_schedule import planned_ledger
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 

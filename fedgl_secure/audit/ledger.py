@@ -171,7 +171,7 @@ def _is_count(value: Any) -> bool:
 
 def _central_noise_problem(record: dict, expected: dict[str, float], policy: Any) -> str | None:
     """What is wrong with one allowed decision's central noise, or None."""
-    from fedgl_secure.privacy.guarantees import central_noise_count
+    from fedgl_secure.privacy.calibration import central_noise_count
 
     kind = record.get("kind")
     where = f"round {record.get('round')} {kind!r}"
@@ -213,7 +213,7 @@ def check_central_noise(files: RunFiles, audit: AuditRecords) -> tuple[Check, Ta
     red, agreement only amber (unverified).
     """
     from fedgl_secure.crypto.key_authority import AUDIT_FILE
-    from fedgl_secure.privacy.guarantees import central_noise_stds
+    from fedgl_secure.privacy.calibration import central_noise_stds
 
     name = "central-noise"
     try:

@@ -27,8 +27,8 @@ would hand it ``s_0``, and a small fresh error averages away over repeated repli
 reveals nothing of the sum without ``t`` banks' partials, and nothing of ``s_0`` within the query budget.
 
 **Central DP noise.** When the policy's channel for the kind says ``noise = "central"``, the authority draws Gaussian
-noise N(0, σ²) from the OS CSPRNG (:func:`~fedgl_secure.privacy.guarantees.central_noise`), σ =
-:func:`~fedgl_secure.privacy.guarantees.noise_std` (normalised scale), CKKS-encodes it at the kind's scale and adds
+noise N(0, σ²) from the OS CSPRNG (:func:`~fedgl_secure.privacy.calibration.central_noise`), σ =
+:func:`~fedgl_secure.privacy.calibration.noise_std` (normalised scale), CKKS-encodes it at the kind's scale and adds
 it to its partial decryption: the fused result is then ``s + n + e``, never ``s`` — the same as noising the sum, which
 it never sees. The last entry of ``weights`` (Σ ŵ_k, public) gets none. The allowed decision's audit record names it
 (``central_noise_std``, ``central_noise_values``). Banks add no share for a central channel and account for it as
@@ -80,7 +80,7 @@ from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.ckks_params import sum_bound
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.privacy.guarantees import central_noise, central_noise_count, central_noise_stds
+from fedgl_secure.privacy.calibration import central_noise, central_noise_count, central_noise_stds
 
 __all__ = ["AGGREGATOR", "KeyAuthority", "Refusal"]
 

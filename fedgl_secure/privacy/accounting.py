@@ -215,8 +215,8 @@ class PrivacyLedger:
         return self._append(PureRelease(round=round, channel=channel, epsilon=epsilon))
 
     def extend(self, releases: Iterable[Release]) -> None:
-        """Record planned releases as they are (:func:`~fedgl_secure.privacy.guarantees.round_releases`,
-        :func:`~fedgl_secure.privacy.guarantees.setup_releases`), in order."""
+        """Record planned releases as they are (:func:`~fedgl_secure.privacy.release_schedule.round_releases`,
+        :func:`~fedgl_secure.privacy.release_schedule.setup_releases`), in order."""
         for release in releases:
             if not isinstance(release, GaussianRelease | PureRelease):
                 raise TypeError(f"not a release: {release!r}")

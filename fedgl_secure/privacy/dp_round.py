@@ -3,7 +3,7 @@
 Each bank holds a :class:`BankPrivacy`: the policy, its own
 :class:`~fedgl_secure.privacy.accounting.PrivacyLedger` and the quorum. Every round, before its
 contribution reaches the (CKKS) summation, :meth:`BankPrivacy.protect` asks the ledger whether the
-round's releases (:func:`~fedgl_secure.privacy.guarantees.round_releases`) still fit the budget; if
+round's releases (:func:`~fedgl_secure.privacy.release_schedule.round_releases`) still fit the budget; if
 not, the bank stops contributing for the rest of the run (``None``, logged: fail closed). Otherwise
 it records exactly those releases — so a run spends what :mod:`~fedgl_secure.privacy.guarantees`
 predicts — and returns the clipped, noised contribution. :class:`FederationPrivacy` holds the banks
@@ -18,11 +18,11 @@ Decisions, and why:
   pre-weights with ``ŵ_k = w_k / w_max ∈ (0, 1]``. Eq. 10 and Eqs. 12/14 are ratios of such sums, so
   W̄, P̄ and H̄ are unchanged; values stay inside the CKKS sum bound (with w_k = N_k, noise of std
   w_max·σ would not). On this scale bank k's release moves by at most ŵ_k·Δ ≤ Δ (Δ = the unweighted
-  sensitivity of :func:`~fedgl_secure.privacy.guarantees.upload_sensitivity`), and each bank adds a
+  sensitivity of :func:`~fedgl_secure.privacy.calibration.upload_sensitivity`), and each bank adds a
   share of std **σ/√q** (σ = noise_multiplier × Δ, q = quorum) — in the original scale that is
   ``w_max·σ/√q``, the scaling the guarantees assume. Any sum of ≥ q shares carries ≥ σ, so the
   multiplier a fellow bank faces is at least z·√((q−1)/q), what
-  :func:`~fedgl_secure.privacy.guarantees.accounted_noise_multiplier` records. Scaling shares by a
+  :func:`~fedgl_secure.privacy.calibration.accounted_noise_multiplier` records. Scaling shares by a
   bank's own w_k instead would leave the heaviest bank under-protected.
 * **Weights.** The release is ``ŵ_k·(W̄ + clip_vector(W_k − W̄, C))`` plus the share, and the last
   entry ŵ_k without noise (a bank's size is public).
@@ -65,9 +65,10 @@ from fedgl_secure.errors import PolicyError
 from fedgl_secure.log import get_logger
 from fedgl_secure.privacy import edge_posterior, label_release, mechanisms
 from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
+from fedgl_secure.privacy.calibration import central_noise, noise_std
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
-from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_releases, setup_releases
 from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, RobustLabelTraining, robust_label_loss
+from fedgl_secure.privacy.release_schedule import round_releases, setup_releases
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
 from fedgl_secure.policy.schema import DATA_KINDS, NODE_WEIGHT, Policy

@@ -4,9 +4,12 @@
 numbers a risk officer can check, with the assumptions they rest on. It only *reads* the
 library: sensitivities come from :mod:`fedgl_secure.privacy.mechanisms`, composition from
 :class:`~fedgl_secure.privacy.accounting.PrivacyLedger` (Opacus' RDP or PRV accountant). The
-releases a bank must record each round are :func:`round_releases` and, once before round 1,
-:func:`setup_releases`; the figures here are those releases composed over ``budget.rounds``, so a
-run that records the same releases spends exactly what this module predicts.
+releases a bank must record each round are
+:func:`~fedgl_secure.privacy.release_schedule.round_releases` and, once before round 1,
+:func:`~fedgl_secure.privacy.release_schedule.setup_releases`; the figures here are those releases
+composed over ``budget.rounds``, so a run that records the same releases spends exactly what this
+module predicts. The noise each channel carries is sized at run time by
+:mod:`fedgl_secure.privacy.calibration`; this module is the report only.
 
 Observers. Every figure is ε against the *weakest single observer* of a channel:
 
@@ -24,11 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
 
 from fedgl_secure.policy.schema import DATA_KINDS, Policy
 from fedgl_secure.privacy import mechanisms
@@ -39,12 +39,10 @@ from fedgl_secure.privacy.accounting import (
     LABELS,
     PREDICTIONS,
     WEIGHTS,
-    GaussianRelease,
-    PrivacyLedger,
-    PureRelease,
-    Release,
     total_epsilon,
 )
+from fedgl_secure.privacy.calibration import accounted_noise_multiplier, graph_args, upload_sensitivity
+from fedgl_secure.privacy.release_schedule import planned_ledger, rounds_within_budget
 
 Status = Literal["no-protection", "he-only", "dp"]
 
@@ -174,160 +172,6 @@ EDGE_WEIGHTING_ASSUMPTIONS = {
 }
 
 
-# --- per-channel quantities -------------------------------------------------------------------
-
-
-def _graph_args(policy: Policy) -> tuple[int, int, mechanisms.Neighbouring]:
-    graph = policy.dp.graph
-    if graph.max_degree is None:  # the policy validator makes this unreachable for enabled channels
-        raise ValueError("dp.graph.max_degree is not set")
-    return graph.max_degree, graph.num_layers, graph.neighbouring
-
-
-def upload_sensitivity(policy: Policy, kind: str) -> float:
-    """L2 sensitivity of one (unweighted) release of an upload kind under the policy's clip and degree bound."""
-    channel = policy.dp.upload_channel(kind)
-    if channel is None:
-        raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
-    if kind == WEIGHTS:
-        return mechanisms.weight_update_sensitivity(channel.clip)
-    return mechanisms.prediction_sensitivity(channel.clip, *_graph_args(policy))  # P and H rows alike
-
-
-def noise_std(policy: Policy, kind: str) -> float:
-    """σ = noise_multiplier × sensitivity of upload ``kind``, on the normalised (ŵ_k ≤ 1) scale (the class-sums
-    release of ``node_mechanism = "centroids"``: z × 1 on the sums themselves, which that method does not normalise)."""
-    if policy.dp.node_mechanism == "centroids" and kind == WEIGHTS:
-        from fedgl_secure.privacy import class_sums
-
-        return class_sums.noise_multiplier(policy.budget.epsilon, policy.budget.delta) * class_sums.SENSITIVITY
-    channel = policy.dp.upload_channel(kind)
-    if channel is None:
-        raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
-    return mechanisms.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
-
-
-def central_noise_stds(policy: Policy) -> dict[str, float]:
-    """σ of every kind whose DP channel asks the key authority for central noise (empty without such a channel)."""
-    return {kind: noise_std(policy, kind) for kind in policy.dp.central_kinds()}
-
-
-def central_noise_count(kind: str, length: int) -> int:
-    """How many of a decrypted sum's ``length`` values get central noise: all, but for ``weights`` its last
-    entry (Σ ŵ_k, the normaliser of Eq. 10), which is public by the policy and released exactly."""
-    return max(length - 1, 0) if kind == WEIGHTS else length
-
-
-def central_noise(
-    kind: str, shape: int | tuple[int, ...], std: float, random_bytes: mechanisms.RandomBytes | None = None
-) -> np.ndarray:
-    """N(0, std²) for a decrypted sum of ``kind`` and ``shape``, on the values :func:`central_noise_count`
-    counts (the last weights entry gets 0). ``random_bytes`` replaces the OS CSPRNG, for tests only."""
-    noise = mechanisms.secure_gaussian(shape, std, _random_bytes=random_bytes)
-    if kind == WEIGHTS and noise.size:
-        noise.reshape(-1)[-1] = 0.0
-    return noise
-
-
-def accounted_noise_multiplier(policy: Policy, channel: str) -> float:
-    """The noise multiplier a bank records for ``channel`` (an upload kind or ``dp_sgd``), weakest observer.
-
-    Distributed uploads: z·√((q−1)/q), the noise a fellow bank faces (it knows its own share).
-    Central uploads: z. DP-SGD: z / (2K − 1) on a GCN (``graph_dp_sgd_noise_multiplier``), q = 1.
-    """
-    if channel == DP_SGD:
-        sgd = policy.dp.sgd
-        if not policy.dp.sgd_enabled:
-            raise ValueError("DP-SGD is not enabled in this policy")
-        return mechanisms.graph_dp_sgd_noise_multiplier(sgd.noise_multiplier, *_graph_args(policy))
-    settings = policy.dp.upload_channel(channel)
-    if settings is None:
-        raise ValueError(f"{channel!r} has no enabled DP channel in this policy")
-    if settings.noise == "central":
-        return float(settings.noise_multiplier)
-    sensitivity = upload_sensitivity(policy, channel)
-    sigma = mechanisms.gaussian_noise_std(settings.noise_multiplier, sensitivity)
-    return mechanisms.residual_noise_std(sigma, policy.quorum, known_shares=1) / sensitivity
-
-
-def round_releases(policy: Policy, round_number: int) -> list[GaussianRelease]:
-    """The Gaussian releases one bank records for one round in which it contributes (empty without DP).
-
-    One per enabled upload channel (q = 1, one step: a whole clipped matrix) and, with DP-SGD,
-    ``local_epochs`` full-batch steps (q = 1). A round's releases are recorded before any is made,
-    after :meth:`~fedgl_secure.privacy.accounting.PrivacyLedger.would_exceed` said they fit.
-    """
-    releases = [
-        GaussianRelease(
-            round=round_number,
-            channel=kind,
-            noise_multiplier=accounted_noise_multiplier(policy, kind),
-            sample_rate=1.0,
-        )
-        for kind in DATA_KINDS
-        if policy.dp.upload_channel(kind) is not None
-    ]
-    if policy.dp.sgd_enabled:
-        releases.append(
-            GaussianRelease(
-                round=round_number,
-                channel=DP_SGD,
-                noise_multiplier=accounted_noise_multiplier(policy, DP_SGD),
-                sample_rate=1.0,
-                steps=policy.dp.sgd.local_epochs,
-            )
-        )
-    return releases
-
-
-def setup_releases(policy: Policy) -> list[PureRelease]:
-    """Releases made once before round 1 (round 0): the adjacency's and the labels' perturbation, if enabled.
-
-    These are the whole cost of a source-only unit (``edge``, ``label``): every later upload is
-    post-processing of the released graph and labels, so nothing is recorded per round.
-    """
-    edges, labels = policy.dp.edges, policy.dp.labels
-    releases = [PureRelease(round=0, channel=EDGES, epsilon=edges.epsilon)] if edges.enabled else []
-    if labels.enabled:
-        releases.append(PureRelease(round=0, channel=LABELS, epsilon=labels.epsilon))
-    return releases
-
-
-def planned_ledger(policy: Policy, rounds: int, bank: str = "bank") -> PrivacyLedger:
-    """A bank's ledger after contributing to ``rounds`` rounds under ``policy`` (what the guarantees compose)."""
-    ledger = PrivacyLedger(bank)
-    ledger.extend(setup_releases(policy))
-    for round_number in range(1, rounds + 1):
-        ledger.extend(round_releases(policy, round_number))
-    return ledger
-
-
-def _rounds_within_budget(policy: Policy, releases: Sequence[Release], total: float) -> int:
-    """Most rounds (≤ budget.rounds) whose releases, with the set-up ones, stay within budget.epsilon.
-
-    ``releases`` are those of the full ``budget.rounds`` (the planned ledger's), ``total`` their ε; a
-    prefix of rounds is sliced from them rather than rebuilt at every bisection step.
-    """
-    budget = policy.budget
-    if total <= budget.epsilon:
-        return budget.rounds
-
-    def fits(rounds: int) -> bool:
-        upto = [r for r in releases if r.round <= rounds]
-        return total_epsilon(upto, budget.delta, budget.accountant) <= budget.epsilon
-
-    low, high = 0, budget.rounds  # fits(high) is false
-    if not fits(low):
-        return 0
-    while high - low > 1:  # ε grows with every round: bisect
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 # --- assumptions ------------------------------------------------------------------------------
 
 
@@ -356,7 +200,7 @@ def _assumptions(policy: Policy) -> list[str]:
         f"{budget.on_exhausted!r}: fail closed, never continue silently).",
     ]
     if dp.needs_degree_bound:
-        k = mechanisms.affected_rows(*_graph_args(policy))
+        k = mechanisms.affected_rows(*graph_args(policy))
         lines.append(
             f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
             "neighbouring datasets: the bank's own graph, which banks project with mechanisms.bound_degree (above the "
@@ -622,7 +466,7 @@ def effective_guarantees(policy: Policy) -> Guarantees:
             )
             for channel in channels
         ]
-        within = _rounds_within_budget(policy, ledger.releases, total)
+        within = rounds_within_budget(policy, ledger.releases, total)
     loose = [w for w in caught if _LARGEST_ALPHA_WARNING in str(w.message)]
     for other in caught:
         if other not in loose:  # not ours to silence

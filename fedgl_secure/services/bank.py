@@ -92,8 +92,8 @@ from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy, load_policy
 from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, releases_labels_together
-from fedgl_secure.privacy.guarantees import setup_releases
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
+from fedgl_secure.privacy.release_schedule import setup_releases
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import wire
 from fedgl_secure.services.aggregator import (
