@@ -7,7 +7,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from fedgl_secure.engine.aggregation import client_weight, fedavg, plaintext_sum
+from fedgl_secure.engine.aggregation import client_weight, plaintext_sum
 from fedgl_secure.engine.fusion import fuse_node_values, scatter_to_global
 from fedgl_secure.engine.pseudo_labels import global_pseudo_labels
 from fedgl_secure.model.adjacency import (
@@ -16,6 +16,7 @@ from fedgl_secure.model.adjacency import (
     project_pseudo_graph,
     row_normalize_features,
 )
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.losses import fedgl_loss, proximal_term
 
 

@@ -17,10 +17,11 @@ from fedgl_secure.data.benchmarks.moleculenet import (
     molecule_from_smiles,
     split_molecules,
 )
-from fedgl_secure.engine.aggregation import PlaintextSummation, fedavg
+from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.errors import DatasetError
 from fedgl_secure.methods.base import WEIGHTS, split_weights_sum
 from fedgl_secure.methods.fgcl_graphs import GraphFederationConfig, run_graph_federation
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.graph_classifier import GCNGraphClassifier, make_batch, masked_bce
 from fedgl_secure.privacy.mechanisms import flip_probability
 from fedgl_secure.privacy.molecule_views import randomized_response_molecule

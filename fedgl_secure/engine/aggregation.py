@@ -1,4 +1,5 @@
-"""Aggregation rules (Eq. 10) and the summation step every secure backend replaces.
+"""Aggregation rules (the client weights of Eq. 10; its average is ``model/averaging.py``) and the summation step
+every secure backend replaces.
 
 The engine only ever needs *sums* of pre-weighted client terms: ``Σ_k w_k X_k``. Keeping the
 summation behind one small interface is what lets the plaintext simulation and the CKKS
@@ -33,14 +34,6 @@ def normalise_contribution(contribution: Mapping[str, torch.Tensor], normaliser:
     if not normaliser > 0:
         raise ConfigError(f"aggregation: the weight normaliser w_max must be positive, got {normaliser}")
     return {kind: tensor / normaliser for kind, tensor in contribution.items()}
-
-
-def fedavg(weighted_parameter_sum: torch.Tensor, total_weight: torch.Tensor | float) -> torch.Tensor:
-    """Eq. 10: ``W̄ = Σ_k w_k W_k / Σ_k w_k`` from the already-summed numerator and denominator."""
-    total = float(total_weight)
-    if total <= 0:
-        raise ConfigError("aggregation: the total client weight must be positive")
-    return weighted_parameter_sum / total
 
 
 class Summation(Protocol):

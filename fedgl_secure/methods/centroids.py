@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from fedgl_secure.engine.aggregation import fedavg
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import CentroidsConfig, ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.centroids import CentroidPropagation
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import class_sums

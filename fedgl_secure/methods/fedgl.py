@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from fedgl_secure.engine.aggregation import client_weight, fedavg
+from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, SelfSupervisionConfig
 from fedgl_secure.engine.fusion import fuse_node_values, scatter_to_global
@@ -25,6 +25,7 @@ from fedgl_secure.methods.base import (
     weights_term,
 )
 from fedgl_secure.methods.fedavg import FedAvg
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.sparse import SparseOperator
 

@@ -32,10 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sklearn.metrics import roc_auc_score
 
 from fedgl_secure.data.benchmarks.moleculenet import MoleculeSet, MoleculeSplit
-from fedgl_secure.engine.aggregation import Summation, fedavg, normalise_contribution
+from fedgl_secure.engine.aggregation import Summation, normalise_contribution
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.methods.base import split_weights_sum, weights_term
 from fedgl_secure.methods.fgcl import info_nce
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.graph_classifier import GCNGraphClassifier, make_batch, masked_bce
 from fedgl_secure.privacy.molecule_views import release_views, views_epsilon
 from fedgl_secure.seeding import numpy_stream

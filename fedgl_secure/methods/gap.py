@@ -28,12 +28,13 @@ import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
 
-from fedgl_secure.engine.aggregation import client_weight, fedavg
+from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, GAPConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import gap as gap_dp
 from fedgl_secure.privacy import mechanisms

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgl_secure.data.graphfl_split import support_query_split
-from fedgl_secure.engine.aggregation import client_weight, fedavg
+from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
@@ -44,6 +44,7 @@ from fedgl_secure.methods.base import (
     weights_term,
 )
 from fedgl_secure.methods.maml import second_order_meta_gradient
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sgc import SGC
 from fedgl_secure.model.sparse import SparseOperator

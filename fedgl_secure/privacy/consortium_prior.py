@@ -29,8 +29,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fedgl_secure.engine.aggregation import fedavg
 from fedgl_secure.log import get_logger
+from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.privacy.accounting import WEIGHTS
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, fit_softmax_regression, softmax_regression
 from fedgl_secure.privacy.mechanisms import RandomBytes
