@@ -70,7 +70,9 @@ from fedgl_secure.privacy.guarantees import central_noise, noise_std, round_rele
 from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, RobustLabelTraining, robust_label_loss
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
-from fedgl_secure.policy.schema import DATA_KINDS, NODE_WEIGHT, Policy
+from fedgl_secure.kinds import NODE_WEIGHT
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy
 
 RandomBytes = Callable[[int], bytes]
 
