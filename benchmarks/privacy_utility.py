@@ -75,7 +75,8 @@ from fedgl_secure.audit.attacks import global_model_membership, link_inference_a
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
-from fedgl_secure.policy.schema import DATA_KINDS, Policy, load_policy, policy_from_dict
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy, load_policy, policy_from_dict
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 

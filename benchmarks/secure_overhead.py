@@ -79,7 +79,8 @@ from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, open_
 from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.engine.simulation import RunResult, run_experiment
 from fedgl_secure.log import configure_logging
-from fedgl_secure.policy.schema import HEParameters, Policy, load_policy
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import Policy, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_POLICY = REPO / "policies" / "baseline.toml"

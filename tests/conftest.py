@@ -78,7 +78,7 @@ def small_he():
     per slot (``packing = "none"``), so the key authority's and aggregator's rules are tested on plain sums. A
     short run's query budget (4,096 decrypted ciphertexts) keeps the decryption's noise flooding small.
     Packing has its own tests (``test_packing.py``) and the consortium tests run the default, packed."""
-    from fedgl_secure.policy.schema import HEParameters
+    from fedgl_secure.policy.he import HEParameters
 
     return HEParameters(
         poly_modulus_degree=4096,

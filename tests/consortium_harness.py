@@ -14,7 +14,8 @@ import pytest
 
 from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.log import get_logger
-from fedgl_secure.policy.schema import HEParameters, load_policy
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.bank_keys import ensure_key_share
 from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient

@@ -20,8 +20,8 @@ from fedgl_secure.crypto.partial_decryption import BankDecryptor, Refusal
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, sign_upload
 from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused
+from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.packing_layout import flooding_std
-from fedgl_secure.policy.schema import HEParameters
 
 KIND = "weights"
 SET_AB, SET_AC = ["bank-a", "bank-b"], ["bank-a", "bank-c"]

@@ -8,7 +8,7 @@ import pytest
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.upload import check_magnitude
 from fedgl_secure.errors import CiphertextError, ContextError
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 
 @pytest.fixture(scope="module")

@@ -276,7 +276,7 @@ def test_membership_inference_attacks_the_class_sums_model_itself():
 
 def test_every_in_method_node_mechanism_of_the_schema_has_its_methods_hooks():
     from fedgl_secure.methods import in_method_mechanism
-    from fedgl_secure.policy.schema import IN_METHOD_MECHANISMS
+    from fedgl_secure.policy.dp import IN_METHOD_MECHANISMS
 
     for name in IN_METHOD_MECHANISMS:
         policy = SimpleNamespace(dp=SimpleNamespace(node_mechanism=name))

@@ -16,7 +16,8 @@ from consortium_harness import BANKS, write_consortium
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.engine.aggregation import client_weight
-from fedgl_secure.policy.schema import HEParameters, load_policy
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED

@@ -54,7 +54,8 @@ from fedgl_secure.errors import (
     ReceiptError,
     SealError,
 )
-from fedgl_secure.policy.schema import HEParameters, Policy, Timeouts, policy_from_dict
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import Policy, Timeouts, policy_from_dict
 from fedgl_secure.privacy.dp_round import noise_std
 
 OPERATOR_SECRET = "correct horse battery staple"

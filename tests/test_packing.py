@@ -16,7 +16,8 @@ from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSumma
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import CiphertextError, PackingOverflow, PolicyError
 from fedgl_secure.policy import packing_layout
-from fedgl_secure.policy.schema import HEParameters, Policy, policy_from_dict
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import Policy, policy_from_dict
 
 KINDS = ("weights", "predictions", "embeddings", "node_weight")
 

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from fedgl_secure.errors import PolicyError
+from fedgl_secure.policy.base import KNOWN_KINDS
 from fedgl_secure.policy.ckks_params import sum_bound, upload_bound
+from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.he_security import MAX_LOG_Q_128, security_check
-from fedgl_secure.policy.schema import KNOWN_KINDS, HEParameters, load_policy, policy_from_dict
+from fedgl_secure.policy.schema import load_policy, policy_from_dict
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 BASELINE = POLICIES / "baseline.toml"

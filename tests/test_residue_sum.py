@@ -11,7 +11,7 @@ import pytest
 
 from fedgl_secure.crypto import ckks, residue_sum, ring_mask
 from fedgl_secure.errors import CiphertextError
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 
 @pytest.fixture(scope="module")

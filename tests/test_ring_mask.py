@@ -11,7 +11,7 @@ from scipy import stats
 
 from fedgl_secure.crypto import ckks, ring_mask
 from fedgl_secure.errors import CiphertextError
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 P_VALUE = 1e-6  # a uniformity test fails by chance once in a million runs
 

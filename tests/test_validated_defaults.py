@@ -34,17 +34,10 @@ from fedgl_secure.engine.config import (
     TrainingConfig,
 )
 from fedgl_secure.methods.fgcl_graphs import GraphFederationConfig
-from fedgl_secure.policy.schema import (
-    DPSGD,
-    Budget,
-    DPSettings,
-    EdgeDP,
-    GaussianChannel,
-    GraphBound,
-    HEParameters,
-    Policy,
-    Timeouts,
-)
+from fedgl_secure.policy.budget import Budget
+from fedgl_secure.policy.dp import DPSGD, DPSettings, EdgeDP, GaussianChannel, GraphBound
+from fedgl_secure.policy.he import HEParameters
+from fedgl_secure.policy.schema import Policy, Timeouts
 from fedgl_secure.privacy.accounting import LEDGER_FORMAT, GaussianRelease, PureRelease, _LedgerFile
 from fedgl_secure.services.aggregator_service import (
     EnrolRequest,
@@ -90,7 +83,7 @@ class Case:
 
 
 CASES = [
-    # --- policy/schema.py
+    # --- policy/he.py
     Case(
         HEParameters,
         {},
@@ -98,7 +91,7 @@ CASES = [
         # N = 1024 makes the default (60, 60) moduli exceed the 128-bit bound: the original defect
         ({"poly_modulus_degree": 1024}, "coeff_mod_bit_sizes"),
     ),
-    Case(Timeouts, {}, ("upload_seconds", -1.0), ({"round_seconds": 60.0}, "upload_seconds")),
+    # --- policy/dp.py
     Case(GaussianChannel, {"clip": 1.0, "noise_multiplier": 1.0}, ("clip", -1.0), ({"noise_multiplier": 1.0}, "clip")),
     Case(
         DPSGD,
@@ -109,7 +102,10 @@ CASES = [
     Case(EdgeDP, {}, ("mechanism", "exponential"), ({"epsilon": 1.0}, "epsilon")),
     Case(GraphBound, {}, ("num_layers", 0)),
     Case(DPSettings, {}, ("graph", {"max_degree": 0}), ({"predictions": CHANNEL}, "graph.max_degree")),
+    # --- policy/budget.py
     Case(Budget, {"epsilon": 1.0, "rounds": 1}, ("on_exhausted", "continue")),
+    # --- policy/schema.py
+    Case(Timeouts, {}, ("upload_seconds", -1.0), ({"round_seconds": 60.0}, "upload_seconds")),
     Case(
         Policy,
         {},

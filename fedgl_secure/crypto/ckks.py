@@ -21,7 +21,7 @@ import tenseal as ts
 
 from fedgl_secure.crypto import ring_mask
 from fedgl_secure.errors import CiphertextError, ContextError
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 
 def create_secret_context(params: HEParameters) -> ts.Context:

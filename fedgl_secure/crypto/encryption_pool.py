@@ -26,7 +26,7 @@ import tenseal as ts
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.receipts import c1_digest
 from fedgl_secure.crypto.upload import encrypt_term, upload_c1
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 # Batches of fewer ciphertexts are encrypted by the caller: a chunk takes ~2.5 ms at N = 4096, and starting the
 # workers about a second once (Cora's rounds of six banks have 42 chunks).

@@ -48,7 +48,7 @@ import tenseal.sealapi as sealapi
 from fedgl_secure.crypto import ckks, ring_mask, shamir
 from fedgl_secure.crypto.ring_mask import RingLevel
 from fedgl_secure.errors import CiphertextError, ContextError, CryptoError
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 AUTHORITY = 0  # the key authority's party index; banks are 1..n (their Shamir evaluation points)
 KEY_ERROR_STD = 3.2  # σ of the public shares' error: SEAL's default noise standard deviation

@@ -25,7 +25,7 @@ from fedgl_secure.crypto.receipts import (
 from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
 from fedgl_secure.errors import CiphertextError, PackingOverflow, ReceiptError
 from fedgl_secure.policy.ckks_params import sum_bound
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 
 # The round's sum of unpacked terms may use this share of the wrap-around bound; the rest is room for the key
 # authority's central DP noise and the encryption and flooding noise.

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.policy.budget import AccountantName
 from fedgl_secure.policy.gap_settings import GAPSettings
-from fedgl_secure.policy.schema import AccountantName
 from fedgl_secure.tomlio import field_error, format_validation_error
 
 Method = Literal[

@@ -11,10 +11,12 @@ from collections.abc import Sequence
 
 from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.kinds import NODE_WEIGHT
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import method_stages
 from fedgl_secure.methods.gap import check_gap_policy
-from fedgl_secure.policy.schema import DATA_KINDS, NODE_WEIGHT, Policy
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy import label_release
 from fedgl_secure.privacy.accounting import WEIGHTS
 from fedgl_secure.privacy.dp_round import releases_labels_together

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.fileio import write_atomically
-from fedgl_secure.policy.schema import AccountantName
+from fedgl_secure.policy.budget import AccountantName
 
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 

@@ -71,7 +71,9 @@ from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, RobustLabelT
 from fedgl_secure.privacy.release_schedule import round_releases, setup_releases
 
 __all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
-from fedgl_secure.policy.schema import DATA_KINDS, NODE_WEIGHT, Policy
+from fedgl_secure.kinds import NODE_WEIGHT
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy
 
 RandomBytes = Callable[[int], bytes]
 

@@ -30,7 +30,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from fedgl_secure.policy.schema import DATA_KINDS, Policy
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy import mechanisms
 from fedgl_secure.privacy.accounting import (
     DP_SGD,

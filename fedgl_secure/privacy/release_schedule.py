@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fedgl_secure.policy.schema import DATA_KINDS, Policy
+from fedgl_secure.policy.dp import DATA_KINDS
+from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.accounting import (
     DP_SGD,
     EDGES,

@@ -32,7 +32,7 @@ from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.errors import CryptoError, DecryptionRefused, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.services.aggregator_service import AggregatorClient
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.retry import StopRequested, retry_until_ready

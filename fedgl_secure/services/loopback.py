@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fedgl_secure.policy.schema import HEParameters
+from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.pki import provision
 
