@@ -8,7 +8,7 @@ time in without a profiler.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -17,10 +17,12 @@ class PhaseTimer:
 
     Phases are exclusive: time spent in a phase entered inside another counts for the inner one
     only, so the phases of a unit of work never add up to more than its wall time (the aggregator's
-    decryption happens inside its aggregation step, and is reported apart from it).
+    decryption happens inside its aggregation step, and is reported apart from it). ``clock`` reads seconds
+    (``time.perf_counter`` by default; a test gives its own).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
         self._seconds: dict[str, float] = {}
         self._open: list[str] = []
         self._since = 0.0
@@ -33,13 +35,13 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        self._credit_open_phase(time.perf_counter())
+        self._credit_open_phase(self._clock())
         self._seconds.setdefault(name, 0.0)
         self._open.append(name)
         try:
             yield
         finally:
-            self._credit_open_phase(time.perf_counter())
+            self._credit_open_phase(self._clock())
             self._open.pop()
 
     def add(self, name: str, seconds: float) -> None:

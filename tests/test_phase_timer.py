@@ -1,43 +1,69 @@
-import time
+"""PhaseTimer on a clock the test moves by hand: exact seconds, no sleeping and no wall-clock bounds."""
 
 from fedgl_secure.phase_timer import PhaseTimer
 
 
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_phases_accumulate_in_first_entered_order():
-    timer = PhaseTimer()
+    clock = ManualClock()
+    timer = PhaseTimer(clock)
     with timer.phase("upload"):
-        time.sleep(0.01)
+        clock.advance(0.25)
     with timer.phase("encryption"):
         pass
+    clock.advance(7.0)  # outside every phase: counted nowhere
     with timer.phase("upload"):
-        time.sleep(0.01)
+        clock.advance(0.5)
     timer.add("encryption", 1.5)
-    seconds = timer.seconds()
-    assert list(seconds) == ["upload", "encryption"]
-    assert seconds["upload"] >= 0.02
-    assert 1.5 <= seconds["encryption"] < 1.6
+    assert timer.seconds() == {"upload": 0.75, "encryption": 1.5}
+    assert list(timer.seconds()) == ["upload", "encryption"]
 
 
 def test_a_phase_that_raises_is_still_counted():
-    timer = PhaseTimer()
+    clock = ManualClock()
+    timer = PhaseTimer(clock)
     try:
         with timer.phase("training"):
+            clock.advance(2.0)
             raise RuntimeError("boom")
     except RuntimeError:
         pass
-    assert "training" in timer.seconds()
+    assert timer.seconds() == {"training": 2.0}
 
 
 def test_a_nested_phase_counts_for_itself_only():
-    timer = PhaseTimer()
-    started = time.perf_counter()
+    """The inner phase's seconds are not counted again in the outer one: the phases add up to the wall time."""
+    clock = ManualClock()
+    timer = PhaseTimer(clock)
     with timer.phase("aggregation"):
-        time.sleep(0.02)
+        clock.advance(0.2)
         with timer.phase("decryption"):
-            time.sleep(0.05)
-        time.sleep(0.02)
-    wall = time.perf_counter() - started
-    seconds = timer.seconds()
-    assert 0.05 <= seconds["decryption"] < 0.09
-    assert 0.04 <= seconds["aggregation"] < 0.08  # the 0.05 s inside decryption is not counted twice
-    assert sum(seconds.values()) <= wall + 0.002
+            clock.advance(0.5)
+        clock.advance(0.125)
+    assert timer.seconds() == {"aggregation": 0.325, "decryption": 0.5}
+    assert sum(timer.seconds().values()) == 0.825
+
+
+def test_seconds_are_rounded_to_milliseconds():
+    clock = ManualClock()
+    timer = PhaseTimer(clock)
+    with timer.phase("download"):
+        clock.advance(0.0123456)
+    assert timer.seconds() == {"download": 0.012}
+
+
+def test_the_default_clock_is_monotonic_wall_time():
+    timer = PhaseTimer()
+    with timer.phase("work"):
+        pass
+    assert timer.seconds()["work"] >= 0.0
