@@ -23,9 +23,9 @@ import tomllib
 
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.dp_round import FederationPrivacy
+from fedgl_secure.simulation.experiment import run_experiment
 
 POLICY = Path(__file__).resolve().parent.parent / "policies" / "node-dp-centroids.toml"
 GRID = {"teleport": (0.05, 0.1, 0.2), "propagation_steps": (10, 20), "nonnegative": (True, False)}

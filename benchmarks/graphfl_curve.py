@@ -9,7 +9,7 @@ docs/reproduction.md, "Non-IID":
 import json
 import sys
 
-from fedgl_secure.methods.graphfl_experiments import METHOD_LABELS, mean_std, paired_difference, table_cell
+from fedgl_secure.simulation.graphfl_experiments import METHOD_LABELS, mean_std, paired_difference, table_cell
 
 
 def drawn_seeds(report: dict, dataset: str, lpc: int) -> list[int]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import GraphFLConfig
-from fedgl_secure.methods.graphfl_experiments import (
+from fedgl_secure.simulation.graphfl_experiments import (
     cached_new_label_cell,
     evaluate_new_label,
     new_label_adaptation,

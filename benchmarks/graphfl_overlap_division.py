@@ -14,8 +14,8 @@ import numpy as np
 
 from fedgl_secure.data.graphfl_split import community_order, overlapping_windows
 from fedgl_secure.data.registry import load_dataset
-from fedgl_secure.methods.graphfl_experiments import NUM_CLIENTS
 from fedgl_secure.seeding import numpy_stream
+from fedgl_secure.simulation.graphfl_experiments import NUM_CLIENTS
 
 
 def edges_kept(edge_index: np.ndarray, windows: list[np.ndarray], num_nodes: int) -> float:

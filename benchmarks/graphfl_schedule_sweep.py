@@ -1,6 +1,6 @@
 """Choose the non-IID schedule of FL and GraphFL (issue 11) on VALIDATION accuracy, at 10 labels per class.
 
-Every run is one cell of ``fedgl-secure reproduce graphfl --parts non-iid`` (methods/graphfl_experiments.py:
+Every run is one cell of ``fedgl-secure reproduce graphfl --parts non-iid`` (simulation/graphfl_experiments.py:
 50 clients, 20 % participation, 50 rounds, T_e = 15) with the setting's ``overrides`` in place of the
 chosen ``NON_IID_SCHEDULE``; it reports the best-round validation accuracy (which picks the setting), the
 test accuracy at that round (never used to choose) and the validation curve. Runs go ``--workers`` at a
@@ -103,8 +103,8 @@ def run_one(job: dict) -> dict:
 
     from fedgl_secure.data.graphfl_split import graphfl_clients
     from fedgl_secure.data.registry import load_dataset
-    from fedgl_secure.engine.simulation import run_experiment
-    from fedgl_secure.methods.graphfl_experiments import (
+    from fedgl_secure.simulation.experiment import run_experiment
+    from fedgl_secure.simulation.graphfl_experiments import (
         NUM_CLIENTS,
         SELF_TRAINED,
         cached_non_iid_cell,

@@ -24,8 +24,8 @@ import numpy as np
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import Federation, resolve_device
 from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
+from fedgl_secure.simulation.experiment import Federation, resolve_device
 
 
 def released_together(variant: str, federation, epsilon: float, sources: list) -> list[np.ndarray]:

@@ -74,11 +74,11 @@ from fedgl_secure.audit.attack_section import membership_floor
 from fedgl_secure.audit.attacks import global_model_membership, link_inference_auc, true_edge_index
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import Federation, resolve_device, run_experiment
 from fedgl_secure.policy.dp import DATA_KINDS
 from fedgl_secure.policy.schema import Policy, load_policy, policy_from_dict
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.simulation.experiment import Federation, resolve_device, run_experiment
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -77,10 +77,10 @@ from fedgl_secure.crypto.secure_summation import PhaseTimes, SecureSummation
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.aggregation import PlaintextSummation, Summation, open_round
 from fedgl_secure.engine.config import ExperimentConfig, build_config
-from fedgl_secure.engine.simulation import RunResult, run_experiment
 from fedgl_secure.log import configure_logging
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import Policy, load_policy
+from fedgl_secure.simulation.experiment import RunResult, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_POLICY = REPO / "policies" / "baseline.toml"

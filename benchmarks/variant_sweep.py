@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from fedgl_secure.cli import parse_assignments
-from fedgl_secure.engine.reproduce import run_table2
+from fedgl_secure.simulation.reproduce import run_table2
 
 # Each variant spells out every option it relies on, so it means the same thing whatever the
 # package defaults are (round 1 ran when pseudo_graph_at_eval defaulted to true).

@@ -157,7 +157,7 @@ def simulate(
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import run_experiment
+    from fedgl_secure.simulation.experiment import run_experiment
 
     try:
         overrides = parse_assignments(set_ or [])
@@ -315,7 +315,7 @@ def reproduce_fed2gnn(
     write fed2gnn[-<backbone>].md / .json."""
     from fedgl_secure.data.registry import DATASETS
     from fedgl_secure.engine.config import BACKBONES
-    from fedgl_secure.methods.fed2gnn_reproduce import run_table1
+    from fedgl_secure.simulation.fed2gnn_reproduce import run_table1
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
@@ -360,7 +360,7 @@ def reproduce_table2(
     """Run Table 2 of the FedGL paper and write table2.md / table2.json (resumable)."""
     from fedgl_secure.data.registry import DATASETS, load_dataset
     from fedgl_secure.engine.config import METHODS, build_config
-    from fedgl_secure.engine.reproduce import run_table2
+    from fedgl_secure.simulation.reproduce import run_table2
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
@@ -407,8 +407,8 @@ def reproduce_graphfl(
     """Run the GraphFL paper's experiments (non-IID, new label domain, self-training); write graphfl.md/.json
     (the overlap variant: graphfl_overlap.md/.json)."""
     from fedgl_secure.data.registry import DATASETS
-    from fedgl_secure.methods.graphfl_experiments import PARTS, non_iid_columns, run_graphfl_reproduction
-    from fedgl_secure.methods.graphfl_overlap import OVERLAP_PART, parse_overlaps, run_graphfl_overlap
+    from fedgl_secure.simulation.graphfl_experiments import PARTS, non_iid_columns, run_graphfl_reproduction
+    from fedgl_secure.simulation.graphfl_overlap import OVERLAP_PART, parse_overlaps, run_graphfl_overlap
 
     try:
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]

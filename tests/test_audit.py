@@ -392,7 +392,7 @@ def _reference_dir(root: Path, weights: np.ndarray, **config: object) -> Path:
 def _merged_synthetic():
     from fedgl_secure.data.registry import load_dataset
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import Federation, resolve_device
+    from fedgl_secure.simulation.experiment import Federation, resolve_device
 
     config = build_config({"dataset": "synthetic", "seed": 0, "device": "cpu"})
     return Federation.build(load_dataset("synthetic", None, 0), config, resolve_device("cpu")).merged
@@ -495,7 +495,7 @@ def test_dp_run_retrains_its_reference_without_dp_for_the_rounds_it_ran(run_dir,
     from fedgl_secure.audit.attacks import membership_inference_auc
     from fedgl_secure.data.registry import load_dataset
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import run_experiment
+    from fedgl_secure.simulation.experiment import run_experiment
 
     events: list[tuple[str, dict]] = []
 
@@ -727,7 +727,7 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
 def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(run_dir, monkeypatch):
     from fedgl_secure.audit.attacks import membership_inference_auc
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import initial_parameters
+    from fedgl_secure.simulation.experiment import initial_parameters
 
     _no_retraining(monkeypatch)
     report = audit_run(run_dir, reference=False)

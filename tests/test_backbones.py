@@ -13,7 +13,6 @@ import torch
 from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import CiphertextError, ConfigError
 from fedgl_secure.methods.rooted_tree import grafted_propagation
 from fedgl_secure.model.adjacency import gcn_normalize
@@ -23,6 +22,7 @@ from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sage import GraphSAGE, mean_aggregation
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.policy.schema import load_policy
+from fedgl_secure.simulation.experiment import run_experiment
 
 BASELINE = Path(__file__).resolve().parents[1] / "policies" / "baseline.toml"
 BACKBONES = ("gcn", "sage", "dagnn")
@@ -272,7 +272,7 @@ def test_table_of_a_backbone_shows_its_paper_row_and_the_command_refuses_unknown
     from typer.testing import CliRunner
 
     from fedgl_secure.cli import app
-    from fedgl_secure.methods.fed2gnn_reproduce import render_markdown, summarize, table1_specs
+    from fedgl_secure.simulation.fed2gnn_reproduce import render_markdown, summarize, table1_specs
 
     def run(method, accuracy):
         config = {"training": {"backbone": "dagnn"}}

@@ -20,11 +20,11 @@ from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
 from fedgl_secure.services.run_export import collect_consortium_run
+from fedgl_secure.simulation.experiment import run_experiment
 
 pytestmark = pytest.mark.slow
 

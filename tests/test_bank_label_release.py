@@ -15,7 +15,6 @@ from test_bank_privacy import CONFIG, run_worker, seeded_bytes
 from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.policy.schema import policy_from_dict
@@ -31,6 +30,7 @@ from fedgl_secure.services.bank import (
     release_settings,
 )
 from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE, load_staged_release, save_staged_release
+from fedgl_secure.simulation.experiment import run_experiment
 
 world = test_bank_privacy.world  # its fixture: the synthetic federation and bank-a's scripted rounds
 

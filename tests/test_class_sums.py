@@ -14,7 +14,6 @@ import torch
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.centroids import apply_centroids_policy
 from fedgl_secure.methods.privacy_checks import check_consortium, check_runnable
@@ -26,6 +25,7 @@ from fedgl_secure.privacy import class_sums
 from fedgl_secure.privacy.accounting import gaussian_epsilon
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.tomlio import read_toml
 
 POLICY = "policies/node-dp-centroids.toml"
@@ -257,8 +257,8 @@ def test_negative_features_are_refused_while_the_sums_are_clipped_at_zero():
 
 def test_membership_inference_attacks_the_class_sums_model_itself():
     from fedgl_secure.audit.attacks import global_model_membership, membership_inference_auc
-    from fedgl_secure.engine.simulation import Federation
     from fedgl_secure.model.centroids import CentroidPropagation
+    from fedgl_secure.simulation.experiment import Federation
 
     dataset = _dataset()
     config = build_config({"method": "centroids", "seed": 0, "device": "cpu", "federation": {"max_rounds": 1}})

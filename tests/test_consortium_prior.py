@@ -10,13 +10,13 @@ import torch
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy import consortium_prior, label_release
 from fedgl_secure.privacy.accounting import LABELS, WEIGHTS
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 def seeded_bytes(seed: int):

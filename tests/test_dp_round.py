@@ -18,7 +18,6 @@ from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.base import META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS, weights_term
 from fedgl_secure.methods.privacy_checks import check_upload_kinds
@@ -27,6 +26,7 @@ from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, noise_std
 from fedgl_secure.privacy.mechanisms import clip_vector, gaussian_share, noise_share_std
 from fedgl_secure.privacy.release_schedule import planned_ledger, round_releases
+from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.wire.run_record import RunDirectoryError, load_run_dir
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"

@@ -14,7 +14,6 @@ from torch.func import functional_call, grad, vmap
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.gcn import GCN
@@ -27,6 +26,7 @@ from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.mechanisms import affected_rows, bound_degree
 from fedgl_secure.privacy.release_schedule import planned_ledger
+from fedgl_secure.simulation.experiment import run_experiment
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 NODES, FEATURES, CLASSES, HIDDEN, MAX_DEGREE = 60, 20, 3, 8, 4

@@ -11,11 +11,11 @@ import torch
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy import edge_posterior, mechanisms
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 def seeded_bytes(seed: int):

@@ -15,7 +15,6 @@ from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.data.partition import louvain_partition
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import fed2gnn_exchange
 from fedgl_secure.methods.fed2gnn import matched_loss, prepare_clients, reconstruct_clients
@@ -28,6 +27,7 @@ from fedgl_secure.methods.rooted_tree import (
     walk_sums,
 )
 from fedgl_secure.model.adjacency import gcn_normalize, row_normalize_features
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 def small_graph(seed: int = 0, n: int = 9, p: float = 0.35) -> sp.csr_matrix:
@@ -371,7 +371,7 @@ def test_brute_force_walks_helper_counts():
 
 
 def test_table1_summary_keeps_cells_apart_and_shows_the_paper():
-    from fedgl_secure.methods.fed2gnn_reproduce import render_markdown, summarize, table1_specs
+    from fedgl_secure.simulation.fed2gnn_reproduce import render_markdown, summarize, table1_specs
 
     def run(method, seed, accuracy):
         return {"dataset": "cora", "method": method, "seed": seed, "global_test_accuracy": accuracy}
@@ -427,7 +427,7 @@ def test_consortium_services_run_fed2gnn_on_louvain_slices_only():
 
 
 def test_table1_reuses_a_run_recorded_before_a_config_field_was_added():
-    from fedgl_secure.methods.fed2gnn_reproduce import _canonical
+    from fedgl_secure.simulation.fed2gnn_reproduce import _canonical
 
     config = build_config({"method": "fed2gnn", "federation": {"partition": "louvain", "num_clients": 3}})
     recorded = config.model_dump(mode="json")

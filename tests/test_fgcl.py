@@ -11,7 +11,6 @@ import torch
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import WEIGHTS
@@ -19,6 +18,7 @@ from fedgl_secure.methods.fgcl import FGCL, FedGLContrastive, info_nce, perturbe
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.dp_round import FederationPrivacy
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 def test_info_nce_in_batch_matches_a_hand_computed_example():

@@ -14,7 +14,6 @@ from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError, PolicyError
 from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.methods.gap import GAP, apply_gap_policy, bounded_adjacency, check_gap_policy
@@ -25,6 +24,7 @@ from fedgl_secure.privacy import gap
 from fedgl_secure.privacy.accounting import gaussian_epsilon
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
+from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.tomlio import read_toml
 
 POLICY = "policies/node-dp-gap.toml"

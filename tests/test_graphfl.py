@@ -23,13 +23,13 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.self_training import most_confident_per_class
-from fedgl_secure.engine.simulation import method_initial_parameters, run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method_stages, stage_upload_kinds
 from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL, meta_step
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.seeding import numpy_stream
+from fedgl_secure.simulation.experiment import method_initial_parameters, run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +210,7 @@ def test_self_training_picks_the_most_confident_per_class():
 def test_new_label_domain_split_has_no_class_leakage(dataset):
     """Meta-training tasks hold no node of a new class; each evaluation draw's fine-tuning shots, validation
     nodes and test nodes are of the new classes only and pairwise disjoint (the experiment's own functions)."""
-    from fedgl_secure.methods.graphfl_experiments import new_label_tasks
+    from fedgl_secure.simulation.graphfl_experiments import new_label_tasks
 
     for seed in range(5):
         old, new, tasks = new_label_tasks(dataset, 2, seed, num_clients=8)
@@ -336,7 +336,7 @@ def test_a_method_whose_stages_share_a_kind_is_refused():
 def test_the_central_reference_trains_on_exactly_the_clients_labelled_nodes(dataset):
     """The non-IID ceiling (``centralized`` on the same clients) sees the union of the clients' labelled nodes and
     the very validation and test nodes every client is scored on, nothing more."""
-    from fedgl_secure.engine.simulation import Federation
+    from fedgl_secure.simulation.experiment import Federation
 
     clients = graphfl_clients(dataset, 7, 3, seed=0, test_size=100, val_size=50)
     config = build_config({"method": "centralized", "device": "cpu"})
@@ -349,7 +349,7 @@ def test_the_central_reference_trains_on_exactly_the_clients_labelled_nodes(data
 
 
 def test_the_non_iid_schedule_is_applied_and_a_set_override_wins_field_by_field():
-    from fedgl_secure.methods.graphfl_experiments import merge_sections, non_iid_schedule, protocol_config
+    from fedgl_secure.simulation.graphfl_experiments import merge_sections, non_iid_schedule, protocol_config
 
     schedule = non_iid_schedule("federated")
     config = protocol_config("cora", "federated", 0, merge_sections(schedule, {"training": {"local_epochs": 3}}))
@@ -362,7 +362,7 @@ def test_the_non_iid_schedule_is_applied_and_a_set_override_wins_field_by_field(
 
 
 def test_the_new_label_experiment_runs_its_chosen_adaptation_and_meta_step_and_a_set_override_wins():
-    from fedgl_secure.methods.graphfl_experiments import (
+    from fedgl_secure.simulation.graphfl_experiments import (
         NEW_LABEL_ADAPTATION,
         NEW_LABEL_META_STEP,
         new_label_adaptation,
@@ -386,7 +386,7 @@ def test_the_new_label_experiment_runs_its_chosen_adaptation_and_meta_step_and_a
 
 def test_new_label_models_trained_alone_equal_those_trained_together(dataset):
     """The grid trains FL+TL's model once for every adaptation setting: that must be the same model."""
-    from fedgl_secure.methods.graphfl_experiments import (
+    from fedgl_secure.simulation.graphfl_experiments import (
         evaluate_new_label,
         new_label_tasks,
         protocol_config,

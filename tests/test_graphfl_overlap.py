@@ -1,5 +1,5 @@
 """GraphFL's overlap variant: the overlapping subgraph clients (data/graphfl_split.py), a client without labelled
-nodes in the engine, and the experiment's cache and summary (methods/graphfl_overlap.py)."""
+nodes in the engine, and the experiment's cache and summary (simulation/graphfl_overlap.py)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from fedgl_secure.data.graphfl_split import (
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.methods import graphfl_overlap
-from fedgl_secure.methods.graphfl_overlap import parse_overlaps, summarise_overlap
+from fedgl_secure.simulation import graphfl_overlap
+from fedgl_secure.simulation.experiment import run_experiment
+from fedgl_secure.simulation.graphfl_overlap import parse_overlaps, summarise_overlap
 
 CLIENTS, LABELS, TEST, VAL = 8, 5, 100, 50
 

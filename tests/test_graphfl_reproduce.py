@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from fedgl_secure import cli
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.methods import graphfl_experiments
-from fedgl_secure.methods.graphfl_experiments import (
+from fedgl_secure.simulation import graphfl_experiments
+from fedgl_secure.simulation.graphfl_experiments import (
     NON_IID_METHODS,
     non_iid_columns,
     reproduction_jobs,

@@ -13,13 +13,13 @@ from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import META_GRADIENTS, Broadcast
 from fedgl_secure.methods.graphfl import META, gradient_steps, loss_gradient
 from fedgl_secure.methods.maml import adapted_parameters, functional_loss, second_order_meta_gradient
 from fedgl_secure.model.gcn import GCN
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

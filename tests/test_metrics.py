@@ -165,7 +165,7 @@ def _in_unit_interval(metrics: dict) -> bool:
 def test_a_short_run_reports_the_metrics_at_its_best_round(method):
     from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import run_experiment
+    from fedgl_secure.simulation.experiment import run_experiment
 
     config = build_config({"method": method, "device": "cpu", "federation": {"max_rounds": 2}})
     result = run_experiment(config, synthetic_consortium(seed=0), progress=False)
@@ -183,9 +183,9 @@ def test_best_round_roc_auc_agrees_with_a_fresh_evaluation_of_its_weights():
     """Recomputed independently: the best round's W̄ on the merged graph, softmax, scikit-learn's macro OvR."""
     from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import Federation, run_experiment
     from fedgl_secure.methods import build_method
     from fedgl_secure.model.gcn import GCN
+    from fedgl_secure.simulation.experiment import Federation, run_experiment
 
     config = build_config({"method": "fedgl", "device": "cpu", "federation": {"max_rounds": 12}})
     dataset = synthetic_consortium(seed=0)
@@ -241,7 +241,7 @@ def test_bad_evaluation_settings_are_refused_naming_the_field(assignment, fragme
 def test_a_positive_class_scores_that_class_in_a_run():
     from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.engine.simulation import run_experiment
+    from fedgl_secure.simulation.experiment import run_experiment
 
     values = {"method": "federated", "device": "cpu", "federation": {"max_rounds": 1}}
     config = build_config({**values, "evaluation": {"positive_class": 3, "top_fraction": 0.05}})

@@ -12,9 +12,9 @@ from fedgl_secure.data.sources.bank_graph import load_bank_data
 from fedgl_secure.data.sources.declaration import FileSource
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.score_histograms import NUM_BINS
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.services.aggregator_store import AggregatorStore, best_report, validation_scores
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 @pytest.fixture(scope="module")

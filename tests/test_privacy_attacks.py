@@ -30,9 +30,9 @@ from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.engine.simulation import Federation, run_experiment
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.seeding import numpy_stream, torch_stream
+from fedgl_secure.simulation.experiment import Federation, run_experiment
 
 CPU = torch.device("cpu")
 

@@ -14,7 +14,6 @@ from scipy.stats import binomtest
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import WEIGHTS
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
@@ -23,6 +22,7 @@ from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.label_dp import forward_corrected_loss
 from fedgl_secure.privacy.release_schedule import planned_ledger
+from fedgl_secure.simulation.experiment import run_experiment
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 

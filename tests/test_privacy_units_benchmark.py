@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
-from fedgl_secure.engine.simulation import Federation
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
+from fedgl_secure.simulation.experiment import Federation
 
 ROOT = Path(__file__).resolve().parents[1]
 BANKS = ("bank-a", "bank-b", "bank-c")  # three banks: the default quorum

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.dp_round import FederationPrivacy
@@ -28,6 +27,7 @@ from fedgl_secure.privacy.label_dp import (
     robust_label_loss,
     soft_bootstrapping_loss,
 )
+from fedgl_secure.simulation.experiment import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGITS = torch.tensor([[2.0, 0.5, -1.0], [0.1, 1.5, 0.3], [-0.4, 0.2, 2.5]])

@@ -14,11 +14,11 @@ from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSumma
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import WEIGHTS, split_weights_sum
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.policy.schema import load_policy
+from fedgl_secure.simulation.experiment import run_experiment
 
 BASELINE = Path(__file__).resolve().parents[1] / "policies" / "baseline.toml"
 

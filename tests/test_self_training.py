@@ -19,9 +19,9 @@ from fedgl_secure.engine.self_training import (
     self_trained_graphs,
     with_pseudo_labels,
 )
-from fedgl_secure.engine.simulation import initial_parameters, run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.graphfl import GraphFL
+from fedgl_secure.simulation.experiment import initial_parameters, run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_self_training_changes_fedavg_and_graphfl_and_is_refused_elsewhere(clien
 
 
 def test_the_self_trained_non_iid_variants_add_only_self_training_to_their_methods_schedule():
-    from fedgl_secure.methods.graphfl_experiments import NON_IID_SELF_TRAINING, non_iid_schedule, protocol_config
+    from fedgl_secure.simulation.graphfl_experiments import NON_IID_SELF_TRAINING, non_iid_schedule, protocol_config
 
     for method in ("federated", "graphfl"):
         schedule = non_iid_schedule(f"{method}+st")

@@ -20,9 +20,9 @@ from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.splits import SplitConfig, random_split
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.engine.reproduce import run_table2, summarize
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.simulation.experiment import run_experiment
+from fedgl_secure.simulation.reproduce import run_table2, summarize
 
 # the paper's smallest Table 3 label rate per dataset (ACM: 15/25/35, the others 5/10/15)
 PAPER_RATE = {"cora": 5, "citeseer": 5, "acm": 15, "wiki": 5}

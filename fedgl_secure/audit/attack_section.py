@@ -108,8 +108,8 @@ def membership_floor(config: ExperimentConfig, merged: GraphTensors, seed: int) 
     still reflects (degree, feature density), and the best of three variants is taken, so the floor
     is not exactly 0.5. Raises ValueError or RuntimeError when the attack cannot run.
     """
-    from fedgl_secure.engine.simulation import method_initial_parameters
     from fedgl_secure.methods import METHOD_CLASSES, build_method
+    from fedgl_secure.simulation.experiment import method_initial_parameters
 
     method = build_method(config) if config.method in METHOD_CLASSES else None
     untrained = method_initial_parameters(method, config, merged.features.shape[1], merged.num_classes)
@@ -425,6 +425,6 @@ def _experiment(files: RunFiles, data_root: str | Path | None) -> tuple[Experime
 
 def _merged(config: ExperimentConfig, dataset: GraphDataset) -> GraphTensors:
     """The federation's merged client graph (on the CPU): what the simulation evaluates W̄ on."""
-    from fedgl_secure.engine.simulation import Federation, resolve_device
+    from fedgl_secure.simulation.experiment import Federation, resolve_device
 
     return Federation.build(dataset, config, resolve_device("cpu")).merged

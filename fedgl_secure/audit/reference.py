@@ -147,7 +147,7 @@ def retrain_reference(
     configured, as it was for the run. Logs a line before and after (it can take minutes on a real
     dataset) besides the optional progress bar.
     """
-    from fedgl_secure.engine.simulation import run_experiment
+    from fedgl_secure.simulation.experiment import run_experiment
 
     config = reference_config(config)
     config = config.model_copy(update={"federation": config.federation.model_copy(update={"max_rounds": rounds})})

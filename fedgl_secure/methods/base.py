@@ -1,6 +1,6 @@
 """The method interface: what a client computes and uploads, what the server fuses and sends back.
 
-The engine (``engine/simulation.py``, and the consortium services) is method-agnostic. A method
+The engine (``simulation/experiment.py``, and the consortium services) is method-agnostic. A method
 declares its upload kinds; each client turns the current :class:`Broadcast` into a dict of
 *pre-weighted* terms ``w_k · X_k`` (one per kind, already in global index where per-node);
 the engine only sums them (in plaintext or under CKKS) and hands the sums back to the method.

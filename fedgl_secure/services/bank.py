@@ -79,7 +79,6 @@ from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
-from fedgl_secure.engine.simulation import protect_contributions, resolve_device
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
 from fedgl_secure.fileio import write_arrays_atomically, write_atomically
 from fedgl_secure.log import configure_logging, get_logger
@@ -118,6 +117,7 @@ from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
+from fedgl_secure.simulation.experiment import protect_contributions, resolve_device
 from fedgl_secure.wire.broadcast import decode_broadcast, model_label, stage_label
 
 LEDGER_FILE = "privacy-ledger.json"

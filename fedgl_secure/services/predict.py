@@ -23,7 +23,6 @@ import torch
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
-from fedgl_secure.engine.simulation import resolve_device
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
@@ -40,6 +39,7 @@ from fedgl_secure.services.bank import (
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.services.pki import load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
+from fedgl_secure.simulation.experiment import resolve_device
 from fedgl_secure.wire.broadcast import decode_broadcast, model_label
 
 

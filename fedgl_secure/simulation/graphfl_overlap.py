@@ -21,10 +21,10 @@ from tqdm.auto import tqdm
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.graphfl_split import graphfl_overlap_clients
 from fedgl_secure.data.registry import load_dataset
-from fedgl_secure.engine.simulation import run_experiment
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
-from fedgl_secure.methods.graphfl_experiments import (
+from fedgl_secure.simulation.experiment import run_experiment
+from fedgl_secure.simulation.graphfl_experiments import (
     METHOD_LABELS,
     NUM_CLIENTS,
     cached_result,

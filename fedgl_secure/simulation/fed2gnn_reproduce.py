@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 from fedgl_secure.data.partition import cross_client_edges, louvain_partition
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import ExperimentConfig, build_config
-from fedgl_secure.engine.reproduce import RunSpec, _run_one
 from fedgl_secure.methods.fed2gnn_exchange import upload_values
 from fedgl_secure.model.backbones import build_backbone
+from fedgl_secure.simulation.reproduce import RunSpec, _run_one
 
 # Fed²GNN paper, Table 1 (GCN, GraphSAGE) and Table 2 (DAGNN, 5 layers) on Cora (accuracy %, mean of 10 seeds), keyed
 # by backbone (training.backbone), method and M.

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import ExperimentConfig, build_config
-from fedgl_secure.engine.simulation import run_experiment
+from fedgl_secure.simulation.experiment import run_experiment
 
 # FedGL paper, Table 2: global test accuracy, mean of 5 seeds (DESIGN §4).
 PAPER_TABLE2 = MappingProxyType(
