@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
-from fedgl_secure.crypto.audit import verify_audit_chain
+from fedgl_secure.crypto.audit_log import verify_audit_chain
 from fedgl_secure.crypto.key_authority import SEALED_FILE, KeyAuthority, Refusal
 from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values

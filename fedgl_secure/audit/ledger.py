@@ -268,7 +268,7 @@ def check_central_noise(files: RunFiles, audit: AuditRecords) -> tuple[Check, Ta
 
 def check_audit_chain(files: RunFiles) -> tuple[Section, AuditRecords]:
     """Verify audit.jsonl's chain up to the recorded head; its records for the cross-checks, read once."""
-    from fedgl_secure.crypto.audit import verify_audit_chain
+    from fedgl_secure.crypto.audit_log import verify_audit_chain
     from fedgl_secure.crypto.key_authority import AUDIT_FILE, AUDIT_HEAD
 
     section = Section("audit-log", "Audit log hash chain")
