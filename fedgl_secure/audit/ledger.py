@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedgl_secure.audit.model import AMBER, GREEN, INFO, RED, Check, Section, Table
+from fedgl_secure.audit.report_model import AMBER, GREEN, INFO, RED, Check, Section, Table
 from fedgl_secure.audit.run_files import Decryption, RunFiles
 from fedgl_secure.errors import FedGLError
 from fedgl_secure.wire.run_record import (
