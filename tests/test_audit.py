@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
-from fedgl_secure.audit.model import Check
+from fedgl_secure.audit.report_model import Check
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
@@ -360,8 +360,8 @@ def test_attacks_without_data_are_amber_not_run(run_dir, tmp_path, monkeypatch):
 def test_svg_plot_is_valid_xml_with_budget_line_and_axes_covering_it():
     import xml.etree.ElementTree as ET
 
-    from fedgl_secure.audit.model import Plot
     from fedgl_secure.audit.report import _ticks, svg_line_plot
+    from fedgl_secure.audit.report_model import Plot
 
     plot = Plot(
         "ε <bank & co>", "round", "ε", {"total": [(1, 0.5), (2, 0.9), (3, 1.2)], "weights": [(1, 0.3)]}, 8.0, "budget"

@@ -20,7 +20,7 @@ from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE, prior_size
 from fedgl_secure.privacy.label_release import StagedRelease
 from fedgl_secure.services.aggregator_service import RoundResponse, Served
 from fedgl_secure.services.bank_label_prior import LabelPriorParticipant
-from fedgl_secure.services.wire import ServiceError
+from fedgl_secure.services.http_conventions import ServiceError
 from fedgl_secure.wire.broadcast import stage_label
 from fedgl_secure.wire.encodings import encode_arrays
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
-from fedgl_secure.crypto.audit import verify_audit_chain
+from fedgl_secure.crypto.audit_log import verify_audit_chain
 from fedgl_secure.crypto.receipts import load_public_key, verify_receipt
 from fedgl_secure.crypto.secure_summation import SecureSummation
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium

@@ -32,7 +32,7 @@ from fedgl_secure.methods.fed2gnn_relay import (
     sign_exchange_key,
 )
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.services import tls, wire
+from fedgl_secure.services import http_conventions, tls
 from fedgl_secure.services.aggregator import Coordinator
 from fedgl_secure.services.aggregator_service import AggregatorClient, create_app
 from fedgl_secure.services.aggregator_store import AggregatorStore
@@ -42,7 +42,7 @@ from fedgl_secure.wire import encodings
 
 FEDERATION = "relay-test"
 HOPS = 2
-OCTET = {"Content-Type": wire.OCTET_STREAM}
+OCTET = {"Content-Type": http_conventions.OCTET_STREAM}
 
 
 @pytest.fixture(scope="module")

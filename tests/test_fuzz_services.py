@@ -16,7 +16,7 @@ import httpx
 import pytest
 from consortium_harness import write_consortium
 
-from fedgl_secure.services import wire
+from fedgl_secure.services import http_conventions
 from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.fuzzing import run_schemathesis
 from fedgl_secure.services.orchestrate import NodeProcess, stop_processes
@@ -93,9 +93,9 @@ def test_every_error_is_documented_with_the_one_error_model(consortium, service)
                     assert response["content"] == {
                         "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
                     }, (method, path, status)
-            if wire.OCTET_STREAM in responses["200"].get("content", {}):
+            if http_conventions.OCTET_STREAM in responses["200"].get("content", {}):
                 binary.append(f"{method.upper()} {path}")
-            if wire.OCTET_STREAM in operation.get("requestBody", {}).get("content", {}):
+            if http_conventions.OCTET_STREAM in operation.get("requestBody", {}).get("content", {}):
                 binary.append(f"{method.upper()} {path} (body)")
     expected = {
         "key-authority": [

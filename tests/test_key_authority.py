@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask, shamir, threshold
-from fedgl_secure.crypto.audit import AuditChainError, AuditLog, verify_audit_chain
+from fedgl_secure.crypto.audit_log import AuditChainError, AuditLog, verify_audit_chain
 from fedgl_secure.crypto.key_authority import (
     AGGREGATOR,
     AUTHORITY_SHARE_FILE,

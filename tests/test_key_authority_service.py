@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
-from fedgl_secure.crypto.audit import verify_audit_chain
+from fedgl_secure.crypto.audit_log import verify_audit_chain
 from fedgl_secure.crypto.key_authority import SEALED_FILE, KeyAuthority, Refusal
 from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
@@ -40,7 +40,7 @@ from fedgl_secure.errors import CiphertextError, ConfigError, DecryptionRefused,
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import PREDICTIONS, WEIGHTS
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.services import tls, wire
+from fedgl_secure.services import http_conventions, tls
 from fedgl_secure.services.bank_keys import ensure_key_share
 from fedgl_secure.services.config import BankSection, KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import (
@@ -505,7 +505,7 @@ def test_open_round_conflicts_are_409(service):
         "policy-conflict",
     )
     assert "round 2 is older than the open round 3" in detail
-    with pytest.raises(wire.ServiceError) as caught:
+    with pytest.raises(http_conventions.ServiceError) as caught:
         service.client.open_round(FEDERATION, 4, "ef" * 16, ["bank-a", "bank-x"], service.policy.digest)
     assert caught.value.status == 409 and "['bank-x'] are not registered banks" in caught.value.detail
     detail = _error(

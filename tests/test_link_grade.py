@@ -11,7 +11,7 @@ import torch
 
 from fedgl_secure.audit.attack_section import edge_dp_auc_bound, link_grade
 from fedgl_secure.audit.attacks import LinkResult, restricted_pseudo_graph
-from fedgl_secure.audit.model import AMBER, GREEN, RED
+from fedgl_secure.audit.report_model import AMBER, GREEN, RED
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 
 

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from fedgl_secure.log import get_logger
+from fedgl_secure.services.http_conventions import ServiceError
 from fedgl_secure.services.retry import PeerUnavailable, StopRequested, retry_until_ready
-from fedgl_secure.services.wire import ServiceError
 
 
 def unreachable():

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from fedgl_secure.errors import CiphertextError, DecryptionRefused, PolicyError, ReceiptError
-from fedgl_secure.services import wire
+from fedgl_secure.services import http_conventions
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.encodings import WireError
 
@@ -239,7 +239,7 @@ def test_bad_headers_name_header_and_fields(value, message):
 
 def _app() -> FastAPI:
     app = FastAPI()
-    wire.install_error_handlers(app, max_body_bytes=1000, path_limits={"/big-body": 3000, "/many/*": 2000})
+    http_conventions.install_error_handlers(app, max_body_bytes=1000, path_limits={"/big-body": 3000, "/many/*": 2000})
 
     @app.post("/body")
     async def body(request: Request) -> dict:
@@ -299,18 +299,18 @@ def test_errors_become_json(client, what, status, code, detail):
 
 def test_errors_come_back_as_exceptions(client):
     with pytest.raises(DecryptionRefused) as caught:
-        wire.raise_for_service_error(client.get("/raise/refused"))
+        http_conventions.raise_for_service_error(client.get("/raise/refused"))
     assert (caught.value.reason, caught.value.detail) == ("below-quorum", "1 valid receipt")
     with pytest.raises(DecryptionRefused, match="bad-ciphertext"):
-        wire.raise_for_service_error(client.get("/raise/bad-ciphertext"))
-    with pytest.raises(wire.ServiceError) as caught:
-        wire.raise_for_service_error(client.get("/raise/policy"))
+        http_conventions.raise_for_service_error(client.get("/raise/bad-ciphertext"))
+    with pytest.raises(http_conventions.ServiceError) as caught:
+        http_conventions.raise_for_service_error(client.get("/raise/policy"))
     assert (caught.value.status, caught.value.error, caught.value.detail) == (409, "policy-conflict", "round too old")
-    with pytest.raises(wire.ServiceError, match=r"HTTP 404 .*\(not-found\)"):
-        wire.raise_for_service_error(client.get("/nowhere"))
-    with pytest.raises(wire.ServiceError, match=r"HTTP 502 \(http-502\): plain text"):
-        wire.raise_for_service_error(httpx.Response(502, text="plain text"))
-    wire.raise_for_service_error(client.post("/body", content=b""))
+    with pytest.raises(http_conventions.ServiceError, match=r"HTTP 404 .*\(not-found\)"):
+        http_conventions.raise_for_service_error(client.get("/nowhere"))
+    with pytest.raises(http_conventions.ServiceError, match=r"HTTP 502 \(http-502\): plain text"):
+        http_conventions.raise_for_service_error(httpx.Response(502, text="plain text"))
+    http_conventions.raise_for_service_error(client.post("/body", content=b""))
 
 
 def test_body_limits(client):
@@ -384,7 +384,7 @@ def test_a_broadcast_is_bounded_by_the_shapes_the_bank_expects():
 def test_metadata_headers_are_declared_non_empty_so_an_empty_one_is_not_schema_valid():
     """An empty ``X-FedGL-Receipt`` is refused (400): the OpenAPI document says so (schemathesis found it declared
     schema-valid), and the format names what the header carries."""
-    extra = wire.binary_request("chunks", {"X-FedGL-Receipt": "the signed receipt"})
+    extra = http_conventions.binary_request("chunks", {"X-FedGL-Receipt": "the signed receipt"})
     (parameter,) = extra["parameters"]
     assert parameter["in"] == "header" and parameter["required"]
     assert parameter["schema"] == {"type": "string", "format": "fedgl-receipt", "minLength": 1}

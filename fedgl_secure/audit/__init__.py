@@ -1,6 +1,6 @@
 """The privacy audit of a finished run (DESIGN §6): checks a run directory against its policy.
 
-Modules: ``model`` (the report), ``run_files`` (reading the run), ``conformance`` (sections 1-2), ``ledger``
+Modules: ``report_model`` (the report), ``run_files`` (reading the run), ``conformance`` (sections 1-2), ``ledger``
 (3-6), ``attack_section`` (7), ``run`` (:func:`~fedgl_secure.audit.run.audit_run`), ``report`` (rendering),
 ``reference`` (the non-DP reference model), ``command`` (the CLI).
 

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedgl_secure.audit.model import (
+from fedgl_secure.audit.report_model import (
     AMBER,
     GREEN,
     INFO,

@@ -8,7 +8,17 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from fedgl_secure.audit.model import AMBER, BUDGET_WARNING_FRACTION, GREEN, INFO, RED, Check, Plot, Section, Table
+from fedgl_secure.audit.report_model import (
+    AMBER,
+    BUDGET_WARNING_FRACTION,
+    GREEN,
+    INFO,
+    RED,
+    Check,
+    Plot,
+    Section,
+    Table,
+)
 from fedgl_secure.audit.run_files import KeyAuthorityLedger, RunFiles
 from fedgl_secure.errors import FedGLError
 from fedgl_secure.wire.run_record import (

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedgl_secure.audit.model import AMBER, GREEN, INFO, RED, Check, Section, Table
+from fedgl_secure.audit.report_model import AMBER, GREEN, INFO, RED, Check, Section, Table
 from fedgl_secure.audit.run_files import Decryption, RunFiles
 from fedgl_secure.errors import FedGLError
 from fedgl_secure.wire.run_record import (
@@ -268,7 +268,7 @@ def check_central_noise(files: RunFiles, audit: AuditRecords) -> tuple[Check, Ta
 
 def check_audit_chain(files: RunFiles) -> tuple[Section, AuditRecords]:
     """Verify audit.jsonl's chain up to the recorded head; its records for the cross-checks, read once."""
-    from fedgl_secure.crypto.audit import verify_audit_chain
+    from fedgl_secure.crypto.audit_log import verify_audit_chain
     from fedgl_secure.crypto.key_authority import AUDIT_FILE, AUDIT_HEAD
 
     section = Section("audit-log", "Audit log hash chain")

@@ -1,4 +1,4 @@
-"""Rendering of an :class:`~fedgl_secure.audit.model.AuditReport`: Markdown, self-contained HTML, JSON.
+"""Rendering of an :class:`~fedgl_secure.audit.report_model.AuditReport`: Markdown, self-contained HTML, JSON.
 
 Plots are inline SVG drawn here (:func:`svg_line_plot`): no plotting dependency, and an HTML report
 that is one file a risk officer can open offline or attach to a ticket. Markdown cannot carry inline
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fedgl_secure.audit.model import AuditReport, Plot
+from fedgl_secure.audit.report_model import AuditReport, Plot
 
 _EMOJI = {"info": "⚪", "green": "🟢", "amber": "🟠", "red": "🔴"}
 _PALETTE = ("#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")

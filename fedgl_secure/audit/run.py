@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from fedgl_secure.audit.attack_section import attack_section
 from fedgl_secure.audit.conformance import check_policy, check_privacy
 from fedgl_secure.audit.ledger import check_audit_chain, check_decryptions, check_receipts, leakage_section
-from fedgl_secure.audit.model import AMBER, AuditReport, Section
+from fedgl_secure.audit.report_model import AMBER, AuditReport, Section
 from fedgl_secure.audit.run_files import RunFiles, read_run_dir
 from fedgl_secure.errors import ConfigError
 

@@ -54,7 +54,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, key_ceremony, ring_mask, threshold
-from fedgl_secure.crypto.audit import AuditLog, ChainReport, verify_audit_chain
+from fedgl_secure.crypto.audit_log import AuditLog, ChainReport, verify_audit_chain
 from fedgl_secure.crypto.flooding_reserve import FloodingReserve
 from fedgl_secure.crypto.key_ceremony import Announcement, HeldShare, Roster, ShareEnvelope
 from fedgl_secure.crypto.ledger import Ledger, OpenRound

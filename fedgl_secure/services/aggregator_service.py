@@ -52,7 +52,7 @@ from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services import wire
+from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
 from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
@@ -93,8 +93,8 @@ def _checked_pseudonyms(pseudonyms: list[str], code: str) -> list[str]:
 
 
 class EnrolRequest(_Schema):
-    num_features: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
-    num_classes: wire.JsonInt = Field(ge=2, le=wire.MAX_JSON_INT)
+    num_features: http_conventions.JsonInt = Field(ge=1, le=http_conventions.MAX_JSON_INT)
+    num_classes: http_conventions.JsonInt = Field(ge=2, le=http_conventions.MAX_JSON_INT)
     pseudonyms: list[str] = Field(min_length=1, max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
@@ -160,7 +160,7 @@ class WithdrawRequest(_Schema):
     """A bank leaves the run for good; ``round`` is the round it declined (for the record)."""
 
     reason: Literal["privacy-budget-exhausted"]
-    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
+    round: http_conventions.JsonInt = Field(ge=1, le=http_conventions.MAX_JSON_INT)
 
 
 class WithdrawResponse(_Schema):
@@ -198,7 +198,9 @@ class ExchangeResponse(_Schema):
 
 class BoundaryRequest(_Schema):
     nonce: str = Field(pattern=_NONCE)
-    width: wire.JsonInt = Field(ge=2, le=wire.MAX_JSON_INT, description="p + 1: the signal width of every term")
+    width: http_conventions.JsonInt = Field(
+        ge=2, le=http_conventions.MAX_JSON_INT, description="p + 1: the signal width of every term"
+    )
     pseudonyms: list[str] = Field(max_length=MAX_PSEUDONYMS)
 
     def checked_pseudonyms(self) -> list[str]:
@@ -211,14 +213,14 @@ class BoundaryResponse(_Schema):
 
 
 class ReportRequest(_Schema):
-    version: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
-    val_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
-    val_total: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
-    test_correct: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
-    test_total: wire.JsonInt = Field(ge=0, le=wire.MAX_JSON_INT)
+    version: http_conventions.JsonInt = Field(ge=0, le=http_conventions.MAX_JSON_INT)
+    val_correct: http_conventions.JsonInt = Field(ge=0, le=http_conventions.MAX_JSON_INT)
+    val_total: http_conventions.JsonInt = Field(ge=0, le=http_conventions.MAX_JSON_INT)
+    test_correct: http_conventions.JsonInt = Field(ge=0, le=http_conventions.MAX_JSON_INT)
+    test_total: http_conventions.JsonInt = Field(ge=0, le=http_conventions.MAX_JSON_INT)
     # with a positive class: validation negatives, validation positives, test negatives, test positives,
     # each counted per score bin (engine/score_histograms.py)
-    histograms: list[list[wire.BoundedJsonInt]] | None = Field(None, min_length=4, max_length=4)
+    histograms: list[list[http_conventions.BoundedJsonInt]] | None = Field(None, min_length=4, max_length=4)
 
     def checked_histograms(self) -> np.ndarray | None:
         if self.histograms is None:
@@ -261,7 +263,7 @@ def create_app(
 ) -> FastAPI:
     """The aggregator's FastAPI app over ``coordinator`` (``lifespan`` runs the round loop)."""
     app = FastAPI(title="fedgl-secure aggregator", version="1", lifespan=lifespan)
-    wire.install_error_handlers(
+    http_conventions.install_error_handlers(
         app,
         coordinator.log,
         max_body_bytes,
@@ -282,12 +284,12 @@ def create_app(
     def status(caller: Caller = Depends(caller_identity)) -> dict:
         return coordinator.status()
 
-    @app.post("/v1/enrol", responses=wire.error_responses(409))
+    @app.post("/v1/enrol", responses=http_conventions.error_responses(409))
     def enrol(request: EnrolRequest, caller: Caller = Depends(bank_only)) -> dict:
         coordinator.enrol(caller.name, request.num_features, request.num_classes, request.checked_pseudonyms())
         return {"enrolled": True}
 
-    @app.get("/v1/index", responses=wire.error_responses(409))
+    @app.get("/v1/index", responses=http_conventions.error_responses(409))
     def index(caller: Caller = Depends(bank_only)) -> IndexResponse:
         size, positions = coordinator.index_for(caller.name)
         return IndexResponse(
@@ -315,18 +317,20 @@ def create_app(
         "/v1/decryptions/{task_id}/c1",
         response_class=Response,
         responses={
-            **wire.binary_response("each receipted upload's c1 polynomials, framed by encodings.encode_uint64_frames"),
-            **wire.error_responses(409),
+            **http_conventions.binary_response(
+                "each receipted upload's c1 polynomials, framed by encodings.encode_uint64_frames"
+            ),
+            **http_conventions.error_responses(409),
         },
     )
     def decryption_c1(task_id: Annotated[str, Path(pattern=_TASK_ID)], caller: Caller = Depends(bank_only)) -> Response:
         task = coordinator.board.task_for(task_id, caller.name)
-        return Response(encodings.encode_uint64_frames(task.upload_c1), media_type=wire.OCTET_STREAM)
+        return Response(encodings.encode_uint64_frames(task.upload_c1), media_type=http_conventions.OCTET_STREAM)
 
     @app.put(
         "/v1/decryptions/{task_id}/partial",
-        responses=wire.error_responses(400, 409),
-        openapi_extra=wire.uint64_request(
+        responses=http_conventions.error_responses(400, 409),
+        openapi_extra=http_conventions.uint64_request(
             "the bank's partial decryption: chunks x primes x N little-endian uint64 (encodings.encode_uint64)"
         ),
     )
@@ -339,54 +343,57 @@ def create_app(
         await run_in_threadpool(coordinator.board.accept_partial, task_id, caller.name, residues.reshape(shape))
         return {"accepted": True}
 
-    @app.put("/v1/decryptions/{task_id}/refusal", responses=wire.error_responses(409))
+    @app.put("/v1/decryptions/{task_id}/refusal", responses=http_conventions.error_responses(409))
     def decryption_refusal(
         task_id: Annotated[str, Path(pattern=_TASK_ID)], request: RefusalRequest, caller: Caller = Depends(bank_only)
     ) -> dict:
         coordinator.board.accept_refusal(task_id, caller.name, request.reason, request.detail)
         return {"accepted": True}
 
-    @app.get("/v1/round", responses=wire.error_responses(409))
+    @app.get("/v1/round", responses=http_conventions.error_responses(409))
     def current_round(caller: Caller = Depends(bank_only)) -> RoundResponse:
         return RoundResponse.model_validate(dataclasses.asdict(coordinator.round_view(caller.name)))
 
     @app.get(
         "/v1/models/{version}",
         response_class=Response,
-        responses={**wire.binary_response("W̄, Ȳ, Ā of the version as an .npz bundle"), **wire.error_responses(409)},
+        responses={
+            **http_conventions.binary_response("W̄, Ȳ, Ā of the version as an .npz bundle"),
+            **http_conventions.error_responses(409),
+        },
     )
     def model(
-        version: Annotated[int, Path(ge=0, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
+        version: Annotated[int, Path(ge=0, le=http_conventions.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
     ) -> Response:
         body, signature = coordinator.broadcast_for(caller.name, version)  # this bank's rows only, signed
-        return Response(body, media_type=wire.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
+        return Response(body, media_type=http_conventions.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
 
     @app.get(
         "/v1/rounds/{round_number}/stages/{stage}",
         response_class=Response,
         responses={
-            **wire.binary_response("the broadcast after the stage, as an .npz bundle (as a model version)"),
-            **wire.error_responses(409),
+            **http_conventions.binary_response("the broadcast after the stage, as an .npz bundle (as a model version)"),
+            **http_conventions.error_responses(409),
         },
     )
     def stage_model(
-        round_number: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        round_number: Annotated[int, Path(ge=1, le=http_conventions.MAX_JSON_INT)],
         stage: Annotated[str, Path(max_length=64)],
         caller: Caller = Depends(bank_only),
     ) -> Response:
         body, signature = coordinator.stage_broadcast_for(caller.name, round_number, stage)
-        return Response(body, media_type=wire.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
+        return Response(body, media_type=http_conventions.OCTET_STREAM, headers={BROADCAST_SIGNATURE_HEADER: signature})
 
     @app.put(
         "/v1/rounds/{round_number}/uploads/{kind}",
-        responses=wire.error_responses(400, 409),
-        openapi_extra=wire.binary_request(
+        responses=http_conventions.error_responses(400, 409),
+        openapi_extra=http_conventions.binary_request(
             "one kind's ciphertext chunks, framed by encodings.encode_chunks",
             headers={RECEIPT_HEADER: "the signed Receipt as base64url compact JSON (encodings.encode_header)"},
         ),
     )
     async def upload(
-        round_number: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        round_number: Annotated[int, Path(ge=1, le=http_conventions.MAX_JSON_INT)],
         kind: str,
         request: Request,
         caller: Caller = Depends(bank_only),
@@ -402,18 +409,18 @@ def create_app(
         new = await run_in_threadpool(coordinator.accept_upload, caller.name, round_number, kind, chunks, receipt)
         return UploadResponse(accepted=True, duplicate=not new)
 
-    @app.post("/v1/reports", responses=wire.error_responses(409))
+    @app.post("/v1/reports", responses=http_conventions.error_responses(409))
     def report(request: ReportRequest, caller: Caller = Depends(bank_only)) -> dict:
         counts = (request.val_correct, request.val_total, request.test_correct, request.test_total)
         coordinator.accept_report(caller.name, request.version, counts, request.checked_histograms())
         return {"recorded": True}
 
-    @app.post("/v1/withdraw", responses=wire.error_responses(409))
+    @app.post("/v1/withdraw", responses=http_conventions.error_responses(409))
     def withdraw(request: WithdrawRequest, caller: Caller = Depends(bank_only)) -> WithdrawResponse:
         new = coordinator.withdraw(caller.name, request.reason, request.round)
         return WithdrawResponse(withdrawn=True, duplicate=not new)
 
-    @app.get("/v1/exchange", responses=wire.error_responses(409))
+    @app.get("/v1/exchange", responses=http_conventions.error_responses(409))
     def exchange(caller: Caller = Depends(bank_only)) -> ExchangeResponse:
         view = coordinator.exchange().view()
         keys = {bank: ExchangeKey(public_key=k, signature=sig) for bank, (k, sig) in view.keys.items()}
@@ -427,19 +434,19 @@ def create_app(
             boundary_sizes=view.boundary_sizes,
         )
 
-    @app.put("/v1/exchange/key", responses=wire.error_responses(409))
+    @app.put("/v1/exchange/key", responses=http_conventions.error_responses(409))
     def exchange_key(request: ExchangeKeyRequest, caller: Caller = Depends(bank_only)) -> UploadResponse:
         relay = coordinator.exchange()
         new = relay.publish_key(caller.name, request.nonce, bytes.fromhex(request.public_key), request.signature)
         return UploadResponse(accepted=True, duplicate=not new)
 
-    @app.put("/v1/exchange/boundary", responses=wire.error_responses(409))
+    @app.put("/v1/exchange/boundary", responses=http_conventions.error_responses(409))
     def exchange_boundary(request: BoundaryRequest, caller: Caller = Depends(bank_only)) -> UploadResponse:
         relay = coordinator.exchange()
         new = relay.announce_boundary(caller.name, request.nonce, request.width, request.checked_pseudonyms())
         return UploadResponse(accepted=True, duplicate=not new)
 
-    @app.get("/v1/exchange/boundaries/{bank}", responses=wire.error_responses(409))
+    @app.get("/v1/exchange/boundaries/{bank}", responses=http_conventions.error_responses(409))
     def announced_boundary(
         bank: Annotated[str, Path(max_length=128)], caller: Caller = Depends(bank_only)
     ) -> BoundaryResponse:
@@ -447,13 +454,13 @@ def create_app(
 
     @app.put(
         "/v1/exchange/levels/{level}/terms/{active}",
-        responses=wire.error_responses(400, 409),
-        openapi_extra=wire.uint64_request(
+        responses=http_conventions.error_responses(400, 409),
+        openapi_extra=http_conventions.uint64_request(
             "the masked term: boundary size x width little-endian uint64 (encodings.encode_uint64)"
         ),
     )
     async def exchange_term(
-        level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)],
+        level: Annotated[int, Path(ge=1, le=http_conventions.MAX_JSON_INT)],
         active: Annotated[str, Path(max_length=128)],
         nonce: Annotated[str, Query(pattern=_NONCE)],
         request: Request,
@@ -470,15 +477,15 @@ def create_app(
         "/v1/exchange/levels/{level}/sum",
         response_class=Response,
         responses={
-            **wire.binary_response("the masked sum of every passive bank's term for the caller (uint64)"),
-            **wire.error_responses(409),
+            **http_conventions.binary_response("the masked sum of every passive bank's term for the caller (uint64)"),
+            **http_conventions.error_responses(409),
         },
     )
     def exchange_sum(
-        level: Annotated[int, Path(ge=1, le=wire.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
+        level: Annotated[int, Path(ge=1, le=http_conventions.MAX_JSON_INT)], caller: Caller = Depends(bank_only)
     ) -> Response:
         total = coordinator.exchange().relayed_sum(caller.name, level)
-        return Response(encodings.encode_uint64(total), media_type=wire.OCTET_STREAM)
+        return Response(encodings.encode_uint64(total), media_type=http_conventions.OCTET_STREAM)
 
     return app
 
@@ -486,24 +493,25 @@ def create_app(
 class AggregatorClient:
     """What a bank calls on the aggregator (over an mTLS ``httpx.Client``).
 
-    Errors come back as the exceptions the coordinator raises in-process (:func:`wire.raise_for_service_error`):
-    a 409 is :class:`ProtocolConflict` with its code; an unreachable aggregator or any other error is
-    :class:`wire.ServiceError` (status None when there was no answer); an answer that does not parse is
-    :class:`encodings.WireError`. Every one is a :class:`~fedgl_secure.errors.FedGLError`.
+    Errors come back as the exceptions the coordinator raises in-process
+    (:func:`http_conventions.raise_for_service_error`): a 409 is :class:`ProtocolConflict` with its code; an
+    unreachable aggregator or any other error is :class:`http_conventions.ServiceError` (status None when there was
+    no answer); an answer that does not parse is :class:`encodings.WireError`. Every one is a
+    :class:`~fedgl_secure.errors.FedGLError`.
     """
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return wire.call_service(self.http, "aggregator", method, path, **kwargs)
+        return http_conventions.call_service(self.http, "aggregator", method, path, **kwargs)
 
     def _parse(self, model: type[ModelT], method: str, path: str, **kwargs: Any) -> ModelT:
         try:
             return model.model_validate_json(self._call(method, path, **kwargs).content)
         except ValidationError as error:
             raise encodings.WireError(
-                f"aggregator answer to {method} {path}: {wire.validation_problems(error)}"
+                f"aggregator answer to {method} {path}: {http_conventions.validation_problems(error)}"
             ) from None
 
     def health(self) -> dict:
@@ -537,7 +545,7 @@ class AggregatorClient:
             "PUT",
             f"/v1/rounds/{round_number}/uploads/{kind}",
             content=encodings.encode_chunks(chunks),
-            headers={RECEIPT_HEADER: encodings.encode_header(receipt), "Content-Type": wire.OCTET_STREAM},
+            headers={RECEIPT_HEADER: encodings.encode_header(receipt), "Content-Type": http_conventions.OCTET_STREAM},
         )
 
     def decryption_tasks(self) -> list[DecryptionTaskView]:
@@ -552,7 +560,7 @@ class AggregatorClient:
             "PUT",
             f"/v1/decryptions/{task_id}/partial",
             content=encodings.encode_uint64(np.ascontiguousarray(residues, dtype=np.uint64)),
-            headers={"Content-Type": wire.OCTET_STREAM},
+            headers={"Content-Type": http_conventions.OCTET_STREAM},
         )
 
     def refuse_decryption(self, task_id: str, reason: str, detail: str) -> None:
@@ -588,7 +596,7 @@ class AggregatorClient:
             f"/v1/exchange/levels/{level}/terms/{active}",
             params={"nonce": nonce},
             content=encodings.encode_uint64(masked),
-            headers={"Content-Type": wire.OCTET_STREAM},
+            headers={"Content-Type": http_conventions.OCTET_STREAM},
         )
 
     def exchange_sum(self, level: int) -> np.ndarray:

@@ -94,7 +94,7 @@ from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, releas
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
 from fedgl_secure.privacy.release_schedule import setup_releases
 from fedgl_secure.seeding import numpy_stream
-from fedgl_secure.services import wire
+from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator import (
     BUDGET_EXHAUSTED,
     FINAL_GRACE_SECONDS,
@@ -902,7 +902,7 @@ class _Progress:
 def create_app(progress: _Progress, lifespan=None) -> FastAPI:
     """The bank's own small API: health and progress (any consortium member)."""
     app = FastAPI(title=f"fedgl-secure bank {progress.name}", version="1", lifespan=lifespan)
-    wire.install_error_handlers(app)
+    http_conventions.install_error_handlers(app)
 
     @app.get("/v1/health")
     def health(caller: Caller = Depends(caller_identity)) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedgl_secure.services import wire
+from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
 from fedgl_secure.services.config import PkiLayout
 from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
@@ -71,7 +71,7 @@ def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {
             "federation": _names(128),
-            "round": st.integers(min_value=1, max_value=wire.MAX_JSON_INT),
+            "round": st.integers(min_value=1, max_value=http_conventions.MAX_JSON_INT),
             "nonce": _hex(16, 128),
             "kind": _names(64),
             "sender": st.one_of(st.just(sender), _names(128)),
@@ -103,7 +103,7 @@ def decrypt_headers(sender: str) -> SearchStrategy[str]:
     return st.fixed_dictionaries(
         {
             "federation": _names(128),
-            "round": st.integers(min_value=1, max_value=wire.MAX_JSON_INT),
+            "round": st.integers(min_value=1, max_value=http_conventions.MAX_JSON_INT),
             "kind": _names(64),
             "context_fingerprint": _hex(64),
             "length": st.integers(min_value=0, max_value=2**31 - 1),
@@ -116,9 +116,9 @@ def register_strategies(sender: str) -> None:
     """Teach schemathesis the custom formats of the services' documents (see the module docstring)."""
     import schemathesis
 
-    schemathesis.openapi.format(wire.header_format(RECEIPT_HEADER), receipt_headers(sender))
-    schemathesis.openapi.format(wire.header_format(DECRYPT_HEADER), decrypt_headers(sender))
-    schemathesis.openapi.media_type(wire.OCTET_STREAM, chunk_bodies())
+    schemathesis.openapi.format(http_conventions.header_format(RECEIPT_HEADER), receipt_headers(sender))
+    schemathesis.openapi.format(http_conventions.header_format(DECRYPT_HEADER), decrypt_headers(sender))
+    schemathesis.openapi.media_type(http_conventions.OCTET_STREAM, chunk_bodies())
 
 
 # --- running schemathesis and reading its report -------------------------------------------------

@@ -60,13 +60,13 @@ from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services import pki, tls, wire
+from fedgl_secure.services import http_conventions, pki, tls
 from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.wire import encodings
 
 FINGERPRINT_HEADER = "X-FedGL-Context-Fingerprint"
 DECRYPT_HEADER = "X-FedGL-Decrypt"
-OCTET_STREAM = wire.OCTET_STREAM
+OCTET_STREAM = http_conventions.OCTET_STREAM
 MAX_VALUES = 2**31 - 1
 MAX_RECEIPTS = 1024
 # A decryption request carries one kind's summed ciphertexts (M x C values, ~33 bytes each): 3 x 1,000,000
@@ -96,7 +96,7 @@ class HealthResponse(_Schema):
 
 class OpenRoundRequest(_Schema):
     federation: str = Field(min_length=1, max_length=128)
-    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
+    round: http_conventions.JsonInt = Field(ge=1, le=http_conventions.MAX_JSON_INT)
     nonce: str = Field(pattern=r"^[0-9a-f]{16,128}$")
     participants: list[str] = Field(min_length=1, max_length=MAX_RECEIPTS)
     policy_sha256: str = Field(pattern=_HEX64)  # the aggregator's policy digest: one policy for every node
@@ -116,10 +116,10 @@ class DecryptRequest(_Schema):
     """
 
     federation: str = Field(min_length=1, max_length=128)
-    round: wire.JsonInt = Field(ge=1, le=wire.MAX_JSON_INT)
+    round: http_conventions.JsonInt = Field(ge=1, le=http_conventions.MAX_JSON_INT)
     kind: str = Field(min_length=1, max_length=64)
     context_fingerprint: str = Field(pattern=_HEX64)
-    length: wire.JsonInt = Field(ge=0, le=MAX_VALUES)
+    length: http_conventions.JsonInt = Field(ge=0, le=MAX_VALUES)
     receipts: list[dict[str, Any]] = Field(max_length=MAX_RECEIPTS)
 
 
@@ -143,7 +143,7 @@ def create_app(
     slots = authority.policy.he.poly_modulus_degree // 2
     # The authority serialises its own state changes and audit checks (one lock in the library).
     app = FastAPI(title="fedgl-secure key authority", version="1")
-    wire.install_error_handlers(
+    http_conventions.install_error_handlers(
         app, log=log, max_body_bytes=max_body_bytes, path_limits={"/v1/decrypt": decrypt_max_body_bytes}
     )
 
@@ -154,7 +154,7 @@ def create_app(
     @app.get(
         "/v1/context",
         response_class=Response,
-        responses=wire.binary_response(
+        responses=http_conventions.binary_response(
             "the public CKKS context (no secret key)",
             headers={FINGERPRINT_HEADER: {"description": "SHA-256 of the body", "schema": _HEX64_SCHEMA}},
         ),
@@ -168,7 +168,7 @@ def create_app(
     @app.get(
         "/v1/ceremony/authority-share",
         response_class=Response,
-        responses=wire.binary_response(
+        responses=http_conventions.binary_response(
             "the key authority's public key share p_0: little-endian uint64 residues, key-level primes x N, NTT form"
         ),
     )
@@ -177,8 +177,8 @@ def create_app(
 
     @app.post(
         "/v1/ceremony/announce",
-        responses=wire.error_responses(400, 409),
-        openapi_extra=wire.json_request(
+        responses=http_conventions.error_responses(400, 409),
+        openapi_extra=http_conventions.json_request(
             "the bank's signed announcement (key_ceremony.Announcement)", key_ceremony.Announcement.json_schema()
         ),
     )
@@ -194,8 +194,8 @@ def create_app(
 
     @app.post(
         "/v1/ceremony/deal",
-        responses=wire.error_responses(400, 409),
-        openapi_extra=wire.json_request(
+        responses=http_conventions.error_responses(400, 409),
+        openapi_extra=http_conventions.json_request(
             "the Shamir shares the bank dealt, each sealed to its recipient (key_ceremony.ShareEnvelope)",
             {"type": "array", "maxItems": MAX_RECEIPTS, "items": key_ceremony.ShareEnvelope.json_schema()},
         ),
@@ -216,7 +216,7 @@ def create_app(
     def envelopes(caller: BankOnly) -> list[dict]:
         return [envelope.to_data() for envelope in authority.envelopes_for(caller.name)]
 
-    @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=wire.error_responses(409))
+    @app.post("/v1/rounds/open", response_model=OpenRoundResponse, responses=http_conventions.error_responses(409))
     def open_round(request: OpenRoundRequest, caller: AggregatorOnly) -> OpenRoundResponse:
         authority.open_round(
             request.federation, request.round, request.nonce, request.participants, request.policy_sha256
@@ -228,13 +228,13 @@ def create_app(
         "/v1/decrypt",
         response_class=Response,
         responses={
-            **wire.binary_response(
+            **http_conventions.binary_response(
                 "the key authority's partial decryption c1·s_0 + E of the uploads' sum (NTT form): little-endian "
                 "uint64, ciphertexts x data primes x N"
             ),
-            **wire.error_responses(400, 403),
+            **http_conventions.error_responses(400, 403),
         },
-        openapi_extra=wire.binary_request(
+        openapi_extra=http_conventions.binary_request(
             "each receipted upload's c1 polynomials (uint64 residues, one frame per upload and chunk), framed by "
             "encodings.encode_chunks",
             headers={DECRYPT_HEADER: "DecryptRequest as base64url compact JSON (encodings.encode_header)"},
@@ -257,7 +257,7 @@ def create_app(
         # every rule that needs no c1 first: a request the key authority refuses anyway is refused (403) before its
         # body is read, so a malformed body (400) is reported only for a request that could be served
         await run_in_threadpool(authority.check_decryption, *_request_fields(caller, meta))
-        body = await request.body()  # capped at max_body_bytes by wire.BodyLimitMiddleware (413)
+        body = await request.body()  # capped at max_body_bytes by http_conventions.BodyLimitMiddleware (413)
         c1s = decode_decrypt_body(body, meta, slots, authority.level.shape)
         bound.info("decrypt.requested", bytes=len(body), receipts=len(meta.receipts))
         residues = await run_in_threadpool(_decrypt, authority, caller, meta, c1s)
@@ -314,14 +314,14 @@ class KeyAuthorityClient:
     """The aggregator's view of the key authority (over an mTLS :class:`httpx.Client`).
 
     Errors come back as the exceptions the library raises in-process: a refusal is
-    :class:`DecryptionRefused` with its reason code; anything else is :class:`wire.ServiceError`.
+    :class:`DecryptionRefused` with its reason code; anything else is :class:`http_conventions.ServiceError`.
     """
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return wire.call_service(self.http, "key authority", method, path, **kwargs)
+        return http_conventions.call_service(self.http, "key authority", method, path, **kwargs)
 
     def health(self) -> HealthResponse:
         return HealthResponse.model_validate_json(self._call("GET", "/v1/health").content)

@@ -10,7 +10,7 @@ from typing import TypeVar
 import httpx
 
 from fedgl_secure.errors import FedGLError
-from fedgl_secure.services.wire import ServiceError
+from fedgl_secure.services.http_conventions import ServiceError
 
 T = TypeVar("T")
 

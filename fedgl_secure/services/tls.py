@@ -151,7 +151,8 @@ def caller_identity(request: Request) -> Caller:
         raise HTTPException(401, detail=f"client certificate does not identify a consortium node: {error}") from None
 
 
-# What these dependencies can answer, so every route using them documents it (wire.ERROR_STATUSES_ATTRIBUTE).
+# What these dependencies can answer, so every route using them documents it
+# (http_conventions.ERROR_STATUSES_ATTRIBUTE).
 caller_identity.error_statuses = (401,)  # type: ignore[attr-defined]
 
 

@@ -12,7 +12,7 @@
 
 Every decoder assumes hostile input: anything malformed, truncated, oversized, non-finite or
 pickled raises :class:`WireError` naming what is wrong and where (byte offset, size, field). The HTTP
-conventions around them (error bodies, body limits, OpenAPI) are the services' (``services/wire.py``).
+conventions around them (error bodies, body limits, OpenAPI) are the services' (``services/http_conventions.py``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Layout, written by :func:`write_run_dir` and read back, validated, by :func:`loa
     banks.json                  secure runs: bank name → Ed25519 receipt-signing public key (hex)
 
 An auditor verifies the receipts against ``banks.json`` and the audit chain against ``audit_head``
-(:func:`fedgl_secure.crypto.audit.verify_audit_chain`); the loader checks only that every file is
+(:func:`fedgl_secure.crypto.audit_log.verify_audit_chain`); the loader checks only that every file is
 present and well formed, naming the first one that is not.
 """
 
