@@ -1,0 +1,141 @@
+"""Run records before and after a change that must not change behaviour (issue 28's acceptance: a redesign of where
+code lives, "proven by identical results").
+
+    python benchmarks/run_records.py record --output-dir runs/records-before     # on the commit before the change
+    python benchmarks/run_records.py record --output-dir runs/records-after      # on the commit after it
+    python benchmarks/run_records.py compare runs/records-before runs/records-after --output runs/records.json
+
+``record`` runs ``fedgl-secure simulate`` (one process per run, as a user would) for Cora seeds 0–2 under each of
+the configurations of :data:`CONFIGURATIONS` — FedGL, FGCL, GraphFL, Fed²GNN in plaintext, and FedGL under
+``--secure --policy policies/strict-edge-dp.toml`` — and keeps each run record as ``<name>-seed<k>.json``; it skips
+a record that is already there (resumable). ``compare`` checks that both directories hold the same records and that
+each pair is equal in every field but the wall-clock ones (:data:`TIMING_FIELDS`, at any depth), number for number
+(NaN equals NaN); it writes the verdict per record as JSON and exits non-zero on any difference, naming the first
+differing field of each record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = (0, 1, 2)
+CONFIGURATIONS: dict[str, list[str]] = {
+    "fedgl": ["--method", "fedgl"],
+    "fgcl": ["--method", "fgcl"],
+    "graphfl": ["--method", "graphfl"],
+    "fed2gnn": ["--method", "fed2gnn"],
+    "fedgl-secure-strict-edge-dp": [
+        "--method",
+        "fedgl",
+        "--secure",
+        "--policy",
+        str(REPO / "policies" / "strict-edge-dp.toml"),
+    ],
+}
+TIMING_FIELDS = frozenset({"wall_seconds", "seconds"})
+
+
+def record(output_dir: Path, rounds: int | None, data_root: str | None) -> dict:
+    """Run every configuration and seed not recorded yet; the seconds each took."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    took = {}
+    for name, flags in CONFIGURATIONS.items():
+        for seed in SEEDS:
+            path = output_dir / f"{name}-seed{seed}.json"
+            if path.exists():
+                continue
+            command = [sys.executable, "-m", "fedgl_secure", "simulate", "--dataset", "cora", "--seed", str(seed)]
+            command += [*flags, "--device", "cpu", "--no-progress", "--output", str(path)]
+            if rounds is not None:
+                command += ["--rounds", str(rounds)]
+            if data_root is not None:
+                command += ["--data-root", data_root]
+            started = time.perf_counter()
+            subprocess.run(command, check=True, cwd=REPO, env=os.environ.copy())
+            took[path.name] = round(time.perf_counter() - started, 1)
+            print(f"{path.name}: {took[path.name]} s", flush=True)
+    return took
+
+
+def first_difference(before: object, after: object, where: str = "") -> str | None:
+    """The path of the first field where two run records differ (timing fields skipped), or None."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        if before.keys() != after.keys():
+            return f"{where or '.'}: keys {sorted(before.keys() ^ after.keys())} on one side only"
+        for key in before:
+            if key in TIMING_FIELDS:
+                continue
+            found = first_difference(before[key], after[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(before, list) and isinstance(after, list):
+        if len(before) != len(after):
+            return f"{where}: {len(before)} entries against {len(after)}"
+        for index, (left, right) in enumerate(zip(before, after, strict=True)):
+            found = first_difference(left, right, f"{where}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(before, float) and isinstance(after, float) and math.isnan(before) and math.isnan(after):
+        return None
+    if before != after or type(before) is not type(after):
+        return f"{where}: {before!r} against {after!r}"
+    return None
+
+
+def compare(before_dir: Path, after_dir: Path) -> dict:
+    """Record by record: equal, or the first difference; records present on one side only."""
+    before = {path.name for path in before_dir.glob("*.json")}
+    after = {path.name for path in after_dir.glob("*.json")}
+    verdicts = {}
+    for name in sorted(before & after):
+        left = json.loads((before_dir / name).read_text())
+        right = json.loads((after_dir / name).read_text())
+        difference = first_difference(left, right)
+        verdicts[name] = "equal" if difference is None else f"differs at {difference}"
+    return {
+        "before": str(before_dir),
+        "after": str(after_dir),
+        "ignored_fields": sorted(TIMING_FIELDS),
+        "records": verdicts,
+        "only_before": sorted(before - after),
+        "only_after": sorted(after - before),
+        "all_equal": bool(verdicts) and all(v == "equal" for v in verdicts.values()) and before == after,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("record", help="run every configuration and seed; keep the run records")
+    make.add_argument("--output-dir", type=Path, required=True)
+    make.add_argument("--rounds", type=int, default=None, help="at most this many rounds per run (default: 300)")
+    make.add_argument("--data-root", default=None, help="directory holding cora/raw/ ($FEDGL_DATA)")
+    check = commands.add_parser("compare", help="compare two directories of run records")
+    check.add_argument("before", type=Path)
+    check.add_argument("after", type=Path)
+    check.add_argument("--output", type=Path, default=None, help="write the verdicts as JSON here")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args.output_dir, args.rounds, args.data_root)
+        return 0
+    result = compare(args.before, args.after)
+    text = json.dumps(result, indent=2)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0 if result["all_equal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
