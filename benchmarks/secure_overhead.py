@@ -48,7 +48,8 @@ Reported:
   bank's download of the receipted uploads' ``c1`` — ``verification_bytes`` — and the partial decryptions they send
   back — ``partial_bytes``), per decrypted value and per round, beside the banks' upload bytes; the key authority's
   and the slowest bank's partial-decryption seconds are the phase ``decrypt`` (on separate machines the decrypting
-  banks work at once), every bank's in turn ``decrypt_banks``.
+  banks work at once), every bank's in turn ``decrypt_banks``. Both add up over the kinds, whose decryptions run
+  side by side, so they exceed the summation's wait.
 
 Targets (2 CPU cores, issue 27): ``round_ratio <= 1.5``, ``bytes_per_value <= 20``, ``|Δ accuracy| <= 0.01``.
 """

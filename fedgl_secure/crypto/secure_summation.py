@@ -25,9 +25,10 @@ default the CPU count: TenSEAL holds the GIL, so threads would take turns), one 
 bank signs its receipts in this process, so signing keys stay here. ``encrypt_workers = 1`` is the serial
 baseline, and a round of fewer than ``pool_min_chunks`` ciphertexts is encrypted serially here too, until the
 pool has started (its start, about a second once, is not repaid by rounds of a few milliseconds). Banks
-upload a kind as soon as it is encrypted, so the aggregator (one thread of its own) checks, adds and has each
-kind decrypted while the banks still encrypt the next one: the key authority's work (much of it waiting for
-its ledger and audit log to reach the disk) overlaps the banks' instead of following it. ``seconds`` counts
+upload a kind as soon as it is encrypted, so the aggregator (a thread of its own for the checks, one per kind for
+the fusion) checks, adds and has each kind decrypted while the banks still encrypt the next one: the key
+authority's work (much of it waiting for its ledger and audit log to reach the disk) overlaps the banks' instead
+of following it. ``seconds`` counts
 each party's own time, so with that overlap its phases add up to more than the round.
 
 :class:`QuantisedSummation` is the plaintext twin: the same quantisation and exact integer sums as the
@@ -394,7 +395,7 @@ class SecureRound:
         self._jobs: dict[str, dict[int, Future]] = defaultdict(dict)  # encryptions running on the pool
         self._uploads: dict[str, dict[int, Upload]] = defaultdict(dict)  # uploads made in this process
         # the aggregator's checks, one thread of its own taking each upload as it arrives, as the service does on
-        # upload; and its fusion of each kind, on another, as soon as that kind's checks are done
+        # upload; and its fusion of each kind, on a thread per kind, as soon as that kind's checks are done
         self._checker = ThreadPoolExecutor(1, thread_name_prefix="aggregator-checks")
         self._fuser = ThreadPoolExecutor(len(summation.policy.allowed_kinds), thread_name_prefix="aggregator")
         self._checks: dict[str, dict[int, Future]] = defaultdict(dict)
@@ -461,8 +462,8 @@ class SecureRound:
             self._checks[kind][client_id] = self._checker.submit(self._checked_upload, client_id, kind)
 
     def result(self) -> dict[str, torch.Tensor]:
-        """The round's sums, kind by kind, once every participant has contributed: the aggregator (one thread of
-        its own) fuses a kind as soon as every bank's upload of it is ready, while the next kind's wait."""
+        """The round's sums, kind by kind, once every participant has contributed: the aggregator fuses each kind on
+        a thread of its own as soon as every bank's upload of it is checked, the kinds side by side."""
         summation = self._summation
         missing = [bank.name for client_id, bank in self._banks.items() if client_id not in self._contributed]
         if missing:
