@@ -28,8 +28,8 @@ pool has started (its start, about a second once, is not repaid by rounds of a f
 upload a kind as soon as it is encrypted, so the aggregator (a thread of its own for the checks, one per kind for
 the fusion) checks, adds and has each kind decrypted while the banks still encrypt the next one: the key
 authority's work (much of it waiting for its ledger and audit log to reach the disk) overlaps the banks' instead
-of following it. ``seconds`` counts
-each party's own time, so with that overlap its phases add up to more than the round.
+of following it. ``seconds`` counts each party's own time, so with that overlap its phases add up to more than
+the round.
 
 :class:`QuantisedSummation` is the plaintext twin: the same quantisation and exact integer sums as the
 packed CKKS path, without encryption, so a plaintext simulation can be compared value for value.
