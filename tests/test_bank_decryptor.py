@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from test_key_authority import BANKS, FEDERATION, LENGTH, Ceremony, Consortium, run_ceremony
 
-from fedgl_secure.crypto import ckks, ring_mask, shamir, threshold
+from fedgl_secure.crypto import ckks, residues, seal_residues, shamir, threshold
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, Refusal
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, sign_upload
@@ -239,12 +239,12 @@ def test_a_bank_partial_is_its_weighted_share_times_the_sum_plus_flooding(consor
     reply = c.banks["bank-b"].partial(1, KIND, receipts, c1s, SET_AB)[0]
     total = np.zeros(level.shape, dtype=np.uint64)
     for c1 in c1s:
-        total = ring_mask.add_mod(total, c1[0], level)
+        total = residues.add_mod(total, c1[0], level)
     factors = shamir.lagrange_factors(level, [1, 2])[2]
     weighted = shamir.scale_rows(level, c.held["bank-b"].secret, factors)
-    exact = ring_mask.multiply_residues(rings.context, level, total, weighted)
-    error = ring_mask.centred_coefficients(
-        level, ring_mask.from_ntt(rings.context, level, ring_mask.sub_mod(reply, exact, level))
+    exact = seal_residues.multiply_residues(rings.context, level, total, weighted)
+    error = residues.centred_coefficients(
+        level, seal_residues.from_ntt(rings.context, level, residues.sub_mod(reply, exact, level))
     )
     error = np.asarray(error, dtype=np.float64)
     he = c.policy.he

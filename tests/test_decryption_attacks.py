@@ -26,9 +26,10 @@ import numpy as np
 import pytest
 from test_key_authority import BANKS, FEDERATION, OPERATOR_SECRET, Ceremony, Consortium, run_ceremony
 
-from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
+from fedgl_secure.crypto import ckks, packing, seal_residues, shamir, tenseal_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, Refusal
 from fedgl_secure.crypto.partial_decryption import fused_values
+from fedgl_secure.crypto.residues import add_mod, centred_coefficients, signed_residues, sub_mod
 from fedgl_secure.crypto.sealing import unseal_secret_context
 from fedgl_secure.crypto.upload import check_upload, sign_upload
 from fedgl_secure.errors import CiphertextError, DecryptionRefused, PolicyError, ReceiptError
@@ -77,14 +78,14 @@ def _summed_c1(c: Consortium, uploads) -> np.ndarray:
     level = c.authority.level
     total = np.zeros(level.shape, dtype=np.uint64)
     for c1 in c.c1s(uploads):
-        total = ring_mask.add_mod(total, c1[0], level)
+        total = add_mod(total, c1[0], level)
     return total
 
 
 def _polys(c: Consortium, chunk: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:
     """(c0, c1, scale, slots) of one serialised chunk."""
-    ciphertext, size = ring_mask.tenseal_ciphertext(c.public, chunk, "chunk")
-    c0, c1 = ring_mask.ciphertext_polys(ciphertext, c.authority.level)
+    ciphertext, size = tenseal_chunks.tenseal_ciphertext(c.public, chunk, "chunk")
+    c0, c1 = seal_residues.ciphertext_polys(ciphertext, c.authority.level)
     return c0, c1, float(ciphertext.scale), size
 
 
@@ -95,7 +96,7 @@ def _banks_part(c: Consortium, chosen: tuple[int, ...]) -> np.ndarray:
     total = np.zeros(level.shape, dtype=np.uint64)
     for party in chosen:
         share = c.held[c.roster.bank(party)].secret
-        total = ring_mask.add_mod(total, shamir.scale_rows(level, share, factors[party]), level)
+        total = add_mod(total, shamir.scale_rows(level, share, factors[party]), level)
     return total
 
 
@@ -104,7 +105,7 @@ def _banks_part(c: Consortium, chosen: tuple[int, ...]) -> np.ndarray:
 
 def _errors_ntt(c: Consortium, coefficients: np.ndarray) -> np.ndarray:
     level = c.authority.level
-    return ring_mask.to_ntt(c.authority.rings.context, level, ring_mask.signed_residues(level, coefficients))
+    return seal_residues.to_ntt(c.authority.rings.context, level, signed_residues(level, coefficients))
 
 
 def _differences(c: Consortium, base: np.ndarray, product: np.ndarray, std: float, rng) -> np.ndarray:
@@ -116,8 +117,8 @@ def _differences(c: Consortium, base: np.ndarray, product: np.ndarray, std: floa
     for start in range(0, count, 250):
         batch = min(250, count - start)
         errors += np.rint(rng.normal(0.0, std, size=(batch, level.degree))).astype(np.int64).sum(axis=0)
-    shift = (ring_mask.sub_mod(product, base, level) * np.uint64(count)) % level.column()  # < 2^47: no overflow
-    return ring_mask.add_mod(_errors_ntt(c, errors), shift, level)
+    shift = (sub_mod(product, base, level) * np.uint64(count)) % level.column()  # < 2^47: no overflow
+    return add_mod(_errors_ntt(c, errors), shift, level)
 
 
 def _averaging_attack(c: Consortium, base: np.ndarray, differences: np.ndarray, c1: np.ndarray) -> np.ndarray:
@@ -126,9 +127,9 @@ def _averaging_attack(c: Consortium, base: np.ndarray, differences: np.ndarray, 
     which leaves ``c1·s_0`` exactly, and ``s_0 = that / c1`` point by point in NTT form. Returns the guessed share's
     NTT residues (k, N)."""
     rings, level = c.authority.rings, c.authority.level
-    summed = ring_mask.centred_coefficients(level, ring_mask.from_ntt(rings.context, level, differences))
+    summed = centred_coefficients(level, seal_residues.from_ntt(rings.context, level, differences))
     mean = np.asarray(summed / (REPLIES - 1), dtype=np.float64)  # E[E_i] = 0: mean(E_i − E_0) ≈ −E_0
-    exact = ring_mask.sub_mod(base, _errors_ntt(c, -np.rint(mean).astype(np.int64)), level)
+    exact = sub_mod(base, _errors_ntt(c, -np.rint(mean).astype(np.int64)), level)
     guessed = np.empty(level.shape, dtype=np.uint64)
     for row, prime in enumerate(level.moduli):
         guessed[row] = [int(n) * pow(int(x), -1, prime) % prime for n, x in zip(exact[row], c1[row], strict=True)]
@@ -140,9 +141,9 @@ def _decrypts_with(c: Consortium, authority_share: np.ndarray, values: np.ndarra
     shares (banks 2 and 3): ``c0 + c1·(s_0 + λ_2 S_2 + λ_3 S_3)``."""
     level = c.authority.level
     c0, c1, scale, size = _polys(c, ckks.encrypt_vector(c.public, values, 40)[0])
-    key = ring_mask.add_mod(authority_share, _banks_part(c, (2, 3)), level)
-    plain = ring_mask.add_mod(c0, ring_mask.multiply_residues(c.public, level, c1, key), level)
-    return float(np.abs(ring_mask.decode(c.public, level, plain, scale)[:size] - values).max())
+    key = add_mod(authority_share, _banks_part(c, (2, 3)), level)
+    plain = add_mod(c0, seal_residues.multiply_residues(c.public, level, c1, key), level)
+    return float(np.abs(seal_residues.decode(c.public, level, plain, scale)[:size] - values).max())
 
 
 def test_averaging_many_replies_recovers_the_share_without_flooding_and_nothing_with_it(consortium):
@@ -152,7 +153,7 @@ def test_averaging_many_replies_recovers_the_share_without_flooding_and_nothing_
     uploads = c.uploads(c.ticket, EMBEDDINGS, values=_values(c.policy, EMBEDDINGS))
     total = _summed_c1(c, uploads)
     fresh = np.random.default_rng(3).uniform(-1, 1, 100)
-    product = ring_mask.multiply_residues(rings.context, level, total, secret)
+    product = seal_residues.multiply_residues(rings.context, level, total, secret)
 
     # the real reply, and what the key authority would say to the same request again: no second reply
     reply = c.authority_partial(c.ticket, EMBEDDINGS, uploads)
@@ -161,7 +162,7 @@ def test_averaging_many_replies_recovers_the_share_without_flooding_and_nothing_
 
     # had it answered REPLIES times with a small fresh error, the aggregator would hold s_0 ...
     rng = np.random.default_rng(27)
-    small = ring_mask.add_mod(product, _errors_ntt(c, np.rint(rng.normal(0.0, SMALL_ERROR_STD, level.degree))), level)
+    small = add_mod(product, _errors_ntt(c, np.rint(rng.normal(0.0, SMALL_ERROR_STD, level.degree))), level)
     recovered = _averaging_attack(c, small, _differences(c, small, product, SMALL_ERROR_STD, rng), total)
     assert np.array_equal(recovered, secret)
     assert _decrypts_with(c, recovered, fresh) < 1e-3  # and, with t colluding banks, decrypt anything
@@ -351,27 +352,27 @@ def test_a_coalition_of_the_aggregator_the_key_authority_and_t_minus_1_banks_can
     s_0 = c.authority_secret()[: len(level.moduli)]
 
     def decoded(key_part: np.ndarray) -> np.ndarray:
-        plain = ring_mask.add_mod(c0, ring_mask.multiply_residues(c.public, level, c1, key_part), level)
-        return ring_mask.decode(c.public, level, plain, scale, complex_slots=True)[:size]
+        plain = add_mod(c0, seal_residues.multiply_residues(c.public, level, c1, key_part), level)
+        return seal_residues.decode(c.public, level, plain, scale, complex_slots=True)[:size]
 
-    truth = decoded(ring_mask.add_mod(s_0, _banks_part(c, (1, 2)), level))  # the target is real
+    truth = decoded(add_mod(s_0, _banks_part(c, (1, 2)), level))  # the target is real
     assert np.abs(packing.decode_sum(truth, layout, LENGTH, 1) - values["bank-a"]).max() <= layout.step / 2 + 1e-9
     bound = float(np.prod([float(q) for q in level.moduli])) / (2 * scale)
     # slots of uniformly random residues: per part σ = (Q/√12)·√(N/2)/scale = bound·(2/√12)·√(N/2), and the modulus
     # of a complex Gaussian has median 1.18 σ; a wrong key share leaves c1·(its error) uniform modulo Q
     garbage_median = 1.18 * (2 / np.sqrt(12)) * np.sqrt(level.degree / 2) * bound
-    authority_part = ring_mask.multiply_residues(c.public, level, c1, s_0)
+    authority_part = seal_residues.multiply_residues(c.public, level, c1, s_0)
     for colluder in ("bank-b", "bank-c"):
         party = c.roster.party(colluder)
         share = c.held[colluder].secret
         weights = [shamir.lagrange_factors(level, sorted(chosen))[party] for chosen in ((1, party), (2, 3))]
         for factors in [*weights, (1,) * len(level.moduli)]:
             weighted = shamir.scale_rows(level, share, factors)
-            guess = decoded(ring_mask.add_mod(s_0, weighted, level))
+            guess = decoded(add_mod(s_0, weighted, level))
             error = np.abs(guess - truth)
             assert np.median(error) > garbage_median / 4, (colluder, factors)
             assert np.median(np.abs(guess)) > bound, (colluder, factors)
-            bank_part = ring_mask.multiply_residues(c.public, level, c1, weighted)
+            bank_part = seal_residues.multiply_residues(c.public, level, c1, weighted)
             with pytest.raises(CiphertextError, match="beyond the wrap-around bound"):
                 fused_values(c.public, c.read(a), [authority_part[None], bank_part[None]], LENGTH, layout, 1)
 
@@ -532,12 +533,12 @@ def test_no_state_file_of_any_party_holds_the_collective_secret(consortium, cere
     collective = c.collective_secret((2, 3))
     assert np.array_equal(collective, c.collective_secret((1, 3)))  # any t banks give the same Σ_b s_b
     c0, c1, scale, size = _polys(c, uploads[0].chunks[0])
-    plain = ring_mask.add_mod(c0, ring_mask.multiply_residues(c.public, level, c1, collective), level)
-    decoded = ring_mask.decode(c.public, level, plain, scale, complex_slots=True)[:size]
+    plain = add_mod(c0, seal_residues.multiply_residues(c.public, level, c1, collective), level)
+    decoded = seal_residues.decode(c.public, level, plain, scale, complex_slots=True)[:size]
     layout = c.policy.upload_layout(PREDICTIONS)
     assert np.abs(packing.decode_sum(decoded, layout, LENGTH, 1) - values["bank-a"]).max() <= layout.step / 2 + 1e-9
     c.close()
-    coefficients = ring_mask.from_ntt(c.public, level, collective)
+    coefficients = seal_residues.from_ntt(c.public, level, collective)
     pieces = _pieces(collective) + _pieces(coefficients)
     roots: list[Path] = [c.root, ceremony.state_dir.parent]  # this round's parties, and the ceremony's
     files = {path: path.read_bytes() for root in roots for path in root.rglob("*") if path.is_file()}

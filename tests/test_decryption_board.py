@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fedgl_secure.crypto.ring_mask import RingLevel
+from fedgl_secure.crypto.residues import RingLevel
 from fedgl_secure.errors import DecryptionRefused, ProtocolConflict
 from fedgl_secure.services.decryption_board import DecryptionBoard, DecryptionTask, DecryptionUnavailable
 

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from fedgl_secure.crypto import ring_mask, threshold
+from fedgl_secure.crypto import residues, seal_residues, threshold
 from fedgl_secure.crypto.flooding_reserve import INITIAL_DEPTH, FloodingReserve
 
 
@@ -37,7 +37,7 @@ def test_the_noise_is_flooding_noise_of_the_width_asked_in_ntt_form(rings):
         reserve.close()
     assert noise.shape == (3, *level.shape) and noise.dtype == np.uint64
     assert np.all(noise < level.column())
-    coefficients = ring_mask.centred_coefficients(level, ring_mask.from_ntt(rings.context, level, noise[0]))
+    coefficients = residues.centred_coefficients(level, seal_residues.from_ntt(rings.context, level, noise[0]))
     values = np.asarray(coefficients, dtype=np.float64)
     assert abs(values.std() / std - 1) < 0.05
     assert abs(values.mean()) < 4 * std / np.sqrt(values.size)

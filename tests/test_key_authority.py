@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask, shamir, threshold
+from fedgl_secure.crypto import ckks, packing, residue_sum, seal_residues, shamir, tenseal_chunks, threshold
 from fedgl_secure.crypto.audit_log import AuditChainError, AuditLog, verify_audit_chain
 from fedgl_secure.crypto.key_authority import (
     AGGREGATOR,
@@ -41,6 +41,7 @@ from fedgl_secure.crypto.key_ceremony import (
 )
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values, partial_residues
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
+from fedgl_secure.crypto.residues import add_mod
 from fedgl_secure.crypto.sealing import MAGIC, seal_secret_context, unseal_secret_context
 from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, check_upload, make_upload, read_checked, upload_c1
@@ -194,7 +195,7 @@ class Consortium:
         level = self.authority.level
         total = np.zeros((len(self.c1s(uploads)[0]), *level.shape), dtype=np.uint64)
         for c1 in self.c1s(uploads):
-            total = ring_mask.add_mod(total, c1, level)
+            total = add_mod(total, c1, level)
         secret = np.ascontiguousarray(self.authority_secret()[: len(level.moduli)])
         return partial_residues(self.authority.rings, total, secret, self.policy.he.flooding_std())
 
@@ -211,7 +212,7 @@ class Consortium:
         factors = shamir.lagrange_factors(level, list(chosen))
         for party in chosen:
             share = self.held[self.roster.bank(party)].secret
-            total = ring_mask.add_mod(total, shamir.scale_rows(level, share, factors[party]), level)
+            total = add_mod(total, shamir.scale_rows(level, share, factors[party]), level)
         return total
 
 
@@ -458,8 +459,8 @@ def test_a_reply_does_not_hand_the_aggregator_the_key_authoritys_share(consortiu
     ticket = c.open(1)
     uploads = c.uploads(ticket)
     c1 = c.c1s(uploads)
-    total = ring_mask.add_mod(ring_mask.add_mod(c1[0][0], c1[1][0], level), c1[2][0], level)
-    exact = ring_mask.multiply_residues(rings.context, level, total, secret)
+    total = add_mod(add_mod(c1[0][0], c1[1][0], level), c1[2][0], level)
+    exact = seal_residues.multiply_residues(rings.context, level, total, secret)
     assert np.array_equal(_solve_for_share(exact, total, level), secret)  # why the flooding is needed
     reply = c.authority_partial(ticket, "weights", uploads)
     solved = _solve_for_share(reply[0], total, level)
@@ -646,13 +647,13 @@ def test_the_state_directory_holds_no_secret_in_clear(consortium):
     assert all(piece in unseal_secret_context(sealed, OPERATOR_SECRET) for piece in _pieces(s_0)[: len(s_0)])
     # and what it looks for as the collective secret is it: it decrypts an upload on its own
     upload = c.uploads(ticket, senders=("bank-c",))[0]
-    ciphertext, size = ring_mask.tenseal_ciphertext(c.public, upload.chunks[0], "bank-c")
-    c0, c1 = ring_mask.ciphertext_polys(ciphertext, level)
-    plain = ring_mask.add_mod(c0, ring_mask.multiply_residues(c.public, level, c1, c.collective_secret()), level)
-    _close(ring_mask.decode(c.public, level, plain, ciphertext.scale)[:size], c.values["bank-c"])
+    ciphertext, size = tenseal_chunks.tenseal_ciphertext(c.public, upload.chunks[0], "bank-c")
+    c0, c1 = seal_residues.ciphertext_polys(ciphertext, level)
+    plain = add_mod(c0, seal_residues.multiply_residues(c.public, level, c1, c.collective_secret()), level)
+    _close(seal_residues.decode(c.public, level, plain, ciphertext.scale)[:size], c.values["bank-c"])
     secrets_ = {
         "s_0": s_0,
-        "s_0 in coefficients": ring_mask.from_ntt(c.authority.rings.key_context, key_level, s_0),
+        "s_0 in coefficients": seal_residues.from_ntt(c.authority.rings.key_context, key_level, s_0),
         "the collective secret": c.collective_secret(),
     }
     secrets_ |= {f"{name}'s Shamir share": held.secret for name, held in c.held.items()}

@@ -10,8 +10,9 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, seal_residues, tenseal_chunks
 from fedgl_secure.crypto.partial_decryption import fused_values
+from fedgl_secure.crypto.residues import data_level, sub_mod
 from fedgl_secure.crypto.secure_summation import QuantisedSummation, SecureSummation
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.errors import CiphertextError, PackingOverflow, PolicyError
@@ -33,12 +34,12 @@ def masked_decryption(public, summed, length, layout, banks, secret):
     """The aggregator's fusion with every decryptor's share of one key: ``c0 + (c1·s + E)`` where ``E`` carries the
     flooding of the key authority's and t banks' partial decryptions together (``fused_flooding_std``) — the noise a
     threshold decryption adds, from one test-only secret context."""
-    level = ring_mask.data_level(secret)
+    level = data_level(secret)
     partial = []
     for polys in summed.polys:
-        ciphertext = ring_mask.ciphertext_from(secret, level, polys, summed.scale)
-        flooded = ring_mask.decrypt_flooded(secret, ciphertext, level, HEParameters().fused_flooding_std())
-        partial.append(ring_mask.sub_mod(flooded, polys[0], level))
+        ciphertext = seal_residues.ciphertext_from(secret, level, polys, summed.scale)
+        flooded = seal_residues.decrypt_flooded(secret, ciphertext, level, HEParameters().fused_flooding_std())
+        partial.append(sub_mod(flooded, polys[0], level))
     return fused_values(public, summed, [np.stack(partial)], length, layout, banks)
 
 
@@ -164,15 +165,15 @@ def test_the_noise_model_covers_both_parts_of_complex_slots(default_keys):
     """Packed kinds use the imaginary parts too: their fresh-encryption error obeys the same model."""
     secret, public = default_keys
     degree = HEParameters().poly_modulus_degree
-    level = ring_mask.data_level(secret)
+    level = data_level(secret)
     rng = np.random.default_rng(4)
     errors = []
     for _ in range(4):
         values = rng.integers(0, 2**30, ckks.slot_count(public)) + 1j * rng.integers(0, 2**30, ckks.slot_count(public))
         [chunk] = ckks.encrypt_vector(public, values, 16)
-        ciphertext, _ = ring_mask.tenseal_ciphertext(public, chunk, "test")
-        residues = ring_mask.decrypt(secret, ciphertext, level)
-        errors.append((ring_mask.decode(public, level, residues, 2.0**16, complex_slots=True) - values) * 2**16)
+        ciphertext, _ = tenseal_chunks.tenseal_ciphertext(public, chunk, "test")
+        residues = seal_residues.decrypt(secret, ciphertext, level)
+        errors.append((seal_residues.decode(public, level, residues, 2.0**16, complex_slots=True) - values) * 2**16)
     error = np.concatenate(errors)
     for part in (error.real, error.imag):
         assert float(np.std(part)) <= packing_layout.NOISE_STD_PER_DEGREE * degree

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from fedgl_secure.crypto import ckks, residue_sum, ring_mask
+from fedgl_secure.crypto import ckks, residue_sum, residues, seal_residues, tenseal_chunks
 from fedgl_secure.errors import CiphertextError
 from fedgl_secure.policy.he import HEParameters
 
@@ -25,11 +25,18 @@ def _read(public, chunks, slots, where="upload"):
 
 def _chunk(level, polys, scale, ntt_form=True, vector_scale=None, size=10) -> bytes:
     """A TenSEAL chunk around an uncompressed SEAL ciphertext of these residues (what a bank could send)."""
-    raw = ring_mask._ciphertext_bytes_from(level, polys, scale, ntt_form)
-    sizes = ring_mask.protobuf_varint(size)
+    raw = seal_residues._ciphertext_bytes_from(level, polys, scale, ntt_form)
+    sizes = tenseal_chunks.protobuf_varint(size)
     scale_bytes = struct.pack("<d", scale if vector_scale is None else vector_scale)
     return b"".join(
-        (b"\x0a", ring_mask.protobuf_varint(len(sizes)), sizes, b"\x12", ring_mask.protobuf_varint(len(raw)), raw)
+        (
+            b"\x0a",
+            tenseal_chunks.protobuf_varint(len(sizes)),
+            sizes,
+            b"\x12",
+            tenseal_chunks.protobuf_varint(len(raw)),
+            raw,
+        )
         + (b"\x19", scale_bytes)
     )
 
@@ -41,12 +48,12 @@ def test_the_residue_sum_is_the_ciphertext_seal_adds_and_decrypts_to_the_sum(sma
     uploads = [ckks.encrypt_vector(public, term) for term in terms]
     summed = residue_sum.add(public, [_read(public, chunks, length) for chunks in uploads])
 
-    level = ring_mask.data_level(public)
+    level = residues.data_level(public)
     by_seal = ckks.add_serialized(public, uploads)
     assert summed.sizes == tuple(min(2048, length - i * 2048) for i in range(len(by_seal)))
     for polys, chunk in zip(summed.polys, by_seal, strict=True):
-        ciphertext, _ = ring_mask.tenseal_ciphertext(public, chunk, "seal's sum")
-        np.testing.assert_array_equal(polys, ring_mask.ciphertext_polys(ciphertext, level))
+        ciphertext, _ = tenseal_chunks.tenseal_ciphertext(public, chunk, "seal's sum")
+        np.testing.assert_array_equal(polys, seal_residues.ciphertext_polys(ciphertext, level))
         assert summed.scale == ciphertext.scale
     np.testing.assert_array_equal(summed.c1, summed.polys[:, 1])
     decrypted = ckks.decrypt_vector(small_context, by_seal, length)
@@ -70,8 +77,8 @@ def test_truncated_garbage_and_foreign_chunks_are_refused_naming_the_upload(publ
 def test_what_seals_loader_refuses_is_refused(public):
     """Residues at their prime, coefficient form, a scale beyond the modulus, a vector scale other than the
     ciphertext's, a wrong size field: each refused with its name, as SEAL's and TenSEAL's loaders would."""
-    level = ring_mask.data_level(public)
-    polys = ring_mask.uniform_residues(level, 2)
+    level = residues.data_level(public)
+    polys = residues.uniform_residues(level, 2)
     scale = 2.0**40
     assert _read(public, [_chunk(level, polys, scale)], 10).scale == scale
     at_prime = polys.copy()

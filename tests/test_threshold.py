@@ -18,7 +18,7 @@ import tenseal as ts
 import tenseal.sealapi as sealapi
 from scipy import stats
 
-from fedgl_secure.crypto import ckks, ring_mask, shamir, threshold
+from fedgl_secure.crypto import ckks, residues, seal_residues, shamir, threshold
 from fedgl_secure.errors import CiphertextError, ContextError, CryptoError
 from fedgl_secure.policy.packing_layout import noise_bound
 
@@ -50,7 +50,7 @@ class Federation:
         level = self.rings.data
         total = np.zeros(level.shape, dtype=np.uint64)
         for share in self.keys.values():
-            total = ring_mask.add_mod(total, share.secret[: len(level.moduli)], level)
+            total = residues.add_mod(total, share.secret[: len(level.moduli)], level)
         return total
 
 
@@ -103,7 +103,7 @@ def _decrypt(fed: Federation, banks: tuple[int, ...]) -> np.ndarray:
 
 
 def _raw_decode(fed: Federation, plain: np.ndarray) -> np.ndarray:
-    return ring_mask.decode(fed.rings.context, fed.rings.data, plain, fed.chunk.scale)[: fed.chunk.size]
+    return seal_residues.decode(fed.rings.context, fed.rings.data, plain, fed.chunk.scale)[: fed.chunk.size]
 
 
 def _centred(prime: int, values: np.ndarray) -> np.ndarray:
@@ -121,13 +121,13 @@ def test_the_key_level_is_seals_own(small_context):
     assert rings.key.moduli[:-1] == rings.data.moduli and len(rings.key.moduli) == 3
     # SEAL's own key pair, read at the key level: the secret key is ternary in coefficient form, and
     # b + a·s (our key-level product) is SEAL's small key error (clipped at 6σ = 19.2)
-    secret = ring_mask.residues(small_context.secret_key().data.data(), rings.key)
-    b, a = ring_mask.ciphertext_polys(small_context.public_key().data.data(), rings.key)
-    coefficients = ring_mask.from_ntt(rings.key_context, rings.key, secret)
+    secret = seal_residues.residues(small_context.secret_key().data.data(), rings.key)
+    b, a = seal_residues.ciphertext_polys(small_context.public_key().data.data(), rings.key)
+    coefficients = seal_residues.from_ntt(rings.key_context, rings.key, secret)
     for row, prime in enumerate(rings.key.moduli):
         assert set(_centred(prime, coefficients[row]).tolist()) <= {-1, 0, 1}
-    product = ring_mask.multiply_residues(rings.key_context, rings.key, a, secret)
-    error = ring_mask.from_ntt(rings.key_context, rings.key, ring_mask.add_mod(b, product, rings.key))
+    product = seal_residues.multiply_residues(rings.key_context, rings.key, a, secret)
+    error = seal_residues.from_ntt(rings.key_context, rings.key, residues.add_mod(b, product, rings.key))
     centred = [_centred(prime, error[row]) for row, prime in enumerate(rings.key.moduli)]
     assert max(abs(int(c)) for c in centred[0]) <= 19
     assert all(np.array_equal(centred[0], other) for other in centred[1:])  # one small integer polynomial
@@ -149,11 +149,11 @@ def _negacyclic(a: np.ndarray, b: np.ndarray, prime: int) -> np.ndarray:
 def test_key_level_ntt_and_product_are_the_exact_negacyclic_product(federation):
     rings = federation.rings
     level, context = rings.key, rings.key_context
-    a, b = ring_mask.uniform_residues(level, 2)  # uniform residues, taken as coefficient form
-    product = ring_mask.multiply_residues(
-        context, level, ring_mask.to_ntt(context, level, a), ring_mask.to_ntt(context, level, b)
+    a, b = residues.uniform_residues(level, 2)  # uniform residues, taken as coefficient form
+    product = seal_residues.multiply_residues(
+        context, level, seal_residues.to_ntt(context, level, a), seal_residues.to_ntt(context, level, b)
     )
-    got = ring_mask.from_ntt(context, level, product)
+    got = seal_residues.from_ntt(context, level, product)
     for row, prime in enumerate(level.moduli):
         assert np.array_equal(got[row], _negacyclic(a[row], b[row], prime)), f"prime {prime}"
 
@@ -192,7 +192,7 @@ def test_the_public_context_holds_the_collective_public_key_and_nothing_secret(f
     assert not context.has_secret_key() and not context.has_galois_keys() and not context.has_relin_keys()
     assert context.global_scale == rings.context.global_scale
     assert (context.auto_relin, context.auto_rescale, context.auto_mod_switch) == (True, True, True)
-    loaded = ring_mask.ciphertext_polys(context.public_key().data.data(), rings.key)
+    loaded = seal_residues.ciphertext_polys(context.public_key().data.data(), rings.key)
     assert np.array_equal(loaded, federation.public_key)
     assert np.array_equal(federation.public_key[1], federation.crp)
     # the bytes are TenSEAL's own serialisation: loading and saving them again changes nothing, and the
@@ -266,9 +266,9 @@ def test_the_key_authority_with_t_minus_1_banks_gets_garbage(federation):
             for chosen in itertools.combinations(range(1, BANKS + 1), THRESHOLD)
             if bank in chosen
         ]
-        bare = ring_mask.multiply_residues(rings.context, rings.data, c1, federation.shares[bank].secret)
+        bare = seal_residues.multiply_residues(rings.context, rings.data, c1, federation.shares[bank].secret)
         for partial in [*candidates, bare]:
-            plain = ring_mask.add_mod(ring_mask.add_mod(c0, authority, rings.data), partial, rings.data)
+            plain = residues.add_mod(residues.add_mod(c0, authority, rings.data), partial, rings.data)
             assert _garbage(federation, plain), f"key authority + bank {bank} decrypted"
         with pytest.raises(CryptoError, match="fewer than the threshold"):
             threshold.fuse(
@@ -289,7 +289,7 @@ def test_t_banks_without_the_key_authority_get_garbage(federation):
         partials = [threshold.bank_partial(rings, federation.shares[j], polys, chosen, std) for j in chosen]
         plain = polys[0]
         for partial in partials:
-            plain = ring_mask.add_mod(plain, partial.residues, rings.data)
+            plain = residues.add_mod(plain, partial.residues, rings.data)
         assert _garbage(federation, plain), f"banks {chosen} decrypted without the key authority"
         with pytest.raises(CryptoError, match="key authority's partial decryption is missing"):
             threshold.fuse(rings, polys, partials, THRESHOLD, BANKS)
@@ -322,14 +322,14 @@ def _reconstruct(level, shares: dict[int, np.ndarray]) -> np.ndarray:
     factors = shamir.lagrange_factors(level, list(shares))
     total = np.zeros(level.shape, dtype=np.uint64)
     for index, value in shares.items():
-        total = ring_mask.add_mod(total, shamir.scale_rows(level, value, factors[index]), level)
+        total = residues.add_mod(total, shamir.scale_rows(level, value, factors[index]), level)
     return total
 
 
 @pytest.mark.parametrize(("t", "n"), [(2, 3), (3, 5)])
 def test_any_t_shares_reconstruct_and_t_minus_1_do_not(federation, t, n):
     level = federation.rings.data
-    secret = ring_mask.uniform_residues(level, 1)[0]
+    secret = residues.uniform_residues(level, 1)[0]
     dealt = shamir.share(level, secret, t, n)
     assert dealt.shape == (n, *level.shape) and np.all(dealt < level.column())
     for chosen in itertools.combinations(range(1, n + 1), t):
@@ -340,7 +340,7 @@ def test_any_t_shares_reconstruct_and_t_minus_1_do_not(federation, t, n):
 
 def test_fewer_than_t_shares_are_uniform_whatever_the_secret(federation):
     level = federation.rings.data
-    for secret in (np.zeros(level.shape, dtype=np.uint64), ring_mask.uniform_residues(level, 1)[0]):
+    for secret in (np.zeros(level.shape, dtype=np.uint64), residues.uniform_residues(level, 1)[0]):
         dealt = shamir.share(level, secret, 2, 3)
         for row, prime in enumerate(level.moduli):
             assert uniformity_p_value(dealt[0][row], prime) > P_VALUE
@@ -351,7 +351,7 @@ def test_the_banks_shares_reconstruct_the_banks_part_only(federation):
     k = len(rings.data.moduli)
     banks_part = np.zeros(rings.data.shape, dtype=np.uint64)
     for bank in range(1, BANKS + 1):
-        banks_part = ring_mask.add_mod(banks_part, federation.keys[bank].secret[:k], rings.data)
+        banks_part = residues.add_mod(banks_part, federation.keys[bank].secret[:k], rings.data)
     for chosen in itertools.combinations(range(1, BANKS + 1), THRESHOLD):
         rebuilt = _reconstruct(rings.data, {j: federation.shares[j].secret for j in chosen})
         assert np.array_equal(rebuilt, banks_part)
@@ -387,7 +387,7 @@ def test_access_structures_and_decrypting_sets_are_checked():
 
 def test_residues_are_checked(federation):
     level = federation.rings.data
-    good = ring_mask.uniform_residues(level, 1)[0]
+    good = residues.uniform_residues(level, 1)[0]
     with pytest.raises(CiphertextError, match="expected"):
         shamir.share(level, good.reshape(-1), 2, 3)
     with pytest.raises(CiphertextError, match="must be uint64"):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import tenseal as ts
 
-from fedgl_secure.crypto import ring_mask
+from fedgl_secure.crypto import seal_residues, tenseal_chunks
 from fedgl_secure.errors import CiphertextError, ContextError
 from fedgl_secure.policy.he import HEParameters
 
@@ -107,7 +107,7 @@ def encrypt_vector(context: ts.Context, values: np.ndarray, scale_bits: int | No
     ``scale_bits`` overrides the context's global scale (packed kinds use their guard bits,
     ``crypto/packing.py``); ciphertexts carry their scale, so sums and decryption follow it. A complex
     vector (packed kinds: two registers a slot) fills the slots' imaginary parts too
-    (:func:`ring_mask.encrypt_complex`); its chunks read like any other."""
+    (:func:`seal_residues.encrypt_complex`); its chunks read like any other."""
     complex_slots = np.iscomplexobj(values)
     flat = np.ascontiguousarray(values, dtype=np.complex128 if complex_slots else np.float64).reshape(-1)
     if not np.all(np.isfinite(flat)):
@@ -121,7 +121,9 @@ def encrypt_vector(context: ts.Context, values: np.ndarray, scale_bits: int | No
         part = flat[index * slots : (index + 1) * slots]
         try:
             if complex_slots:
-                chunks.append(ring_mask.tenseal_chunk(ring_mask.encrypt_complex(context, part, scale), part.size))
+                chunks.append(
+                    tenseal_chunks.tenseal_chunk(seal_residues.encrypt_complex(context, part, scale), part.size)
+                )
             else:  # TenSEAL takes the float64 array as it is (no Python list in between)
                 chunks.append(ts.ckks_vector(context, part, scale).serialize())
         except (ValueError, CiphertextError) as error:  # "encoded values are too large"

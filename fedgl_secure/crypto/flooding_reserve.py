@@ -1,7 +1,7 @@
 """Flooding noise made ahead of the partial decryptions that use it (DESIGN §5.2, Li–Micciancio 2021).
 
 Every partial decryption ``c1·s_i + E`` needs one fresh polynomial ``E`` of wide Gaussian noise per ciphertext, in
-NTT form: drawn here, transformed by SEAL's own NTT (:func:`ring_mask.flooding_residues`) — a few milliseconds a
+NTT form: drawn here, transformed by SEAL's own NTT (:func:`seal_residues.flooding_residues`) — a few milliseconds a
 polynomial, most of it SEAL's serialisation, on the critical path of every sum the aggregator waits for. The noise
 does not depend on the ciphertext, only on the policy, so a decryptor can make it before it is asked: a
 :class:`FloodingReserve` keeps polynomials ready, made by one background thread between decryptions (while its bank
@@ -18,12 +18,12 @@ from collections import deque
 import numpy as np
 import tenseal as ts
 
-from fedgl_secure.crypto import ring_mask
+from fedgl_secure.crypto import residues, seal_residues
 from fedgl_secure.log import get_logger
 
 INITIAL_DEPTH = 8  # polynomials kept ready once a first request shows this decryptor is one that decrypts
 MAX_DEPTH = 256  # at most this many (16 MiB at N = 4096 with two data primes)
-BATCH = 16  # polynomials per SEAL transform (ring_mask batches up to 16 into one ciphertext)
+BATCH = 16  # polynomials per SEAL transform (seal_residues batches up to 16 into one ciphertext)
 
 
 class FloodingReserve:
@@ -34,7 +34,7 @@ class FloodingReserve:
     so a decryptor that decrypts kinds of ``c`` ciphertexts finds them ready next time. :meth:`close` stops the
     thread; a closed reserve still makes noise on the spot."""
 
-    def __init__(self, context: ts.Context, level: ring_mask.RingLevel, std: float, max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, context: ts.Context, level: residues.RingLevel, std: float, max_depth: int = MAX_DEPTH) -> None:
         if not (std > 0 and np.isfinite(std)):
             raise ValueError(f"flooding standard deviation must be positive and finite, got {std}")
         self._context, self._level, self._std = context, level, float(std)
@@ -58,7 +58,7 @@ class FloodingReserve:
             self._changed.notify_all()
         missing = count - len(ready)
         if missing:
-            ready.extend(ring_mask.flooding_residues(self._context, self._level, missing, self._std))
+            ready.extend(seal_residues.flooding_residues(self._context, self._level, missing, self._std))
         if not ready:
             return np.empty((0, *self._level.shape), dtype=np.uint64)
         return np.stack(ready)
@@ -84,7 +84,7 @@ class FloodingReserve:
                     return
                 wanted = min(BATCH, self._target - len(self._ready))
             try:
-                made = ring_mask.flooding_residues(self._context, self._level, wanted, self._std)
+                made = seal_residues.flooding_residues(self._context, self._level, wanted, self._std)
             except Exception as error:  # a failing SEAL call: stop filling; take() makes noise on the spot
                 self._log.warning("reserve.stopped", error=str(error))
                 return

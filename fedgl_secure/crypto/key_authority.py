@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, key_ceremony, ring_mask, threshold
+from fedgl_secure.crypto import ckks, key_ceremony, residues, seal_residues, threshold
 from fedgl_secure.crypto.audit_log import AuditLog, ChainReport, verify_audit_chain
 from fedgl_secure.crypto.flooding_reserve import FloodingReserve
 from fedgl_secure.crypto.key_ceremony import Announcement, HeldShare, Roster, ShareEnvelope
@@ -539,8 +539,8 @@ class KeyAuthority:
         noised = view.copy()
         for index in range(len(view)):
             part = noise[index * slots : (index + 1) * slots]
-            encoded = ring_mask.encode(self.rings.context, self.level, part, scale)
-            noised[index] = ring_mask.add_mod(view[index], encoded, self.level)
+            encoded = seal_residues.encode(self.rings.context, self.level, part, scale)
+            noised[index] = residues.add_mod(view[index], encoded, self.level)
         return noised
 
     def _central_noise(self, kind: str, length: int) -> np.ndarray | None:

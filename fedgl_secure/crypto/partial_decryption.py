@@ -35,11 +35,12 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, ring_mask, shamir
+from fedgl_secure.crypto import ckks, packing, seal_residues, shamir
 from fedgl_secure.crypto.flooding_reserve import FloodingReserve
 from fedgl_secure.crypto.key_ceremony import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
 from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
+from fedgl_secure.crypto.residues import RingLevel, add_mod, check_residues, constant_residues, data_level, sub_mod
 from fedgl_secure.crypto.threshold import Rings, partial_residues
 from fedgl_secure.errors import CiphertextError, CryptoError, DecryptionRefused, PolicyError, ReceiptError
 from fedgl_secure.log import get_logger
@@ -158,7 +159,7 @@ def expected_slots(policy: Policy, kind: str, receipts: Sequence[Receipt]) -> in
 
 
 def summed_c1(
-    level: ring_mask.RingLevel, receipts: Sequence[Receipt], upload_c1: Sequence[np.ndarray], chunks: int
+    level: RingLevel, receipts: Sequence[Receipt], upload_c1: Sequence[np.ndarray], chunks: int
 ) -> np.ndarray:
     """``Σ c1`` over the receipted uploads, shape (chunks, k, N), once each upload's ``c1`` is the one its receipt
     signed (by digest) and of ``chunks`` ciphertexts."""
@@ -169,14 +170,14 @@ def summed_c1(
     total = np.zeros((chunks, *level.shape), dtype=np.uint64)
     for receipt, c1 in zip(receipts, upload_c1, strict=True):
         try:
-            residues = ring_mask.check_residues(level, c1, chunks, f"c1 of {receipt.sender!r}")
+            residues = check_residues(level, c1, chunks, f"c1 of {receipt.sender!r}")
         except CiphertextError as error:
             raise DecryptionRefused(Refusal.WRONG_SHAPE.value, str(error)) from None
         if c1_digest(residues) != receipt.c1_sha256:
             raise DecryptionRefused(
                 Refusal.NOT_A_SUM.value, f"the c1 polynomials given for {receipt.sender!r} are not the ones it signed"
             )
-        total = ring_mask.add_mod(total, residues, level)
+        total = add_mod(total, residues, level)
     return total
 
 
@@ -200,13 +201,13 @@ def fused_values(
     the public centre of its range (``layout.centre``), subtracted in the ring before decoding and added back, so
     the decoder only meets centred real parts. A slot beyond the wrap-around bound means a partial made for another
     sum, a missing decryptor, or a sum that wrapped: refused, never decoded to garbage."""
-    level = ring_mask.data_level(context)
+    level = data_level(context)
     slots = packing.slot_length(layout, length)
     per_chunk = ckks.slot_count(context)
     chunks = len(summed.sizes)
     if chunks != ckks.chunk_count(slots, per_chunk):
         raise CiphertextError(f"{chunks} chunks cannot hold {slots} values ({per_chunk} per chunk)")
-    replies = [ring_mask.check_residues(level, part, chunks, "a partial decryption") for part in partials]
+    replies = [check_residues(level, part, chunks, "a partial decryption") for part in partials]
     offset = layout.centre if layout is not None else 0.0
     complex_slots = layout is not None
     scale = summed.scale
@@ -218,10 +219,10 @@ def fused_values(
             raise CiphertextError(f"chunk {index}: holds {size} values, expected {expected}")
         plain = summed.c0[index]
         for reply in replies:
-            plain = ring_mask.add_mod(plain, reply[index], level)
+            plain = add_mod(plain, reply[index], level)
         if offset:
-            plain = ring_mask.sub_mod(plain, ring_mask.constant_residues(round(offset * scale), level), level)
-        decoded = ring_mask.decode(context, level, plain, scale, complex_slots)[:size]
+            plain = sub_mod(plain, constant_residues(round(offset * scale), level), level)
+        decoded = seal_residues.decode(context, level, plain, scale, complex_slots)[:size]
         reach = float(max(np.abs(decoded.real).max(), np.abs(decoded.imag).max())) if decoded.size else 0.0
         if not reach < bound:
             raise CiphertextError(

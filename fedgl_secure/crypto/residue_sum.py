@@ -1,7 +1,7 @@
 """The aggregator's homomorphic sum (DESIGN §5.3 step 3), residue by residue.
 
 A CKKS sum is the sum of the ciphertexts' polynomials modulo each data prime. Each upload is read once from its
-bytes (:func:`ring_mask.read_chunk`: every check SEAL's loader makes), the ``c1`` its receipt binds is checked from
+bytes (:func:`tenseal_chunks.read_chunk`: every check SEAL's loader makes), the ``c1`` its receipt binds is checked from
 the same residues, and the sum is ``numpy`` additions — instead of loading every chunk through TenSEAL, adding
 there and saving the sum again through SEAL, whose save always compresses (the fusion then read it back once more).
 No key is involved: the aggregator adds what it cannot read.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import tenseal as ts
 
-from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.crypto import ckks, residues, tenseal_chunks
 from fedgl_secure.errors import CiphertextError
 
 
@@ -43,12 +43,12 @@ def read_upload(context: ts.Context, chunks: Sequence[bytes], slots: int, where:
     """One upload's chunks, read and checked: ciphertexts of ``context``'s data level, as many chunks as ``slots``
     CKKS values take, each holding its share of them, all at one scale. :class:`CiphertextError` names the
     problem otherwise."""
-    level = ring_mask.data_level(context)
+    level = residues.data_level(context)
     per_chunk = ckks.slot_count(context)
     expected = ckks.chunk_count(slots, per_chunk)
     if len(chunks) != expected:
         raise CiphertextError(f"{where}: {len(chunks)} ciphertext chunks, expected {expected} for {slots} values")
-    read = [ring_mask.read_chunk(chunk, level, f"{where}, chunk {index}") for index, chunk in enumerate(chunks)]
+    read = [tenseal_chunks.read_chunk(chunk, level, f"{where}, chunk {index}") for index, chunk in enumerate(chunks)]
     for index, chunk in enumerate(read):
         want = min(per_chunk, slots - index * per_chunk)
         if chunk.size != want:
@@ -72,8 +72,8 @@ def add(context: ts.Context, uploads: Sequence[ChunkedCiphertext]) -> ChunkedCip
             )
         if upload.scale != first.scale:
             raise CiphertextError(f"upload {position}: scale {upload.scale!r}, the first upload's {first.scale!r}")
-    level = ring_mask.data_level(context)
+    level = residues.data_level(context)
     total = first.polys.copy()
     for upload in uploads[1:]:
-        total = ring_mask.add_mod(total, upload.polys, level)
+        total = residues.add_mod(total, upload.polys, level)
     return ChunkedCiphertext(total, first.sizes, first.scale)

@@ -9,7 +9,7 @@ chosen evaluation points; ``t − 1`` shares are uniformly distributed whatever 
 Hubaux, "An Efficient Threshold Access-Structure for RLWE-Based Multiparty Homomorphic Encryption",
 J. Cryptology 2023, run over the RNS residues as Lattigo does).
 
-The residues are SEAL's (``ring_mask.RingLevel``): 60-bit primes make products overflow uint64, so the scalar
+The residues are SEAL's (``residues.RingLevel``): 60-bit primes make products overflow uint64, so the scalar
 products here run on Python integers (numpy object arrays) — exact, and only ``O(t·n·k·N)`` of them. This
 module offers no reconstruction: the protocol never rebuilds a shared secret, it only multiplies shares by
 their Lagrange coefficients inside partial decryptions (``threshold.py``).
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedgl_secure.crypto.ring_mask import RingLevel, add_mod, multiply_pointwise, uniform_residues
+from fedgl_secure.crypto.residues import RingLevel, add_mod, multiply_pointwise, uniform_residues
 from fedgl_secure.errors import CiphertextError, CryptoError
 
 
@@ -73,7 +73,7 @@ def check_element(level: RingLevel, residues: np.ndarray, what: str) -> np.ndarr
 
 
 def scale_rows(level: RingLevel, residues: np.ndarray, factors: Sequence[int]) -> np.ndarray:
-    """``residues[i] · factors[i] mod q_i`` for each prime ``i``: exact (:func:`ring_mask.multiply_pointwise`, a
+    """``residues[i] · factors[i] mod q_i`` for each prime ``i``: exact (:func:`residues.multiply_pointwise`, a
     product of the element with the constant ``factors`` in NTT form)."""
     column = np.asarray([int(factor) % prime for prime, factor in zip(level.moduli, factors, strict=True)], np.uint64)
     return multiply_pointwise(level, residues, np.broadcast_to(column.reshape(-1, 1), level.shape))
@@ -89,7 +89,7 @@ def share(
     """Deal ``secret`` (k, N) to parties ``1..n``: shape (n, k, N), row ``j − 1`` for party ``j``.
 
     Step "share" of the t-out-of-N setup: a fresh polynomial of degree ``t − 1`` per residue, its non-constant
-    coefficients uniform in ``Z_{q_i}`` (``ring_mask.uniform_residues``, OS CSPRNG), evaluated by Horner's
+    coefficients uniform in ``Z_{q_i}`` (``residues.uniform_residues``, OS CSPRNG), evaluated by Horner's
     rule at ``j``. ``random_bytes`` replaces the CSPRNG in tests only."""
     check_access_structure(threshold, parties, level)
     check_element(level, secret, "secret to share")

@@ -23,7 +23,7 @@ multiparty CKKS and OpenFHE's threshold CKKS. Party 0 is the key authority (:dat
 
 SEAL's public-key encryption works at the *key level* (every prime, the special one included) and then drops
 the special prime, so steps 1–3 run there and steps 4–5 at the data level (the same residues minus the last
-prime row). ``ring_mask``'s transforms only know data levels; the key level is reached through an auxiliary
+prime row). ``seal_residues``' transforms only know data levels; the key level is reached through an auxiliary
 SEAL context whose data level *is* the key level (:func:`rings_of`): SEAL's NTT tables depend only on
 ``(N, q)``, and its parameters id only on (scheme, N, primes), so that level's residues, products and
 serialised objects are exactly the main context's key level's.
@@ -45,8 +45,17 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
-from fedgl_secure.crypto import ckks, ring_mask, shamir
-from fedgl_secure.crypto.ring_mask import RingLevel
+from fedgl_secure.crypto import ckks, seal_residues, shamir, tenseal_chunks
+from fedgl_secure.crypto.residues import (
+    RingLevel,
+    add_mod,
+    check_residues,
+    data_level,
+    multiply_pointwise,
+    signed_residues,
+    sub_mod,
+    uniform_residues,
+)
 from fedgl_secure.errors import CiphertextError, ContextError, CryptoError
 from fedgl_secure.policy.he import HEParameters
 
@@ -68,7 +77,7 @@ class _SealHandle:
 
 @dataclass(frozen=True)
 class _LevelContext:
-    """A SEAL context in the shape ``ring_mask`` takes one (it only ever calls ``.seal_context().data``)."""
+    """A SEAL context in the shape ``seal_residues`` takes one (it only ever calls ``.seal_context().data``)."""
 
     seal: sealapi.SEALContext
 
@@ -79,7 +88,7 @@ class _LevelContext:
 @dataclass(frozen=True, eq=False)
 class Rings:
     """The CKKS parameters' two rings: ``data`` (where ciphertexts live) and ``key`` (the data primes and the
-    special prime, where keys live), with contexts that ``ring_mask``'s transforms accept for each."""
+    special prime, where keys live), with contexts that ``seal_residues``' transforms accept for each."""
 
     context: ts.Context
     data: RingLevel
@@ -99,7 +108,7 @@ def rings_of(context: ts.Context) -> Rings:
         raise ContextError(f"not a TenSEAL context: {error}") from None
     if not seal.using_keyswitching():
         raise ContextError("threshold CKKS needs a special prime: the coefficient modulus has a single prime")
-    data = ring_mask.data_level(context)
+    data = data_level(context)
     degree = int(key_data.parms().poly_modulus_degree())
     key_primes = [int(prime.value()) for prime in key_data.parms().coeff_modulus()]
     if tuple(key_primes[: len(data.moduli)]) != data.moduli:
@@ -181,8 +190,8 @@ def common_random_polynomial(rings: Rings, label: str) -> np.ndarray:
     """Step 1: ``a``, uniform at the key level in NTT form, shape (K, N) — the same for every party.
 
     ``a`` is sampled directly in the NTT domain (uniform there is uniform in coefficients too, the NTT being a
-    bijection), by ``ring_mask.uniform_residues``' rejection sampling over SHAKE-256 of :func:`crp_seed`."""
-    return ring_mask.uniform_residues(rings.key, 1, _xof(crp_seed(rings, label)))[0]
+    bijection), by ``residues.uniform_residues``' rejection sampling over SHAKE-256 of :func:`crp_seed`."""
+    return uniform_residues(rings.key, 1, _xof(crp_seed(rings, label)))[0]
 
 
 # --- step 2: key shares ------------------------------------------------------------------------------
@@ -215,9 +224,9 @@ def generate_key_share(rings: Rings, party: int, crp: np.ndarray) -> KeyShare:
     _check_party(party)
     a = shamir.check_element(rings.key, crp, "common random polynomial")
     level, context = rings.key, rings.key_context
-    secret = ring_mask.to_ntt(context, level, ring_mask.signed_residues(level, _ternary(level.degree)))
-    error = ring_mask.flooding_residues(context, level, 1, KEY_ERROR_STD)[0]
-    public = ring_mask.sub_mod(error, ring_mask.multiply_pointwise(level, a, secret), level)
+    secret = seal_residues.to_ntt(context, level, signed_residues(level, _ternary(level.degree)))
+    error = seal_residues.flooding_residues(context, level, 1, KEY_ERROR_STD)[0]
+    public = sub_mod(error, multiply_pointwise(level, a, secret), level)
     return KeyShare(int(party), public, secret)
 
 
@@ -254,7 +263,7 @@ def collective_public_key(
     total = np.zeros(rings.key.shape, dtype=np.uint64)
     for party in sorted(public_shares):
         share = shamir.check_element(rings.key, public_shares[party], f"public share of party {party}")
-        total = ring_mask.add_mod(total, share, rings.key)
+        total = add_mod(total, share, rings.key)
     return np.stack([total, a])
 
 
@@ -266,8 +275,8 @@ def public_key_bytes(rings: Rings, public_key: np.ndarray) -> bytes:
         raise CiphertextError(
             f"public key residues of shape {polys.shape} and type {polys.dtype}, expected (2, {rings.key.shape}) uint64"
         )
-    ciphertext = ring_mask.ciphertext_from(rings.key_context, rings.key, polys, 1.0, ntt_form=True)
-    return ring_mask.ciphertext_bytes(ciphertext)
+    ciphertext = seal_residues.ciphertext_from(rings.key_context, rings.key, polys, 1.0, ntt_form=True)
+    return seal_residues.ciphertext_bytes(ciphertext)
 
 
 def public_context(rings: Rings, public_key: np.ndarray) -> bytes:
@@ -299,7 +308,7 @@ def _saved(seal_object) -> bytes:
 
 
 def _length_delimited(number: int, payload: bytes) -> bytes:
-    return ring_mask.protobuf_varint(number << 3 | 2) + ring_mask.protobuf_varint(len(payload)) + payload
+    return tenseal_chunks.protobuf_varint(number << 3 | 2) + tenseal_chunks.protobuf_varint(len(payload)) + payload
 
 
 def _context_proto(parameters: bytes, public_key: bytes, auto_flags: int, scale: float | None) -> bytes:
@@ -308,9 +317,9 @@ def _context_proto(parameters: bytes, public_key: bytes, auto_flags: int, scale:
     (0, asymmetric)."""
     public = (
         (_length_delimited(1, public_key) if public_key else b"")
-        + ring_mask.protobuf_varint(2 << 3 | 0)
-        + ring_mask.protobuf_varint(auto_flags)
-        + ring_mask.protobuf_varint(3 << 3 | 1)
+        + tenseal_chunks.protobuf_varint(2 << 3 | 0)
+        + tenseal_chunks.protobuf_varint(auto_flags)
+        + tenseal_chunks.protobuf_varint(3 << 3 | 1)
         + struct.pack("<d", -1.0 if scale is None else float(scale))
     )
     return _length_delimited(1, parameters) + _length_delimited(2, public)
@@ -372,7 +381,7 @@ def combine_shares(
     total = np.zeros(rings.data.shape, dtype=np.uint64)
     for dealer in sorted(dealers):
         element = shamir.check_element(rings.data, received[dealer], f"share dealt by bank {dealer} to bank {party}")
-        total = ring_mask.add_mod(total, element, rings.data)
+        total = add_mod(total, element, rings.data)
     return ThresholdShare(party, threshold, banks, total)
 
 
@@ -403,8 +412,8 @@ class PartialDecryption:
 
 def chunk_residues(rings: Rings, chunk: bytes, where: str = "chunk") -> Chunk:
     """A serialised TenSEAL CKKS vector (one ciphertext) as its residues, scale and slot count."""
-    ciphertext, size = ring_mask.tenseal_ciphertext(rings.context, chunk, where)
-    polys = ring_mask.ciphertext_polys(ciphertext, rings.data)
+    ciphertext, size = tenseal_chunks.tenseal_ciphertext(rings.context, chunk, where)
+    polys = seal_residues.ciphertext_polys(ciphertext, rings.data)
     if polys.shape[0] != 2 or not ciphertext.is_ntt_form():
         raise CiphertextError(f"{where}: not a fresh two-polynomial ciphertext in NTT form")
     return Chunk(polys, float(ciphertext.scale), size)
@@ -440,9 +449,9 @@ def partial_residues(
     level = rings.data
     secret = shamir.check_element(level, secret, "secret share")
     if noise is None:
-        noise = ring_mask.flooding_residues(rings.context, level, len(c1s), float(flooding_std))
-    noise = ring_mask.check_residues(level, noise, len(c1s), "flooding noise")
-    return ring_mask.add_mod(ring_mask.multiply_pointwise(level, c1s, secret), noise, level)
+        noise = seal_residues.flooding_residues(rings.context, level, len(c1s), float(flooding_std))
+    noise = check_residues(level, noise, len(c1s), "flooding noise")
+    return add_mod(multiply_pointwise(level, c1s, secret), noise, level)
 
 
 def _flooded(rings: Rings, c1: np.ndarray, secret: np.ndarray, flooding_std: float) -> np.ndarray:
@@ -512,13 +521,13 @@ def fuse(
     total = ciphertext[0]
     for partial in [*authority, *bank_partials]:
         element = shamir.check_element(rings.data, partial.residues, f"partial decryption of party {partial.party}")
-        total = ring_mask.add_mod(total, element, rings.data)
+        total = add_mod(total, element, rings.data)
     return total
 
 
 def decode(rings: Rings, plaintext: np.ndarray, scale: float, size: int | None = None) -> np.ndarray:
     """The real slot values of fused plaintext residues at ``scale`` (SEAL's CKKS decoder), the first ``size``."""
-    values = ring_mask.decode(
+    values = seal_residues.decode(
         rings.context, rings.data, shamir.check_element(rings.data, plaintext, "plaintext"), scale
     )
     return values if size is None else values[:size]

@@ -13,7 +13,7 @@ import numpy as np
 import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, residues, tenseal_chunks
 from fedgl_secure.crypto.receipts import (
     Receipt,
     ReceiptFields,
@@ -158,8 +158,8 @@ def sign_upload(
 def upload_c1(context: ts.Context, chunks: list[bytes]) -> np.ndarray:
     """The ``c1`` polynomials of an upload's chunks, shape (chunks, data primes, N): what the key authority sees of
     one upload (encryption randomness only) to check that a sum it decrypts is the sum of the receipted uploads."""
-    level = ring_mask.data_level(context)
-    return np.stack([ring_mask.c1_residues(chunk, level, f"chunk {i}") for i, chunk in enumerate(chunks)])
+    level = residues.data_level(context)
+    return np.stack([tenseal_chunks.c1_residues(chunk, level, f"chunk {i}") for i, chunk in enumerate(chunks)])
 
 
 def check_upload(upload: Upload, public_key: Ed25519PublicKey, ticket: RoundTicket, sender: str) -> None:

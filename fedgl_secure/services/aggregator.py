@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, packing, residue_sum, ring_mask
+from fedgl_secure.crypto import ckks, packing, residue_sum, residues
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
 from fedgl_secure.crypto.partial_decryption import fused_values
@@ -302,7 +302,7 @@ class Coordinator:
         self.fingerprint = ckks.fingerprint(public_context)
         self.store = store
         self.decryptor = decryptor
-        self.board = DecryptionBoard(ring_mask.data_level(self.context))  # the banks' partial decryptions
+        self.board = DecryptionBoard(residues.data_level(self.context))  # the banks' partial decryptions
         self.liveness_seconds = liveness_seconds
         self.method = build_method(config)
         self._stages = method_stages(self.method)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.ring_mask import RingLevel, check_residues
+from fedgl_secure.crypto.residues import RingLevel, check_residues
 from fedgl_secure.errors import CiphertextError, DecryptionRefused, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
 

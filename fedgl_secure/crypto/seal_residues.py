@@ -1,21 +1,17 @@
-"""CKKS plaintexts as residues of the plaintext ring: the one module that handles SEAL objects byte by byte.
+"""SEAL objects to and from residues: the one module that handles SEAL's serialisation byte by byte.
 
-A ciphertext at the data level decrypts (``c0 + c1·s``, SEAL keeps both in NTT form) to the plaintext
-polynomial ``m + e`` of ``Z_Q[X]/(X^N + 1)``: one vector of ``N`` residues per data prime ``q_i``. Threshold
-decryption works in that ring: each decryptor's partial decryption ``c1·s_i + E_i`` is such a vector
-(``threshold.py``, ``partial_decryption.py``), and only the aggregator, adding ``c0`` and every partial, decodes
-the fused plaintext to slots (:func:`decode`).
-
-TenSEAL 0.3.18's ``sealapi`` has no coefficient setters and no in-memory serialisation, so residues go in
-through SEAL's own format: :func:`_plaintext_bytes` writes an *uncompressed* ``Plaintext`` (the layout of
-SEAL 4's ``Plaintext::save_members``) to a private scratch file and SEAL loads it — and SEAL's loader checks
-it against the context (parameters id, coefficient count, every residue below its prime), so a corrupt or
-foreign buffer is refused, never half-read. Residues come out the same way, in bulk: SEAL saves the
-plaintext (zstd-compressed) and :func:`_saved_residues` reads that layout back, checking every field.
-TenSEAL's vectors encode only real slots, so complex slots (two packed registers each, ``packing.py``) are
-encoded and encrypted here with SEAL's own encoder and the public key, and wrapped in TenSEAL's vector
-serialisation (:func:`tenseal_chunk`) so that every other party reads them as any chunk.
-``tests/test_ring_mask.py`` checks every assumption against TenSEAL itself.
+Residues (:mod:`~fedgl_secure.crypto.residues`) become SEAL plaintexts and ciphertexts, and back. TenSEAL 0.3.18's
+``sealapi`` has no coefficient setters and no in-memory serialisation, so residues go in through SEAL's own format:
+:func:`_plaintext_bytes` writes an *uncompressed* ``Plaintext`` (the layout of SEAL 4's
+``Plaintext::save_members``) to a private scratch file and SEAL loads it — and SEAL's loader checks it against the
+context (parameters id, coefficient count, every residue below its prime), so a corrupt or foreign buffer is
+refused, never half-read. Residues come out the same way, in bulk: SEAL saves the plaintext (zstd-compressed) and
+:func:`_saved_residues` reads that layout back, checking every field. Also here: decryption to residues (exact and
+flooded), encoding and decoding (only the aggregator decodes the fused plaintext to slots, :func:`decode`), SEAL's
+NTT through ciphertext transforms, and complex slots (two packed registers each, ``packing.py``) encoded and
+encrypted with SEAL's own encoder and the public key, since TenSEAL's vectors encode only real slots.
+TenSEAL's chunk wire format is :mod:`~fedgl_secure.crypto.tenseal_chunks`. ``tests/test_seal_residues.py`` checks
+every assumption against TenSEAL itself.
 
 Scratch files are anonymous memory files on Linux (no name anywhere, only this process reaches them), elsewhere
 private (0600, ``/dev/shm`` when it exists, so nothing reaches a disk) and removed at once.
@@ -26,7 +22,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +31,7 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sealapi
 
+from fedgl_secure.crypto.residues import RingLevel, add_mod, check_residues, signed_residues
 from fedgl_secure.errors import CiphertextError, ContextError
 
 _SEAL_FAILURES = (RuntimeError, ValueError, TypeError, IndexError, OverflowError)
@@ -44,88 +41,6 @@ _COMPRESSION_ZSTD = 2
 _PLAIN_FIELDS = struct.Struct("<4QQd")  # a Plaintext's members before its DynArray: parms_id, coeff_count, scale
 _MEMORY_DIR = Path("/dev/shm")
 _PROC_FDS = "/proc/self/fd"  # a string: pathlib costs more than the file operations themselves here
-
-
-@dataclass(frozen=True)
-class RingLevel:
-    """Where fresh ciphertexts live: SEAL's parameters id of the data level, its primes and the degree ``N``."""
-
-    parms_id: tuple[int, ...]
-    moduli: tuple[int, ...]
-    degree: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """One ciphertext's residues: (data primes, N)."""
-        return len(self.moduli), self.degree
-
-    @property
-    def size(self) -> int:
-        return len(self.moduli) * self.degree
-
-    def column(self) -> np.ndarray:
-        """The primes as a (k, 1) uint64 column, to broadcast against residues of shape (..., k, N)."""
-        return np.asarray(self.moduli, dtype=np.uint64).reshape(-1, 1)
-
-
-def data_level(context: ts.Context) -> RingLevel:
-    """The level TenSEAL encrypts at (SEAL's first data level: every prime but the special one)."""
-    seal = context.seal_context().data
-    parms_id = seal.first_parms_id()
-    parms = seal.get_context_data(parms_id).parms()
-    moduli = tuple(int(prime.value()) for prime in parms.coeff_modulus())
-    return RingLevel(tuple(int(word) for word in parms_id), moduli, int(parms.poly_modulus_degree()))
-
-
-def uniform_residues(level: RingLevel, count: int, random_bytes: Callable[[int], bytes] = os.urandom) -> np.ndarray:
-    """``count`` ring elements with every residue exactly uniform in ``[0, q_i)``: shape (count, k, N).
-
-    Rejection sampling on ``bit_length(q_i)``-bit words of the OS CSPRNG (``q_i > 2^(bits−1)``, so more than
-    half are kept): no modulo bias, so the pad is perfect. ``random_bytes`` replaces the CSPRNG in tests only."""
-    out = np.empty((count, *level.shape), dtype=np.uint64)
-    for row, prime in enumerate(level.moduli):
-        need = count * level.degree
-        keep = np.uint64((1 << prime.bit_length()) - 1)
-        drawn: list[np.ndarray] = []
-        have = 0
-        while have < need:
-            short = need - have  # SEAL's primes sit just below 2^bits: almost every word is kept
-            words = np.frombuffer(random_bytes(8 * (short + short // 8 + 64)), dtype="<u8") & keep
-            accepted = words[words < np.uint64(prime)]
-            drawn.append(accepted)
-            have += accepted.size
-        out[:, row, :] = np.concatenate(drawn)[:need].reshape(count, level.degree)
-    return out
-
-
-def check_residues(level: RingLevel, residues: np.ndarray, count: int, what: str) -> np.ndarray:
-    """``residues`` as (count, k, N) uint64, each below its prime; otherwise :class:`CiphertextError`."""
-    flat = np.asarray(residues)
-    if flat.dtype != np.uint64:
-        raise CiphertextError(f"{what}: residues must be uint64, got {flat.dtype}")
-    if flat.size != count * level.size:
-        raise CiphertextError(
-            f"{what}: {flat.size} residues, expected {count} ciphertexts x {len(level.moduli)} primes x {level.degree}"
-        )
-    shaped = flat.reshape(count, *level.shape)
-    if np.any(shaped >= level.column()):
-        raise CiphertextError(f"{what}: residues at or above their prime (not reduced modulo the data primes)")
-    return shaped
-
-
-def add_mod(a: np.ndarray, b: np.ndarray, level: RingLevel) -> np.ndarray:
-    """``(a + b) mod q_i`` for reduced residues (no overflow: SEAL's primes are below 2^61)."""
-    return (a + b) % level.column()
-
-
-def sub_mod(a: np.ndarray, b: np.ndarray, level: RingLevel) -> np.ndarray:
-    """``(a − b) mod q_i`` for reduced residues."""
-    return (a + (level.column() - b)) % level.column()
-
-
-def constant_residues(value: int, level: RingLevel) -> np.ndarray:
-    """The NTT form of the constant polynomial ``value``: ``value mod q_i`` at every evaluation point."""
-    return np.broadcast_to((np.asarray([value % q for q in level.moduli], dtype=np.uint64)).reshape(-1, 1), level.shape)
 
 
 # --- SEAL objects --------------------------------------------------------------------------------
@@ -373,23 +288,6 @@ def flooding_residues(
     return to_ntt_many(context, level, np.stack([signed_residues(level, row) for row in coefficients]))
 
 
-def signed_residues(level: RingLevel, coefficients: np.ndarray) -> np.ndarray:
-    """Signed int64 coefficients (|c| < 2^62) as residues modulo every data prime: shape (k, N)."""
-    signed = np.asarray(coefficients, dtype=np.int64).reshape(1, -1)
-    return (signed % np.asarray(level.moduli, dtype=np.int64).reshape(-1, 1)).astype(np.uint64)
-
-
-def centred_coefficients(level: RingLevel, residues: np.ndarray) -> np.ndarray:
-    """The centred integer coefficients (Python ints in an object array) of coefficient-form residues (k, N):
-    Garner's CRT over the data primes. For tests and attacks: exact, not fast."""
-    shaped = np.asarray(residues, dtype=np.uint64).reshape(level.shape)
-    value, modulus = shaped[0].astype(object), level.moduli[0]
-    for row, prime in enumerate(level.moduli[1:], start=1):
-        step = ((shaped[row].astype(object) - value) * pow(modulus, -1, prime)) % prime
-        value, modulus = value + modulus * step, modulus * prime
-    return np.where(value > modulus // 2, value - modulus, value)
-
-
 # --- SEAL's NTT, through ciphertext transforms ------------------------------------------------------
 
 _CIPHER_FIELDS = struct.Struct("<4QBQQQdQ")  # parms_id, is_ntt_form, size, degree, primes, scale, correction
@@ -508,65 +406,6 @@ def from_ntt(context: ts.Context, level: RingLevel, values: np.ndarray) -> np.nd
     return _transformed(context, level, values, False)
 
 
-FLOAT_QUOTIENT_MAX_BITS = 50  # primes up to this size take :func:`_products_by_float_quotient`
-
-
-def multiply_pointwise(level: RingLevel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a · b`` for NTT-form residues (…, k, N) — products of ring elements, point by point modulo each prime — in
-    exact uint64 arithmetic, no 128-bit product: a float64 estimate of the quotient for primes of at most
-    :data:`FLOAT_QUOTIENT_MAX_BITS` bits (:func:`_products_by_float_quotient`, a third of the cost), Horner over
-    digits for larger ones (:func:`_products_by_digits`). The same numbers as SEAL's ``multiply_plain``
-    (``tests/test_ring_mask.py``), without its serialisation round trip per call."""
-    left, right = np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)
-    if left.shape[-2:] != level.shape or right.shape[-2:] != level.shape:
-        raise CiphertextError(f"residues of shapes {left.shape} and {right.shape}, expected (…, {level.shape})")
-    left, right = np.broadcast_arrays(left, right)
-    out = np.empty(left.shape, dtype=np.uint64)
-    for row, prime in enumerate(level.moduli):
-        bits = prime.bit_length()
-        if bits > 62:
-            raise CiphertextError(f"prime {prime} of {bits} bits: pointwise products need primes below 2^62")
-        q = np.uint64(prime)
-        x, y = left[..., row, :] % q, right[..., row, :] % q
-        if bits <= FLOAT_QUOTIENT_MAX_BITS:
-            out[..., row, :] = _products_by_float_quotient(x, y, prime)
-        else:
-            out[..., row, :] = _products_by_digits(x, y, prime)
-    return out
-
-
-def _products_by_float_quotient(x: np.ndarray, y: np.ndarray, prime: int) -> np.ndarray:
-    """``x·y mod q`` for reduced ``x, y < q < 2^50``: ``x·y − ⌊x·y/q⌋·q`` taken modulo 2^64, where it is exact, with
-    the quotient estimated in float64. Three roundings of relative error 2^−53 put the estimate of a quotient below
-    2^50 within 3/8 of the true one, so its floor is off by at most one and the difference lies in [−q, 2q):
-    two conditional additions of ``q`` (by the sign bit) bring it into [0, q)."""
-    modulus = np.int64(prime)
-    estimate = x.astype(np.float64)
-    estimate *= y
-    estimate *= 1.0 / prime
-    np.floor(estimate, out=estimate)
-    remainder = (x * y).view(np.int64)  # both products wrap modulo 2^64; their difference is the true one
-    remainder -= estimate.astype(np.int64) * modulus
-    remainder += (remainder >> 63) & modulus
-    remainder -= modulus
-    remainder += (remainder >> 63) & modulus
-    return remainder.view(np.uint64)
-
-
-def _products_by_digits(x: np.ndarray, y: np.ndarray, prime: int) -> np.ndarray:
-    """``x·y mod q`` for reduced ``x, y < q < 2^62``: Horner over ``y``'s digits of ``w = 63 − bits(q)`` bits, every
-    intermediate below ``2^64``."""
-    bits = prime.bit_length()
-    width = 63 - bits
-    q, mask = np.uint64(prime), np.uint64((1 << width) - 1)
-    acc = np.zeros(x.shape, dtype=np.uint64)
-    for digit in reversed(range(-(-bits // width))):
-        acc = (acc << np.uint64(width)) % q  # acc < q < 2^bits: the shift stays below 2^63
-        part = (y >> np.uint64(digit * width)) & mask
-        acc = (acc + (x * part) % q) % q  # x · part < 2^(bits + width) = 2^63; the sum below 2q
-    return acc
-
-
 def multiply_residues(context: ts.Context, level: RingLevel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a · b`` in the ring, both in NTT form (pointwise products modulo each prime), by SEAL's evaluator."""
     left = check_residues(level, a, 1, "left factor")[0]
@@ -577,110 +416,6 @@ def multiply_residues(context: ts.Context, level: RingLevel, a: np.ndarray, b: n
     except _SEAL_FAILURES as error:
         raise CiphertextError(f"SEAL could not multiply the residues: {error}") from None
     return ciphertext_polys(product, level)[0]
-
-
-def c1_residues(chunk: bytes, level: RingLevel, where: str) -> np.ndarray:
-    """The second polynomial ``c1`` (NTT form, (k, N)) of one serialised TenSEAL chunk, read from its bytes
-    (:func:`read_chunk`).
-
-    ``c1`` carries only encryption randomness (``u·a + e1``), never the message: it is what a decryptor may see of
-    a single upload to check that what it decrypts is a real sum."""
-    return read_chunk(chunk, level, where).polys[1]
-
-
-@dataclass(frozen=True)
-class ChunkCiphertext:
-    """One serialised TenSEAL chunk read from its bytes: both polynomials ``(c0, c1)`` in NTT form, shape (2, k, N),
-    how many values it holds and its scale."""
-
-    polys: np.ndarray
-    size: int
-    scale: float
-
-
-def read_chunk(chunk: bytes, level: RingLevel, where: str) -> ChunkCiphertext:
-    """One serialised TenSEAL chunk — TenSEAL's ``CKKSVectorProto`` holding one SEAL ciphertext
-    (:func:`tenseal_chunk`) — read from its bytes, with every check SEAL's own loader makes for a CKKS ciphertext
-    (parameters id of the data level, two polynomials in NTT form, every residue below its prime, a scale within
-    the modulus, no correction factor) and TenSEAL's (one ciphertext, one size, the vector's scale the
-    ciphertext's): :class:`CiphertextError` naming the problem otherwise.
-
-    A fifth of the cost of loading the chunk through TenSEAL, and the residues come out as numbers: the aggregator
-    adds uploads residue by residue (:mod:`~fedgl_secure.crypto.residue_sum`) instead of loading, adding and
-    saving them again through SEAL (whose save always compresses)."""
-    if not isinstance(chunk, bytes | bytearray | memoryview):
-        raise CiphertextError(f"{where}: expected ciphertext bytes, got {type(chunk).__name__}")
-    try:
-        return _read_chunk(bytes(chunk), level, where)
-    except CiphertextError as error:
-        detail = str(error).removeprefix(f"{where}: ")
-        size = len(chunk)
-        raise CiphertextError(f"{where}: not a CKKS ciphertext of this context ({size} bytes): {detail}") from None
-
-
-def _read_chunk(chunk: bytes, level: RingLevel, where: str) -> ChunkCiphertext:
-    fields = list(_proto_fields(chunk, where))
-    ciphertexts = [value for number, value in fields if number == 2]
-    if len(ciphertexts) != 1:
-        raise CiphertextError(f"{where}: a CKKS vector of {len(ciphertexts)} ciphertexts, expected one")
-    sizes = [value for number, value in fields if number == 1]
-    if len(sizes) != 1:
-        raise CiphertextError(f"{where}: a CKKS vector without one packed size field")
-    size, end = _read_varint(sizes[0], 0, where)
-    if end != len(sizes[0]):
-        raise CiphertextError(f"{where}: a CKKS vector of several sizes, expected one")
-    scales = [value for number, value in fields if number == 3]
-    if len(scales) != 1 or len(scales[0]) != 8:
-        raise CiphertextError(f"{where}: a CKKS vector without its scale")
-    members = _ciphertext_members(ciphertexts[0], level, 2)
-    (vector_scale,) = struct.unpack("<d", scales[0])
-    total_bits = sum(prime.bit_length() for prime in level.moduli)
-    if not members.ntt_form:
-        raise CiphertextError(f"{where}: a CKKS ciphertext not in NTT form")
-    if members.correction != 1:
-        raise CiphertextError(f"{where}: a CKKS ciphertext with correction factor {members.correction}, expected 1")
-    if not (np.isfinite(members.scale) and members.scale > 0 and np.log2(members.scale) < total_bits):
-        raise CiphertextError(f"{where}: a CKKS ciphertext of scale {members.scale!r}, outside (0, 2^{total_bits})")
-    if vector_scale != members.scale:
-        raise CiphertextError(f"{where}: the vector's scale {vector_scale!r} is not its ciphertext's {members.scale!r}")
-    if not 0 < size <= level.degree // 2:
-        raise CiphertextError(f"{where}: a CKKS vector of {size} values, a chunk holds 1 to {level.degree // 2}")
-    polys = check_residues(level, members.polys, 2, where)
-    return ChunkCiphertext(polys, int(size), float(members.scale))
-
-
-def _read_varint(data: bytes, offset: int, where: str) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if offset >= len(data) or shift > 63:
-            raise CiphertextError(f"{where}: truncated or malformed CKKS vector (varint at offset {offset})")
-        byte = data[offset]
-        value |= (byte & 0x7F) << shift
-        offset, shift = offset + 1, shift + 7
-        if not byte & 0x80:
-            return value, offset
-
-
-def _proto_fields(data: bytes, where: str) -> Iterator[tuple[int, bytes]]:
-    """(field number, value) of a protobuf message's length-delimited and 64-bit fields (all TenSEAL's vector
-    uses); anything else is a :class:`CiphertextError`."""
-    offset = 0
-    while offset < len(data):
-        tag, offset = _read_varint(data, offset, where)
-        number, wire_type = tag >> 3, tag & 0x7
-        if wire_type == 2:
-            length, offset = _read_varint(data, offset, where)
-            if offset + length > len(data):
-                raise CiphertextError(f"{where}: truncated CKKS vector (field {number} runs past the end)")
-            yield number, data[offset : offset + length]
-            offset += length
-        elif wire_type == 1:
-            if offset + 8 > len(data):
-                raise CiphertextError(f"{where}: truncated CKKS vector (field {number})")
-            yield number, data[offset : offset + 8]
-            offset += 8
-        else:
-            raise CiphertextError(f"{where}: not a TenSEAL CKKS vector (field {number} of wire type {wire_type})")
 
 
 def decode(
@@ -711,39 +446,3 @@ def encrypt_complex(context: ts.Context, values: np.ndarray, scale: float) -> se
     except _SEAL_FAILURES as error:  # "encoded values are too large"
         raise CiphertextError(f"cannot encode {np.size(values)} values at scale {scale:.4g}: {error}") from None
     return ciphertext
-
-
-def protobuf_varint(value: int) -> bytes:
-    """``value`` as a protobuf varint (TenSEAL's serialisations are protobuf messages)."""
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def tenseal_chunk(ciphertext: sealapi.Ciphertext, size: int) -> bytes:
-    """One ciphertext holding ``size`` slots as TenSEAL serialises a CKKS vector (its protobuf
-    ``CKKSVectorProto``: 1 packed sizes, 2 SEAL ciphertexts, 3 scale as a double), so ``ts.ckks_vector_from``
-    reads it back — byte for byte what ``CKKSVector.serialize`` writes (``tests/test_ring_mask.py``)."""
-    raw = ciphertext_bytes(ciphertext)
-    sizes = protobuf_varint(size)
-    scale = struct.pack("<d", ciphertext.scale)
-    return b"".join(
-        (b"\x0a", protobuf_varint(len(sizes)), sizes, b"\x12", protobuf_varint(len(raw)), raw, b"\x19", scale)
-    )
-
-
-def tenseal_ciphertext(context: ts.Context, chunk: bytes, where: str) -> tuple[object, int]:
-    """The SEAL ciphertext inside one serialised TenSEAL CKKS vector, and how many slots it uses."""
-    if not isinstance(chunk, bytes | bytearray | memoryview):
-        raise CiphertextError(f"{where}: expected ciphertext bytes, got {type(chunk).__name__}")
-    try:
-        vector = ts.ckks_vector_from(context, bytes(chunk))
-        inner: Sequence = vector.ciphertext()
-    except _SEAL_FAILURES as error:
-        raise CiphertextError(f"{where}: not a CKKS vector of this context ({len(chunk)} bytes): {error}") from None
-    if len(inner) != 1:
-        raise CiphertextError(f"{where}: a CKKS vector of {len(inner)} ciphertexts, expected one")
-    return inner[0], int(vector.size())

@@ -1,6 +1,6 @@
-"""crypto/ring_mask.py against TenSEAL itself: residues round-trip through SEAL's own loader, decrypting to
-residues and decoding them is exactly ``CKKSVector.decrypt()``, the pad arithmetic is exact, and corrupt or
-foreign buffers are refused with a CiphertextError."""
+"""crypto/residues.py, crypto/seal_residues.py and crypto/tenseal_chunks.py against TenSEAL itself: residues
+round-trip through SEAL's own loader, decrypting to residues and decoding them is exactly ``CKKSVector.decrypt()``,
+the pad arithmetic is exact, and corrupt or foreign buffers are refused with a CiphertextError."""
 
 from __future__ import annotations
 
@@ -9,7 +9,18 @@ import pytest
 import tenseal as ts
 from scipy import stats
 
-from fedgl_secure.crypto import ckks, ring_mask
+from fedgl_secure.crypto import ckks, seal_residues, tenseal_chunks
+from fedgl_secure.crypto.residues import (
+    RingLevel,
+    add_mod,
+    check_residues,
+    constant_residues,
+    data_level,
+    multiply_pointwise,
+    signed_residues,
+    sub_mod,
+    uniform_residues,
+)
 from fedgl_secure.errors import CiphertextError
 from fedgl_secure.policy.he import HEParameters
 
@@ -19,7 +30,7 @@ P_VALUE = 1e-6  # a uniformity test fails by chance once in a million runs
 @pytest.fixture(scope="module")
 def keys(small_context):
     public = ckks.load_public_context(ckks.public_context_bytes(small_context))
-    return small_context, public, ring_mask.data_level(small_context)
+    return small_context, public, data_level(small_context)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +45,7 @@ def foreign_chunk():
 
 def _seal_ciphertext(public, values, scale_bits=None):
     [chunk] = ckks.encrypt_vector(public, np.asarray(values, dtype=np.float64), scale_bits)
-    ciphertext, size = ring_mask.tenseal_ciphertext(public, chunk, "test")
+    ciphertext, size = tenseal_chunks.tenseal_ciphertext(public, chunk, "test")
     return chunk, ciphertext, size
 
 
@@ -50,17 +61,17 @@ def test_the_data_level_is_where_tenseal_encrypts(keys, small_he):
     assert tuple(ciphertext.parms_id()) == level.parms_id
     assert level.degree == small_he.poly_modulus_degree
     assert [q.bit_length() for q in level.moduli] == list(small_he.coeff_mod_bit_sizes[:-1])  # special prime dropped
-    assert ring_mask.data_level(public) == level  # the public context agrees
+    assert data_level(public) == level  # the public context agrees
 
 
 def test_decrypt_to_residues_then_decode_is_exactly_tensealsdecrypt(keys):
     secret, public, level = keys
     values = np.random.default_rng(0).uniform(-50, 50, 1500)
     chunk, ciphertext, size = _seal_ciphertext(public, values)
-    residues = ring_mask.decrypt(secret, ciphertext, level)
+    residues = seal_residues.decrypt(secret, ciphertext, level)
     assert residues.shape == level.shape and residues.dtype == np.uint64
     assert np.all(residues < level.column())
-    decoded = ring_mask.decode(public, level, residues, ciphertext.scale)[:size]
+    decoded = seal_residues.decode(public, level, residues, ciphertext.scale)[:size]
     np.testing.assert_array_equal(decoded, np.asarray(ts.ckks_vector_from(secret, chunk).decrypt()))
     assert np.abs(decoded - values).max() < 1e-6
 
@@ -70,7 +81,7 @@ def test_a_wrapped_seal_ciphertext_is_byte_for_byte_tenseals_vector(keys):
     for size in (1, 700, ckks.slot_count(public)):  # one- and two-byte size varints
         [chunk] = ckks.encrypt_vector(public, np.ones(size), 20)
         vector = ts.ckks_vector_from(public, chunk)
-        assert ring_mask.tenseal_chunk(vector.ciphertext()[0], size) == chunk
+        assert tenseal_chunks.tenseal_chunk(vector.ciphertext()[0], size) == chunk
 
 
 def test_complex_slots_encrypt_and_decode_both_parts(keys):
@@ -78,52 +89,52 @@ def test_complex_slots_encrypt_and_decode_both_parts(keys):
     rng = np.random.default_rng(1)
     values = rng.uniform(-50, 50, 900) + 1j * rng.uniform(0, 100, 900)
     [chunk] = ckks.encrypt_vector(public, values, 30)
-    ciphertext, size = ring_mask.tenseal_ciphertext(public, chunk, "test")
+    ciphertext, size = tenseal_chunks.tenseal_ciphertext(public, chunk, "test")
     assert size == 900 and ciphertext.scale == 2.0**30
-    residues = ring_mask.decrypt(secret, ciphertext, level)
-    decoded = ring_mask.decode(public, level, residues, ciphertext.scale, complex_slots=True)[:size]
+    residues = seal_residues.decrypt(secret, ciphertext, level)
+    decoded = seal_residues.decode(public, level, residues, ciphertext.scale, complex_slots=True)[:size]
     assert np.abs(decoded.real - values.real).max() < 1e-4 and np.abs(decoded.imag - values.imag).max() < 1e-4
-    np.testing.assert_array_equal(ring_mask.decode(public, level, residues, ciphertext.scale)[:size], decoded.real)
+    np.testing.assert_array_equal(seal_residues.decode(public, level, residues, ciphertext.scale)[:size], decoded.real)
 
 
 def test_residues_round_trip_through_seals_loader(keys):
     secret, public, level = keys
-    residues = ring_mask.uniform_residues(level, 1)[0]
-    plain = ring_mask.plaintext(public, level, residues, 2.0**36)
+    residues = uniform_residues(level, 1)[0]
+    plain = seal_residues.plaintext(public, level, residues, 2.0**36)
     assert plain.is_ntt_form() and tuple(plain.parms_id()) == level.parms_id and plain.scale == 2.0**36
-    np.testing.assert_array_equal(ring_mask.residues(plain, level), residues)
+    np.testing.assert_array_equal(seal_residues.residues(plain, level), residues)
 
 
 def test_encode_is_what_decode_inverts(keys):
     _, public, level = keys
     values = np.linspace(-3.0, 3.0, 700)
-    residues = ring_mask.encode(public, level, values, 2.0**30)
-    np.testing.assert_allclose(ring_mask.decode(public, level, residues, 2.0**30)[:700], values, atol=1e-6)
+    residues = seal_residues.encode(public, level, values, 2.0**30)
+    np.testing.assert_allclose(seal_residues.decode(public, level, residues, 2.0**30)[:700], values, atol=1e-6)
 
 
 def test_adding_residues_to_a_ciphertext_adds_them_to_its_decryption_exactly(keys):
     secret, public, level = keys
     _, ciphertext, _ = _seal_ciphertext(public, np.arange(10.0))
-    pad = ring_mask.uniform_residues(level, 1)[0]
-    padded = ring_mask.add_residues(public, ciphertext, level, pad)
-    reloaded = ring_mask.load_ciphertext(secret, ring_mask.ciphertext_bytes(padded), level, "padded")
+    pad = uniform_residues(level, 1)[0]
+    padded = seal_residues.add_residues(public, ciphertext, level, pad)
+    reloaded = seal_residues.load_ciphertext(secret, seal_residues.ciphertext_bytes(padded), level, "padded")
     np.testing.assert_array_equal(
-        ring_mask.decrypt(secret, reloaded, level),
-        ring_mask.add_mod(ring_mask.decrypt(secret, ciphertext, level), pad, level),
+        seal_residues.decrypt(secret, reloaded, level),
+        add_mod(seal_residues.decrypt(secret, ciphertext, level), pad, level),
     )
-    back = ring_mask.sub_mod(ring_mask.add_mod(pad, pad, level), pad, level)
+    back = sub_mod(add_mod(pad, pad, level), pad, level)
     np.testing.assert_array_equal(back, pad)
 
 
 def test_a_constant_polynomial_is_that_constant_at_every_ntt_point(keys):
     secret, public, level = keys
-    residues = ring_mask.encode(public, level, np.full(level.degree // 2, 5.0), 2.0**20)
-    np.testing.assert_array_equal(residues, ring_mask.constant_residues(5 * 2**20, level))
+    residues = seal_residues.encode(public, level, np.full(level.degree // 2, 5.0), 2.0**20)
+    np.testing.assert_array_equal(residues, constant_residues(5 * 2**20, level))
 
 
 def test_pads_are_uniform_below_every_prime_and_fresh(keys):
     _, _, level = keys
-    first, second = ring_mask.uniform_residues(level, 4), ring_mask.uniform_residues(level, 4)
+    first, second = uniform_residues(level, 4), uniform_residues(level, 4)
     assert first.shape == (4, *level.shape) and first.dtype == np.uint64
     assert np.all(first < level.column())
     assert not np.array_equal(first, second)
@@ -142,45 +153,45 @@ def test_rejection_sampling_discards_words_at_or_above_the_prime(keys):
         calls.append(count)
         return b"\xff" * count if len(calls) == 1 else rng.bytes(count)
 
-    pads = ring_mask.uniform_residues(level, 2, random_bytes=biased)
+    pads = uniform_residues(level, 2, random_bytes=biased)
     assert len(calls) > 1 and np.all(pads < level.column())
 
 
 def test_foreign_corrupt_and_truncated_ciphertexts_are_refused(keys, foreign_chunk):
     secret, public, level = keys
     chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0])
-    good = ring_mask.ciphertext_bytes(ciphertext)
-    assert ring_mask.load_ciphertext(secret, good, level, "good").size() == 2
+    good = seal_residues.ciphertext_bytes(ciphertext)
+    assert seal_residues.load_ciphertext(secret, good, level, "good").size() == 2
     with pytest.raises(CiphertextError, match="no SEAL header"):
-        ring_mask.load_ciphertext(secret, b"\x00" * 1000, level, "zeros")
+        seal_residues.load_ciphertext(secret, b"\x00" * 1000, level, "zeros")
     with pytest.raises(CiphertextError, match="no SEAL header"):
-        ring_mask.load_ciphertext(secret, chunk, level, "tenseal")  # TenSEAL's own format is not accepted
+        seal_residues.load_ciphertext(secret, chunk, level, "tenseal")  # TenSEAL's own format is not accepted
     with pytest.raises(CiphertextError, match="not a CKKS ciphertext of this context"):
-        ring_mask.load_ciphertext(secret, good[: len(good) // 2], level, "truncated")
+        seal_residues.load_ciphertext(secret, good[: len(good) // 2], level, "truncated")
     with pytest.raises(CiphertextError, match="expected ciphertext bytes"):
-        ring_mask.load_ciphertext(secret, "text", level, "str")
+        seal_residues.load_ciphertext(secret, "text", level, "str")
     other, chunk = foreign_chunk
-    foreign, _ = ring_mask.tenseal_ciphertext(other, chunk, "foreign")
+    foreign, _ = tenseal_chunks.tenseal_ciphertext(other, chunk, "foreign")
     with pytest.raises(CiphertextError, match="not a CKKS ciphertext of this context"):
-        ring_mask.load_ciphertext(secret, ring_mask.ciphertext_bytes(foreign), level, "foreign")
+        seal_residues.load_ciphertext(secret, seal_residues.ciphertext_bytes(foreign), level, "foreign")
 
 
 def test_residues_that_are_not_reduced_or_misshapen_are_refused(keys):
     _, public, level = keys
-    residues = ring_mask.uniform_residues(level, 1)[0]
+    residues = uniform_residues(level, 1)[0]
     unreduced = residues.copy()
     unreduced[0, 7] = level.moduli[0]
     with pytest.raises(CiphertextError, match="at or above their prime"):
-        ring_mask.plaintext(public, level, unreduced, 2.0**36)
+        seal_residues.plaintext(public, level, unreduced, 2.0**36)
     with pytest.raises(CiphertextError, match="expected 1 ciphertexts"):
-        ring_mask.plaintext(public, level, residues[:, :-1], 2.0**36)
+        seal_residues.plaintext(public, level, residues[:, :-1], 2.0**36)
     with pytest.raises(CiphertextError, match="must be uint64"):
-        ring_mask.check_residues(level, residues.astype(np.int64), 1, "signed")
+        check_residues(level, residues.astype(np.int64), 1, "signed")
     # a serialised plaintext whose residue is out of range is refused by SEAL's own loader, too
-    raw = bytearray(ring_mask._plaintext_bytes(level, residues, 2.0**36))
+    raw = bytearray(seal_residues._plaintext_bytes(level, residues, 2.0**36))
     raw[-8:] = int(level.moduli[-1]).to_bytes(8, "little")  # the last residue is the last prime's
-    plain = ring_mask.sealapi.Plaintext()
-    with ring_mask._scratch_file(bytes(raw)) as path, pytest.raises(RuntimeError, match="invalid"):
+    plain = seal_residues.sealapi.Plaintext()
+    with seal_residues._scratch_file(bytes(raw)) as path, pytest.raises(RuntimeError, match="invalid"):
         plain.load(public.seal_context().data, path)
 
 
@@ -188,29 +199,29 @@ def test_a_tenseal_vector_of_another_context_is_refused(keys, foreign_chunk):
     _, public, _ = keys
     _, chunk = foreign_chunk
     with pytest.raises(CiphertextError, match="not a CKKS vector of this context"):
-        ring_mask.tenseal_ciphertext(public, chunk, "foreign")
+        tenseal_chunks.tenseal_ciphertext(public, chunk, "foreign")
     with pytest.raises(CiphertextError, match="not a CKKS vector of this context"):
-        ring_mask.tenseal_ciphertext(public, b"garbage", "garbage")
+        tenseal_chunks.tenseal_ciphertext(public, b"garbage", "garbage")
 
 
 @pytest.mark.parametrize("anonymous", [True, False])
 def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tmp_path, anonymous):
     """SEAL reads and writes paths: an anonymous memory file on Linux, else a private named file removed at once."""
     secret, public, level = keys
-    if anonymous and not hasattr(ring_mask.os, "memfd_create"):
+    if anonymous and not hasattr(seal_residues.os, "memfd_create"):
         pytest.skip("no memfd_create on this platform")
-    monkeypatch.setattr(ring_mask, "_MEMORY_DIR", tmp_path)  # where a named scratch file would go
+    monkeypatch.setattr(seal_residues, "_MEMORY_DIR", tmp_path)  # where a named scratch file would go
     if not anonymous:
-        monkeypatch.setattr(ring_mask, "_PROC_FDS", str(tmp_path / "no-proc"))
-    with ring_mask._scratch_file(b"scratch") as path:
-        assert path.startswith(f"{ring_mask._PROC_FDS}/") == anonymous
-        assert ring_mask._read(path) == b"scratch"
+        monkeypatch.setattr(seal_residues, "_PROC_FDS", str(tmp_path / "no-proc"))
+    with seal_residues._scratch_file(b"scratch") as path:
+        assert path.startswith(f"{seal_residues._PROC_FDS}/") == anonymous
+        assert seal_residues._read(path) == b"scratch"
         assert len(list(tmp_path.iterdir())) == (0 if anonymous else 1)
     chunk, ciphertext, _ = _seal_ciphertext(public, [1.0, 2.0, 3.0])
-    raw = ring_mask.ciphertext_bytes(ciphertext)
-    loaded = ring_mask.load_ciphertext(secret, raw, level, "round trip")
+    raw = seal_residues.ciphertext_bytes(ciphertext)
+    loaded = seal_residues.load_ciphertext(secret, raw, level, "round trip")
     np.testing.assert_array_equal(
-        ring_mask.decrypt(secret, loaded, level), ring_mask.decrypt(secret, ciphertext, level)
+        seal_residues.decrypt(secret, loaded, level), seal_residues.decrypt(secret, ciphertext, level)
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -218,15 +229,15 @@ def test_scratch_files_round_trip_and_leave_nothing_behind(keys, monkeypatch, tm
 def test_residues_read_in_bulk_are_the_coefficients_seal_holds(keys):
     secret, public, level = keys
     _, ciphertext, _ = _seal_ciphertext(public, np.random.default_rng(5).uniform(-9, 9, 300))
-    plain = ring_mask.sealapi.Plaintext()
-    ring_mask.sealapi.Decryptor(secret.seal_context().data, secret.secret_key().data).decrypt(ciphertext, plain)
+    plain = seal_residues.sealapi.Plaintext()
+    seal_residues.sealapi.Decryptor(secret.seal_context().data, secret.secret_key().data).decrypt(ciphertext, plain)
     one_by_one = np.fromiter(map(plain.data, range(level.size)), dtype=np.uint64).reshape(level.shape)
-    bulk = ring_mask._saved_residues(plain, level)
+    bulk = seal_residues._saved_residues(plain, level)
     assert bulk is not None and bulk.dtype == np.uint64
     np.testing.assert_array_equal(bulk, one_by_one)
-    np.testing.assert_array_equal(ring_mask.residues(plain, level), one_by_one)
-    other = ring_mask.RingLevel(level.parms_id, level.moduli, level.degree // 2)  # not this plaintext's layout
-    assert ring_mask._saved_residues(plain, other) is None
+    np.testing.assert_array_equal(seal_residues.residues(plain, level), one_by_one)
+    other = RingLevel(level.parms_id, level.moduli, level.degree // 2)  # not this plaintext's layout
+    assert seal_residues._saved_residues(plain, other) is None
 
 
 def test_c1_read_from_a_chunks_bytes_is_the_ciphertexts_own(keys):
@@ -234,17 +245,17 @@ def test_c1_read_from_a_chunks_bytes_is_the_ciphertexts_own(keys):
     complex (packed) chunks; anything that is not one ciphertext of the level is refused by name."""
     secret, public, level = keys
     real = ckks.encrypt_vector(public, np.linspace(-1, 1, 100))[0]
-    packed = ring_mask.tenseal_chunk(ring_mask.encrypt_complex(public, np.ones(10) + 1j, 2.0**20), 10)
+    packed = tenseal_chunks.tenseal_chunk(seal_residues.encrypt_complex(public, np.ones(10) + 1j, 2.0**20), 10)
     for chunk in (real, packed):
-        ciphertext, _ = ring_mask.tenseal_ciphertext(public, chunk, "chunk")
-        expected = ring_mask.ciphertext_polys(ciphertext, level)[1]
-        np.testing.assert_array_equal(ring_mask.c1_residues(chunk, level, "chunk"), expected)
+        ciphertext, _ = tenseal_chunks.tenseal_ciphertext(public, chunk, "chunk")
+        expected = seal_residues.ciphertext_polys(ciphertext, level)[1]
+        np.testing.assert_array_equal(tenseal_chunks.c1_residues(chunk, level, "chunk"), expected)
     with pytest.raises(CiphertextError, match="truncated"):
-        ring_mask.c1_residues(real[:-100], level, "cut")
+        tenseal_chunks.c1_residues(real[:-100], level, "cut")
     with pytest.raises(CiphertextError, match="0 ciphertexts"):
-        ring_mask.c1_residues(b"\x19" + b"\x00" * 8, level, "no ciphertext")
+        tenseal_chunks.c1_residues(b"\x19" + b"\x00" * 8, level, "no ciphertext")
     with pytest.raises(CiphertextError, match="wire type"):
-        ring_mask.c1_residues(b"\x08\x01", level, "varint field")
+        tenseal_chunks.c1_residues(b"\x08\x01", level, "varint field")
 
 
 @pytest.mark.parametrize(
@@ -254,14 +265,14 @@ def test_pointwise_products_equal_seals_multiply_plain(degree, bits):
     """``multiply_pointwise`` gives SEAL's own products — by the float64 quotient estimate (primes up to 50 bits) and
     by Horner's digits (51 and 60 bits) — including residues at q − 1 (the largest operands), and is symmetric."""
     context = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=list(bits))
-    level = ring_mask.data_level(context)
-    a, b = ring_mask.uniform_residues(level, 2)
+    level = data_level(context)
+    a, b = uniform_residues(level, 2)
     a[:, :4] = level.column() - 1
     b[:, :2] = level.column() - 1
-    expected = ring_mask.multiply_residues(context, level, a, b)
-    np.testing.assert_array_equal(ring_mask.multiply_pointwise(level, a, b), expected)
-    np.testing.assert_array_equal(ring_mask.multiply_pointwise(level, b, a), expected)
-    stacked = ring_mask.multiply_pointwise(level, np.stack([a, b]), b)  # a batch against one factor
+    expected = seal_residues.multiply_residues(context, level, a, b)
+    np.testing.assert_array_equal(multiply_pointwise(level, a, b), expected)
+    np.testing.assert_array_equal(multiply_pointwise(level, b, a), expected)
+    stacked = multiply_pointwise(level, np.stack([a, b]), b)  # a batch against one factor
     np.testing.assert_array_equal(stacked[0], expected)
 
 
@@ -276,18 +287,18 @@ def test_pointwise_products_equal_exact_integer_products(bits):
     y = rng.integers(0, modulus, size=4096, dtype=np.uint64)
     extremes = np.array([0, 1, modulus - 1, modulus - 2], dtype=np.uint64)
     x[:16], y[:16] = np.repeat(extremes, 4), np.tile(extremes, 4)
-    level = ring_mask.RingLevel(moduli=(modulus,), degree=4096, parms_id=(0, 0, 0, 0))
-    got = ring_mask.multiply_pointwise(level, x.reshape(1, -1), y.reshape(1, -1))[0]
+    level = RingLevel(moduli=(modulus,), degree=4096, parms_id=(0, 0, 0, 0))
+    got = multiply_pointwise(level, x.reshape(1, -1), y.reshape(1, -1))[0]
     assert [int(value) for value in got] == [int(a) * int(b) % modulus for a, b in zip(x, y, strict=True)]
 
 
 def test_batched_ntt_equals_one_polynomial_at_a_time(small_context):
     """``to_ntt_many`` (up to 16 polynomials per SEAL transform) equals ``to_ntt`` polynomial by polynomial, across a
     batch boundary and for a lone polynomial; ``from_ntt`` takes each back."""
-    level = ring_mask.data_level(small_context)
+    level = data_level(small_context)
     for count in (1, 17):
-        rows = np.stack([ring_mask.signed_residues(level, np.arange(level.degree) % 7 - 3 + i) for i in range(count)])
-        batched = ring_mask.to_ntt_many(small_context, level, rows)
+        rows = np.stack([signed_residues(level, np.arange(level.degree) % 7 - 3 + i) for i in range(count)])
+        batched = seal_residues.to_ntt_many(small_context, level, rows)
         for row, transformed in zip(rows, batched, strict=True):
-            np.testing.assert_array_equal(transformed, ring_mask.to_ntt(small_context, level, row))
-            np.testing.assert_array_equal(ring_mask.from_ntt(small_context, level, transformed), row)
+            np.testing.assert_array_equal(transformed, seal_residues.to_ntt(small_context, level, row))
+            np.testing.assert_array_equal(seal_residues.from_ntt(small_context, level, transformed), row)
