@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.privacy import edge_posterior, mechanisms
+from fedgl_secure.privacy import edge_mechanisms, edge_posterior
 
 
 def weight_share(weighted: sp.spmatrix, true: sp.spmatrix) -> float:
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for epsilon in (float(e) for e in args.epsilons.split(",")):
         started = time.perf_counter()
-        released = mechanisms.randomized_response_edges(adjacency, epsilon)
-        uniform = released * mechanisms.randomized_response_posterior(client.num_nodes, released.nnz // 2, epsilon)
+        released = edge_mechanisms.randomized_response_edges(adjacency, epsilon)
+        uniform = released * edge_mechanisms.randomized_response_posterior(client.num_nodes, released.nnz // 2, epsilon)
         binned = edge_posterior.feature_posterior_weights(released, features, epsilon, np.random.default_rng(0))
         kept_true = sp.triu(released, k=1).multiply(true).nnz
         row = {

@@ -24,7 +24,7 @@ import numpy as np
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.aggregation import PlaintextSummation, client_weight
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
+from fedgl_secure.privacy import consortium_prior, label_mechanisms, label_release
 from fedgl_secure.simulation.experiment import Federation, resolve_device
 
 
@@ -60,7 +60,7 @@ def released_together(variant: str, federation, epsilon: float, sources: list) -
 def released(variant: str, bank, graph, epsilon: float, random_bytes) -> np.ndarray:
     labels, train, val = graph.labels.numpy(), graph.train_mask.numpy(), graph.val_mask.numpy()
     if variant == "rr":
-        return mechanisms.randomized_response_labels(
+        return label_mechanisms.randomized_response_labels(
             labels, epsilon, graph.num_classes, train | val, _random_bytes=random_bytes
         )
     prior, stages, order, *temperature = variant.split(":")

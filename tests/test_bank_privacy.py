@@ -30,8 +30,8 @@ from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
-from fedgl_secure.privacy.mechanisms import clip_vector
 from fedgl_secure.privacy.release_schedule import planned_ledger
+from fedgl_secure.privacy.secure_noise import clip_vector
 from fedgl_secure.services import bank as bank_module
 from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.aggregator_service import IndexView, RoundResponse, Served

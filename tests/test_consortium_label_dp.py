@@ -18,7 +18,7 @@ from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.privacy import consortium_prior, label_release, mechanisms
+from fedgl_secure.privacy import consortium_prior, label_mechanisms, label_release
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
 from fedgl_secure.services.aggregator_store import AggregatorStore
@@ -139,7 +139,7 @@ def check_the_banks_released_with_the_consortium_prior(state: Path, slices, labe
             consortium_prior.prior_probabilities(torch.from_numpy(published), x, classes), labels["prior_temperature"]
         )
         train = graph.train_mask
-        expected = mechanisms.rr_with_prior_likelihood(priors[train], labels_out[train], labels["epsilon"])
+        expected = label_mechanisms.rr_with_prior_likelihood(priors[train], labels_out[train], labels["epsilon"])
         np.testing.assert_allclose(likelihood[train], expected, rtol=1e-5, atol=1e-9)
 
 

@@ -24,8 +24,8 @@ from fedgl_secure.methods.privacy_checks import check_upload_kinds
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy, noise_std
-from fedgl_secure.privacy.mechanisms import clip_vector, gaussian_share, noise_share_std
 from fedgl_secure.privacy.release_schedule import planned_ledger, round_releases
+from fedgl_secure.privacy.secure_noise import clip_vector, gaussian_share, noise_share_std
 from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.wire.run_record import RunDirectoryError, load_run_dir
 

@@ -23,8 +23,8 @@ from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy import dp_sgd
 from fedgl_secure.privacy.accounting import DP_SGD, PREDICTIONS
 from fedgl_secure.privacy.dp_round import FederationPrivacy
+from fedgl_secure.privacy.graph_sensitivity import affected_rows, bound_degree
 from fedgl_secure.privacy.guarantees import effective_guarantees
-from fedgl_secure.privacy.mechanisms import affected_rows, bound_degree
 from fedgl_secure.privacy.release_schedule import planned_ledger
 from fedgl_secure.simulation.experiment import run_experiment
 

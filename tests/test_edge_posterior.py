@@ -13,7 +13,7 @@ from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import policy_from_dict
-from fedgl_secure.privacy import edge_posterior, mechanisms
+from fedgl_secure.privacy import edge_mechanisms, edge_posterior
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
 from fedgl_secure.simulation.experiment import run_experiment
 
@@ -56,18 +56,18 @@ def test_the_global_posterior_keeps_one_true_edge_where_a_bin_may_have_none():
     # fewer releases than noise alone gives: a bin's estimate is 0 true edges (weight 0), the whole graph's is
     # floored at one (weight > 0, the formula of the module doc with π = 1/P)
     n, epsilon = 200, 1.0
-    pairs, p = n * (n - 1) / 2, mechanisms.flip_probability(1.0)
+    pairs, p = n * (n - 1) / 2, edge_mechanisms.flip_probability(1.0)
     too_few = int(0.5 * p * pairs)
-    (in_a_bin,) = mechanisms.randomized_response_posteriors(np.array([too_few]), np.array([pairs]), epsilon)
+    (in_a_bin,) = edge_mechanisms.randomized_response_posteriors(np.array([too_few]), np.array([pairs]), epsilon)
     assert in_a_bin == 0.0
     prior = 1 / pairs
     expected = (1 - p) * prior / ((1 - p) * prior + p * (1 - prior))
-    assert mechanisms.randomized_response_posterior(n, too_few, epsilon) == pytest.approx(expected, rel=1e-12)
+    assert edge_mechanisms.randomized_response_posterior(n, too_few, epsilon) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_bin_with_fewer_releases_than_noise_alone_would_give_weighs_nothing():
-    p = mechanisms.flip_probability(1.0)
-    weights = mechanisms.randomized_response_posteriors(
+    p = edge_mechanisms.flip_probability(1.0)
+    weights = edge_mechanisms.randomized_response_posteriors(
         np.array([0.5 * p * 1000, p * 1000 + 300, 5]), np.array([1000, 1000, 0]), 1.0
     )
     assert weights[0] == 0.0 and weights[2] == 0.0  # below p·P_b: no true edge estimated; no pairs: weight 0
@@ -89,7 +89,7 @@ def test_all_pair_similarities_are_the_upper_triangle_of_the_cosine_matrix():
 
 def test_true_edges_between_similar_customers_weigh_more_than_random_ones_and_sampling_agrees():
     adjacency, features = clustered_bank()
-    released = mechanisms.randomized_response_edges(adjacency, 2.0, _random_bytes=seeded_bytes(3))
+    released = edge_mechanisms.randomized_response_edges(adjacency, 2.0, _random_bytes=seeded_bytes(3))
     exact = edge_posterior.feature_posterior_weights(released, features, 2.0, np.random.default_rng(0))
     sampled = edge_posterior.feature_posterior_weights(
         released, features, 2.0, np.random.default_rng(0), exact_up_to=10, sample_pairs=400_000
@@ -111,7 +111,7 @@ def test_a_bank_weights_its_release_by_the_feature_posterior_and_pays_epsilon_on
     adjacency, features = clustered_bank()
     bank = BankPrivacy("bank-0", policy_from_dict(edge_policy(2.0)), 1.0, random_bytes=seeded_bytes(0))
     prepared = bank.prepare_adjacency(adjacency, np.random.default_rng(0), lambda: features)
-    released = mechanisms.randomized_response_edges(adjacency, 2.0, _random_bytes=seeded_bytes(0))
+    released = edge_mechanisms.randomized_response_edges(adjacency, 2.0, _random_bytes=seeded_bytes(0))
     expected = edge_posterior.feature_posterior_weights(released, features, 2.0, np.random.default_rng(0))
     np.testing.assert_array_equal(prepared.toarray(), expected.toarray())
     assert np.unique(prepared.data).size > 1  # one weight per similarity bin, not one for all

@@ -12,7 +12,7 @@ import torch
 
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.schema import policy_from_dict
-from fedgl_secure.privacy import label_release, mechanisms
+from fedgl_secure.privacy import label_mechanisms, label_release
 from fedgl_secure.privacy.accounting import LABELS
 from fedgl_secure.privacy.dp_round import BankPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
@@ -47,7 +47,7 @@ PRIORS = [
 @pytest.mark.parametrize("epsilon", [0.5, 2.0, 6.0])
 def test_rr_with_prior_picks_the_k_that_maximises_the_expected_kept_mass(epsilon):
     priors = np.random.default_rng(0).dirichlet(np.full(7, 0.4), size=200)
-    order, k = mechanisms.rr_with_prior_top_k(priors, epsilon)
+    order, k = label_mechanisms.rr_with_prior_top_k(priors, epsilon)
     for row, prior in enumerate(priors):
         ranked = np.sort(prior)[::-1]
         objective = [math.exp(epsilon) / (math.exp(epsilon) + j - 1) * ranked[:j].sum() for j in range(1, 8)]
@@ -57,7 +57,7 @@ def test_rr_with_prior_picks_the_k_that_maximises_the_expected_kept_mass(epsilon
 
 @pytest.mark.parametrize(("prior", "epsilon"), list(itertools.product(PRIORS, [0.1, 1.0, 2.0, 4.0])))
 def test_rr_with_prior_is_epsilon_label_dp_in_closed_form(prior, epsilon):
-    matrix = mechanisms.rr_with_prior_matrix(prior, epsilon)
+    matrix = label_mechanisms.rr_with_prior_matrix(prior, epsilon)
     assert np.allclose(matrix.sum(axis=1), 1.0)
     released = matrix.sum(axis=0) > 0
     # every output the mechanism can give has positive probability under every true label …
@@ -68,8 +68,10 @@ def test_rr_with_prior_is_epsilon_label_dp_in_closed_form(prior, epsilon):
 
 
 def test_a_uniform_prior_gives_plain_randomised_response():
-    assert np.allclose(mechanisms.rr_with_prior_matrix(np.full(6, 1 / 6), 1.5), mechanisms.label_noise_matrix(1.5, 6))
-    _, k = mechanisms.rr_with_prior_top_k(np.zeros((1, 4)), 1.0)
+    assert np.allclose(
+        label_mechanisms.rr_with_prior_matrix(np.full(6, 1 / 6), 1.5), label_mechanisms.label_noise_matrix(1.5, 6)
+    )
+    _, k = label_mechanisms.rr_with_prior_top_k(np.zeros((1, 4)), 1.0)
     assert k[0] == 4
 
 
@@ -78,12 +80,12 @@ def test_rr_with_prior_draws_from_its_closed_form_distribution(prior):
     epsilon, per_class = 2.0, 4_000
     classes = prior.size
     labels = np.repeat(np.arange(classes), per_class)
-    released = mechanisms.rr_with_prior_labels(
+    released = label_mechanisms.rr_with_prior_labels(
         labels, np.tile(prior, (labels.size, 1)), epsilon, _random_bytes=seeded_bytes(5)
     )
     counts = np.zeros((classes, classes))
     np.add.at(counts, (labels, released), 1)
-    expected = mechanisms.rr_with_prior_matrix(prior, epsilon)
+    expected = label_mechanisms.rr_with_prior_matrix(prior, epsilon)
     # each cell is a binomial proportion: 5 standard errors (≈ 6e-7 two-sided per cell)
     tolerance = 5 * np.sqrt(expected * (1 - expected) / per_class) + 1e-12
     assert (np.abs(counts / per_class - expected) <= tolerance).all()
@@ -92,17 +94,17 @@ def test_rr_with_prior_draws_from_its_closed_form_distribution(prior):
 def test_rr_with_prior_likelihood_is_the_matrix_column_of_what_was_released():
     priors = np.random.default_rng(1).dirichlet(np.ones(5), size=50)
     labels = np.random.default_rng(2).integers(0, 5, 50)
-    released = mechanisms.rr_with_prior_labels(labels, priors, 1.0, _random_bytes=seeded_bytes(0))
-    likelihood = mechanisms.rr_with_prior_likelihood(priors, released, 1.0)
+    released = label_mechanisms.rr_with_prior_labels(labels, priors, 1.0, _random_bytes=seeded_bytes(0))
+    likelihood = label_mechanisms.rr_with_prior_likelihood(priors, released, 1.0)
     for row in range(50):
-        assert np.allclose(likelihood[row], mechanisms.rr_with_prior_matrix(priors[row], 1.0)[:, released[row]])
+        assert np.allclose(likelihood[row], label_mechanisms.rr_with_prior_matrix(priors[row], 1.0)[:, released[row]])
 
 
 def test_rr_with_prior_touches_only_the_masked_labelled_nodes():
     labels = np.array([0, 1, 2, -1, 1, 0] * 200)
     mask = np.tile([True, True, False, True, False, True], 200)
     priors = np.tile([0.1, 0.1, 0.8], (labels.size, 1))
-    released = mechanisms.rr_with_prior_labels(labels, priors, 0.5, mask, _random_bytes=seeded_bytes(0))
+    released = label_mechanisms.rr_with_prior_labels(labels, priors, 0.5, mask, _random_bytes=seeded_bytes(0))
     assert np.array_equal(released[~mask], labels[~mask])
     assert np.all(released[labels == -1] == -1)
     assert (released[mask & (labels >= 0)] != labels[mask & (labels >= 0)]).any()
@@ -142,10 +144,10 @@ def test_a_prior_never_reads_the_labels_it_will_release(prior):
     nodes outside ``known`` must not move any prior."""
     labels, adjacency, features, train, val = planted_bank()
     estimate = label_release._prior_estimator(prior, adjacency, features, 4, 1.0)
-    likelihood = mechanisms.label_noise_matrix(1.0, 4)[:, labels].T
+    likelihood = label_mechanisms.label_noise_matrix(1.0, 4)[:, labels].T
     other = (labels + 1) % 4
     changed = np.where(train, other, labels)
-    changed_likelihood = mechanisms.label_noise_matrix(1.0, 4)[:, changed].T
+    changed_likelihood = label_mechanisms.label_noise_matrix(1.0, 4)[:, changed].T
     assert np.array_equal(estimate(labels, likelihood, val), estimate(changed, changed_likelihood, val))
     assert not np.array_equal(
         estimate(labels, likelihood, val | train), estimate(changed, changed_likelihood, val | train)
@@ -158,12 +160,12 @@ def test_the_multi_stage_release_gets_more_labels_right_than_randomised_response
     right_rr, right_staged = 0, 0
     for seed in range(4):
         source = seeded_bytes(seed)
-        rr = mechanisms.randomized_response_labels(labels, 1.0, 4, train | val, _random_bytes=source)
+        rr = label_mechanisms.randomized_response_labels(labels, 1.0, 4, train | val, _random_bytes=source)
         staged, likelihood = label_release.multi_stage_release(
             labels, train, val, adjacency, 4, 1.0, 2, "validation-first", prior, features, _random_bytes=source
         )
         # each released label's likelihood row is its transition column: randomised response's for stage 1
-        rr_column = mechanisms.label_noise_matrix(1.0, 4)[:, staged[val]].T
+        rr_column = label_mechanisms.label_noise_matrix(1.0, 4)[:, staged[val]].T
         assert np.allclose(likelihood[val], rr_column)
         assert np.allclose(likelihood[train, staged[train]], likelihood[train].max(axis=1))
         assert np.array_equal(staged[~(train | val)], labels[~(train | val)])
@@ -189,7 +191,7 @@ def test_a_bank_without_validation_labels_releases_its_training_labels_by_plain_
         features,
         _random_bytes=seeded_bytes(0),
     )
-    assert np.allclose(likelihood[train], mechanisms.label_noise_matrix(1.0, 4)[:, released[train]].T)
+    assert np.allclose(likelihood[train], label_mechanisms.label_noise_matrix(1.0, 4)[:, released[train]].T)
 
 
 # --- policy, ledger, guarantees -----------------------------------------------------------------
@@ -238,5 +240,5 @@ def test_the_forward_correction_under_rr_with_prior_trains_with_each_nodes_own_t
     expected = privacy.banks[0].label_likelihood
     assert np.allclose(trainer.private_training.likelihood.numpy(), expected, atol=1e-7)
     # RRWithPrior's rows are not randomised response's: the training labels had a prior
-    rr_rows = mechanisms.label_noise_matrix(2.0, 4)[:, released].T
+    rr_rows = label_mechanisms.label_noise_matrix(2.0, 4)[:, released].T
     assert not np.allclose(expected[train], rr_rows[train])

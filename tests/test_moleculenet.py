@@ -23,7 +23,7 @@ from fedgl_secure.methods.base import WEIGHTS, split_weights_sum
 from fedgl_secure.methods.fgcl_graphs import GraphFederationConfig, run_graph_federation
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.graph_classifier import GCNGraphClassifier, make_batch, masked_bce
-from fedgl_secure.privacy.mechanisms import flip_probability
+from fedgl_secure.privacy.edge_mechanisms import flip_probability
 from fedgl_secure.privacy.molecule_views import randomized_response_molecule
 
 SMILES = ["CCO", "c1ccccc1", "CC(=O)O", "[NH4+]", "C1CCCCC1N", "CCN(CC)CC", "OC(=O)c1ccccc1O", "CCCCCl"]

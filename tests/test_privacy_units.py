@@ -17,7 +17,7 @@ from fedgl_secure.engine.config import build_config
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.methods.base import WEIGHTS
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import edge_mechanisms, label_mechanisms, secure_noise
 from fedgl_secure.privacy.dp_round import BankPrivacy, FederationPrivacy
 from fedgl_secure.privacy.guarantees import effective_guarantees
 from fedgl_secure.privacy.label_dp import forward_corrected_loss
@@ -54,9 +54,9 @@ def label_policy(epsilon: float = 2.0, mechanism: str = "randomized-response") -
 @pytest.mark.parametrize(("epsilon", "classes"), [(0.5, 7), (2.0, 7), (1.0, 2)])
 def test_label_randomised_response_keeps_and_flips_at_the_stated_rates(epsilon, classes):
     labels = np.random.default_rng(1).integers(0, classes, 20_000)
-    released = mechanisms.randomized_response_labels(labels, epsilon, classes, _random_bytes=seeded_bytes(2))
+    released = label_mechanisms.randomized_response_labels(labels, epsilon, classes, _random_bytes=seeded_bytes(2))
     keep = math.exp(epsilon) / (math.exp(epsilon) + classes - 1)
-    assert mechanisms.label_keep_probability(epsilon, classes) == pytest.approx(keep)
+    assert label_mechanisms.label_keep_probability(epsilon, classes) == pytest.approx(keep)
     kept = int((released == labels).sum())
     assert binomtest(kept, labels.size, keep).pvalue > 1e-3
     # a flipped label lands on each of the other classes uniformly: class 0's flips
@@ -69,22 +69,22 @@ def test_label_randomised_response_keeps_and_flips_at_the_stated_rates(epsilon, 
 def test_label_randomised_response_touches_only_the_masked_labelled_nodes():
     labels = np.array([0, 1, 2, -1, 1, 0] * 500)
     mask = np.tile([True, True, False, True, False, True], 500)
-    released = mechanisms.randomized_response_labels(labels, 0.1, 3, mask, _random_bytes=seeded_bytes(0))
+    released = label_mechanisms.randomized_response_labels(labels, 0.1, 3, mask, _random_bytes=seeded_bytes(0))
     assert np.array_equal(released[~mask], labels[~mask])
     assert np.all(released[labels == -1] == -1)
     assert (released[mask & (labels >= 0)] != labels[mask & (labels >= 0)]).any()
 
 
 def test_label_noise_matrix_rows_are_distributions_with_the_ratio_e_to_the_epsilon():
-    matrix = mechanisms.label_noise_matrix(1.5, 5)
+    matrix = label_mechanisms.label_noise_matrix(1.5, 5)
     assert np.allclose(matrix.sum(axis=1), 1.0)
     assert matrix.max() / matrix.min() == pytest.approx(math.exp(1.5))
 
 
 def test_laplace_noise_has_the_mechanism_scale():
-    scale = mechanisms.laplace_scale(0.5)  # b = 1/ε
+    scale = secure_noise.laplace_scale(0.5)  # b = 1/ε
     assert scale == 2.0
-    noise = mechanisms.secure_laplace(200_000, scale, _random_bytes=seeded_bytes(3))
+    noise = secure_noise.secure_laplace(200_000, scale, _random_bytes=seeded_bytes(3))
     assert abs(noise.mean()) < 0.03
     assert np.abs(noise).mean() == pytest.approx(scale, rel=0.02)  # E|X| = b
     assert noise.var() == pytest.approx(2 * scale**2, rel=0.03)  # Var = 2b²
@@ -94,7 +94,7 @@ def test_laplace_edge_weights_perturbs_existing_edges_only_and_stays_symmetric()
     rng = np.random.default_rng(0)
     upper = sp.triu(sp.random(60, 60, 0.1, random_state=rng, data_rvs=np.ones), k=1)
     adjacency = ((upper + upper.T) > 0).astype(np.float64)
-    released = mechanisms.laplace_edge_weights(adjacency, 1.0, _random_bytes=seeded_bytes(1))
+    released = edge_mechanisms.laplace_edge_weights(adjacency, 1.0, _random_bytes=seeded_bytes(1))
     assert (abs(released - released.T)).max() == 0
     new_pairs = (released != 0).astype(int) - (released != 0).multiply(adjacency != 0)
     assert new_pairs.nnz == 0  # no new pairs: an edge's existence is not hidden
@@ -201,7 +201,7 @@ def test_forward_corrected_loss_is_cross_entropy_without_noise_and_fits_the_nois
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.5]])
     labels = torch.tensor([0, 2])
     assert forward_corrected_loss(logits, labels, torch.eye(3)) == pytest.approx(float(F.cross_entropy(logits, labels)))
-    matrix = torch.as_tensor(mechanisms.label_noise_matrix(1.0, 3), dtype=torch.float32)
+    matrix = torch.as_tensor(label_mechanisms.label_noise_matrix(1.0, 3), dtype=torch.float32)
     noisy = torch.softmax(logits, 1) @ matrix
     expected = -(torch.log(noisy[0, 0]) + torch.log(noisy[1, 2])) / 2
     assert forward_corrected_loss(logits, labels, matrix) == pytest.approx(float(expected))
@@ -252,19 +252,19 @@ def test_an_edge_unit_run_with_negligible_flips_is_the_plain_run(small):
 def test_the_released_graph_is_weighted_by_the_posterior_of_a_true_edge():
     n, pairs = 1900, 1900 * 1899 // 2
     for epsilon, true_edges in ((8.0, 2600), (1.0, 2600)):
-        p = mechanisms.flip_probability(epsilon)
+        p = edge_mechanisms.flip_probability(epsilon)
         released = round((1 - p) * true_edges + p * (pairs - true_edges))
         prior = true_edges / pairs
         expected = (1 - p) * prior / ((1 - p) * prior + p * (1 - prior))
-        assert mechanisms.randomized_response_posterior(n, released, epsilon) == pytest.approx(expected, rel=1e-3)
-    assert mechanisms.randomized_response_posterior(n, 3203, 8.0) > 0.7
-    assert mechanisms.randomized_response_posterior(n, 486_385, 1.0) < 0.01
+        assert edge_mechanisms.randomized_response_posterior(n, released, epsilon) == pytest.approx(expected, rel=1e-3)
+    assert edge_mechanisms.randomized_response_posterior(n, 3203, 8.0) > 0.7
+    assert edge_mechanisms.randomized_response_posterior(n, 486_385, 1.0) < 0.01
     bank = BankPrivacy("bank-0", policy_from_dict(edge_policy(2.0)), 1.0, random_bytes=seeded_bytes(0))
     ring = sp.csr_matrix(sp.diags([np.ones(199), np.ones(199)], [1, -1], shape=(200, 200)))
     released = bank.prepare_adjacency(ring, np.random.default_rng(0))
     weights = np.unique(released.data)
     assert weights.size == 1 and weights[0] == pytest.approx(
-        mechanisms.randomized_response_posterior(200, released.nnz // 2, 2.0)
+        edge_mechanisms.randomized_response_posterior(200, released.nnz // 2, 2.0)
     )
     unweighted = BankPrivacy(
         "bank-1",

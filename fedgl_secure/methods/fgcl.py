@@ -12,7 +12,7 @@ one-off edge-DP release (``dp.unit = "edge"``: randomised response at the source
 :mod:`fedgl_secure.privacy.dp_round`); the two views are drawn from that *released* graph, so they are
 post-processing and ε₀, ε₁ cost no budget — they shape the augmentation. (The paper treats the
 views themselves as the DP release; drawn from the raw graph, Laplace noise on weights would hide
-weights, not whether an edge exists — :func:`~fedgl_secure.privacy.mechanisms.laplace_edge_weights`.)
+weights, not whether an edge exists — :func:`~fedgl_secure.privacy.edge_mechanisms.laplace_edge_weights`.)
 The views' randomness therefore comes from a seeded stream per bank, which keeps runs reproducible.
 
 ``fgcl.enabled = true`` on FedGL (``fedgl``, ``fedgl-no-gpg``, ``fedgl-no-gpl``) adds the same
@@ -36,7 +36,7 @@ from fedgl_secure.methods.fedgl import FedGL
 from fedgl_secure.model.adjacency import fuse_pseudo_graph, gcn_normalize, project_pseudo_graph
 from fedgl_secure.model.losses import fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import edge_mechanisms
 from fedgl_secure.seeding import numpy_stream
 
 __all__ = ["FGCL", "FedGLContrastive", "info_nce", "perturbed_view"]
@@ -77,10 +77,10 @@ def perturbed_view(adjacency: sp.spmatrix, mechanism: str, epsilon: float, rng: 
     pattern = weighted.copy()
     pattern.data[:] = 1.0
     if mechanism == "laplace":
-        factors = mechanisms.laplace_edge_weights(pattern, epsilon, _random_bytes=rng.bytes)
+        factors = edge_mechanisms.laplace_edge_weights(pattern, epsilon, _random_bytes=rng.bytes)
         return sp.csr_matrix(weighted.multiply(factors))
     mean = float(weighted.data.mean()) if weighted.nnz else 1.0
-    return mechanisms.randomized_response_edges(pattern, epsilon, _random_bytes=rng.bytes) * mean
+    return edge_mechanisms.randomized_response_edges(pattern, epsilon, _random_bytes=rng.bytes) * mean
 
 
 def released_adjacency(normalized: sp.csr_matrix) -> sp.csr_matrix:

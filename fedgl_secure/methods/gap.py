@@ -37,7 +37,7 @@ from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, wei
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import gap as gap_dp
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import graph_sensitivity
 from fedgl_secure.privacy.gap_model import GAPModel, GAPView, public_projection
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
@@ -47,7 +47,7 @@ __all__ = ["GAP", "bounded_adjacency", "gap_config_values"]
 def bounded_adjacency(graph: GraphTensors, max_degree: int, seed: int, purpose: object) -> SparseOperator:
     """The binary link pattern of ``graph`` projected to degree ≤ D (seeded edge order; once per graph)."""
     pattern = gap_dp.symmetric_pattern(graph.base_adjacency)
-    bounded = mechanisms.bound_degree(pattern, max_degree, numpy_stream(seed, "gap", "degree", purpose))
+    bounded = graph_sensitivity.bound_degree(pattern, max_degree, numpy_stream(seed, "gap", "degree", purpose))
     return SparseOperator.from_scipy(sp.csr_matrix(bounded), graph.device)
 
 

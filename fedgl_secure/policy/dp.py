@@ -44,18 +44,18 @@ class GaussianChannel(_Section):
     r"""DP on one upload kind: clip, then add :math:`\mathcal N(0, \sigma^2)`, σ = noise_multiplier × sensitivity.
 
     ``clip`` is the L2 bound C: of the whole update W_k − W̄ for ``weights``
-    (:func:`~fedgl_secure.privacy.mechanisms.clip_vector`, sensitivity 2C), of every node row for
-    ``predictions`` and ``embeddings`` (:func:`~fedgl_secure.privacy.mechanisms.clip_rows`,
+    (:func:`~fedgl_secure.privacy.secure_noise.clip_vector`, sensitivity 2C), of every node row for
+    ``predictions`` and ``embeddings`` (:func:`~fedgl_secure.privacy.secure_noise.clip_rows`,
     sensitivity 2C√K with K rows moved, see ``[dp.graph]``).
 
     ``noise`` says who adds it:
 
     * ``"distributed"`` — each bank adds its share N(0, σ²/q), q = quorum, to its own term before
-      encrypting (:func:`~fedgl_secure.privacy.mechanisms.gaussian_share` with ``num_banks = quorum``),
+      encrypting (:func:`~fedgl_secure.privacy.secure_noise.gaussian_share` with ``num_banks = quorum``),
       so only the decrypted sum, over at least q banks, carries the full σ. No party ever holds a
       noiseless sum, not even the aggregator and key authority together. A bank that receives the
       sum knows its own share, so against a fellow bank the noise left is σ√((q−1)/q)
-      (:func:`~fedgl_secure.privacy.mechanisms.residual_noise_std`); the guarantees account that.
+      (:func:`~fedgl_secure.privacy.secure_noise.residual_noise_std`); the guarantees account that.
     * ``"central"`` — the key authority adds N(0, σ²) once to what it decrypts. Since the aggregator
       pads every sum with a uniform element r of the plaintext ring, the key authority decrypts
       s + r and returns s + r + n (n CKKS-encoded); the aggregator removes r and obtains s + n.
@@ -85,7 +85,7 @@ class DPSGD(_Section):
     The engine trains full-batch (one step per local epoch), so every step uses every node:
     ``sample_rate = 1`` and no amplification by subsampling is claimed. On a GCN one node enters the
     losses of K nodes around it, so the multiplier that holds is z / (2K − 1) (node neighbouring),
-    :func:`~fedgl_secure.privacy.mechanisms.graph_dp_sgd_noise_multiplier`; that is what is accounted.
+    :func:`~fedgl_secure.privacy.graph_sensitivity.graph_dp_sgd_noise_multiplier`; that is what is accounted.
     ``local_epochs`` is the number of steps per round the budget assumes: a run must not train more
     local epochs per round than this.
     """
@@ -137,20 +137,20 @@ class EdgeDP(_SourceRelease):
     """Edge-level DP on each bank's adjacency, applied once before round 1: ε-edge-DP, paid once.
 
     ``"randomized-response"`` flips every node pair with probability 1/(1 + e^ε)
-    (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_edges`); everything computed from the
+    (:func:`~fedgl_secure.privacy.edge_mechanisms.randomized_response_edges`); everything computed from the
     released graph afterwards is post-processing *for edges*. It protects edges only, not node
     features, labels or membership.
 
     ``"laplace"`` is the FGCL paper's mechanism (Yang et al., Information Sciences 2023,
     arXiv 2207.11836): Laplace(1/ε) noise on the weight of every existing edge
-    (:func:`~fedgl_secure.privacy.mechanisms.laplace_edge_weights`). It is ε-DP for a change of one
+    (:func:`~fedgl_secure.privacy.edge_mechanisms.laplace_edge_weights`). It is ε-DP for a change of one
     edge's weight by at most 1, and hides nothing about *whether* an edge exists (the set of pairs
     is released as is); ``unit = "edge"`` therefore needs randomised response.
     """
 
     mechanisms: ClassVar[tuple[str, ...]] = EDGE_MECHANISMS
     # "posterior": weight each released edge by P(true edge | released), estimated from n, the released
-    # count and ε only (post-processing, mechanisms.randomized_response_posterior); "feature-posterior": the
+    # count and ε only (post-processing, edge_mechanisms.randomized_response_posterior); "feature-posterior": the
     # same estimate within bins of the endpoints' feature similarity (features are outside the edge unit;
     # privacy.edge_posterior); "none": weight 1
     weighting: Literal["posterior", "feature-posterior", "none"] = "posterior"
@@ -161,7 +161,7 @@ class LabelDP(_SourceRelease):
 
     Every label a bank trains or selects models with (training and validation nodes) is kept with
     probability e^ε / (e^ε + C − 1) and otherwise replaced by one of the C − 1 other classes uniformly
-    (:func:`~fedgl_secure.privacy.mechanisms.randomized_response_labels`). Everything computed from the
+    (:func:`~fedgl_secure.privacy.label_mechanisms.randomized_response_labels`). Everything computed from the
     released labels is post-processing *for labels*; features, links and membership are not covered.
     ``correction = "forward"`` trains with the known noise matrix T (loss on softmax(H)·T, Patrini et
     al., CVPR 2017), which uses only the public ε and C: still post-processing. It is an option, not the
@@ -244,11 +244,11 @@ class LabelDP(_SourceRelease):
 
 
 class GraphBound(_Section):
-    """What the node-level sensitivities rely on (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
+    """What the node-level sensitivities rely on (:func:`~fedgl_secure.privacy.graph_sensitivity.affected_rows`).
 
     ``max_degree`` D must bound the degree of every graph a release propagates over, in both
     neighbouring datasets: the bank's own graph, which banks project with
-    :func:`~fedgl_secure.privacy.mechanisms.bound_degree` (the guarantee then holds for the projected
+    :func:`~fedgl_secure.privacy.graph_sensitivity.bound_degree` (the guarantee then holds for the projected
     graph). P and H under DP are computed on that graph without the pseudo graph of Eq. 9, so FedGL's
     pseudo graph is allowed with DP on uploads; DP-SGD trains on the fused graph, whose pseudo-graph
     edges nothing bounds, so it refuses the pseudo graph (β > 0).
@@ -461,6 +461,6 @@ class DPSettings(_Section):
             raise field_error(
                 "graph.max_degree",
                 f"required when DP is on for {needing}: their sensitivity grows with how many GCN rows one "
-                "node moves, which only a degree bound limits (see mechanisms.prediction_sensitivity)",
+                "node moves, which only a degree bound limits (see graph_sensitivity.prediction_sensitivity)",
             )
         return self

@@ -43,7 +43,7 @@ Cross-field rules, and why (each error names the field to change):
   ``node_weight`` (which global nodes a bank holds, times w_k) has no DP channel: the guarantee
   treats node membership and w_k as public, and says so in its assumptions.
 * DP on predictions, embeddings or DP-SGD needs ``dp.graph.max_degree``: their sensitivity
-  depends on how many GCN rows one node moves (:func:`~fedgl_secure.privacy.mechanisms.affected_rows`).
+  depends on how many GCN rows one node moves (:func:`~fedgl_secure.privacy.graph_sensitivity.affected_rows`).
 * ``dp.unit`` names what one protected change is, and each unit has its own mechanism
   (:data:`~fedgl_secure.policy.dp.UNIT_MECHANISMS`): ``"edge"`` (one link) — randomised response on each bank's
   adjacency, once at the source, after which every upload of every round is post-processing (no per-round

@@ -11,7 +11,7 @@ Conventions (Opacus'): a Gaussian release is described by its noise multiplier z
 sensitivity, its sampling rate q and its number of steps. A per-round upload of a whole clipped
 matrix (weights, predictions, embeddings) is a Gaussian mechanism: q = 1, steps = 1. DP-SGD during
 local training is the Poisson-subsampled Gaussian with q = batch / N and one step per batch.
-Sensitivities, and how graph coupling inflates them, are in :mod:`fedgl_secure.privacy.mechanisms`.
+Sensitivities, and how graph coupling inflates them, are in :mod:`fedgl_secure.privacy.graph_sensitivity`.
 """
 
 from __future__ import annotations

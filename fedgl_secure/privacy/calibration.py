@@ -3,8 +3,9 @@ noise multiplier a bank records.
 
 What the parties use while a run goes on to size noise: a bank's shares (:mod:`~fedgl_secure.privacy.dp_round`),
 the key authority's central noise (:mod:`~fedgl_secure.crypto.key_authority`) and the audit's checks of it. It
-sits low in ``privacy/``, beside :mod:`~fedgl_secure.privacy.mechanisms`, so that ``crypto/`` can import it:
-it reads the policy and the mechanisms and imports nothing above ``privacy/``. What each round releases for the
+sits low in ``privacy/``, beside :mod:`~fedgl_secure.privacy.secure_noise` and
+:mod:`~fedgl_secure.privacy.graph_sensitivity`, so that ``crypto/`` can import it: it reads the policy and the
+mechanisms and imports nothing above ``privacy/``. What each round releases for the
 accountant is :mod:`~fedgl_secure.privacy.release_schedule`; the report of what a policy guarantees is
 :mod:`~fedgl_secure.privacy.guarantees`.
 
@@ -18,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import graph_sensitivity, secure_noise
 from fedgl_secure.privacy.accounting import DP_SGD, WEIGHTS
 
 
-def graph_args(policy: Policy) -> tuple[int, int, mechanisms.Neighbouring]:
+def graph_args(policy: Policy) -> tuple[int, int, graph_sensitivity.Neighbouring]:
     graph = policy.dp.graph
     if graph.max_degree is None:  # the policy validator makes this unreachable for enabled channels
         raise ValueError("dp.graph.max_degree is not set")
@@ -35,8 +36,8 @@ def upload_sensitivity(policy: Policy, kind: str) -> float:
     if channel is None:
         raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
     if kind == WEIGHTS:
-        return mechanisms.weight_update_sensitivity(channel.clip)
-    return mechanisms.prediction_sensitivity(channel.clip, *graph_args(policy))  # P and H rows alike
+        return graph_sensitivity.weight_update_sensitivity(channel.clip)
+    return graph_sensitivity.prediction_sensitivity(channel.clip, *graph_args(policy))  # P and H rows alike
 
 
 def noise_std(policy: Policy, kind: str) -> float:
@@ -49,7 +50,7 @@ def noise_std(policy: Policy, kind: str) -> float:
     channel = policy.dp.upload_channel(kind)
     if channel is None:
         raise ValueError(f"{kind!r} has no enabled DP channel in this policy")
-    return mechanisms.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
+    return secure_noise.gaussian_noise_std(channel.noise_multiplier, upload_sensitivity(policy, kind))
 
 
 def central_noise_stds(policy: Policy) -> dict[str, float]:
@@ -64,11 +65,11 @@ def central_noise_count(kind: str, length: int) -> int:
 
 
 def central_noise(
-    kind: str, shape: int | tuple[int, ...], std: float, random_bytes: mechanisms.RandomBytes | None = None
+    kind: str, shape: int | tuple[int, ...], std: float, random_bytes: secure_noise.RandomBytes | None = None
 ) -> np.ndarray:
     """N(0, std²) for a decrypted sum of ``kind`` and ``shape``, on the values :func:`central_noise_count`
     counts (the last weights entry gets 0). ``random_bytes`` replaces the OS CSPRNG, for tests only."""
-    noise = mechanisms.secure_gaussian(shape, std, _random_bytes=random_bytes)
+    noise = secure_noise.secure_gaussian(shape, std, _random_bytes=random_bytes)
     if kind == WEIGHTS and noise.size:
         noise.reshape(-1)[-1] = 0.0
     return noise
@@ -84,12 +85,12 @@ def accounted_noise_multiplier(policy: Policy, channel: str) -> float:
         sgd = policy.dp.sgd
         if not policy.dp.sgd_enabled:
             raise ValueError("DP-SGD is not enabled in this policy")
-        return mechanisms.graph_dp_sgd_noise_multiplier(sgd.noise_multiplier, *graph_args(policy))
+        return graph_sensitivity.graph_dp_sgd_noise_multiplier(sgd.noise_multiplier, *graph_args(policy))
     settings = policy.dp.upload_channel(channel)
     if settings is None:
         raise ValueError(f"{channel!r} has no enabled DP channel in this policy")
     if settings.noise == "central":
         return float(settings.noise_multiplier)
     sensitivity = upload_sensitivity(policy, channel)
-    sigma = mechanisms.gaussian_noise_std(settings.noise_multiplier, sensitivity)
-    return mechanisms.residual_noise_std(sigma, policy.quorum, known_shares=1) / sensitivity
+    sigma = secure_noise.gaussian_noise_std(settings.noise_multiplier, sensitivity)
+    return secure_noise.residual_noise_std(sigma, policy.quorum, known_shares=1) / sensitivity

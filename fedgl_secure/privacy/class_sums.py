@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import secure_noise
 from fedgl_secure.privacy.accounting import AccountantName, GaussianRelease, gaussian_epsilon, smallest_noise_multiplier
 
 RandomBytes = Callable[[int], bytes]
@@ -77,7 +77,7 @@ def release(sums: np.ndarray, z: float, *, _random_bytes: RandomBytes | None = N
     """``sums`` plus N(0, (z · :data:`SENSITIVITY`)²) on every entry from the OS CSPRNG (``z = 0``: unchanged)."""
     if z == 0:
         return np.array(sums, dtype=np.float64)
-    noise = mechanisms.secure_gaussian(sums.size, z * SENSITIVITY, _random_bytes=_random_bytes)
+    noise = secure_noise.secure_gaussian(sums.size, z * SENSITIVITY, _random_bytes=_random_bytes)
     return sums + noise.reshape(sums.shape)
 
 

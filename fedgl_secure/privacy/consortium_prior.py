@@ -33,7 +33,7 @@ from fedgl_secure.log import get_logger
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.privacy.accounting import WEIGHTS
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, fit_softmax_regression, softmax_regression
-from fedgl_secure.privacy.mechanisms import RandomBytes
+from fedgl_secure.privacy.secure_noise import RandomBytes
 
 # FedAvg of the prior: 20 rounds of 10 full-batch Adam steps from zero. An ad-hoc probe (docs/privacy.md §6.10)
 # found 10–20 such rounds enough for the pooled prior to predict ≈ 72 % of Cora's training labels, against 67 %

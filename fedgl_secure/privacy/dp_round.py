@@ -27,7 +27,7 @@ Decisions, and why:
 * **Weights.** The release is ``ŵ_k·(W̄ + clip_vector(W_k − W̄, C))`` plus the share, and the last
   entry ŵ_k without noise (a bank's size is public).
 * **Predictions and embeddings.** Every node row of the *unweighted* P_k / H_k is clipped to C
-  (:func:`~fedgl_secure.privacy.mechanisms.clip_rows`), re-weighted by ŵ_k, and the share is added
+  (:func:`~fedgl_secure.privacy.secure_noise.clip_rows`), re-weighted by ŵ_k, and the share is added
   to **all M rows**, not only the bank's own: a row held by one bank would otherwise carry a single
   share (σ/√q < σ), breaking the distributed-noise argument, while noise on rows a bank does not
   hold reveals nothing (membership is public through node_weight anyway). P_k and H_k must be
@@ -39,7 +39,7 @@ Decisions, and why:
   (:meth:`FederationPrivacy.with_central_noise`), which is the same sum.
 * **Graphs.** Randomised response (edge DP) is applied once to a bank's adjacency before training
   and recorded as a pure release at round 0; with DP on predictions, embeddings or DP-SGD the
-  result is then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
+  result is then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.graph_sensitivity.bound_degree`).
   P and H are computed on that graph without the pseudo graph (:func:`public_model_outputs`), so
   FedGL's pseudo graph (β > 0) is allowed with DP on uploads; under DP-SGD, which trains on it, it
   is refused (:func:`~fedgl_secure.methods.privacy_checks.check_method`) rather than silently breaking the
@@ -63,7 +63,14 @@ import torch
 
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.log import get_logger
-from fedgl_secure.privacy import edge_posterior, label_release, mechanisms
+from fedgl_secure.privacy import (
+    edge_mechanisms,
+    edge_posterior,
+    graph_sensitivity,
+    label_mechanisms,
+    label_release,
+    secure_noise,
+)
 from fedgl_secure.privacy.accounting import EDGES, LABELS, WEIGHTS, PrivacyLedger
 from fedgl_secure.privacy.calibration import central_noise, noise_std
 from fedgl_secure.privacy.dp_sgd import NodeDPSGD
@@ -131,7 +138,7 @@ class BankPrivacy:
         is called only by a weighting that reads them (``weighting = "feature-posterior"``), so no other policy
         pays for a copy of them at start-up.
 
-        ``degree_rng`` only orders :func:`~fedgl_secure.privacy.mechanisms.bound_degree`'s greedy pass and draws
+        ``degree_rng`` only orders :func:`~fedgl_secure.privacy.graph_sensitivity.bound_degree`'s greedy pass and draws
         the feature posterior's sample of pairs in a large bank (not privacy noise). Randomised response draws
         from the OS CSPRNG (or the injected test source).
         """
@@ -140,16 +147,18 @@ class BankPrivacy:
             if release.channel != EDGES:
                 continue
             if self.policy.dp.edges.mechanism == "laplace":
-                graph = mechanisms.laplace_edge_weights(graph, release.epsilon, _random_bytes=self._random_bytes)
+                graph = edge_mechanisms.laplace_edge_weights(graph, release.epsilon, _random_bytes=self._random_bytes)
             else:
-                graph = mechanisms.randomized_response_edges(graph, release.epsilon, _random_bytes=self._random_bytes)
+                graph = edge_mechanisms.randomized_response_edges(
+                    graph, release.epsilon, _random_bytes=self._random_bytes
+                )
             self.ledger.extend([release])
         if self.policy.dp.needs_degree_bound:
-            graph = mechanisms.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
+            graph = graph_sensitivity.bound_degree(graph, self.policy.dp.graph.max_degree, degree_rng)
         edges = self.policy.dp.edges
         if edges.mechanism == "randomized-response" and edges.weighting == "posterior":
             # post-processing of the release: one weight from n, the released count and ε (all public)
-            weight = mechanisms.randomized_response_posterior(graph.shape[0], graph.nnz // 2, edges.epsilon)
+            weight = edge_mechanisms.randomized_response_posterior(graph.shape[0], graph.nnz // 2, edges.epsilon)
             graph = graph * weight
             self.log.info("privacy.edges_released", edges=graph.nnz // 2, posterior_weight=round(weight, 6))
         elif edges.mechanism == "randomized-response" and edges.weighting == "feature-posterior":
@@ -202,7 +211,7 @@ class BankPrivacy:
                     _random_bytes=self._random_bytes,
                 )
             else:
-                labels = mechanisms.randomized_response_labels(
+                labels = label_mechanisms.randomized_response_labels(
                     labels, release.epsilon, num_classes, train_mask | val_mask, _random_bytes=self._random_bytes
                 )
             self.ledger.extend([release])
@@ -316,7 +325,7 @@ class BankPrivacy:
         channel = self.policy.dp.upload_channel(kind)
         if channel.noise != "distributed":
             return None  # central: added once to the decrypted sum (FederationPrivacy.central_noise)
-        return mechanisms.gaussian_share(
+        return secure_noise.gaussian_share(
             shape, noise_std(self.policy, kind), self.policy.quorum, _random_bytes=self._random_bytes
         )
 
@@ -328,7 +337,7 @@ class BankPrivacy:
             raise ValueError(f"{self.bank}: weights of {local.size} values, W̄ of {reference.size}")
         if channel is None:  # DP-SGD trained them from the public W̄: post-processing, released as they are
             return np.concatenate([scale * local, [scale]])
-        update = mechanisms.clip_vector(local - reference, channel.clip)
+        update = secure_noise.clip_vector(local - reference, channel.clip)
         released = scale * (reference + update)
         share = self._share(WEIGHTS, released.shape)
         if share is not None:
@@ -337,7 +346,7 @@ class BankPrivacy:
 
     def _rows(self, kind: str, values: np.ndarray, weight: float, scale: float) -> np.ndarray:
         channel = self.policy.dp.upload_channel(kind)
-        rows = mechanisms.clip_rows(values / weight, channel.clip)  # rows the bank does not hold stay 0
+        rows = secure_noise.clip_rows(values / weight, channel.clip)  # rows the bank does not hold stay 0
         released = scale * rows
         share = self._share(kind, released.shape)  # on all M rows (module doc)
         if share is not None:
@@ -435,7 +444,7 @@ class FederationPrivacy:
                 ForwardCorrectedTraining(likelihood)
                 if likelihood is not None  # RRWithPrior: each node's own transition
                 else ForwardCorrectedTraining.for_randomized_response(
-                    mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes),
+                    label_mechanisms.label_noise_matrix(labels.epsilon, trainer.graph.num_classes),
                     trainer.graph.labels.cpu().numpy(),
                 )
             )

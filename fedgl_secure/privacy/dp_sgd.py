@@ -9,7 +9,7 @@ degree-bounded graph) and the weights ``Â[c, N[c]]``. On that example the two-l
 of c. :class:`EgoGCN` holds the same parameters as two ``nn.Linear`` layers, and Opacus' ghost
 clipping (:class:`~opacus.grad_sample.GradSampleModuleFastGradientClipping`) computes every example's
 gradient norm. Each gradient is clipped to ``max_grad_norm`` C, the clipped gradients are summed, and Gaussian noise of
-std ``noise_multiplier · C`` from the OS CSPRNG (:func:`~fedgl_secure.privacy.mechanisms.secure_gaussian`)
+std ``noise_multiplier · C`` from the OS CSPRNG (:func:`~fedgl_secure.privacy.secure_noise.secure_gaussian`)
 is added. The result is divided by the public number of training labels and given to the bank's
 own optimiser (Adam with weight decay: post-processing).
 
@@ -17,10 +17,10 @@ What the guarantee is, and what it is not:
 
 * **Node-level, honestly counted.** A node v enters the examples of every node within three hops
   (two propagations plus the degrees in Â's normalisation). At degree ≤ D that is
-  K = :func:`~fedgl_secure.privacy.mechanisms.affected_rows` examples. Removing v removes its own
+  K = :func:`~fedgl_secure.privacy.graph_sensitivity.affected_rows` examples. Removing v removes its own
   example (≤ C) and moves K − 1 others (≤ 2C each). The noisy sum therefore has sensitivity
   (2K − 1)·C, and the ledger records z / (2K − 1)
-  (:func:`~fedgl_secure.privacy.mechanisms.graph_dp_sgd_noise_multiplier`). Every step uses every
+  (:func:`~fedgl_secure.privacy.graph_sensitivity.graph_dp_sgd_noise_multiplier`). Every step uses every
   example (no subsampling amplification is claimed).
 * **The degree bound is checked, not assumed.** An ego-net with more than D neighbours raises.
 * **Eq. 8 is preserved in expectation.** Training examples weigh 1 and pseudo-labelled ones
@@ -51,7 +51,7 @@ from torch import nn
 from fedgl_secure.model.gcn import GCN, dense_dropout, sparse_dropout
 from fedgl_secure.model.losses import proximal_term
 from fedgl_secure.model.sparse import SparseOperator
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import secure_noise
 
 if TYPE_CHECKING:
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -138,7 +138,7 @@ def closed_neighbourhoods(
         if int(others.sum()) > max_degree:
             raise DegreeBoundViolation(
                 f"node {int(centre)} has {int(others.sum())} neighbours, above dp.graph.max_degree = {max_degree}; "
-                "the DP-SGD guarantee assumes the bound (banks project their graph with mechanisms.bound_degree)"
+                "the DP-SGD guarantee assumes the bound (banks project their graph with graph_sensitivity.bound_degree)"
             )
         self_weight = values[~others]
         index[row, 0], weights[row, 0] = centre, float(self_weight[0]) if self_weight.size else 0.0
@@ -294,7 +294,7 @@ class NodeDPSGD:
         return loss_value
 
     def _add_noise(self, summed: torch.Tensor) -> torch.Tensor:
-        noise = mechanisms.secure_gaussian(
+        noise = secure_noise.secure_gaussian(
             tuple(summed.shape), self.noise_multiplier * self.max_grad_norm, _random_bytes=self._random_bytes
         )
         return summed + torch.from_numpy(noise).to(summed.dtype).to(summed.device)

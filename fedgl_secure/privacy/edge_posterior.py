@@ -1,6 +1,6 @@
 """Weights for a graph released by randomised response, from the features its nodes carry (post-processing).
 
-:func:`~fedgl_secure.privacy.mechanisms.randomized_response_posterior` gives every released edge the same
+:func:`~fedgl_secure.privacy.edge_mechanisms.randomized_response_posterior` gives every released edge the same
 weight P(true edge | released): from n, the released count and ε, it cannot tell a true edge from one of the
 ≈ p·n²/2 random ones. The features can: under the edge unit they are not protected (only links are), so a bank may
 read them when it post-processes its release. Customers who transact tend to look alike, so the share of true
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from fedgl_secure.privacy.mechanisms import randomized_response_posteriors
+from fedgl_secure.privacy.edge_mechanisms import randomized_response_posteriors
 
 BINS = 20  # quantile bins of the all-pairs similarity
 EXACT_PAIRS_UP_TO = 5_000  # nodes: below this every pair's similarity is computed; above, a sample

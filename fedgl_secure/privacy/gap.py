@@ -7,7 +7,8 @@ GAP splits a GNN into three modules so that each use of private data is released
    one example: standard DP-SGD add/remove neighbouring.
 2. **Aggregation** — the encoder's embeddings, row-normalised to unit L2 (x⁰), then K hops of
    :math:`x^{k} = \mathrm{normalise}(A\,x^{k-1} + \mathcal N(0, \sigma^2 I))` (Eq. A1, :func:`perturbed_hops`) on the
-   bank's degree-bounded graph (every node has at most D links, :func:`~fedgl_secure.privacy.mechanisms.bound_degree`).
+   bank's degree-bounded graph (every node has at most D links,
+   :func:`~fedgl_secure.privacy.graph_sensitivity.bound_degree`).
 3. **Classifier** — an MLP over the concatenation :math:`[x^0, x^1, …, x^K]`, trained with DP-SGD on
    per-node examples (rate q, clip C, noise z_c·C).
 
@@ -51,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgl_secure.policy.gap_settings import GAPSettings
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import secure_noise
 from fedgl_secure.privacy.accounting import (
     AccountantName,
     GaussianRelease,
@@ -221,9 +222,11 @@ def normalise_rows(matrix: torch.Tensor) -> torch.Tensor:
 def hop_noise(
     hops: int, shape: tuple[int, ...], noise_std: float, *, _random_bytes: RandomBytes | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """K draws of N(0, σ²) of ``shape`` from the OS CSPRNG (:func:`~.mechanisms.secure_gaussian`)."""
+    """K draws of N(0, σ²) of ``shape`` from the OS CSPRNG (:func:`~.secure_noise.secure_gaussian`)."""
     return tuple(
-        torch.as_tensor(mechanisms.secure_gaussian(shape, noise_std, _random_bytes=_random_bytes), dtype=torch.float32)
+        torch.as_tensor(
+            secure_noise.secure_gaussian(shape, noise_std, _random_bytes=_random_bytes), dtype=torch.float32
+        )
         for _ in range(hops)
     )
 
@@ -275,7 +278,9 @@ def dp_sgd_step(
     batch q·n (public). With ``noise_multiplier = 0`` (no DP) the same step runs unclipped and noiseless.
     """
     private = noise_multiplier > 0
-    chosen = np.flatnonzero(mechanisms.secure_uniform(num_examples, _random_bytes=_random_bytes) < settings.sample_rate)
+    chosen = np.flatnonzero(
+        secure_noise.secure_uniform(num_examples, _random_bytes=_random_bytes) < settings.sample_rate
+    )
     optimizer.zero_grad(set_to_none=True)
     summed = [torch.zeros_like(p) for p in parameters]
     if chosen.size:
@@ -294,7 +299,7 @@ def dp_sgd_step(
         module.zero_grad(set_to_none=True)
     for total, p in zip(summed, parameters, strict=True):
         if private:
-            noise = mechanisms.secure_gaussian(
+            noise = secure_noise.secure_gaussian(
                 tuple(p.shape), noise_multiplier * settings.max_grad_norm, _random_bytes=_random_bytes
             )
             total += torch.as_tensor(noise, dtype=total.dtype)

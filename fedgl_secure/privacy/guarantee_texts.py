@@ -5,7 +5,7 @@ rest on.
 They sit beside :mod:`~fedgl_secure.privacy.guarantees`, which computes the figures and attaches these texts to
 its :class:`~fedgl_secure.privacy.guarantees.Guarantees`: ``fedgl-secure policy check`` prints them and the audit
 records them. Wording only: the texts quote the policy's settings (and K, the rows one change moves, from
-:func:`~fedgl_secure.privacy.mechanisms.affected_rows`); every ε is computed in ``guarantees``.
+:func:`~fedgl_secure.privacy.graph_sensitivity.affected_rows`); every ε is computed in ``guarantees``.
 :func:`policy_assumptions` assembles the assumptions of a policy whose DP is the per-round channels, DP-SGD and
 the source releases (GAP and the class sums write their own, in ``guarantees``).
 """
@@ -13,7 +13,7 @@ the source releases (GAP and the class sums write their own, in ``guarantees``).
 from __future__ import annotations
 
 from fedgl_secure.policy.schema import DATA_KINDS, Policy
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import graph_sensitivity
 from fedgl_secure.privacy.accounting import EMBEDDINGS, PREDICTIONS, WEIGHTS
 from fedgl_secure.privacy.calibration import graph_args
 
@@ -108,10 +108,11 @@ def policy_assumptions(policy: Policy) -> list[str]:
         f"{budget.on_exhausted!r}: fail closed, never continue silently).",
     ]
     if dp.needs_degree_bound:
-        k = mechanisms.affected_rows(*graph_args(policy))
+        k = graph_sensitivity.affected_rows(*graph_args(policy))
         lines.append(
             f"Degree bound: every graph a release propagates over has degree ≤ {graph.max_degree} in both "
-            "neighbouring datasets: the bank's own graph, which banks project with mechanisms.bound_degree (above the "
+            "neighbouring datasets: the bank's own graph, which banks project with "
+            "graph_sensitivity.bound_degree (above the "
             "bound the guarantee holds for the projected graph only). Predictions and embeddings are computed on it "
             "without the pseudo graph of Eq. 9; DP-SGD, which trains on the fused graph, refuses the pseudo graph "
             f"(β > 0). One change then moves at most K = {k} rows of the {graph.num_layers}-layer GCN."
@@ -157,7 +158,8 @@ def policy_assumptions(policy: Policy) -> list[str]:
             "pseudo-labelled) node's example is its ego-net, and its gradient (Opacus per-example gradients) is "
             "clipped to max_grad_norm; sample_rate = 1, no amplification by subsampling claimed (message passing "
             "breaks its premise); one node enters up to K examples, so the multiplier accounted is z/(2K−1) "
-            "(mechanisms.graph_dp_sgd_noise_multiplier). The number of training labels and of pseudo-labelled nodes "
+            "(graph_sensitivity.graph_dp_sgd_noise_multiplier). The number of training labels and of "
+            "pseudo-labelled nodes "
             "at a bank is treated as public (it normalises the gradient)."
         )
         if not dp.upload_channel(WEIGHTS):
@@ -183,7 +185,7 @@ def policy_assumptions(policy: Policy) -> list[str]:
     if dp.labels.enabled:
         lines.append(_label_assumption(dp.labels))
     lines.append(
-        "Noise comes from the OS CSPRNG (mechanisms.secure_gaussian): floating-point Gaussians with tails cut at "
+        "Noise comes from the OS CSPRNG (secure_noise.secure_gaussian): floating-point Gaussians with tails cut at "
         "≈ 8σ, a loss far below δ."
     )
     if policy.protection == "he":

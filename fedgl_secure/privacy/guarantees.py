@@ -2,7 +2,7 @@
 
 :func:`effective_guarantees` turns a validated :class:`~fedgl_secure.policy.schema.Policy` into
 numbers a risk officer can check, with the assumptions they rest on. It only *reads* the
-library: sensitivities come from :mod:`fedgl_secure.privacy.mechanisms`, composition from
+library: sensitivities come from :mod:`fedgl_secure.privacy.graph_sensitivity`, composition from
 :class:`~fedgl_secure.privacy.accounting.PrivacyLedger` (Opacus' RDP or PRV accountant). The
 releases a bank must record each round are
 :func:`~fedgl_secure.privacy.release_schedule.round_releases` and, once before round 1,
@@ -16,7 +16,7 @@ Observers. Every figure is ε against the *weakest single observer* of a channel
 
 * distributed noise — a fellow bank, who receives the decrypted sum and knows its own share, so
   the noise it faces is σ√((q−1)/q) (q = quorum: the fewest shares a decrypted sum holds,
-  :func:`~fedgl_secure.privacy.mechanisms.residual_noise_std`). The aggregator and key authority,
+  :func:`~fedgl_secure.privacy.secure_noise.residual_noise_std`). The aggregator and key authority,
   even together, face the full σ;
 * central noise — every bank and the aggregator face the full σ; the key authority sees only the
   masked sum. The aggregator and key authority together would see the sum without noise;
@@ -33,7 +33,7 @@ from typing import Literal
 
 from fedgl_secure.policy.dp import DATA_KINDS
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import secure_noise
 from fedgl_secure.privacy.accounting import (
     DP_SGD,
     EDGES,
@@ -124,8 +124,8 @@ class Guarantees:
 def _upload_guarantee(policy: Policy, kind: str) -> ChannelGuarantee:
     settings = policy.dp.upload_channel(kind)
     sensitivity = upload_sensitivity(policy, kind)
-    sigma = mechanisms.gaussian_noise_std(settings.noise_multiplier, sensitivity)
-    share = mechanisms.noise_share_std(sigma, policy.quorum) if settings.noise == "distributed" else None
+    sigma = secure_noise.gaussian_noise_std(settings.noise_multiplier, sensitivity)
+    share = secure_noise.noise_share_std(sigma, policy.quorum) if settings.noise == "distributed" else None
     return ChannelGuarantee(
         channel=kind,
         mechanism="gaussian",

@@ -1,12 +1,12 @@
 """Training on released labels (``dp.unit = "label"``): the forward-corrected loss and losses robust to wrong labels.
 
 The labels a bank trains on were released once by k-ary randomised response
-(:func:`~fedgl_secure.privacy.mechanisms.randomized_response_labels`); whatever is computed from them is
+(:func:`~fedgl_secure.privacy.label_mechanisms.randomized_response_labels`); whatever is computed from them is
 post-processing, so the bank may train on them however it likes. Plain cross-entropy treats every
 flipped label as true. The forward correction (Patrini et al., "Making deep neural networks robust to
 label noise: a loss correction approach", CVPR 2017, Eq. 4) instead fits the *noisy* label
 distribution ``softmax(H) · T``, with ``T`` the randomised-response matrix
-(:func:`~fedgl_secure.privacy.mechanisms.label_noise_matrix`), which depends only on the public ε
+(:func:`~fedgl_secure.privacy.label_mechanisms.label_noise_matrix`), which depends only on the public ε
 and the number of classes; the clean posterior is then ``softmax(H)``. Pseudo labels (FedGL's Eq. 13)
 are the consortium's, not randomised, so their term stays plain cross-entropy.
 
@@ -52,7 +52,7 @@ def likelihood_loss(
 ) -> torch.Tensor:
     r""":math:`-\frac1n\sum_i \log \sum_y \mathrm{softmax}(h_i)_y\,L_{iy}`, with :math:`L_{iy}` = P(released label of
     i | true y): the forward correction (Patrini et al., CVPR 2017, Eq. 4) with a transition per node, as
-    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_likelihood`).
+    RRWithPrior's depends on the node's prior (:func:`~fedgl_secure.privacy.label_mechanisms.rr_with_prior_likelihood`).
     ``weights``: per-node weights of the mean (:func:`weighted_mean`)."""
     probabilities = (torch.softmax(logits, dim=1) * likelihood).sum(dim=1)
     return weighted_mean(-torch.log(probabilities.clamp_min(1e-12)), weights)

@@ -3,7 +3,7 @@
 Ghazi et al., "Deep Learning with Label Differential Privacy" (NeurIPS 2021), §3.2: split the labels
 into disjoint stages; release stage 1 by plain k-ary randomised response; learn a prior from the labels
 released so far and release the next stage by RRWithPrior
-(:func:`~fedgl_secure.privacy.mechanisms.rr_with_prior_labels`) with it; repeat. Each label is released
+(:func:`~fedgl_secure.privacy.label_mechanisms.rr_with_prior_labels`) with it; repeat. Each label is released
 **exactly once**, by an ε-label-DP mechanism whose prior depends only on features, links and *other*
 labels' releases (never on the label itself), so the whole release is ε-label-DP by parallel
 composition over disjoint labels plus adaptivity (each stage's mechanism is chosen from earlier
@@ -30,9 +30,9 @@ import torch
 
 from fedgl_secure.model.adjacency import gcn_normalize
 from fedgl_secure.model.propagation import personalised_pagerank
-from fedgl_secure.privacy import mechanisms
+from fedgl_secure.privacy import label_mechanisms, secure_noise
 from fedgl_secure.privacy.label_dp import likelihood_loss
-from fedgl_secure.privacy.mechanisms import RandomBytes
+from fedgl_secure.privacy.secure_noise import RandomBytes
 
 # Label propagation: teleport weight (1 − α) back to the released labels and the number of power steps;
 # α = 0.9 with 10 steps reaches ≈ 10 hops, the range over which Cora-like graphs stay homophilous.
@@ -57,7 +57,7 @@ def label_stages(mask: np.ndarray, stages: int, *, _random_bytes: RandomBytes | 
         raise ValueError(f"stages must be at least 1, got {stages}")
     mask = np.asarray(mask, dtype=bool)
     index = np.flatnonzero(mask)
-    shuffled = index[np.argsort(mechanisms.secure_uniform(index.size, _random_bytes=_random_bytes), kind="stable")]
+    shuffled = index[np.argsort(secure_noise.secure_uniform(index.size, _random_bytes=_random_bytes), kind="stable")]
     stage = np.full(mask.shape, -1, dtype=np.int64)
     for number, part in enumerate(np.array_split(shuffled, stages)):
         stage[part] = number
@@ -90,7 +90,7 @@ def propagation_prior(
     evidence = np.zeros((n, num_classes))
     evidence[np.flatnonzero(known), np.asarray(released)[known]] = 1.0
     spread = personalised_pagerank(evidence, gcn_normalize(adjacency), steps, teleport=1.0 - alpha)
-    floor = (1.0 - mechanisms.label_keep_probability(epsilon, num_classes)) / (num_classes - 1)
+    floor = (1.0 - label_mechanisms.label_keep_probability(epsilon, num_classes)) / (num_classes - 1)
 
     def sharpened(mass: np.ndarray) -> np.ndarray:
         return np.maximum(mass - floor * mass.sum(axis=-1, keepdims=True), 0.0)
@@ -242,11 +242,11 @@ class StagedRelease:
         self.epsilon, self.stages, self.temperature, self._random_bytes = epsilon, stages, temperature, _random_bytes
         self.stage = release_stages(train_mask, val_mask, stages, order, _random_bytes=_random_bytes)
         self.stage[labels < 0] = -1
-        self.labels = mechanisms.randomized_response_labels(
+        self.labels = label_mechanisms.randomized_response_labels(
             labels, epsilon, num_classes, self.stage == 0, _random_bytes=_random_bytes
         )
         # likelihood[i, y] = P(labels[i] released | y): the RR matrix's column for stage 1, the prior's after
-        self.likelihood = mechanisms.label_noise_matrix(epsilon, num_classes)[:, self.labels.clip(0)].T.copy()
+        self.likelihood = label_mechanisms.label_noise_matrix(epsilon, num_classes)[:, self.labels.clip(0)].T.copy()
         self.released = 1  # stages released so far
 
     def state(self) -> dict[str, np.ndarray]:
@@ -295,10 +295,10 @@ class StagedRelease:
             raise ValueError(f"stage {number} cannot be released: {self.released} of {self.stages} are")
         current = self.stage == number
         priors = at_temperature(priors, self.temperature)
-        self.labels = mechanisms.rr_with_prior_labels(
+        self.labels = label_mechanisms.rr_with_prior_labels(
             self.labels, priors, self.epsilon, current, _random_bytes=self._random_bytes
         )
-        self.likelihood[current] = mechanisms.rr_with_prior_likelihood(
+        self.likelihood[current] = label_mechanisms.rr_with_prior_likelihood(
             priors[current], self.labels[current], self.epsilon
         )
         self.released += 1

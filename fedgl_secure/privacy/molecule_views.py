@@ -2,8 +2,8 @@ r"""Edge-level randomised response on molecules: the FGCL paper's DP views for g
 
 Unit of privacy: **one bond of one molecule** (two datasets are neighbours when one molecule's adjacency
 differs in one atom pair). A release flips every unordered atom pair of a molecule independently with
-:math:`p = 1/(1+e^{\varepsilon})` (Eq. RR, :func:`~fedgl_secure.privacy.mechanisms.flip_probability`), with
-uniforms from the OS CSPRNG (:func:`~fedgl_secure.privacy.mechanisms.secure_uniform`): the one bit that
+:math:`p = 1/(1+e^{\varepsilon})` (Eq. RR, :func:`~fedgl_secure.privacy.edge_mechanisms.flip_probability`), with
+uniforms from the OS CSPRNG (:func:`~fedgl_secure.privacy.secure_noise.secure_uniform`): the one bit that
 differs between neighbours has likelihood ratio at most :math:`e^{\varepsilon}`, so one release is
 ε-edge-DP (pure, δ = 0), and molecules are disjoint, so releasing all of them costs ε (parallel
 composition). Each molecule is released **once**, before training; every epoch and round after it is
@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedgl_secure.privacy.mechanisms import flip_probability, secure_uniform
+from fedgl_secure.privacy.edge_mechanisms import flip_probability
+from fedgl_secure.privacy.secure_noise import secure_uniform
 
 __all__ = ["flip_pairs", "molecule_pairs", "randomized_response_molecule", "release_views", "views_epsilon"]
 

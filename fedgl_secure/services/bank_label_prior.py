@@ -47,7 +47,7 @@ from fedgl_secure.privacy.consortium_prior import (
     step_stage,
 )
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
-from fedgl_secure.privacy.mechanisms import RandomBytes
+from fedgl_secure.privacy.secure_noise import RandomBytes
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
 from fedgl_secure.services.kept_release import keep_release, take_back_release
 from fedgl_secure.services.retry import StopRequested
