@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedgl_secure.crypto.key_ceremony import Roster
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import load_policy

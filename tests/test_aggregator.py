@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import centre_term
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config

@@ -23,8 +23,8 @@ from fedgl_secure.audit.report_model import Check
 from fedgl_secure.audit.run import audit_run
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import AGGREGATOR, AUDIT_HEAD, KeyAuthority
-from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.packing import slot_length
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes, sign_receipt
 from fedgl_secure.crypto.secure_summation import local_key_ceremony

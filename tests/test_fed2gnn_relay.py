@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from test_fed2gnn import _banks
 
 from fedgl_secure.crypto import pairwise_masks
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import KeyAuthority
-from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config

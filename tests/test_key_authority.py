@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing, residue_sum, seal_residues, shamir, tenseal_chunks, threshold
 from fedgl_secure.crypto.audit_log import AuditChainError, AuditLog, verify_audit_chain
+from fedgl_secure.crypto.ceremony_messages import Announcement, Roster, verify_announcement
+from fedgl_secure.crypto.held_share import HeldShare, unseal_held_share
 from fedgl_secure.crypto.key_authority import (
     AGGREGATOR,
     AUTHORITY_SHARE_FILE,
@@ -31,14 +33,7 @@ from fedgl_secure.crypto.key_authority import (
     KeyAuthority,
     Refusal,
 )
-from fedgl_secure.crypto.key_ceremony import (
-    Announcement,
-    BankCeremony,
-    HeldShare,
-    Roster,
-    unseal_held_share,
-    verify_announcement,
-)
+from fedgl_secure.crypto.key_ceremony import BankCeremony
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values, partial_residues
 from fedgl_secure.crypto.receipts import ReceiptFields, canonical_bytes, sign_receipt, verify_receipt
 from fedgl_secure.crypto.residues import add_mod

@@ -31,8 +31,10 @@ from typer.testing import CliRunner
 from fedgl_secure.cli import app
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
 from fedgl_secure.crypto.audit_log import verify_audit_chain
+from fedgl_secure.crypto.ceremony_messages import Roster
+from fedgl_secure.crypto.held_share import HeldShare
 from fedgl_secure.crypto.key_authority import SEALED_FILE, KeyAuthority, Refusal
-from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
+from fedgl_secure.crypto.key_ceremony import BankCeremony
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1

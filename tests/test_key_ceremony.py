@@ -1,4 +1,5 @@
-"""crypto/key_ceremony.py: the threshold-CKKS key ceremony's messages, over a relay that sees every message.
+"""crypto/key_ceremony.py (with ceremony_messages.py, share_envelopes.py, held_share.py): the threshold-CKKS key
+ceremony's messages, over a relay that sees every message.
 
 One federation (the key authority and banks "bank-a", "bank-b", "bank-c", t = 2, the small N = 4096
 parameters) runs the whole ceremony once per module, every message passing through JSON as a relay would
@@ -23,7 +24,7 @@ import tenseal as ts
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from fedgl_secure.crypto import ckks, threshold
+from fedgl_secure.crypto import ceremony_messages, ckks, held_share, share_envelopes, threshold
 from fedgl_secure.crypto import key_ceremony as kc
 from fedgl_secure.errors import CryptoError, SealError
 from fedgl_secure.policy.packing_layout import noise_bound
@@ -38,7 +39,7 @@ OPERATOR_SECRET = "operator secret of at least 16 bytes"
 @dataclass(frozen=True)
 class Ceremony:
     rings: threshold.Rings
-    roster: kc.Roster
+    roster: ceremony_messages.Roster
     crp: np.ndarray
     signing_keys: dict[str, Ed25519PrivateKey]
     verify_keys: dict[str, Ed25519PublicKey]
@@ -46,7 +47,7 @@ class Ceremony:
     bank_secrets: dict[int, np.ndarray]  # TEST ONLY: each bank's s_b, copied before it was dropped
     announcements_json: list[str]  # as the relay carried them
     envelopes_json: list[str]
-    held: dict[int, kc.HeldShare]  # party -> what it keeps (0: key authority)
+    held: dict[int, held_share.HeldShare]  # party -> what it keeps (0: key authority)
     secret_left_after_deal: dict[int, bool]  # TEST ONLY: whether a ceremony object still held s_b after dealing
     flooding_std: float
     tolerance: float
@@ -75,8 +76,8 @@ def rings(small_he) -> threshold.Rings:
 
 
 @pytest.fixture(scope="module")
-def roster() -> kc.Roster:
-    return kc.Roster(FEDERATION, BANKS, THRESHOLD, POLICY)
+def roster() -> ceremony_messages.Roster:
+    return ceremony_messages.Roster(FEDERATION, BANKS, THRESHOLD, POLICY)
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +93,12 @@ def ceremony(small_he, rings, roster, keys) -> Ceremony:
     banks = {bank: kc.BankCeremony(rings, roster, bank, keys[bank], crp) for bank in BANKS}
     secrets = {c.party: c._key_share.secret.copy() for c in banks.values()}  # TEST ONLY
 
-    announcements_json, announcements = _relay([c.announcement() for c in banks.values()], kc.Announcement)
+    announcements_json, announcements = _relay(
+        [c.announcement() for c in banks.values()], ceremony_messages.Announcement
+    )
     sent = [envelope for c in banks.values() for envelope in c.deal(announcements, verify_keys)]
     left = {c.party: any(_holds(v, secrets[c.party]) for v in vars(c).values()) for c in banks.values()}
-    envelopes_json, envelopes = _relay(sent, kc.ShareEnvelope)
+    envelopes_json, envelopes = _relay(sent, share_envelopes.ShareEnvelope)
 
     # the relay routes each envelope to its recipient; the key authority's p_0 reaches the banks as an array
     held = {
@@ -103,9 +106,9 @@ def ceremony(small_he, rings, roster, keys) -> Ceremony:
         for c in banks.values()
     }
     # the key authority verifies the same announcements and computes the context itself
-    public_shares = kc.verify_announcements(rings, roster, announcements, verify_keys)
+    public_shares = ceremony_messages.verify_announcements(rings, roster, announcements, verify_keys)
     context = kc.collective_context(rings, roster, crp, authority.public, public_shares)
-    held[threshold.AUTHORITY] = kc.HeldShare(threshold.AUTHORITY, roster, authority.secret.copy(), context)
+    held[threshold.AUTHORITY] = held_share.HeldShare(threshold.AUTHORITY, roster, authority.secret.copy(), context)
 
     flooding = small_he.flooding_std()
     n = len(BANKS)
@@ -153,7 +156,9 @@ def test_every_party_computes_the_same_loadable_public_context(ceremony):
     context = ckks.load_public_context(contexts[0])
     assert not context.has_secret_key()
     # it is the collective key of exactly these shares (threshold.py's own path)
-    public_shares = {p: kc.Announcement.from_json(t) for p, t in enumerate(ceremony.announcements_json, start=1)}
+    public_shares = {
+        p: ceremony_messages.Announcement.from_json(t) for p, t in enumerate(ceremony.announcements_json, start=1)
+    }
     shares = {
         p: np.frombuffer(a.public_share, "<u8").reshape(ceremony.rings.key.shape) for p, a in public_shares.items()
     }
@@ -204,28 +209,30 @@ def test_a_held_share_seals_and_unseals(ceremony):
     rings = ceremony.rings
     for party in (0, 2):  # the key authority's key-level s_0 and a bank's data-level S_j
         held = ceremony.held[party]
-        sealed = kc.seal_held_share(held, OPERATOR_SECRET)
+        sealed = held_share.seal_held_share(held, OPERATOR_SECRET)
         assert held.secret.tobytes() not in sealed
-        opened = kc.unseal_held_share(sealed, OPERATOR_SECRET, rings)
+        opened = held_share.unseal_held_share(sealed, OPERATOR_SECRET, rings)
         assert opened.party == party and opened.roster == ceremony.roster
         assert opened.secret.dtype == np.uint64 and np.array_equal(opened.secret, held.secret)
         assert opened.public_context == held.public_context
 
-    sealed = kc.seal_held_share(ceremony.held[1], OPERATOR_SECRET)
+    sealed = held_share.seal_held_share(ceremony.held[1], OPERATOR_SECRET)
     with pytest.raises(SealError, match="wrong operator secret"):
-        kc.unseal_held_share(sealed, "another operator secret, 16+ bytes", rings)
+        held_share.unseal_held_share(sealed, "another operator secret, 16+ bytes", rings)
     flipped = bytearray(sealed)
     flipped[len(sealed) // 2] ^= 0x01
     with pytest.raises(SealError, match="altered"):
-        kc.unseal_held_share(bytes(flipped), OPERATOR_SECRET, rings)
+        held_share.unseal_held_share(bytes(flipped), OPERATOR_SECRET, rings)
 
 
 def test_an_unsealed_share_must_fit_the_rings(ceremony):
     # a bank's (k, N) share relabelled as the key authority's, which must be (K, N) at the key level
     bank = ceremony.held[1]
-    wrong = kc.HeldShare(0, bank.roster, bank.secret, bank.public_context)
+    wrong = held_share.HeldShare(0, bank.roster, bank.secret, bank.public_context)
     with pytest.raises(CryptoError, match=r"shape \(2, 4096\), these parameters need \(3, 4096\)"):
-        kc.unseal_held_share(kc.seal_held_share(wrong, OPERATOR_SECRET), OPERATOR_SECRET, ceremony.rings)
+        held_share.unseal_held_share(
+            held_share.seal_held_share(wrong, OPERATOR_SECRET), OPERATOR_SECRET, ceremony.rings
+        )
 
 
 def test_a_held_share_repr_shows_no_residue(ceremony):
@@ -238,11 +245,13 @@ def test_a_held_share_repr_shows_no_residue(ceremony):
 # --- refusals, each naming its problem ----------------------------------------------------------------
 
 
-def _announcements(ceremony) -> list[kc.Announcement]:
-    return [kc.Announcement.from_json(text) for text in ceremony.announcements_json]
+def _announcements(ceremony) -> list[ceremony_messages.Announcement]:
+    return [ceremony_messages.Announcement.from_json(text) for text in ceremony.announcements_json]
 
 
-def _resign(message: kc.Announcement, key: Ed25519PrivateKey, **changes) -> kc.Announcement:
+def _resign(
+    message: ceremony_messages.Announcement, key: Ed25519PrivateKey, **changes
+) -> ceremony_messages.Announcement:
     unsigned = dataclasses.replace(message, **changes)
     return dataclasses.replace(unsigned, signature=key.sign(unsigned.signed_bytes()))
 
@@ -250,11 +259,11 @@ def _resign(message: kc.Announcement, key: Ed25519PrivateKey, **changes) -> kc.A
 def test_announcements_are_verified(ceremony):
     rings, roster, keys, verify_keys = ceremony.rings, ceremony.roster, ceremony.signing_keys, ceremony.verify_keys
     a, b, c = _announcements(ceremony)
-    assert set(kc.verify_announcements(rings, roster, [c, a, b], verify_keys)) == {1, 2, 3}  # any order
+    assert set(ceremony_messages.verify_announcements(rings, roster, [c, a, b], verify_keys)) == {1, 2, 3}  # any order
 
     def refused(messages, match):
         with pytest.raises(CryptoError, match=match):
-            kc.verify_announcements(rings, roster, messages, verify_keys)
+            ceremony_messages.verify_announcements(rings, roster, messages, verify_keys)
 
     bad = bytearray(b.signature)
     bad[0] ^= 0x01
@@ -263,7 +272,7 @@ def test_announcements_are_verified(ceremony):
     refused([a, c], r"no announcement from banks \['bank-b'\]")
     refused([a, b, b, c], "'bank-b' announced more than once")
     refused([a, b, c, _resign(a, keys["bank-a"], bank="bank-z")], "unknown bank 'bank-z'")
-    foreign = kc.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
+    foreign = ceremony_messages.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
     refused([a, _resign(b, keys["bank-b"], roster_sha256=foreign), c], "'bank-b' is for another roster")
     refused([a, _resign(b, keys["bank-b"], party=3), c], "'bank-b' claims party 3, but the roster makes it party 2")
     short = b.public_share[:-8]
@@ -277,36 +286,41 @@ def test_announcements_are_verified(ceremony):
         [a, _resign(b, keys["bank-b"], exchange_key=a.exchange_key), c], "'bank-b'.*same exchange key as bank 'bank-a'"
     )
     with pytest.raises(CryptoError, match="no verify key registered for bank 'bank-c'"):
-        kc.verify_announcements(rings, roster, [a, b, c], {k: v for k, v in verify_keys.items() if k != "bank-c"})
+        ceremony_messages.verify_announcements(
+            rings, roster, [a, b, c], {k: v for k, v in verify_keys.items() if k != "bank-c"}
+        )
 
 
 def test_malformed_json_is_refused_naming_the_field(ceremony):
     text = json.loads(ceremony.announcements_json[0])
     with pytest.raises(CryptoError, match="field 'exchange_key' is not valid base64"):
-        kc.Announcement.from_json(json.dumps({**text, "exchange_key": "not base64!"}))
+        ceremony_messages.Announcement.from_json(json.dumps({**text, "exchange_key": "not base64!"}))
     with pytest.raises(CryptoError, match="field 'party' must be a non-negative integer"):
-        kc.Announcement.from_json(json.dumps({**text, "party": "1"}))
+        ceremony_messages.Announcement.from_json(json.dumps({**text, "party": "1"}))
     with pytest.raises(CryptoError, match=r"missing fields \['signature'\]"):
-        kc.Announcement.from_json(json.dumps({k: v for k, v in text.items() if k != "signature"}))
+        ceremony_messages.Announcement.from_json(json.dumps({k: v for k, v in text.items() if k != "signature"}))
     with pytest.raises(CryptoError, match="field 'type' is 'announcement', expected 'share-envelope'"):
-        kc.ShareEnvelope.from_json(ceremony.announcements_json[0])
+        share_envelopes.ShareEnvelope.from_json(ceremony.announcements_json[0])
     with pytest.raises(CryptoError, match="not JSON"):
-        kc.ShareEnvelope.from_json(b"\xff{")
+        share_envelopes.ShareEnvelope.from_json(b"\xff{")
     with pytest.raises(CryptoError, match="field 'party' must be a non-negative integer, got 1.5"):
-        kc.Announcement.from_json(json.dumps({**text, "party": 1.5}))
+        ceremony_messages.Announcement.from_json(json.dumps({**text, "party": 1.5}))
     # JSON has numbers: 1.0 is the integer the schema (json_schema, the services' OpenAPI) allows
-    assert kc.Announcement.from_json(json.dumps({**text, "party": float(text["party"])})) == _announcements(ceremony)[0]
+    assert (
+        ceremony_messages.Announcement.from_json(json.dumps({**text, "party": float(text["party"])}))
+        == _announcements(ceremony)[0]
+    )
 
 
 def test_the_message_schemas_describe_what_parses(ceremony):
     """The OpenAPI schema of a message is as strict as its parser: every field, required, nothing else."""
-    schema = kc.Announcement.json_schema()
+    schema = ceremony_messages.Announcement.json_schema()
     text = json.loads(ceremony.announcements_json[0])
     assert set(schema["required"]) == set(text) and schema["additionalProperties"] is False
     assert schema["properties"]["type"]["enum"] == ["announcement"]
     pattern = re.compile(schema["properties"]["signature"]["pattern"])
     assert pattern.fullmatch(text["signature"]) and not pattern.fullmatch("abc")  # base64 as b64decode takes it
-    envelope = kc.ShareEnvelope.json_schema()
+    envelope = share_envelopes.ShareEnvelope.json_schema()
     assert set(envelope["required"]) == {"type", "roster_sha256", "dealer", "recipient", "nonce", "ciphertext"}
 
 
@@ -335,7 +349,7 @@ def test_envelopes_are_checked(dealt, ceremony):
     refused(others, r"no envelope for bank 'bank-a' \(party 1\) from bank 'bank-b' \(party 2\)")
     refused([*mine, from_b], "'bank-b' \\(party 2\\) sent bank 'bank-a' \\(party 1\\) more than one envelope")
     refused([*others, dataclasses.replace(from_b, dealer=1)], "foreign dealer bank 'bank-a'")
-    foreign = kc.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
+    foreign = ceremony_messages.Roster("another-federation", BANKS, THRESHOLD, POLICY).digest()
     refused([*others, dataclasses.replace(from_b, roster_sha256=foreign)], "'bank-b'.*for another roster")
     # every refusal left the bank where it was: the right envelopes still finish
     held = bank_a.finish(mine, p0)
@@ -367,15 +381,15 @@ def test_finished_and_dealt_steps_are_not_repeated(dealt, ceremony):
 
 def test_rosters_are_checked(roster):
     with pytest.raises(CryptoError, match=r"t = 1: needs 2 <= t"):
-        kc.Roster(FEDERATION, BANKS, 1, POLICY)
+        ceremony_messages.Roster(FEDERATION, BANKS, 1, POLICY)
     with pytest.raises(CryptoError, match="t = 4 exceeds the 3 parties"):
-        kc.Roster(FEDERATION, BANKS, 4, POLICY)
+        ceremony_messages.Roster(FEDERATION, BANKS, 4, POLICY)
     with pytest.raises(CryptoError, match=r"names banks \['bank-a'\] more than once"):
-        kc.Roster(FEDERATION, ("bank-a", "bank-b", "bank-a"), 2, POLICY)
+        ceremony_messages.Roster(FEDERATION, ("bank-a", "bank-b", "bank-a"), 2, POLICY)
     with pytest.raises(CryptoError, match="non-empty federation id"):
-        kc.Roster("", BANKS, 2, POLICY)
+        ceremony_messages.Roster("", BANKS, 2, POLICY)
     with pytest.raises(CryptoError, match="non-empty strings"):
-        kc.Roster(FEDERATION, ("bank-a", ""), 2, POLICY)
+        ceremony_messages.Roster(FEDERATION, ("bank-a", ""), 2, POLICY)
     assert roster.party("bank-c") == 3 and roster.bank(1) == "bank-a"
     with pytest.raises(CryptoError, match="'bank-z' is not in the roster"):
         roster.party("bank-z")
@@ -386,18 +400,20 @@ def test_rosters_are_checked(roster):
     # every field is bound into the digest
     digests = {
         roster.digest(),
-        kc.Roster(FEDERATION + "x", BANKS, 2, POLICY).digest(),
-        kc.Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2, POLICY).digest(),
-        kc.Roster(FEDERATION, BANKS, 3, POLICY).digest(),
-        kc.Roster(FEDERATION, (*BANKS, "bank-d"), 2, POLICY).digest(),
-        kc.Roster(FEDERATION, BANKS, 2, "6" * 64).digest(),  # another policy
+        ceremony_messages.Roster(FEDERATION + "x", BANKS, 2, POLICY).digest(),
+        ceremony_messages.Roster(FEDERATION, ("bank-b", "bank-a", "bank-c"), 2, POLICY).digest(),
+        ceremony_messages.Roster(FEDERATION, BANKS, 3, POLICY).digest(),
+        ceremony_messages.Roster(FEDERATION, (*BANKS, "bank-d"), 2, POLICY).digest(),
+        ceremony_messages.Roster(FEDERATION, BANKS, 2, "6" * 64).digest(),  # another policy
     }
-    assert len(digests) == 6 and kc.Roster(FEDERATION, list(BANKS), 2, POLICY).digest() == roster.digest()
+    assert (
+        len(digests) == 6 and ceremony_messages.Roster(FEDERATION, list(BANKS), 2, POLICY).digest() == roster.digest()
+    )
 
 
 def test_the_context_needs_the_federations_polynomial_and_every_share(ceremony):
     rings, roster = ceremony.rings, ceremony.roster
-    shares = kc.verify_announcements(rings, roster, _announcements(ceremony), ceremony.verify_keys)
+    shares = ceremony_messages.verify_announcements(rings, roster, _announcements(ceremony), ceremony.verify_keys)
     other = threshold.common_random_polynomial(rings, "another-federation")
     with pytest.raises(CryptoError, match="not the roster's \\(federation 'ceremony-federation'"):
         kc.collective_context(rings, roster, other, ceremony.authority.public, shares)
@@ -415,10 +431,10 @@ def test_a_relay_cannot_substitute_its_own_announcement(ceremony):
     relay_signing = Ed25519PrivateKey.generate()
     relay_exchange = X25519PrivateKey.generate()
     relay_share = threshold.generate_key_share(rings, 2, fed.crp)
-    forged = kc.announce(rings, roster, "bank-b", relay_share, relay_exchange, relay_signing)
+    forged = ceremony_messages.announce(rings, roster, "bank-b", relay_share, relay_exchange, relay_signing)
     assert (forged.bank, forged.party, forged.roster_sha256) == (b.bank, b.party, b.roster_sha256)
     with pytest.raises(CryptoError, match="'bank-b'.*bad signature"):
-        kc.verify_announcements(rings, roster, [a, forged, c], fed.verify_keys)
+        ceremony_messages.verify_announcements(rings, roster, [a, forged, c], fed.verify_keys)
     bank_a = kc.BankCeremony(rings, roster, "bank-a", fed.signing_keys["bank-a"], fed.crp)
     bank_c = kc.BankCeremony(rings, roster, "bank-c", fed.signing_keys["bank-c"], fed.crp)
     forged_set = [bank_a.announcement(), forged, bank_c.announcement()]
@@ -429,7 +445,9 @@ def test_a_relay_cannot_substitute_its_own_announcement(ceremony):
     # bank-b's shares to the relay, which opens them
     fooled = {**fed.verify_keys, "bank-b": relay_signing.public_key()}
     envelopes = [e for bank in (bank_a, bank_c) for e in bank.deal(forged_set, fooled)]
-    stolen = kc.open_envelopes(rings, roster, 2, relay_exchange, forged_set, [e for e in envelopes if e.recipient == 2])
+    stolen = share_envelopes.open_envelopes(
+        rings, roster, 2, relay_exchange, forged_set, [e for e in envelopes if e.recipient == 2]
+    )
     assert set(stolen) == {1, 3}
 
 
@@ -459,24 +477,25 @@ def test_envelopes_encrypt_their_shares(ceremony, roster, keys):
     shares = {p: threshold.generate_key_share(rings, p, crp) for p in (1, 2, 3)}
     exchange = {p: X25519PrivateKey.generate() for p in (1, 2, 3)}
     announcements = [
-        kc.announce(rings, roster, BANKS[p - 1], shares[p], exchange[p], keys[BANKS[p - 1]]) for p in (1, 2, 3)
+        ceremony_messages.announce(rings, roster, BANKS[p - 1], shares[p], exchange[p], keys[BANKS[p - 1]])
+        for p in (1, 2, 3)
     ]
     dealt = threshold.deal_shares(rings, shares[1], THRESHOLD, len(BANKS))
-    envelopes = kc.seal_envelopes(rings, roster, 1, exchange[1], announcements, dealt)
+    envelopes = share_envelopes.seal_envelopes(rings, roster, 1, exchange[1], announcements, dealt)
     assert sorted((e.dealer, e.recipient) for e in envelopes) == [(1, 2), (1, 3)]  # the own share is not sent
     for envelope in envelopes:
         plain = dealt[envelope.recipient].astype("<u8").tobytes()
         assert len(envelope.ciphertext) == len(plain) + 16 and envelope.ciphertext[: len(plain)] != plain
         assert plain[:64] not in envelope.ciphertext
     # and they open to exactly the dealt shares (bank 3 needs bank 2's envelope too: deal one)
-    from_2 = kc.seal_envelopes(
+    from_2 = share_envelopes.seal_envelopes(
         rings, roster, 2, exchange[2], announcements, threshold.deal_shares(rings, shares[2], THRESHOLD, len(BANKS))
     )
-    opened = kc.open_envelopes(
+    opened = share_envelopes.open_envelopes(
         rings, roster, 3, exchange[3], announcements, [e for e in envelopes + from_2 if e.recipient == 3]
     )
     assert np.array_equal(opened[1], dealt[3]) and set(opened) == {1, 2}
     with pytest.raises(CryptoError, match="exchange key given for bank 'bank-c' .* not the one it announced"):
-        kc.open_envelopes(
+        share_envelopes.open_envelopes(
             rings, roster, 3, exchange[2], announcements, [e for e in envelopes + from_2 if e.recipient == 3]
         )

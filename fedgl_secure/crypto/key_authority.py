@@ -2,8 +2,9 @@
 
 No party holds the secret key. The key authority holds ``s_0``; the banks hold Shamir shares of their own part
 (``threshold.py``), and a sum decrypts only with the key authority's partial decryption **and** ``t`` banks'. The key
-authority also relays the key ceremony (``key_ceremony.py``): the banks' signed public shares and their Shamir
-shares, each sealed to its recipient, which it can neither read nor forge.
+authority also relays the key ceremony (``key_ceremony.py``; its messages in ``ceremony_messages.py`` and
+``share_envelopes.py``): the banks' signed public shares and their Shamir shares, each sealed to its recipient, which
+it can neither read nor forge.
 
 It gives its partial decryption of a sum only if
 
@@ -36,7 +37,7 @@ such (:mod:`fedgl_secure.privacy.dp_round`). The noise shares the sum's range wi
 (``upload.TERMS_SHARE``): σ too large for it is refused when the authority starts.
 
 Every decision, allowed or refused, is appended to the hash-chained audit log. ``s_0`` is only ever on disk sealed
-under the operator secret (``key_ceremony.seal_held_share``). The HTTP service is a thin shell over this.
+under the operator secret (``held_share.seal_held_share``). The HTTP service is a thin shell over this.
 
 What it cannot stop alone: the aggregator learns every fused sum by design, and a sum over the quorum with
 quorum − 1 colluding banks tells it the remaining bank's term (the quorum bounds that; docs/threat-model.md).
@@ -53,10 +54,11 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, key_ceremony, residues, seal_residues, threshold
+from fedgl_secure.crypto import ceremony_messages, ckks, held_share, key_ceremony, residues, seal_residues, threshold
 from fedgl_secure.crypto.audit_log import AuditLog, ChainReport, verify_audit_chain
+from fedgl_secure.crypto.ceremony_messages import Announcement, Roster
 from fedgl_secure.crypto.flooding_reserve import FloodingReserve
-from fedgl_secure.crypto.key_ceremony import Announcement, HeldShare, Roster, ShareEnvelope
+from fedgl_secure.crypto.held_share import HeldShare
 from fedgl_secure.crypto.ledger import Ledger, OpenRound
 from fedgl_secure.crypto.partial_decryption import (
     Refusal,
@@ -67,6 +69,7 @@ from fedgl_secure.crypto.partial_decryption import (
     summed_c1,
 )
 from fedgl_secure.crypto.receipts import Receipt, load_public_key, public_key_bytes
+from fedgl_secure.crypto.share_envelopes import ShareEnvelope
 from fedgl_secure.crypto.upload import TERMS_SHARE
 from fedgl_secure.errors import (
     ContextError,
@@ -196,24 +199,24 @@ class KeyAuthority:
     def _load_or_create_share(self) -> tuple[HeldShare, np.ndarray]:
         sealed_path, share_path = self.state_dir / SEALED_FILE, self.state_dir / AUTHORITY_SHARE_FILE
         if sealed_path.exists():
-            held = key_ceremony.unseal_held_share(sealed_path.read_bytes(), self._operator_secret, self.rings)
+            held = held_share.unseal_held_share(sealed_path.read_bytes(), self._operator_secret, self.rings)
             if held.party != threshold.AUTHORITY or held.roster.digest() != self.roster.digest():
                 raise CryptoError(f"{sealed_path}: not this federation's key authority share")
             raw = share_path.read_bytes() if share_path.exists() else b""
             if _share_digest(raw) != self.ledger.get_meta(AUTHORITY_SHARE_SHA256):
                 raise CryptoError(f"{share_path}: missing, or not the public share of the sealed key share (altered)")
             self.log.info("key_share.unsealed")
-            return held, key_ceremony.parse_residues(raw, self.rings.key.shape, str(share_path))
+            return held, ceremony_messages.parse_residues(raw, self.rings.key.shape, str(share_path))
         key_share = threshold.generate_key_share(self.rings, threshold.AUTHORITY, self._crp)
         held = HeldShare(threshold.AUTHORITY, self.roster, key_share.secret, b"")
-        raw = key_ceremony.residue_bytes(key_share.public)
+        raw = ceremony_messages.residue_bytes(key_share.public)
         write_atomically(share_path, raw)
         self.ledger.set_meta(AUTHORITY_SHARE_SHA256, _share_digest(raw))
-        write_atomically(sealed_path, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE)
+        write_atomically(sealed_path, held_share.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE)
         self.log.info("key_share.created", he=self.policy.he.model_dump(), banks=len(self.roster.banks))
         return held, key_share.public
 
-    # --- the key ceremony (relayed here; key_ceremony.py) ----------------------------------------------
+    # --- the key ceremony (relayed here; ceremony_messages.py, share_envelopes.py) ---------------------
 
     @property
     def ceremony_complete(self) -> bool:
@@ -245,7 +248,7 @@ class KeyAuthority:
             if announcement.bank != caller:
                 raise ProtocolConflict("not-your-share", f"{caller!r} cannot announce for {announcement.bank!r}")
             try:
-                key_ceremony.verify_announcement(self.rings, self.roster, announcement, self._signing_keys())
+                ceremony_messages.verify_announcement(self.rings, self.roster, announcement, self._signing_keys())
             except CryptoError as error:  # a well-formed message the ceremony refuses: a conflict, not a bad body
                 self._record({"event": "announce", "decision": "refused", "bank": caller, "reason": str(error)})
                 raise ProtocolConflict("bad-announcement", str(error)) from None
@@ -306,12 +309,12 @@ class KeyAuthority:
         announcements = self.announcements()
         if len(announcements) < len(self.roster.banks):
             return
-        shares = key_ceremony.verify_announcements(self.rings, self.roster, announcements, self._signing_keys())
+        shares = ceremony_messages.verify_announcements(self.rings, self.roster, announcements, self._signing_keys())
         context = key_ceremony.collective_context(self.rings, self.roster, self._crp, self.authority_share, shares)
         held = HeldShare(threshold.AUTHORITY, self.roster, self._held.secret, context)
         write_atomically(self.state_dir / PUBLIC_FILE, context)
         write_atomically(
-            self.state_dir / SEALED_FILE, key_ceremony.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE
+            self.state_dir / SEALED_FILE, held_share.seal_held_share(held, self._operator_secret), PRIVATE_FILE_MODE
         )
         self._hold(held)
         self._record({"event": "ceremony-complete", "decision": "allowed", "fingerprint": self.fingerprint})

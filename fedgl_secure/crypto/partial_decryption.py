@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from fedgl_secure.crypto import ckks, packing, seal_residues, shamir
 from fedgl_secure.crypto.flooding_reserve import FloodingReserve
-from fedgl_secure.crypto.key_ceremony import HeldShare
+from fedgl_secure.crypto.held_share import HeldShare
 from fedgl_secure.crypto.receipts import Receipt, c1_digest, parse_receipt, verify_receipt
 from fedgl_secure.crypto.residue_sum import ChunkedCiphertext
 from fedgl_secure.crypto.residues import RingLevel, add_mod, check_residues, constant_residues, data_level, sub_mod

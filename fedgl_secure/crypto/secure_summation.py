@@ -54,9 +54,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
 from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool, term_chunks
 from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
-from fedgl_secure.crypto.key_ceremony import BankCeremony, Roster
+from fedgl_secure.crypto.key_ceremony import BankCeremony
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
 from fedgl_secure.crypto.receipts import Receipt, public_key_bytes
 from fedgl_secure.crypto.residue_sum import ChunkedCiphertext

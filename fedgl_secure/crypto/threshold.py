@@ -168,7 +168,7 @@ def _xof(seed: bytes) -> Callable[[int], bytes]:
 
 def crp_seed(rings: Rings, label: str) -> bytes:
     """The public seed of the common random polynomial: a label naming the federation — the roster's digest
-    (federation, banks, threshold, policy digest: ``key_ceremony.Roster.digest``) — and the key level (N, primes,
+    (federation, banks, threshold, policy digest: ``ceremony_messages.Roster.digest``) — and the key level (N, primes,
     SEAL's parameters id), so that no two federations, policies or parameter sets share an ``a``."""
     if not isinstance(label, str) or not label:
         raise CryptoError("the common random polynomial needs a non-empty federation label")

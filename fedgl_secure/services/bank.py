@@ -64,8 +64,8 @@ from torch import nn
 from fedgl_secure.crypto import ckks, threshold
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.encryption_pool import EncryptionPool, term_chunks
-from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.crypto.upload import RoundTicket, Upload, finite_term, make_upload, sign_upload
 from fedgl_secure.data.graph import GraphDataset

@@ -27,8 +27,10 @@ import httpx
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedgl_secure.crypto import ckks, key_ceremony, threshold
-from fedgl_secure.crypto.key_ceremony import BankCeremony, HeldShare, Roster
+from fedgl_secure.crypto import ckks, held_share, threshold
+from fedgl_secure.crypto.ceremony_messages import Roster
+from fedgl_secure.crypto.held_share import HeldShare
+from fedgl_secure.crypto.key_ceremony import BankCeremony
 from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.errors import CryptoError, DecryptionRefused, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
@@ -63,7 +65,7 @@ def ensure_key_share(
     rings = threshold.rings_for(he)
     path = Path(state_dir) / KEY_SHARE_FILE
     if path.exists():
-        held = key_ceremony.unseal_held_share(path.read_bytes(), operator_secret, rings)
+        held = held_share.unseal_held_share(path.read_bytes(), operator_secret, rings)
         if held.roster.digest() != roster.digest() or held.party != roster.party(bank):
             raise CryptoError(
                 f"{path}: the key share was made for another federation or bank list than {roster.federation!r} "
@@ -102,7 +104,7 @@ def ensure_key_share(
             f"{ckks.fingerprint(held.public_context)[:12]}…: refusing to encrypt under a key the banks did not make"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, key_ceremony.seal_held_share(held, operator_secret), PRIVATE_FILE_MODE)
+    write_atomically(path, held_share.seal_held_share(held, operator_secret), PRIVATE_FILE_MODE)
     log.info("ceremony.complete", fingerprint=fingerprint[:12])
     return held
 

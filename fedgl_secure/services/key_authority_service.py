@@ -12,7 +12,7 @@ endpoint                  who         what
                                       every bank has announced its public key share
 ``GET /v1/ceremony/       bank        the key authority's public key share p_0 (uint64 residues)
 authority-share``
-``POST /v1/ceremony/      bank        a signed :class:`key_ceremony.Announcement` (JSON) of the
+``POST /v1/ceremony/      bank        a signed :class:`ceremony_messages.Announcement` (JSON) of the
 announce``                            calling bank
 ``GET /v1/ceremony/       bank        every announcement received so far (JSON list)
 announcements``
@@ -53,9 +53,9 @@ from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from fedgl_secure.crypto import ckks, key_ceremony
+from fedgl_secure.crypto import ceremony_messages, ckks, share_envelopes
+from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
-from fedgl_secure.crypto.key_ceremony import Roster
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
@@ -173,17 +173,18 @@ def create_app(
         ),
     )
     def authority_share(caller: BankOnly) -> Response:
-        return Response(key_ceremony.residue_bytes(authority.authority_share), media_type=OCTET_STREAM)
+        return Response(ceremony_messages.residue_bytes(authority.authority_share), media_type=OCTET_STREAM)
 
     @app.post(
         "/v1/ceremony/announce",
         responses=http_conventions.error_responses(400, 409),
         openapi_extra=http_conventions.json_request(
-            "the bank's signed announcement (key_ceremony.Announcement)", key_ceremony.Announcement.json_schema()
+            "the bank's signed announcement (ceremony_messages.Announcement)",
+            ceremony_messages.Announcement.json_schema(),
         ),
     )
     async def announce(request: Request, caller: BankOnly) -> dict:
-        announcement = key_ceremony.Announcement.from_json(await request.body())
+        announcement = ceremony_messages.Announcement.from_json(await request.body())
         await run_in_threadpool(authority.accept_announcement, caller.name, announcement)
         log.info("ceremony.announced", caller=caller.name)
         return {"accepted": True}
@@ -196,8 +197,8 @@ def create_app(
         "/v1/ceremony/deal",
         responses=http_conventions.error_responses(400, 409),
         openapi_extra=http_conventions.json_request(
-            "the Shamir shares the bank dealt, each sealed to its recipient (key_ceremony.ShareEnvelope)",
-            {"type": "array", "maxItems": MAX_RECEIPTS, "items": key_ceremony.ShareEnvelope.json_schema()},
+            "the Shamir shares the bank dealt, each sealed to its recipient (share_envelopes.ShareEnvelope)",
+            {"type": "array", "maxItems": MAX_RECEIPTS, "items": share_envelopes.ShareEnvelope.json_schema()},
         ),
     )
     async def deal(request: Request, caller: BankOnly) -> dict:
@@ -207,7 +208,7 @@ def create_app(
                 raise ValueError("expected a JSON list of share envelopes")
         except ValueError as error:
             raise encodings.WireError(f"share envelopes: {error}") from None
-        envelopes = [key_ceremony.ShareEnvelope.from_data(item) for item in raw]
+        envelopes = [share_envelopes.ShareEnvelope.from_data(item) for item in raw]
         await run_in_threadpool(authority.accept_envelopes, caller.name, envelopes)
         log.info("ceremony.dealt", caller=caller.name, envelopes=len(envelopes))
         return {"accepted": len(envelopes)}
@@ -355,7 +356,7 @@ class KeyAuthorityClient:
         """The key authority's public key share p_0, flat uint64 (the bank's ceremony checks its shape)."""
         return encodings.decode_uint64(self._call("GET", "/v1/ceremony/authority-share").content)
 
-    def announce(self, announcement: key_ceremony.Announcement) -> None:
+    def announce(self, announcement: ceremony_messages.Announcement) -> None:
         self._call(
             "POST",
             "/v1/ceremony/announce",
@@ -363,16 +364,16 @@ class KeyAuthorityClient:
             headers={"Content-Type": "application/json"},
         )
 
-    def announcements(self) -> list[key_ceremony.Announcement]:
+    def announcements(self) -> list[ceremony_messages.Announcement]:
         items = self._call("GET", "/v1/ceremony/announcements").json()
-        return [key_ceremony.Announcement.from_data(item) for item in items]
+        return [ceremony_messages.Announcement.from_data(item) for item in items]
 
-    def deal(self, envelopes: Sequence[key_ceremony.ShareEnvelope]) -> None:
+    def deal(self, envelopes: Sequence[share_envelopes.ShareEnvelope]) -> None:
         self._call("POST", "/v1/ceremony/deal", json=[envelope.to_data() for envelope in envelopes])
 
-    def envelopes(self) -> list[key_ceremony.ShareEnvelope]:
+    def envelopes(self) -> list[share_envelopes.ShareEnvelope]:
         items = self._call("GET", "/v1/ceremony/envelopes").json()
-        return [key_ceremony.ShareEnvelope.from_data(item) for item in items]
+        return [share_envelopes.ShareEnvelope.from_data(item) for item in items]
 
     def decrypt(
         self,
