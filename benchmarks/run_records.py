@@ -31,7 +31,7 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "fedgl": ["--method", "fedgl"],
     "fgcl": ["--method", "fgcl"],
     "graphfl": ["--method", "graphfl"],
-    "fed2gnn": ["--method", "fed2gnn"],
+    "fed2gnn": ["--method", "fed2gnn", "--set", "federation.partition=louvain"],  # Fed²GNN needs disjoint clients
     "fedgl-secure-strict-edge-dp": [
         "--method",
         "fedgl",
