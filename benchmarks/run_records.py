@@ -31,7 +31,8 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "fedgl": ["--method", "fedgl"],
     "fgcl": ["--method", "fgcl"],
     "graphfl": ["--method", "graphfl"],
-    "fed2gnn": ["--method", "fed2gnn", "--set", "federation.partition=louvain"],  # Fed²GNN needs disjoint clients
+    # Fed²GNN needs disjoint clients: the Louvain partition into as many clients as the other runs have
+    "fed2gnn": ["--method", "fed2gnn", "--set", "federation.partition=louvain", "--set", "federation.num_clients=6"],
     "fedgl-secure-strict-edge-dp": [
         "--method",
         "fedgl",
