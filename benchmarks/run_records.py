@@ -5,6 +5,10 @@ code lives, "proven by identical results").
     python benchmarks/run_records.py record --output-dir runs/records-after      # on the commit after it
     python benchmarks/run_records.py compare runs/records-before runs/records-after --output runs/records.json
 
+Run ``record`` from the checkout whose code is recorded (a ``git worktree`` of the earlier commit for "before"): each
+run is ``python -m fedgl_secure`` started in that checkout's directory, which Python puts first on ``sys.path``,
+ahead of ``PYTHONPATH`` and of the installed package.
+
 ``record`` runs ``fedgl-secure simulate`` (one process per run, as a user would) for Cora seeds 0–2 under each of
 the configurations of :data:`CONFIGURATIONS` — FedGL, FGCL, GraphFL, Fed²GNN in plaintext, and FedGL under
 ``--secure --policy policies/strict-edge-dp.toml`` — and keeps each run record as ``<name>-seed<k>.json``; it skips
