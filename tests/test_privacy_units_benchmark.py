@@ -3,27 +3,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import consortium_bank_graphs
 from fedgl_secure.simulation.experiment import Federation
 
-ROOT = Path(__file__).resolve().parents[1]
 BANKS = ("bank-a", "bank-b", "bank-c")  # three banks: the default quorum
 
 
 def benchmark_module():
-    spec = importlib.util.spec_from_file_location("privacy_utility", ROOT / "benchmarks" / "privacy_utility.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("privacy_utility")
 
 
 @pytest.fixture(scope="module")

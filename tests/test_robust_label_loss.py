@@ -6,14 +6,13 @@ workshop) on hand examples; the policy field's validation; a small federation th
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from benchmark_scripts import load_benchmark
 
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
@@ -29,7 +28,6 @@ from fedgl_secure.privacy.label_dp import (
 )
 from fedgl_secure.simulation.experiment import run_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
 LOGITS = torch.tensor([[2.0, 0.5, -1.0], [0.1, 1.5, 0.3], [-0.4, 0.2, 2.5]])
 LABELS = torch.tensor([0, 2, 2])
 
@@ -203,9 +201,7 @@ def test_fgcl_trains_its_views_with_the_chosen_label_loss(small):
 
 
 def test_the_benchmarks_seeded_release_is_the_same_for_a_seed_and_differs_between_seeds():
-    spec = importlib.util.spec_from_file_location("privacy_utility", ROOT / "benchmarks" / "privacy_utility.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("privacy_utility")
     first, again, other = (module.seeded_release_bytes(s)(64) for s in (3, 3, 4))
     assert first == again and first != other
 

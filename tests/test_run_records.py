@@ -3,19 +3,15 @@ wall-clock fields, and the first difference of each record is named."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("run_records", ROOT / "benchmarks" / "run_records.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run_records")
 
 
 RECORD = {

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
 
 
 def units_table():
-    spec = importlib.util.spec_from_file_location("units_table", ROOT / "benchmarks" / "units_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("units_table")
 
 
 def row(unit: str, epsilon, method: str, accuracies: list[float], **extra) -> dict:
