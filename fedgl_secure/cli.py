@@ -13,6 +13,7 @@ import typer
 from fedgl_secure.audit.command import audit as audit_command
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
+from fedgl_secure.method_registry import method_names
 from fedgl_secure.services.commands import consortium_app, node_app, predict_command
 from fedgl_secure.services.commands import fail as _fail
 from fedgl_secure.services.data_commands import data_app
@@ -45,19 +46,8 @@ class DatasetName(str, Enum):
     wiki = "wiki"
 
 
-class MethodName(str, Enum):
-    fedgl = "fedgl"
-    federated = "federated"
-    fedgl_no_gpg = "fedgl-no-gpg"
-    fedgl_no_gpl = "fedgl-no-gpl"
-    centralized = "centralized"
-    local = "local"
-    fed2gnn = "fed2gnn"
-    fedavg_full = "fedavg-full"
-    graphfl = "graphfl"
-    fgcl = "fgcl"
-    gap = "gap"
-    centroids = "centroids"
+# the registry's names (built-in and installed plug-ins) as the choices typer shows and checks
+MethodName = Enum("MethodName", {name: name for name in method_names()}, type=str)
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:
@@ -120,7 +110,7 @@ def _main(
 @app.command()
 def simulate(
     dataset: Annotated[DatasetName, typer.Option(help="dataset to federate")] = DatasetName.synthetic,
-    method: Annotated[MethodName, typer.Option(help="method to run")] = MethodName.fedgl,
+    method: Annotated[MethodName, typer.Option(help="method to run")] = MethodName.fedgl,  # type: ignore[attr-defined]
     seed: Annotated[int, typer.Option(min=0, help="run seed (sampling, init, every client's stream)")] = 0,
     rounds: Annotated[int | None, typer.Option(min=1, help="maximum number of rounds (default 300)")] = None,
     data_root: Annotated[
@@ -359,7 +349,7 @@ def reproduce_table2(
 ) -> None:
     """Run Table 2 of the FedGL paper and write table2.md / table2.json (resumable)."""
     from fedgl_secure.data.registry import DATASETS, load_dataset
-    from fedgl_secure.engine.config import METHODS, build_config
+    from fedgl_secure.engine.config import build_config
     from fedgl_secure.simulation.reproduce import run_table2
 
     try:
@@ -369,8 +359,8 @@ def reproduce_table2(
             if name not in DATASETS:
                 raise ConfigError(f"--datasets: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
         for name in method_list:
-            if name not in METHODS:
-                raise ConfigError(f"--methods: unknown method {name!r}; choose from {', '.join(METHODS)}")
+            if name not in method_names():
+                raise ConfigError(f"--methods: unknown method {name!r}; choose from {', '.join(method_names())}")
         root = str(data_root) if data_root else None
         overrides = parse_assignments(set_ or [])
         for name in dataset_list:  # fail fast on bad data or a split that does not fit, before hours of runs

@@ -334,12 +334,13 @@ def global_model_membership(
     ``round_number``: GAP's phase and hop noise, the class sums' propagation); any other with the engine's
     ``training.backbone`` (the 2-layer GCN by default) on the plain Â, as the simulation evaluates it.
     """
-    from fedgl_secure.methods import METHOD_CLASSES, build_method
+    from fedgl_secure.method_registry import method_spec
+    from fedgl_secure.methods import build_method
     from fedgl_secure.methods.base import Broadcast
     from fedgl_secure.model.backbones import build_backbone
 
     flat = torch.as_tensor(np.asarray(weights), dtype=torch.float32).reshape(-1)
-    method = build_method(config) if config.method in METHOD_CLASSES else None
+    method = None if method_spec(config.method).baseline else build_method(config)
     if method is not None and hasattr(method, "build_model"):
         model = method.build_model(graph.features.shape[1], graph.num_classes)
         adjacency = method.evaluation_adjacency(graph, Broadcast(round_number, flat))

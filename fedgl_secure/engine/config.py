@@ -9,31 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
+from fedgl_secure.method_registry import method_names, method_spec, method_specs
 from fedgl_secure.policy.budget import AccountantName
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error
-
-Method = Literal[
-    "fedgl",
-    "federated",
-    "fedgl-no-gpg",
-    "fedgl-no-gpl",
-    "centralized",
-    "local",
-    "fgcl",
-    "fed2gnn",
-    "fedavg-full",
-    "graphfl",
-    "gap",
-    "centroids",
-]
-METHODS: tuple[str, ...] = get_args(Method)
-SELF_SUPERVISED_METHODS: tuple[str, ...] = ("fedgl", "fedgl-no-gpg", "fedgl-no-gpl")
-"""The methods that use FedGL's pseudo labels or pseudo graph (α, β); every other method runs with α = β = 0."""
-NEIGHBOUR_EXCHANGE_METHODS: tuple[str, ...] = ("fed2gnn", "fedavg-full")
-"""Methods whose banks see other banks' per-node neighbourhood data before round 1 (Fed²GNN's exchange,
-FedAvg-Full's oracle halo): their clients are rebuilt (``methods.prepare_clients``) and DP refuses them
-outside the label unit (``methods.privacy_checks.check_runnable``)."""
 
 
 class _Section(BaseModel):
@@ -251,9 +230,6 @@ class SelfTrainingConfig(_Section):
     weight_decay: float = Field(5e-4, ge=0.0, description="the labelling model's L2 on its first layer (Kipf's)")
 
 
-SELF_TRAINING_METHODS: tuple[str, ...] = ("federated", "graphfl")
-
-
 class GAPConfig(GAPSettings):
     """GAP node-level DP (methods/gap.py, privacy/gap.py): the accounted settings plus the budget and the model.
 
@@ -339,7 +315,7 @@ class ExperimentConfig(_Section):
     """One simulated run."""
 
     dataset: str = "synthetic"
-    method: Method = "fedgl"
+    method: str = Field("fedgl", description="a method of the registry (fedgl_secure/method_registry.py)")
     seed: int = Field(0, ge=0)
     data_root: str | None = None
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'")
@@ -355,36 +331,41 @@ class ExperimentConfig(_Section):
     gap: GAPConfig = GAPConfig()
     centroids: CentroidsConfig = CentroidsConfig()
 
+    @field_validator("method")
+    @classmethod
+    def _method_is_registered(cls, method: str) -> str:
+        if method not in method_names():
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(method_names())}")
+        return method
+
     @model_validator(mode="after")
     def _backbone_is_the_engines(self) -> ExperimentConfig:
-        # GraphFL and GAP build their own model (graphfl.backbone, gap.*); a training.backbone they would
-        # silently ignore is refused instead
-        if self.training.backbone != "gcn" and self.method in ("graphfl", "gap", "centroids"):
+        # a method that builds its own model (graphfl.backbone, gap.*) would silently ignore training.backbone:
+        # it is refused instead
+        if self.training.backbone != "gcn" and method_spec(self.method).own_model:
             raise field_error(
                 "training.backbone",
                 f"{self.training.backbone!r} is not used by method {self.method!r}, which builds its own model "
-                f"(graphfl.backbone / the gap and centroids sections); leave it at 'gcn'",
+                f"(from its own section); leave it at 'gcn'",
             )
         return self
 
     @model_validator(mode="after")
     def _self_training_is_supported(self) -> ExperimentConfig:
-        if self.self_training.per_class > 0 and self.method not in SELF_TRAINING_METHODS:
+        if self.self_training.per_class > 0 and not method_spec(self.method).self_training:
+            able = [spec.name for spec in method_specs().values() if spec.self_training]
             raise field_error(
                 "self_training.per_class",
-                f"method {self.method!r} does not self-train; only {', '.join(SELF_TRAINING_METHODS)} do",
+                f"method {self.method!r} does not self-train; only {', '.join(able)} do",
             )
         return self
 
     def effective_alpha_beta(self) -> tuple[float, float]:
-        """α and β after the method's ablation (DESIGN §4's method list)."""
-        alpha, beta = self.self_supervision.alpha, self.self_supervision.beta
-        if self.method not in SELF_SUPERVISED_METHODS:
-            return 0.0, 0.0
-        if self.method == "fedgl-no-gpg":
-            return alpha, 0.0
-        if self.method == "fedgl-no-gpl":
-            return 0.0, beta
+        """α and β after the method's ablation (DESIGN §4's method list): each applies only where the method's
+        spec says it trains on pseudo labels (α) or on the pseudo graph (β)."""
+        spec = method_spec(self.method)
+        alpha = self.self_supervision.alpha if spec.pseudo_labels else 0.0
+        beta = self.self_supervision.beta if spec.pseudo_graph else 0.0
         return alpha, beta
 
 

@@ -1,4 +1,5 @@
-"""Federated methods, one module each, behind the interface of ``base.py``; :func:`build_method` picks one.
+"""Federated methods, one module each, behind the interface of ``base.py``; :func:`build_method` builds the one
+the registry (``fedgl_secure/method_registry.py``) names.
 
 Each method's module is imported when it is built, not with this package: ``methods.base`` (the kind names
 every layer reads) must stay cheap, and a node that runs FedGL should not pay for Opacus (GAP) or the
@@ -7,37 +8,16 @@ Fed²GNN decoder at start-up.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
+from fedgl_secure.method_registry import load, method_spec, method_specs
 
 if TYPE_CHECKING:
     from fedgl_secure.data.graph import GraphDataset
     from fedgl_secure.engine.config import ExperimentConfig
+    from fedgl_secure.method_registry import MethodSpec
     from fedgl_secure.methods.base import FederatedMethod
-
-METHOD_CLASSES = {
-    "federated": ("fedavg", "FedAvg"),
-    "fed2gnn": ("fed2gnn", "Fed2GNN"),
-    "fedavg-full": ("fed2gnn", "FedAvgFull"),
-    "fgcl": ("fgcl", "FGCL"),
-    "fedgl": ("fedgl", "FedGL"),
-    "fedgl-no-gpg": ("fedgl", "FedGL"),
-    "fedgl-no-gpl": ("fedgl", "FedGL"),
-    "graphfl": ("graphfl", "GraphFL"),
-    "gap": ("gap", "GAP"),
-    "centroids": ("centroids", "PrivateCentroids"),
-}
-"""``ExperimentConfig.method`` → (module under ``fedgl_secure.methods``, class). Baselines are not here."""
-
-
-IN_METHOD_MECHANISMS = {
-    "gap": ("gap", "apply_gap_policy", "gap_releases"),
-    "centroids": ("centroids", "apply_centroids_policy", "centroids_releases"),
-}
-"""``dp.node_mechanism`` values that run inside a method → (module, its policy function, its releases function)."""
 
 
 class InMethodMechanism(NamedTuple):
@@ -49,15 +29,19 @@ class InMethodMechanism(NamedTuple):
     releases: Callable
 
 
+def mechanism_owner(node_mechanism: str) -> MethodSpec | None:
+    """The method whose own release ``dp.node_mechanism`` names (GAP, the class sums), if one does."""
+    owners = [spec for spec in method_specs().values() if spec.own_mechanism == node_mechanism]
+    return owners[0] if owners else None
+
+
 def in_method_mechanism(policy) -> InMethodMechanism | None:
     """The mechanism ``policy.dp.node_mechanism`` names, if it runs inside a method (GAP, class sums); else None:
     the engine's per-upload DP step applies instead."""
-    entry = IN_METHOD_MECHANISMS.get(policy.dp.node_mechanism)
-    if entry is None:
+    owner = mechanism_owner(policy.dp.node_mechanism)
+    if owner is None:
         return None
-    module, apply_policy, releases = entry
-    loaded = importlib.import_module(f"fedgl_secure.methods.{module}")
-    return InMethodMechanism(getattr(loaded, apply_policy), getattr(loaded, releases))
+    return InMethodMechanism(load(owner.apply_mechanism_policy), load(owner.mechanism_releases))
 
 
 def apply_in_method_policy(config: ExperimentConfig, policy) -> ExperimentConfig:
@@ -67,35 +51,25 @@ def apply_in_method_policy(config: ExperimentConfig, policy) -> ExperimentConfig
 
 
 def check_method_privacy(config: ExperimentConfig, policy) -> None:
-    """A method's own refusals of a run's privacy set-up (``policy`` may be None): the module-level
-    ``check_privacy(config, policy)`` of the method's module, where it has one (the class sums refuse central noise
-    that no key authority would add)."""
-    if config.method not in METHOD_CLASSES:
-        return
-    module, _ = METHOD_CLASSES[config.method]
-    check = getattr(importlib.import_module(f"fedgl_secure.methods.{module}"), "check_privacy", None)
-    if check is not None:
-        check(config, policy)
-
-
-def _method_class(module: str, name: str) -> type:
-    return getattr(importlib.import_module(f"fedgl_secure.methods.{module}"), name)
+    """A method's own refusals of a run's privacy set-up (``policy`` may be None), where its spec declares some
+    (the class sums refuse central noise that no key authority would add)."""
+    spec = method_spec(config.method)
+    if spec.check_privacy is not None:
+        load(spec.check_privacy)(config, policy)
 
 
 def build_method(config: ExperimentConfig) -> FederatedMethod:
     """The federated method for ``config.method`` (baselines are not federated methods)."""
-    if config.method not in METHOD_CLASSES:
+    spec = method_spec(config.method)
+    if spec.baseline:
         raise ValueError(f"{config.method!r} is a baseline, not a federated method")
-    module, name = METHOD_CLASSES[config.method]
-    if module == "fedgl" and config.fgcl.enabled:  # FedGL with FGCL's contrastive term
-        module, name = "fgcl", "FedGLContrastive"
-    return _method_class(module, name)(config)
+    if config.fgcl.enabled and spec.contrastive_implementation is not None:  # with FGCL's contrastive term
+        return load(spec.contrastive_implementation)(config)
+    return load(spec.implementation)(config)
 
 
 def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]) -> list[GraphDataset]:
-    """The clients a method trains on (see :func:`fedgl_secure.methods.fed2gnn.prepare_clients`)."""
-    if config.method not in NEIGHBOUR_EXCHANGE_METHODS:  # the others need not import Fed²GNN's module
-        return clients
-    from fedgl_secure.methods.fed2gnn import prepare_clients as fed2gnn_clients
-
-    return fed2gnn_clients(config, dataset, clients)
+    """The clients a method trains on: rebuilt before round 1 where its spec declares a set-up
+    (:func:`fedgl_secure.methods.fed2gnn.prepare_clients`), else as they are."""
+    spec = method_spec(config.method)
+    return clients if spec.prepare_clients is None else load(spec.prepare_clients)(config, dataset, clients)

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from fedgl_secure.data.graph import GraphDataset, canonical_edge_index, induced_subgraph
 from fedgl_secure.data.partition import louvain_clients, partition_owner
-from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS, ExperimentConfig, Fed2GNNConfig
+from fedgl_secure.engine.config import ExperimentConfig, Fed2GNNConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, ExchangeResult, exchange_level_sums
@@ -72,7 +72,7 @@ class FedAvgFull(FedAvg):
 
 def prepare_clients(config: ExperimentConfig, dataset: GraphDataset, clients: list[GraphDataset]) -> list[GraphDataset]:
     """The clients a method trains on: reconstructed (``fed2gnn``), expanded (``fedavg-full``), else as given."""
-    if config.method not in NEIGHBOUR_EXCHANGE_METHODS:
+    if config.method not in (Fed2GNN.name, FedAvgFull.name):
         return clients
     if config.federation.partition != "louvain":
         raise ConfigError(

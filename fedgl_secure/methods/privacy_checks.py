@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fedgl_secure.engine.config import NEIGHBOUR_EXCHANGE_METHODS
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.kinds import NODE_WEIGHT
-from fedgl_secure.methods import build_method
+from fedgl_secure.method_registry import method_spec
+from fedgl_secure.methods import build_method, mechanism_owner
 from fedgl_secure.methods.base import method_stages
 from fedgl_secure.methods.gap import check_gap_policy
 from fedgl_secure.policy.dp import DATA_KINDS
@@ -56,33 +56,30 @@ def check_runnable(policy: Policy, config) -> None:
     β > 0 under DP-SGD (the pseudo graph's degree is not bounded), more local epochs per round than
     DP-SGD's budget accounts for, and a method of several stages per round (:func:`check_stages`).
     """
+    spec = method_spec(config.method)
     if policy.dp.node_mechanism == "gap":
         check_gap_policy(policy, config)
-    elif config.method == "gap" and policy.has_dp:
+    owner = mechanism_owner(policy.dp.node_mechanism)
+    if owner is not None and owner.name != config.method:
         raise ConfigError(
-            f"method 'gap' carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} with "
-            f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
-            "dp.node_mechanism = 'gap' (policies/node-dp-gap.toml) or one without DP"
+            f"dp.node_mechanism = {policy.dp.node_mechanism!r} protects the node unit with method {owner.name!r}'s "
+            f"own release; method {config.method!r} has none: run --method {owner.name}, or choose another "
+            "dp.node_mechanism"
         )
-    if policy.dp.node_mechanism == "centroids" and config.method != "centroids":
+    if spec.own_mechanism is not None and policy.has_dp and policy.dp.node_mechanism != spec.own_mechanism:
         raise ConfigError(
-            f"dp.node_mechanism = 'centroids' protects the node unit with the method's own release; method "
-            f"{config.method!r} has none: run --method centroids, or choose another dp.node_mechanism"
-        )
-    if config.method == "centroids" and policy.has_dp and policy.dp.node_mechanism != "centroids":
-        raise ConfigError(
-            f"method 'centroids' carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} with "
-            f"{list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy with "
-            "dp.node_mechanism = 'centroids' (policies/node-dp-centroids.toml) or one without DP"
+            f"method {config.method!r} carries its own node-level DP; under dp.unit = {policy.dp.effective_unit!r} "
+            f"with {list(policy.dp.enabled_channels())} it would be noised twice and accounted wrongly: use a policy "
+            f"with dp.node_mechanism = {spec.own_mechanism!r} (policies/node-dp-{spec.own_mechanism}.toml) or one "
+            "without DP"
         )
     unit = policy.dp.effective_unit
-    if config.method in NEIGHBOUR_EXCHANGE_METHODS and policy.has_dp and unit != "label":
-        # fail closed: Fed²GNN's set-up exchange releases per-node sums of neighbours' features (and counts)
+    if spec.dp_units is not None and policy.has_dp and unit not in spec.dp_units:
+        # fail closed: e.g. Fed²GNN's set-up exchange releases per-node sums of neighbours' features (and counts)
         # computed from the true edges, before any DP step; no channel covers or accounts for them
         raise ConfigError(
-            f"method {config.method!r} sends other banks per-node neighbour sums (features and counts) from its "
-            f"true graph before round 1, which no DP channel covers: dp.unit = {unit!r} would not hold. Use a policy "
-            "without DP, or dp.unit = 'label' (the exchange carries no labels)"
+            f"method {config.method!r} {spec.dp_units_reason}: dp.unit = {unit!r} would not hold. Use a policy "
+            f"without DP, or dp.unit = one of {list(spec.dp_units)}"
         )
     if policy.dp.sgd_enabled and config.training.backbone != "gcn":
         # DP-SGD clips per-node gradients of the 2-layer GCN's ego graphs (privacy/dp_sgd.py, degree-bounded

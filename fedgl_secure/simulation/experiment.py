@@ -1,4 +1,4 @@
-"""In-process simulation of a federation: the round loop, the baselines and the run record.
+"""In-process simulation of a federation: the round loop and the run record (the baselines: ``baselines.py``).
 
 The loop is method-agnostic (see ``methods/base.py``) and takes the summation step as a
 parameter, so a secure backend can replace the plaintext sum without touching anything else.
@@ -34,14 +34,14 @@ from fedgl_secure.engine.evaluation import (
     evaluate_model,
     ratio,
     selection_value,
-    split_ranking,
 )
-from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.engine.self_training import self_trained_graphs
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
+from fedgl_secure.method_registry import load, method_spec
 from fedgl_secure.methods import build_method, check_method_privacy, in_method_mechanism, prepare_clients
 from fedgl_secure.methods.base import (
     EMBEDDINGS,
@@ -126,7 +126,7 @@ class RoundRecord:
         self.test_recall_at_top = ranking.recall_at_top
 
 
-def _round_record(round_number: int, participants: list[int], scores: SplitAccuracy, seconds: float) -> RoundRecord:
+def round_record(round_number: int, participants: list[int], scores: SplitAccuracy, seconds: float) -> RoundRecord:
     record = RoundRecord(round_number, participants, scores.val, scores.test, seconds)
     record.set_ranking(scores.test_ranking)
     record.val_pr_auc = scores.val_ranking.pr_auc
@@ -261,14 +261,13 @@ def run_experiment(
     check_method_privacy(config, method_privacy.policy if method_privacy is not None else None)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
-    if privacy is not None and config.method in ("centralized", "local"):
+    spec = method_spec(config.method)
+    if privacy is not None and spec.baseline:
         raise ConfigError(
             f"method {config.method!r} is a baseline that releases nothing; a privacy policy does not apply"
         )
-    if config.method == "centralized":
-        result = _run_centralized(config, federation, progress)
-    elif config.method == "local":
-        result = _run_local(config, federation, progress)
+    if spec.baseline:  # a runner of simulation/baselines.py, named by the registry
+        result = load(spec.implementation)(config, federation, progress)
     else:
         result = _run_federated(config, federation, progress, summation or PlaintextSummation(), observer, privacy)
     result.wall_seconds = time.perf_counter() - started
@@ -287,7 +286,7 @@ def _both(first: Callable[[Broadcast], None], second: Callable[[Broadcast], None
     return observe
 
 
-def _new_result(config: ExperimentConfig, federation: Federation) -> RunResult:
+def new_result(config: ExperimentConfig, federation: Federation) -> RunResult:
     return RunResult(
         dataset=config.dataset,
         method=config.method,
@@ -303,7 +302,7 @@ def _new_result(config: ExperimentConfig, federation: Federation) -> RunResult:
     )
 
 
-def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
+def round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
     return tqdm(
         range(1, config.federation.max_rounds + 1),
         desc=f"{config.dataset}/{config.method}/seed{config.seed}",
@@ -313,7 +312,19 @@ def _round_bar(config: ExperimentConfig, progress: bool) -> tqdm:
     )
 
 
-def _record_local_goal(result: RunResult, local: list[SplitAccuracy]) -> None:
+def keep_if_best(
+    result: RunResult, stopper: EarlyStopping, round_number: int, scores: SplitAccuracy, config: ExperimentConfig
+) -> bool:
+    """Tell early stopping this round's selection value; on a new best round, record its validation and test
+    accuracy and test metrics in ``result`` and say so."""
+    if not stopper.update(round_number, selection_value(scores, config.evaluation.selection)):
+        return False
+    result.best_round, result.best_val_accuracy, result.global_test_accuracy = round_number, scores.val, scores.test
+    result.global_test_metrics = scores.test_ranking.to_dict()
+    return True
+
+
+def record_local_goal(result: RunResult, local: list[SplitAccuracy]) -> None:
     """Each client's test accuracy and ranking metrics on its own graph, evaluated once, at the best round."""
     result.local_test_accuracy = [s.test for s in local]
     result.local_test_metrics = [s.test_ranking.to_dict() for s in local]
@@ -355,14 +366,14 @@ def _run_federated(
             privacy.attach_training(k, trainer)
     broadcast = Broadcast(0, method_initial_parameters(method, config, num_features, merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
-    result = _new_result(config, federation)
+    result = new_result(config, federation)
     # the public w_max (aggregation.normalise_contribution), unless the method fixes its own scale (the class sums,
     # whose central noise is calibrated on the sums themselves)
     weight_normaliser = getattr(method, "weight_normaliser", None) or max(
         client_weight(graph.num_nodes) for graph in federation.client_graphs
     )
     best: Broadcast | None = None
-    bar = _round_bar(config, progress)
+    bar = round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
         participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
@@ -396,7 +407,7 @@ def _run_federated(
             observer(broadcast)
         evaluator.load_flat_parameters(broadcast.weights)
         scores = evaluate_model(evaluator, merged, method.evaluation_adjacency(merged, broadcast), config.evaluation)
-        record = _round_record(round_number, participants, scores, time.perf_counter() - round_started)
+        record = round_record(round_number, participants, scores, time.perf_counter() - round_started)
         if broadcast.pseudo_labels is not None:
             record.pseudo_labels, record.pseudo_label_accuracy = pseudo_label_accuracy(
                 broadcast.pseudo_labels, merged.labels
@@ -407,20 +418,15 @@ def _run_federated(
             )
         result.history.append(record)
         result.rounds_run = round_number
-        if stopper.update(round_number, selection_value(scores, config.evaluation.selection)):
-            result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
-                round_number,
-                scores.val,
-                scores.test,
-            )
-            result.global_test_metrics, best = scores.test_ranking.to_dict(), broadcast
+        if keep_if_best(result, stopper, round_number, scores, config):
+            best = broadcast
         bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
         if stopper.should_stop(round_number):
             break
     if best is not None:  # the local goal, once, with the best round's W̄
         evaluator.load_flat_parameters(best.weights)
         adjacencies = [method.evaluation_adjacency(graph, best) for graph in federation.client_graphs]
-        _record_local_goal(
+        record_local_goal(
             result,
             [
                 evaluate_model(evaluator, graph, adjacency, config.evaluation, val_ranking=False)
@@ -508,97 +514,3 @@ def protect_contributions(
         if released is not None:
             protected[k] = released
     return protected
-
-
-def _run_centralized(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
-    """One model (``training.backbone``) on the merged client graph; a "round" is E epochs (comparable schedules)."""
-    merged = federation.merged
-    trainer = LocalTrainer(-1, merged, config.training, config.seed)
-    trainer.model.load_flat_parameters(initial_parameters(config, merged.features.shape[1], merged.num_classes))
-    adjacency = merged.adjacency(None, 0.0, False)
-    client_adjacencies = [graph.adjacency(None, 0.0, False) for graph in federation.client_graphs]
-    stopper = EarlyStopping(config.federation.patience)
-    result = _new_result(config, federation)
-    best_weights: torch.Tensor | None = None
-    bar = _round_bar(config, progress)
-    for round_number in bar:
-        round_started = time.perf_counter()
-        trainer.train(adjacency, None)
-        scores = evaluate_model(trainer.model, merged, adjacency, config.evaluation)
-        result.history.append(_round_record(round_number, [], scores, time.perf_counter() - round_started))
-        result.rounds_run = round_number
-        if stopper.update(round_number, selection_value(scores, config.evaluation.selection)):
-            result.best_round, result.best_val_accuracy, result.global_test_accuracy = (
-                round_number,
-                scores.val,
-                scores.test,
-            )
-            result.global_test_metrics, best_weights = scores.test_ranking.to_dict(), trainer.model.flat_parameters()
-        bar.set_postfix(val=f"{scores.val:.3f}", test=f"{scores.test:.3f}", best=result.best_round)
-        if stopper.should_stop(round_number):
-            break
-    if best_weights is not None:  # the local goal, once, with the best round's model
-        trainer.model.load_flat_parameters(best_weights)
-        _record_local_goal(
-            result,
-            [
-                evaluate_model(trainer.model, graph, adj, config.evaluation, val_ranking=False)
-                for graph, adj in zip(federation.client_graphs, client_adjacencies, strict=True)
-            ],
-        )
-    return result
-
-
-def _ranking_of_all(logits: torch.Tensor, labels: torch.Tensor, config: ExperimentConfig) -> RankingMetrics:
-    return split_ranking(logits, labels, torch.ones_like(labels, dtype=torch.bool), config.evaluation)
-
-
-def _run_local(config: ExperimentConfig, federation: Federation, progress: bool) -> RunResult:
-    """Each client alone. Its global score pools every (client, own test node) prediction,
-    because there is no global model; model selection uses the pooled validation accuracy (or PR-AUC).
-    The pooled ranking metrics rank the clients' scores together, each from its own model."""
-    graphs = federation.client_graphs
-    start = initial_parameters(config, graphs[0].features.shape[1], graphs[0].num_classes)
-    trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(graphs)]
-    for trainer in trainers:
-        trainer.model.load_flat_parameters(start)
-    adjacencies = [graph.adjacency(None, 0.0, False) for graph in graphs]
-    stopper = EarlyStopping(config.federation.patience)
-    result = _new_result(config, federation)
-    best_own_tests: list[tuple[torch.Tensor, torch.Tensor]] = []
-    bar = _round_bar(config, progress)
-    for round_number in bar:
-        round_started = time.perf_counter()
-        val_counts, test_counts, local_tests = [0, 0], [0, 0], []
-        own_tests, own_vals = [], []  # (logits, labels) at each client's own test / validation nodes
-        for trainer, adjacency in zip(trainers, adjacencies, strict=True):
-            trainer.train(adjacency, None)
-            trainer.model.eval()
-            with torch.no_grad():
-                logits = trainer.model(trainer.graph.features, adjacency).logits
-            for counts, mask in (
-                (val_counts, trainer.graph.val_mask),
-                (test_counts, trainer.graph.test_mask),
-            ):
-                correct, total = accuracy(logits, trainer.graph.labels, mask)
-                counts[0] += correct
-                counts[1] += total
-            local_tests.append(ratio(*accuracy(logits, trainer.graph.labels, trainer.graph.test_mask)))
-            own_tests.append((logits[trainer.graph.test_mask], trainer.graph.labels[trainer.graph.test_mask]))
-            own_vals.append((logits[trainer.graph.val_mask], trainer.graph.labels[trainer.graph.val_mask]))
-        val, test = ratio(*val_counts), ratio(*test_counts)
-        pooled = _ranking_of_all(*(torch.cat(parts) for parts in zip(*own_tests, strict=True)), config)
-        record = RoundRecord(round_number, list(range(len(trainers))), val, test, time.perf_counter() - round_started)
-        record.set_ranking(pooled)
-        result.history.append(record)
-        result.rounds_run = round_number
-        record.val_pr_auc = _ranking_of_all(*(torch.cat(parts) for parts in zip(*own_vals, strict=True)), config).pr_auc
-        if stopper.update(round_number, val if config.evaluation.selection == "accuracy" else record.val_pr_auc):
-            result.best_round, result.best_val_accuracy, result.global_test_accuracy = round_number, val, test
-            result.local_test_accuracy = local_tests
-            result.global_test_metrics, best_own_tests = pooled.to_dict(), own_tests
-        bar.set_postfix(val=f"{val:.3f}", test=f"{test:.3f}", best=result.best_round)
-        if stopper.should_stop(round_number):
-            break
-    result.local_test_metrics = [_ranking_of_all(*own, config).to_dict() for own in best_own_tests]
-    return result
