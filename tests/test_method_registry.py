@@ -33,11 +33,11 @@ from fedgl_secure.simulation.experiment import run_experiment
 # uses only the methods' public interface (methods/base.py) and registers through its distribution's entry point.
 TOY_MODULE = """
 from fedgl_secure.method_registry import MethodSpec
-from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.methods.base import WEIGHTS, Broadcast, FederatedMethod, split_weights_sum, weights_term
 from fedgl_secure.model.averaging import fedavg
 
 
-class EqualWeightAverage:
+class EqualWeightAverage(FederatedMethod):
     name = "toy-equal-average"
 
     def __init__(self, config):
@@ -92,6 +92,8 @@ def test_every_built_in_method_loads_as_its_spec_says():
             method = build_method(build_config({"method": spec.name}))
             assert method.name == spec.name or spec.name.startswith("fedgl"), spec.name
             assert method.upload_kinds, spec.name
+            # the spec's own_model (which the configuration reads) says what the method does
+            assert (method.build_model(8, 3) is not None) == spec.own_model, spec.name
         for hook in (spec.prepare_clients, spec.apply_mechanism_policy, spec.mechanism_releases, spec.check_privacy):
             if hook is not None:
                 assert callable(load(hook)), (spec.name, hook)

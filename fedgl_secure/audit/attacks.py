@@ -341,8 +341,8 @@ def global_model_membership(
 
     flat = torch.as_tensor(np.asarray(weights), dtype=torch.float32).reshape(-1)
     method = None if method_spec(config.method).baseline else build_method(config)
-    if method is not None and hasattr(method, "build_model"):
-        model = method.build_model(graph.features.shape[1], graph.num_classes)
+    model = None if method is None else method.build_model(graph.features.shape[1], graph.num_classes)
+    if model is not None:
         adjacency = method.evaluation_adjacency(graph, Broadcast(round_number, flat))
     else:
         if config.training.backbone == "gcn":  # the GCN's own checks name a vector of the wrong length

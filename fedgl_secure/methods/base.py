@@ -7,7 +7,7 @@ the engine only sums them (in plaintext or under CKKS) and hands the sums back t
 FedAvg and FedGL are two such methods; others (meta-learned FedAvg with self-training,
 neighbour reconstruction, edge-DP contrastive learning) plug in the same way.
 
-A round may have several stages (:class:`MultiStageMethod`, e.g. GraphFL's meta step and then its
+Every method subclasses :class:`FederatedMethod`. A round may have several stages (e.g. GraphFL's meta step and then its
 fine-tuning and FedAvg), each one upload and one server update; a method that declares none has
 one. The engine goes through :func:`method_stages` and the ``stage_*`` helpers, never a method's name.
 """
@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedgl_secure.engine.client import LocalTrainer
-from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.kinds import EMBEDDINGS, META_GRADIENTS, NODE_WEIGHT, PREDICTIONS, WEIGHTS  # noqa: F401 (re-exported)
-from fedgl_secure.model.sparse import SparseOperator
 
 if TYPE_CHECKING:
     from torch import nn
@@ -56,76 +54,86 @@ class Broadcast:
     fused_predictions: torch.Tensor | None = field(default=None, repr=False)
 
 
-class FederatedMethod(Protocol):
-    name: str
+class FederatedMethod:
+    """The base of every method: what a client computes and uploads, what the server fuses and sends back.
 
-    @property
-    def upload_kinds(self) -> tuple[str, ...]: ...
+    A method sets ``name`` and implements ``upload_kinds`` (a property), ``client_contribution(trainer,
+    broadcast, *, with_node_terms=True)`` (the bank's pre-weighted terms; ``with_node_terms = False`` leaves out
+    P_k and H_k for a caller that computes them itself, under DP with the public W̄: ``node_terms``),
+    ``server_update(sums, round_number) -> Broadcast``, ``upload_shapes(num_parameters, num_global_nodes,
+    num_classes)`` (the exact shape of every kind it uploads; a receiver refuses others) and
+    ``evaluation_adjacency(graph, broadcast)``.
 
-    def client_contribution(
-        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
-    ) -> dict[str, torch.Tensor]:
-        """The bank's pre-weighted terms. ``with_node_terms = False`` leaves out P_k and H_k (predictions,
-        embeddings), for a caller that computes them itself (under DP, with the public W̄: :meth:`node_terms`)."""
-        ...
-
-    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast: ...
-
-    def upload_shapes(self, num_parameters: int, num_global_nodes: int, num_classes: int) -> dict[str, tuple[int, ...]]:
-        """The exact shape of every kind ``client_contribution`` returns (a receiver refuses others)."""
-        ...
-
-    def evaluation_adjacency(self, graph: GraphTensors, broadcast: Broadcast) -> SparseOperator: ...
-
-
-class MultiStageMethod(Protocol):
-    """A method whose round has several stages (e.g. GraphFL: a meta step, then fine-tuning and FedAvg).
-
-    Each stage is one upload and one server update: the clients of the round (the same participants in
-    every stage) compute their pre-weighted terms from the broadcast the stage starts from, the engine
-    sums them, and :meth:`stage_update` turns the sums into the broadcast the next stage (or round)
-    starts from. Kind names are unique within a round (the key authority decrypts each (round, kind) at
-    most once). A method without ``stages`` is one stage, :data:`SINGLE_STAGE`, made of
-    ``client_contribution`` and ``server_update``; the helpers below hide the difference from the engine.
+    What it may override, with the defaults below: a round of several ``stages`` (e.g. GraphFL: a meta step, then
+    fine-tuning and FedAvg), each one upload (``stage_upload_kinds``, ``stage_contribution``) and one server update
+    (``stage_update``, from the stage's sums and the broadcast the stage started from) — the clients of the round
+    are the same in every stage, and kind names are unique within a round (the key authority decrypts each
+    (round, kind) at most once); server state kept between rounds besides the broadcast (``server_state``,
+    ``load_server_state``); its own model (``build_model``); the public normaliser of its uploads
+    (``weight_normaliser``). A method that overrides nothing is one stage, :data:`SINGLE_STAGE`, made of
+    ``client_contribution`` and ``server_update``.
     """
 
     name: str
-    stages: tuple[str, ...]
+    stages: tuple[str, ...] = (SINGLE_STAGE,)
+    weight_normaliser: float | None = None
+    """The public ŵ normaliser of every upload; None: the federation's w_max (``engine/aggregation.py``)."""
 
     @property
     def upload_kinds(self) -> tuple[str, ...]:
         """Every kind of every stage, in stage order."""
-        ...
+        raise NotImplementedError
 
-    def stage_upload_kinds(self, stage: str) -> tuple[str, ...]: ...
+    def client_contribution(
+        self, trainer: LocalTrainer, broadcast: Broadcast, *, with_node_terms: bool = True
+    ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def server_update(self, sums: Mapping[str, torch.Tensor], round_number: int) -> Broadcast:
+        raise NotImplementedError
+
+    def stage_upload_kinds(self, stage: str) -> tuple[str, ...]:
+        """The kinds a client uploads in ``stage``."""
+        return tuple(self.upload_kinds)
 
     def stage_contribution(self, stage: str, trainer: LocalTrainer, broadcast: Broadcast) -> dict[str, torch.Tensor]:
         """The bank's pre-weighted terms of ``stage``, from the broadcast the stage starts from."""
-        ...
+        return self.client_contribution(trainer, broadcast)
 
     def stage_update(
-        self, stage: str, sums: Mapping[str, torch.Tensor], round_number: int, broadcast: Broadcast
+        self, stage: str, sums: Mapping[str, torch.Tensor], round_number: int, broadcast: Broadcast | None
     ) -> Broadcast:
-        """The broadcast after ``stage``, from its sums and the broadcast the stage started from."""
-        ...
+        """The broadcast after ``stage``, from its sums and the broadcast the stage started from (a single-stage
+        ``server_update`` reads no earlier broadcast: ``broadcast`` may then be None)."""
+        return self.server_update(sums, round_number)
+
+    def server_state(self) -> dict[str, torch.Tensor] | None:
+        """What the server keeps between rounds besides the broadcast (e.g. GraphFL's meta optimiser moments), as
+        named tensors, or None for a method whose broadcast is its whole state."""
+        return None
+
+    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Put the server back in ``state`` (:meth:`server_state`); nothing for a method that keeps none."""
+
+    def build_model(self, num_features: int, num_classes: int) -> nn.Module | None:
+        """The method's own model (e.g. GraphFL's SGC backbone), or None: the engine's ``training.backbone``."""
+        return None
 
 
-def method_stages(method: FederatedMethod | MultiStageMethod) -> tuple[str, ...]:
+def method_stages(method: FederatedMethod) -> tuple[str, ...]:
     """The stages of one round, in order (one, :data:`SINGLE_STAGE`, unless the method declares ``stages``)."""
-    stages = tuple(getattr(method, "stages", (SINGLE_STAGE,)))
+    stages = tuple(method.stages)
     if not stages or len(set(stages)) != len(stages):
         raise ValueError(f"method {method.name!r}: stages must be a non-empty list of distinct names, got {stages}")
     return stages
 
 
-def stage_upload_kinds(method: FederatedMethod | MultiStageMethod, stage: str) -> tuple[str, ...]:
+def stage_upload_kinds(method: FederatedMethod, stage: str) -> tuple[str, ...]:
     """The kinds a client uploads in ``stage``."""
-    if hasattr(method, "stage_upload_kinds"):
-        return tuple(method.stage_upload_kinds(stage))
-    return tuple(method.upload_kinds)
+    return tuple(method.stage_upload_kinds(stage))
 
 
-def check_stage_kinds(method: FederatedMethod | MultiStageMethod) -> None:
+def check_stage_kinds(method: FederatedMethod) -> None:
     """Refuse a method whose stages share an upload kind: a key authority decrypts each (round, kind) once, so
     a kind's second sum in the same round would always be refused."""
     seen: dict[str, str] = {}
@@ -140,16 +148,14 @@ def check_stage_kinds(method: FederatedMethod | MultiStageMethod) -> None:
 
 
 def stage_contribution(
-    method: FederatedMethod | MultiStageMethod, stage: str, trainer: LocalTrainer, broadcast: Broadcast
+    method: FederatedMethod, stage: str, trainer: LocalTrainer, broadcast: Broadcast
 ) -> dict[str, torch.Tensor]:
     """A client's pre-weighted terms of ``stage`` (``client_contribution`` for a single-stage method)."""
-    if hasattr(method, "stage_contribution"):
-        return method.stage_contribution(stage, trainer, broadcast)
-    return method.client_contribution(trainer, broadcast)
+    return method.stage_contribution(stage, trainer, broadcast)
 
 
 def stage_update(
-    method: FederatedMethod | MultiStageMethod,
+    method: FederatedMethod,
     stage: str,
     sums: Mapping[str, torch.Tensor],
     round_number: int,
@@ -157,33 +163,31 @@ def stage_update(
 ) -> Broadcast:
     """The server's update after ``stage`` (``server_update`` for a single-stage method, which reads no earlier
     broadcast: ``broadcast`` may then be None)."""
-    if hasattr(method, "stage_update"):
-        return method.stage_update(stage, sums, round_number, broadcast)
-    return method.server_update(sums, round_number)
+    return method.stage_update(stage, sums, round_number, broadcast)
 
 
-def server_state(method: FederatedMethod | MultiStageMethod) -> dict[str, torch.Tensor] | None:
+def server_state(method: FederatedMethod) -> dict[str, torch.Tensor] | None:
     """What ``method``'s server keeps between rounds besides the broadcast (e.g. GraphFL's meta optimiser
     moments), as named tensors, or None for a method whose broadcast is its whole state. An aggregator
     stores it with every model version, so a round retried or resumed from a version starts from the
     state of that version, as the simulation's next round would."""
-    return method.server_state() if hasattr(method, "server_state") else None
+    return method.server_state()
 
 
-def load_server_state(method: FederatedMethod | MultiStageMethod, state: Mapping[str, torch.Tensor]) -> None:
+def load_server_state(method: FederatedMethod, state: Mapping[str, torch.Tensor]) -> None:
     """Put ``method``'s server back in ``state`` (:func:`server_state`); nothing for a method that keeps none."""
-    if hasattr(method, "load_server_state"):
-        method.load_server_state(state)
+    method.load_server_state(state)
 
 
 def method_model(
-    method: FederatedMethod | MultiStageMethod, num_features: int, hidden: int, num_classes: int, dropout: float
+    method: FederatedMethod, num_features: int, hidden: int, num_classes: int, dropout: float
 ) -> nn.Module:
     """The model a method trains and the engine evaluates: the method's ``build_model`` when it has one
     (e.g. GraphFL's SGC backbone), else the engine's ``training.backbone`` (the 2-layer GCN by default), with
     ``hidden`` as its width."""
-    if hasattr(method, "build_model"):
-        return method.build_model(num_features, num_classes)
+    own = method.build_model(num_features, num_classes)
+    if own is not None:
+        return own
     from fedgl_secure.model.backbones import build_backbone
 
     training = method.config.training.model_copy(update={"hidden": hidden})

@@ -26,7 +26,7 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import CentroidsConfig, ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.methods.base import WEIGHTS, Broadcast, FederatedMethod, split_weights_sum, weights_term
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.centroids import CentroidPropagation
 from fedgl_secure.model.sparse import SparseOperator
@@ -106,7 +106,7 @@ def bank_class_sums(graph: GraphTensors, nonnegative: bool) -> np.ndarray:
     return class_sums.class_sums(rows, labels, graph.train_mask.cpu().numpy(), graph.num_classes)
 
 
-class PrivateCentroids:
+class PrivateCentroids(FederatedMethod):
     """``--method centroids``: one noisy release of class sums per bank, averaged; scores propagated in the bank."""
 
     name = "centroids"

@@ -10,12 +10,12 @@ from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
-from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.methods.base import WEIGHTS, Broadcast, FederatedMethod, split_weights_sum, weights_term
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.sparse import SparseOperator
 
 
-class FedAvg:
+class FedAvg(FederatedMethod):
     """Federated averaging (Eq. 10), optionally with FedProx's proximal term; weights only."""
 
     name = "federated"

@@ -33,7 +33,7 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, GAPConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.methods.base import WEIGHTS, Broadcast, split_weights_sum, weights_term
+from fedgl_secure.methods.base import WEIGHTS, Broadcast, FederatedMethod, split_weights_sum, weights_term
 from fedgl_secure.model.averaging import fedavg
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import gap as gap_dp
@@ -121,7 +121,7 @@ class _Bank:
     hops_drawn: bool = False  # the last client_contribution drew the hops (released them, inside the bank)
 
 
-class GAP:
+class GAP(FederatedMethod):
     """``--method gap``: GAP's encoder, perturbed hops and classifier per bank, FedAvg across banks."""
 
     name = "gap"

@@ -40,6 +40,7 @@ from fedgl_secure.methods.base import (
     META_GRADIENTS,
     WEIGHTS,
     Broadcast,
+    FederatedMethod,
     split_weights_sum,
     weights_term,
 )
@@ -118,7 +119,7 @@ def meta_step(theta: torch.Tensor, gradient_sum: torch.Tensor, total_weight: flo
     return theta - beta * gradient_sum / total_weight
 
 
-class GraphFL:
+class GraphFL(FederatedMethod):
     """GraphFL for non-IID clients (Algorithm 1); stages ``meta`` and ``finetune`` (module doc)."""
 
     name = "graphfl"

@@ -706,13 +706,13 @@ class Coordinator:
         """The broadcast of model ``version`` as the banks download it (float32), which a round's first stage
         starts from, with the method's server back in the state it had after that version
         (:func:`~fedgl_secure.methods.base.server_state`): a round retried from the same version, or resumed
-        after a restart, starts where the simulation's would. None for a method without ``stage_update``
-        (every single-stage one): its ``server_update`` reads no earlier broadcast, so none is decoded (a large
+        after a restart, starts where the simulation's would. None for a single-stage method: its
+        ``server_update`` reads no earlier broadcast, so none is decoded (a large
         federation's pseudo graph is gigabytes)."""
         state = self.store.server_state(version)
         arrays = {} if state is None else encodings.decode_arrays(state)
         load_server_state(self.method, {name: torch.from_numpy(array) for name, array in arrays.items()})
-        if not hasattr(self.method, "stage_update"):
+        if len(self._stages) == 1:  # a single stage's server_update reads no earlier broadcast
             return None
         self._shapes()
         size, _ = self._index

@@ -184,9 +184,9 @@ def pseudo_graph_homophily(pseudo_graph: PseudoGraph, labels: torch.Tensor) -> t
 def method_initial_parameters(method, config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
     """W̄ of round 0 for ``method``'s model: :func:`initial_parameters` (the GCN) unless the method brings its
     own model (``build_model``), which is then initialised from the same "init" stream."""
-    if not hasattr(method, "build_model"):
-        return initial_parameters(config, num_features, num_classes)
     model = method.build_model(num_features, num_classes)
+    if model is None:
+        return initial_parameters(config, num_features, num_classes)
     model.reset_parameters(torch_stream(config.seed, "init"))
     return model.flat_parameters()
 
@@ -351,10 +351,11 @@ def _run_federated(
             raise ConfigError("self_training.per_class: self-training is not accounted under a privacy policy")
         start = initial_parameters(config, num_features, merged.num_classes)
         client_graphs = self_trained_graphs(config, client_graphs, start)
-    if hasattr(method, "build_model"):
+    own_models = [method.build_model(num_features, graph.num_classes) for graph in client_graphs]
+    if own_models[0] is not None:  # the method brings its model (e.g. GraphFL's SGC), one per client
         trainers = [
-            LocalTrainer(k, graph, config.training, config.seed, method.build_model(num_features, graph.num_classes))
-            for k, graph in enumerate(client_graphs)
+            LocalTrainer(k, graph, config.training, config.seed, model)
+            for k, (graph, model) in enumerate(zip(client_graphs, own_models, strict=True))
         ]
         evaluator = method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0)
         evaluator = evaluator.to(merged.device)
@@ -369,7 +370,7 @@ def _run_federated(
     result = new_result(config, federation)
     # the public w_max (aggregation.normalise_contribution), unless the method fixes its own scale (the class sums,
     # whose central noise is calibrated on the sums themselves)
-    weight_normaliser = getattr(method, "weight_normaliser", None) or max(
+    weight_normaliser = method.weight_normaliser or max(
         client_weight(graph.num_nodes) for graph in federation.client_graphs
     )
     best: Broadcast | None = None
