@@ -15,8 +15,8 @@ import torch
 from fedgl_secure.data.graphfl_split import graphfl_clients
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.round_pipeline import initial_parameters
 from fedgl_secure.engine.self_training import candidate_nodes, local_class_probabilities, most_confident_per_class
-from fedgl_secure.simulation.experiment import initial_parameters
 from fedgl_secure.simulation.graphfl_experiments import NUM_CLIENTS, non_iid_schedule, protocol_config
 
 torch.set_num_threads(1)

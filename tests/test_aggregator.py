@@ -507,9 +507,9 @@ def _adam_steps(store, version):
 def test_a_graphfl_round_runs_its_stages_and_publishes_the_meta_step_between_them(setup, tmp_path):
     import torch
 
+    from fedgl_secure.engine.round_pipeline import method_initial_parameters
     from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast
     from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL
-    from fedgl_secure.simulation.experiment import method_initial_parameters
 
     _, federation, keys, policy = setup
     store, coordinator = _graphfl_run(tmp_path, federation, "graphfl")

@@ -727,7 +727,7 @@ def test_a_stop_not_for_the_budget_is_amber_and_a_malformed_stop_red(run_dir):
 def test_the_attack_floor_is_the_untrained_initial_model_and_only_information(run_dir, monkeypatch):
     from fedgl_secure.audit.attacks import membership_inference_auc
     from fedgl_secure.engine.config import build_config
-    from fedgl_secure.simulation.experiment import initial_parameters
+    from fedgl_secure.engine.round_pipeline import initial_parameters
 
     _no_retraining(monkeypatch)
     report = audit_run(run_dir, reference=False)

@@ -24,6 +24,7 @@ from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.round_pipeline import initial_parameters
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import Broadcast
@@ -36,7 +37,7 @@ from fedgl_secure.services import bank as bank_module
 from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.aggregator_service import IndexView, RoundResponse, Served
 from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
-from fedgl_secure.simulation.experiment import initial_parameters, run_experiment
+from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.wire.broadcast import encode_broadcast, model_label
 
 BANKS = ("bank-a", "bank-b", "bank-c")

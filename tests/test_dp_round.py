@@ -248,18 +248,18 @@ def test_a_kind_without_a_dp_channel_is_refused_under_per_round_dp_and_never_rel
 
 
 def test_the_pseudo_graph_runs_under_dp_on_uploads_but_is_refused_under_dp_sgd(dataset, monkeypatch):
-    from fedgl_secure.privacy import dp_round
+    from fedgl_secure.engine import round_pipeline
 
     config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
     # DP on uploads: P and H are computed on each bank's own bounded graph, never on the pseudo graph
     used = []
-    original = dp_round.public_model_outputs
+    original = round_pipeline.public_model_outputs
 
     def spy(trainer, weights, adjacency):
         used.append((trainer, adjacency.values.numel()))
         return original(trainer, weights, adjacency)
 
-    monkeypatch.setattr(dp_round, "public_model_outputs", spy)
+    monkeypatch.setattr(round_pipeline, "public_model_outputs", spy)
     broadcasts = []
     strict = FederationPrivacy(load_policy(POLICIES / "strict-dp.toml"))
     result = run_experiment(config, dataset, progress=False, privacy=strict, observer=broadcasts.append)

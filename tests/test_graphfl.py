@@ -22,6 +22,7 @@ from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.round_pipeline import method_initial_parameters
 from fedgl_secure.engine.self_training import most_confident_per_class
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods import build_method
@@ -29,7 +30,7 @@ from fedgl_secure.methods.base import META_GRADIENTS, WEIGHTS, Broadcast, method
 from fedgl_secure.methods.graphfl import FINETUNE, META, GraphFL, meta_step
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.seeding import numpy_stream
-from fedgl_secure.simulation.experiment import method_initial_parameters, run_experiment
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from fedgl_secure.data.graphfl_split import graphfl_clients
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.round_pipeline import initial_parameters
 from fedgl_secure.engine.self_training import (
     candidate_nodes,
     local_class_probabilities,
@@ -21,7 +22,7 @@ from fedgl_secure.engine.self_training import (
 )
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.graphfl import GraphFL
-from fedgl_secure.simulation.experiment import initial_parameters, run_experiment
+from fedgl_secure.simulation.experiment import run_experiment
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,10 @@ import torch
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import build_config
+from fedgl_secure.engine.round_pipeline import initial_parameters
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import EMBEDDINGS, NODE_WEIGHT, PREDICTIONS, WEIGHTS, Broadcast
-from fedgl_secure.simulation.experiment import Federation, initial_parameters, run_experiment
+from fedgl_secure.simulation.experiment import Federation, run_experiment
 
 
 @pytest.fixture(scope="module")

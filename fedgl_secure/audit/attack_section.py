@@ -108,9 +108,9 @@ def membership_floor(config: ExperimentConfig, merged: GraphTensors, seed: int) 
     still reflects (degree, feature density), and the best of three variants is taken, so the floor
     is not exactly 0.5. Raises ValueError or RuntimeError when the attack cannot run.
     """
+    from fedgl_secure.engine.round_pipeline import method_initial_parameters
     from fedgl_secure.method_registry import method_spec
     from fedgl_secure.methods import build_method
-    from fedgl_secure.simulation.experiment import method_initial_parameters
 
     method = None if method_spec(config.method).baseline else build_method(config)
     untrained = method_initial_parameters(method, config, merged.features.shape[1], merged.num_classes)

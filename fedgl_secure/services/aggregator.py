@@ -69,6 +69,7 @@ from fedgl_secure.crypto.upload import RoundTicket, Upload, check_upload, read_c
 from fedgl_secure.data.sampling import select_participants
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, ratio
+from fedgl_secure.engine.round_pipeline import method_initial_parameters
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.kinds import WEIGHTS
@@ -108,7 +109,6 @@ from fedgl_secure.services.aggregator_store import (
 from fedgl_secure.services.config import BANK_SOURCES
 from fedgl_secure.services.decryption_board import DecryptionBoard
 from fedgl_secure.services.pseudonyms import union_positions
-from fedgl_secure.simulation.experiment import method_initial_parameters
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import (
     decode_broadcast,

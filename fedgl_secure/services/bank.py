@@ -77,6 +77,7 @@ from fedgl_secure.engine.aggregation import client_weight, normalise_contributio
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.round_pipeline import protect_contributions
 from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
@@ -117,7 +118,7 @@ from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
-from fedgl_secure.simulation.experiment import protect_contributions, resolve_device
+from fedgl_secure.simulation.experiment import resolve_device
 from fedgl_secure.wire.broadcast import decode_broadcast, model_label, stage_label
 
 LEDGER_FILE = "privacy-ledger.json"

@@ -14,11 +14,11 @@ from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import EarlyStopping, evaluate_model, ratio, split_ranking
 from fedgl_secure.engine.graph_tensors import accuracy
 from fedgl_secure.engine.metrics import RankingMetrics
+from fedgl_secure.engine.round_pipeline import initial_parameters
 from fedgl_secure.simulation.experiment import (
     Federation,
     RoundRecord,
     RunResult,
-    initial_parameters,
     keep_if_best,
     new_result,
     record_local_goal,

@@ -23,8 +23,6 @@ from fedgl_secure.engine.aggregation import (
     PlaintextSummation,
     Summation,
     client_weight,
-    normalise_contribution,
-    open_round,
 )
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
@@ -38,22 +36,24 @@ from fedgl_secure.engine.evaluation import (
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
+from fedgl_secure.engine.round_pipeline import (
+    initial_parameters,
+    method_initial_parameters,
+    protect_contributions,
+    run_round_stages,
+)
 from fedgl_secure.engine.self_training import self_trained_graphs
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.method_registry import load, method_spec
 from fedgl_secure.methods import build_method, check_method_privacy, in_method_mechanism, prepare_clients
 from fedgl_secure.methods.base import (
-    EMBEDDINGS,
-    PREDICTIONS,
     Broadcast,
     method_model,
     method_stages,
-    stage_contribution,
-    stage_update,
 )
 from fedgl_secure.model.backbones import build_backbone
-from fedgl_secure.seeding import numpy_stream, torch_stream
+from fedgl_secure.seeding import numpy_stream
 
 if TYPE_CHECKING:
     from fedgl_secure.privacy.dp_round import FederationPrivacy
@@ -158,13 +158,6 @@ class RunResult:
         return asdict(self)
 
 
-def initial_parameters(config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
-    """W̄ of round 0, drawn from the run's "init" stream so every party can rebuild it."""
-    model = build_backbone(config.training, num_features, num_classes)
-    model.reset_parameters(torch_stream(config.seed, "init"))
-    return model.flat_parameters()
-
-
 def pseudo_label_accuracy(pseudo_labels: torch.Tensor, labels: torch.Tensor) -> tuple[int, float]:
     """How many nodes got a pseudo label and how many of those (with a true label) are right."""
     labelled = (pseudo_labels >= 0) & (labels.cpu() >= 0)
@@ -179,40 +172,6 @@ def pseudo_graph_homophily(pseudo_graph: PseudoGraph, labels: torch.Tensor) -> t
     keep = (pseudo_graph.weights > 0) & (labels[rows] >= 0) & (labels[pseudo_graph.neighbors] >= 0)
     same = labels[rows][keep] == labels[pseudo_graph.neighbors][keep]
     return int((pseudo_graph.weights > 0).sum()), ratio(int(same.sum()), int(keep.sum()))
-
-
-def method_initial_parameters(method, config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:
-    """W̄ of round 0 for ``method``'s model: :func:`initial_parameters` (the GCN) unless the method brings its
-    own model (``build_model``), which is then initialised from the same "init" stream."""
-    model = method.build_model(num_features, num_classes)
-    if model is None:
-        return initial_parameters(config, num_features, num_classes)
-    model.reset_parameters(torch_stream(config.seed, "init"))
-    return model.flat_parameters()
-
-
-def run_round_stages(
-    method,
-    trainers: list[LocalTrainer],
-    participants: list[int],
-    broadcast: Broadcast,
-    round_number: int,
-    summation: Summation,
-    weight_normaliser: float,
-) -> Broadcast:
-    """One round of ``method``: each of its stages in turn (one for most methods), the same participants in
-    each; every stage's uploads are ``ŵ_k·X_k`` (``w_max`` public, as a bank's), summed by ``summation``
-    under the round's number, and the stage's server update gives the broadcast the next stage starts from."""
-    for stage in method_stages(method):
-        # each client's terms go to the summation as soon as the client is done (a secure one encrypts them
-        # while the next client trains)
-        with open_round(summation, round_number, participants, reference=broadcast.weights) as round_sum:
-            for k in participants:
-                contribution = stage_contribution(method, stage, trainers[k], broadcast)
-                round_sum.add(k, normalise_contribution(contribution, weight_normaliser))
-            sums = round_sum.result()
-        broadcast = stage_update(method, stage, sums, round_number, broadcast)
-    return broadcast
 
 
 def run_experiment(
@@ -480,38 +439,3 @@ def _release_summation(summation: Summation) -> Summation:
             summation.policy, encrypt_workers=summation.encrypt_workers, banks=len(summation.roster.banks)
         )
     return summation
-
-
-def protect_contributions(
-    privacy: FederationPrivacy,
-    method,
-    trainers: list[LocalTrainer],
-    broadcast: Broadcast,
-    round_number: int,
-    contributions: dict[int, dict[str, torch.Tensor]],
-) -> dict[int, dict[str, torch.Tensor]]:
-    """Every contribution through its bank's DP step; banks that refuse (budget spent) are left out.
-
-    Under DP, P_k and H_k (``predictions``, ``embeddings`` of ``method.upload_kinds``) are computed here
-    with the public W̄ on the bank's own graph (their sensitivity assumes it), replacing any the
-    contribution carries; a contribution built with ``with_node_terms=False`` carries none, so each
-    bank runs one inference per round.
-    """
-    from fedgl_secure.privacy.dp_round import public_model_outputs
-
-    node_kinds = [kind for kind in method.upload_kinds if kind in (PREDICTIONS, EMBEDDINGS)]
-    protected = {}
-    for k, contribution in contributions.items():
-        trainer = trainers[k]
-        weight = client_weight(trainer.num_nodes)
-        stopped = privacy.banks[k].stopped_round is not None  # it will refuse: no outputs to compute
-        if privacy.recomputes_node_terms and not stopped and node_kinds:
-            # never on the pseudo graph: under DP-SGD (which trains on it) β > 0 was refused at set-up
-            output = public_model_outputs(trainer, broadcast.weights, trainer.own_adjacency())
-            merged = {**contribution, **method.node_terms(trainer, output, weight)}
-            order = [*method.upload_kinds, *(kind for kind in merged if kind not in method.upload_kinds)]
-            contribution = {kind: merged[kind] for kind in order if kind in merged}
-        released = privacy.protect(k, round_number, contribution, broadcast.weights, weight)
-        if released is not None:
-            protected[k] = released
-    return protected

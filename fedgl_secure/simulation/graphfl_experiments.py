@@ -45,6 +45,7 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig, build_config
 from fedgl_secure.engine.evaluation import ratio
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
+from fedgl_secure.engine.round_pipeline import method_initial_parameters, run_round_stages
 from fedgl_secure.engine.self_training import candidate_nodes, local_class_probabilities, most_confident_per_class
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
@@ -52,7 +53,7 @@ from fedgl_secure.methods.base import Broadcast
 from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.methods.graphfl import GraphFL
 from fedgl_secure.seeding import numpy_stream, torch_stream
-from fedgl_secure.simulation.experiment import method_initial_parameters, run_experiment, run_round_stages
+from fedgl_secure.simulation.experiment import run_experiment
 
 # GraphFL paper, Table 2 (new label domain, accuracy; #labels 2/6/10 per new class).
 PAPER_TABLE2 = MappingProxyType(
