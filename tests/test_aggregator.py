@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.crypto.ceremony_messages import Roster
@@ -27,9 +29,7 @@ from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy, Timeouts
 from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
-from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.bank_keys import PartialDecryptionWorker
-from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.wire import encodings
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -236,7 +236,7 @@ def test_a_setup_whose_rounds_could_never_decrypt_is_refused(small_he):
 
 
 def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
-    from fedgl_secure.services.pseudonyms import union_positions
+    from fedgl_secure.consortium.pseudonyms import union_positions
 
     key = b"p" * 32
     sets = [pseudonymise(key, range(0, 50)), pseudonymise(key, range(25, 80))]

@@ -238,11 +238,11 @@ def test_a_bank_records_the_hops_in_the_round_that_draws_them_and_never_draws_ke
 def test_a_bank_service_records_kept_hops_once_and_refuses_to_start_without_them(tmp_path):
     # services/bank.py's restore of GAP's hops: a file the ledger does not record yet (stopped between the two
     # writes) is recorded once; a ledger that records hops whose file is gone refuses to start
+    from fedgl_secure.consortium.kept_release import keep_release
     from fedgl_secure.log import get_logger
     from fedgl_secure.privacy.accounting import PrivacyLedger
     from fedgl_secure.privacy.dp_round import BankPrivacy
     from fedgl_secure.services.bank import LEDGER_FILE, METHOD_RELEASE_FILE, BankWorker
-    from fedgl_secure.services.kept_release import keep_release
 
     dataset = synthetic_consortium(seed=0, num_nodes=120, num_features=40, num_val=20, num_test=20)
     policy = load_policy(POLICY)

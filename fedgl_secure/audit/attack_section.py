@@ -390,8 +390,8 @@ def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, Gr
     holds. Raises ValueError naming the mismatch for a node file of another role or federation."""
     import torch
 
+    from fedgl_secure.consortium.config import NodeRole, load_node_config
     from fedgl_secure.services.bank import bank_graph, bank_graph_tensors
-    from fedgl_secure.services.config import NodeRole, load_node_config
 
     node, consortium = load_node_config(bank_config)
     if node.role is not NodeRole.BANK:

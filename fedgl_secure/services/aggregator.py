@@ -59,6 +59,18 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.consortium.aggregator_store import (
+    AggregatorStore,
+    Enrolment,
+    Withdrawal,
+    best_report,
+    pooled_test_metrics,
+    round_history,
+    validation_scores,
+)
+from fedgl_secure.consortium.config import BANK_SOURCES
+from fedgl_secure.consortium.decryption_board import DecryptionBoard
+from fedgl_secure.consortium.pseudonyms import union_positions
 from fedgl_secure.crypto import ckks, packing, residue_sum, residues
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import restore_sum, wire_reference
@@ -96,18 +108,6 @@ from fedgl_secure.privacy.consortium_prior import (
     starts_stage,
 )
 from fedgl_secure.privacy.dp_round import releases_labels_together
-from fedgl_secure.services.aggregator_store import (
-    AggregatorStore,
-    Enrolment,
-    Withdrawal,
-    best_report,
-    pooled_test_metrics,
-    round_history,
-    validation_scores,
-)
-from fedgl_secure.services.config import BANK_SOURCES
-from fedgl_secure.services.decryption_board import DecryptionBoard
-from fedgl_secure.services.pseudonyms import union_positions
 from fedgl_secure.simulation.experiment import method_initial_parameters
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import (

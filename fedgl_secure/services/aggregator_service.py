@@ -45,6 +45,10 @@ from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.pseudonyms import PSEUDONYM_PATTERN
+from fedgl_secure.consortium.retry import retry_until_ready
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.crypto.upload import RoundTicket
@@ -54,12 +58,8 @@ from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
-from fedgl_secure.services.aggregator_store import AggregatorStore
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
-from fedgl_secure.services.pseudonyms import PSEUDONYM_PATTERN
-from fedgl_secure.services.retry import retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import (
     Caller,
@@ -239,7 +239,7 @@ _TASK_ID = r"^[0-9a-f]{32}$"
 
 
 class DecryptionTaskView(_Schema):
-    """A partial-decryption task as a bank of its decrypting set sees it (``services/decryption_board.py``)."""
+    """A partial-decryption task as a bank of its decrypting set sees it (``consortium/decryption_board.py``)."""
 
     task_id: str = Field(pattern=_TASK_ID)
     round: int = Field(ge=1)
@@ -495,7 +495,7 @@ class AggregatorClient:
 
     Errors come back as the exceptions the coordinator raises in-process
     (:func:`http_conventions.raise_for_service_error`): a 409 is :class:`ProtocolConflict` with its code; an
-    unreachable aggregator or any other error is :class:`http_conventions.ServiceError` (status None when there was
+    unreachable aggregator or any other error is :class:`ServiceError` (status None when there was
     no answer); an answer that does not parse is :class:`encodings.WireError`. Every one is a
     :class:`~fedgl_secure.errors.FedGLError`.
     """

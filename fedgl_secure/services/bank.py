@@ -61,6 +61,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from fastapi import Depends, FastAPI
 from torch import nn
 
+from fedgl_secure.consortium.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.kept_release import SETTINGS, keep_release, take_back_release
+from fedgl_secure.consortium.pseudonyms import pseudonymise
+from fedgl_secure.consortium.retry import StopRequested, retry_until_ready
 from fedgl_secure.crypto import ckks, threshold
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
@@ -109,12 +113,8 @@ from fedgl_secure.services.bank_label_prior import (
     poll_round,
     save_staged_release,
 )
-from fedgl_secure.services.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
-from fedgl_secure.services.kept_release import SETTINGS, keep_release, take_back_release
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient, read_operator_secret
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
-from fedgl_secure.services.pseudonyms import pseudonymise
-from fedgl_secure.services.retry import StopRequested, retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import Caller, caller_identity, make_http_client
 from fedgl_secure.simulation.experiment import protect_contributions, resolve_device
@@ -965,7 +965,7 @@ def edge_release_settings(policy: Policy) -> dict:
 
 def save_prepared_graph(path: Path, graph: sp.spmatrix, settings: dict) -> None:
     """A bank's graph after its edge release (CSR arrays) and the settings it was made under, atomically
-    (:func:`~fedgl_secure.services.kept_release.keep_release`)."""
+    (:func:`~fedgl_secure.consortium.kept_release.keep_release`)."""
     graph = sp.csr_matrix(graph, dtype=np.float64)
     keep_release(
         path,
@@ -997,7 +997,7 @@ def load_prepared_graph(path: Path, settings: dict, num_nodes: int, log) -> sp.c
 
 def save_label_release(path: Path, release: LabelRelease, settings: dict) -> None:
     """A bank's label release (labels; the likelihood rows when the mechanism keeps them) and the ``[dp.labels]``
-    settings it was made under (:func:`~fedgl_secure.services.kept_release.keep_release`)."""
+    settings it was made under (:func:`~fedgl_secure.consortium.kept_release.keep_release`)."""
     arrays = {"labels": np.asarray(release.labels, dtype=np.int64)}
     if release.likelihood is not None:
         arrays["likelihood"] = np.asarray(release.likelihood, dtype=np.float64)

@@ -30,6 +30,8 @@ import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.consortium.kept_release import keep_release, take_back_release
+from fedgl_secure.consortium.retry import StopRequested
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.upload import Upload, finite_term, make_upload
@@ -49,8 +51,6 @@ from fedgl_secure.privacy.consortium_prior import (
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
 from fedgl_secure.privacy.secure_noise import RandomBytes
 from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
-from fedgl_secure.services.kept_release import keep_release, take_back_release
-from fedgl_secure.services.retry import StopRequested
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import stage_label
 
@@ -135,7 +135,7 @@ class LabelPriorParticipant:
 
     def run(self, stop: threading.Event) -> LabelRelease:
         """Take part in every label-prior round, releasing each stage when its prior is fitted; the complete
-        release. Raises :class:`~fedgl_secure.services.retry.StopRequested` when ``stop`` is set first."""
+        release. Raises :class:`~fedgl_secure.consortium.retry.StopRequested` when ``stop`` is set first."""
         while not self.release.complete:
             if stop.is_set():
                 raise StopRequested("stopped during the consortium label release")

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedgl_secure.consortium.config import PkiLayout
 from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
-from fedgl_secure.services.config import PkiLayout
 from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
 from fedgl_secure.wire import encodings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedgl_secure.consortium.config import NodeRole, load_node_config
 from fedgl_secure.errors import FedGLError
-from fedgl_secure.services.config import NodeRole, load_node_config
 
 
 def start_node(config_path: str | Path) -> None:

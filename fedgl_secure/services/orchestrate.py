@@ -24,10 +24,7 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from fedgl_secure.errors import ConfigError, FedGLError
-from fedgl_secure.methods import apply_in_method_policy
-from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services.config import (
+from fedgl_secure.consortium.config import (
     ConsortiumConfig,
     NodeEntry,
     NodeRole,
@@ -35,6 +32,9 @@ from fedgl_secure.services.config import (
     load_consortium,
     load_node_config,
 )
+from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.methods import apply_in_method_policy
+from fedgl_secure.policy.schema import load_policy
 
 if TYPE_CHECKING:
     from fedgl_secure.data.sources.bank_graph import BankData

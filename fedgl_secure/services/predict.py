@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
@@ -36,7 +37,6 @@ from fedgl_secure.services.bank import (
     load_final_model,
     save_final_model,
 )
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.services.pki import load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
 from fedgl_secure.simulation.experiment import resolve_device

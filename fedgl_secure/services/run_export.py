@@ -14,15 +14,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from fedgl_secure.engine.evaluation import ratio
-from fedgl_secure.errors import ConfigError
-from fedgl_secure.services.aggregator_store import (
+from fedgl_secure.consortium.aggregator_store import (
     best_report,
     pooled_test_metrics,
     round_history,
     validation_scores,
 )
-from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
+from fedgl_secure.consortium.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
+from fedgl_secure.engine.evaluation import ratio
+from fedgl_secure.errors import ConfigError
 
 
 def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
@@ -82,11 +82,11 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
 
 def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: str | Path) -> Path:
     """Write the run directory of a consortium whose node processes have all stopped; returns its path."""
+    from fedgl_secure.consortium.aggregator_store import AggregatorStore
     from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
     from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
     from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.services.aggregator_store import AggregatorStore
     from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
     from fedgl_secure.services.pki import load_signing_public_keys
     from fedgl_secure.wire.run_record import MODEL_FILE, SecureRecord, write_run_dir
