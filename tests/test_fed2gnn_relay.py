@@ -37,7 +37,8 @@ from fedgl_secure.methods.fed2gnn_relay import (
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.services import http_conventions, tls
 from fedgl_secure.services.aggregator import Coordinator
-from fedgl_secure.services.aggregator_service import AggregatorClient, create_app
+from fedgl_secure.services.aggregator_client import AggregatorClient
+from fedgl_secure.services.aggregator_service import create_app
 from fedgl_secure.wire import encodings
 
 FEDERATION = "relay-test"

@@ -21,7 +21,7 @@ Under a policy with DP the bank applies it exactly as the simulation does
 (:mod:`fedgl_secure.privacy.dp_round`), before encryption: its graph is prepared once (edge DP,
 degree bound) and its training and validation labels released once (label DP: randomised response, or
 RRWithPrior in stages with the bank's own prior, or with the prior all banks fit together in the aggregator's
-label-prior rounds, ``prior = "consortium-sgc"``: :mod:`~fedgl_secure.services.bank_label_prior`), both
+label-prior rounds, ``prior = "consortium-sgc"``: :mod:`~fedgl_secure.consortium.bank_label_prior`), both
 before round 1 and kept in its state directory (``privacy-graph.npz``, ``privacy-labels.npz``) so that a
 restart reuses them instead of drawing (and paying for) them again; each contribution goes through
 its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` step (P/H with the public W̄, clipping, its
@@ -61,6 +61,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from fastapi import Depends, FastAPI
 from torch import nn
 
+from fedgl_secure.consortium.aggregator_port import AggregatorPort, RoundResponse, Served, ticket_for
+from fedgl_secure.consortium.bank_label_prior import (
+    STAGED_LABELS_FILE,
+    LabelPriorParticipant,
+    load_staged_release,
+    poll_round,
+    save_staged_release,
+)
 from fedgl_secure.consortium.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.consortium.kept_release import SETTINGS, keep_release, take_back_release
 from fedgl_secure.consortium.pseudonyms import pseudonymise
@@ -104,15 +112,8 @@ from fedgl_secure.services.aggregator import (
     FINAL_GRACE_SECONDS,
     ProtocolConflict,
 )
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, Served, ticket_for
+from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share
-from fedgl_secure.services.bank_label_prior import (
-    STAGED_LABELS_FILE,
-    LabelPriorParticipant,
-    load_staged_release,
-    poll_round,
-    save_staged_release,
-)
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient, read_operator_secret
 from fedgl_secure.services.pki import load_pseudonym_key, load_signing_key, load_signing_public_keys
 from fedgl_secure.services.runtime import serve_with_worker
@@ -194,7 +195,7 @@ class BankWorker:
         client_index: int,
         config: ExperimentConfig,
         graph: GraphDataset,
-        aggregator: AggregatorClient,
+        aggregator: AggregatorPort,
         public_context: bytes,
         policy: Policy,
         signing_key: Ed25519PrivateKey,
@@ -334,7 +335,7 @@ class BankWorker:
         return labels
 
     def _release_together(self, stop: threading.Event, graph: GraphTensors, adjacency: sp.spmatrix) -> np.ndarray:
-        """The labels released with the consortium prior (:mod:`~fedgl_secure.services.bank_label_prior`): the
+        """The labels released with the consortium prior (:mod:`~fedgl_secure.consortium.bank_label_prior`): the
         release in progress is drawn (stage 1) or taken back from disk, recorded in the ledger once (before any
         upload reads it), completed in the aggregator's label-prior rounds and kept as ``privacy-labels.npz``."""
         staged_path = self.state_dir / STAGED_LABELS_FILE

@@ -36,7 +36,7 @@ from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.errors import CryptoError, DecryptionRefused, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.policy.he import HEParameters
-from fedgl_secure.services.aggregator_service import AggregatorClient
+from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 
 KEY_SHARE_FILE = "key_share.sealed"

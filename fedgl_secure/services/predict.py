@@ -28,7 +28,7 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import method_model
-from fedgl_secure.services.aggregator_service import AggregatorClient
+from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.bank import (
     bank_graph,
     bank_graph_tensors,

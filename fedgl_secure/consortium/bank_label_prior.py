@@ -30,6 +30,7 @@ import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.consortium.aggregator_port import AggregatorPort, RoundResponse, ticket_for
 from fedgl_secure.consortium.kept_release import keep_release, take_back_release
 from fedgl_secure.consortium.retry import StopRequested
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
@@ -50,7 +51,6 @@ from fedgl_secure.privacy.consortium_prior import (
 )
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
 from fedgl_secure.privacy.secure_noise import RandomBytes
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import stage_label
 
@@ -85,7 +85,7 @@ def load_staged_release(
 
 
 def poll_round(
-    aggregator: AggregatorClient, log, stop: threading.Event, poll_seconds: float, event: str
+    aggregator: AggregatorPort, log, stop: threading.Event, poll_seconds: float, event: str
 ) -> RoundResponse | None:
     """The aggregator's current round, or None (logged as ``event``, after a pause) when it cannot be had: a
     ProtocolConflict, or an unreachable (restarting) aggregator."""
@@ -105,7 +105,7 @@ class LabelPriorParticipant:
         *,
         name: str,
         federation: str,
-        aggregator: AggregatorClient,
+        aggregator: AggregatorPort,
         context: ts.Context,
         fingerprint: str,
         policy: Policy,
