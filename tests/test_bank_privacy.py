@@ -15,6 +15,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.consortium.aggregator_port import IndexView, RoundResponse, Served
+from fedgl_secure.consortium.setup_checks import check_consortium_can_run
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import centre_term, wire_reference
@@ -34,7 +35,6 @@ from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.release_schedule import planned_ledger
 from fedgl_secure.privacy.secure_noise import clip_vector
 from fedgl_secure.services import bank as bank_module
-from fedgl_secure.services.aggregator import check_consortium_can_run
 from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
 from fedgl_secure.simulation.experiment import initial_parameters, run_experiment
 from fedgl_secure.wire.broadcast import encode_broadcast, model_label

@@ -1,7 +1,7 @@
 """A bank's part in the consortium label release (``[dp.labels] prior = "consortium-sgc"``), before round 1.
 
 The library is :mod:`~fedgl_secure.privacy.consortium_prior`; this is its bank-side shell over the aggregator's
-label-prior rounds (:meth:`~fedgl_secure.services.aggregator.Coordinator._fit_label_prior`):
+label-prior rounds (:meth:`~fedgl_secure.consortium.label_prior_rounds.LabelPriorRounds.fit`):
 
 1. The bank draws stage 1 of its release (randomised response on its validation labels under
    ``validation-first``), keeps the release in progress in its state directory (:data:`STAGED_LABELS_FILE`),

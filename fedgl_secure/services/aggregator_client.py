@@ -11,10 +11,10 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from fedgl_secure.consortium.aggregator_port import IndexView, RoundResponse, Served
+from fedgl_secure.consortium.participant_choice import BUDGET_EXHAUSTED
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED
 from fedgl_secure.services.aggregator_service import (
     BROADCAST_SIGNATURE_HEADER,
     RECEIPT_HEADER,

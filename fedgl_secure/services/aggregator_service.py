@@ -1,4 +1,4 @@
-"""The aggregator's HTTP service: a thin shell over :class:`~fedgl_secure.services.aggregator.Coordinator`.
+"""The aggregator's HTTP service: a thin shell over :class:`~fedgl_secure.consortium.coordinator.Coordinator`.
 
 Endpoints (mTLS; the caller's role comes from its certificate):
 
@@ -47,16 +47,17 @@ from starlette.concurrency import run_in_threadpool
 from fedgl_secure.consortium.aggregator_port import RoundResponse
 from fedgl_secure.consortium.aggregator_store import AggregatorStore
 from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.coordinator import Coordinator
 from fedgl_secure.consortium.pseudonyms import PSEUDONYM_PATTERN
 from fedgl_secure.consortium.retry import retry_until_ready
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.engine.score_histograms import NUM_BINS
+from fedgl_secure.errors import ProtocolConflict
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
 from fedgl_secure.services.runtime import serve_with_worker

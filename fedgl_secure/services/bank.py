@@ -70,7 +70,9 @@ from fedgl_secure.consortium.bank_label_prior import (
     save_staged_release,
 )
 from fedgl_secure.consortium.config import BANK_SOURCES, ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.coordinator import FINAL_GRACE_SECONDS
 from fedgl_secure.consortium.kept_release import SETTINGS, keep_release, take_back_release
+from fedgl_secure.consortium.participant_choice import BUDGET_EXHAUSTED
 from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.consortium.retry import StopRequested, retry_until_ready
 from fedgl_secure.crypto import ckks, threshold
@@ -91,7 +93,7 @@ from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors, accuracy
 from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
-from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError
+from fedgl_secure.errors import CiphertextError, ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import write_arrays_atomically, write_atomically
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods import apply_in_method_policy, build_method, in_method_mechanism
@@ -107,11 +109,6 @@ from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
 from fedgl_secure.privacy.release_schedule import setup_releases
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator import (
-    BUDGET_EXHAUSTED,
-    FINAL_GRACE_SECONDS,
-    ProtocolConflict,
-)
 from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.bank_keys import PartialDecryptionWorker, ensure_key_share
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient, read_operator_secret
