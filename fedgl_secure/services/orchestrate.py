@@ -189,7 +189,7 @@ def consortium_bank_graphs(consortium_path: str | Path) -> tuple[ConsortiumConfi
     """Every bank's graph, read as each bank node reads it (its own tables, or its benchmark slice), in
     the consortium's bank order: the in-process simulation of the same consortium
     (``fedgl-secure simulate --consortium``) and the consortium itself start from the same data."""
-    from fedgl_secure.services.bank import bank_graph  # torch and the data readers: only when needed
+    from fedgl_secure.consortium.bank_data import bank_graph  # torch and the data readers: only when needed
 
     consortium = load_consortium(consortium_path)
     configs = node_config_paths(Path(consortium_path), consortium.banks)

@@ -83,11 +83,11 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
 def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: str | Path) -> Path:
     """Write the run directory of a consortium whose node processes have all stopped; returns its path."""
     from fedgl_secure.consortium.aggregator_store import AggregatorStore
+    from fedgl_secure.consortium.bank_state import LEDGER_FILE as BANK_LEDGER_FILE
     from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
     from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
     from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
     from fedgl_secure.services.pki import load_signing_public_keys
     from fedgl_secure.wire.run_record import MODEL_FILE, SecureRecord, write_run_dir
 
