@@ -23,8 +23,8 @@ its ledger's path, the releases a method makes inside the bank (the class sums, 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -68,21 +68,10 @@ from fedgl_secure.privacy.release_schedule import setup_releases
 from fedgl_secure.seeding import numpy_stream
 from fedgl_secure.simulation.experiment import protect_contributions
 
-
-class LabelPriorLink(Protocol):
-    """This bank in the aggregator's label-prior rounds, for its release in progress and what it is made from
-    (the bank's round client knows the aggregator and the bank's keys)."""
-
-    def __call__(
-        self,
-        *,
-        release: StagedRelease,
-        release_path: Path,
-        settings: dict,
-        adjacency: sp.spmatrix,
-        features: sp.spmatrix | np.ndarray,
-        num_classes: int,
-    ) -> LabelPriorParticipant: ...
+LabelPriorLink = Callable[..., LabelPriorParticipant]
+"""This bank in the aggregator's label-prior rounds, given the keyword arguments of its release in progress and what
+it is made from (``release``, ``release_path``, ``settings``, ``adjacency``, ``features``, ``num_classes``): the
+bank's round client knows the aggregator and the bank's keys (``BankWorker._label_prior_participant``)."""
 
 
 class BankReleases:

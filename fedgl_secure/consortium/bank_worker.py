@@ -217,7 +217,7 @@ class BankWorker:
 
     def _label_prior_participant(self, **release) -> LabelPriorParticipant:
         """This bank in the aggregator's label-prior rounds, for ``release`` (its label release in progress and what
-        it is made from: :class:`~fedgl_secure.consortium.bank_releases.LabelPriorLink`)."""
+        it is made from: :data:`~fedgl_secure.consortium.bank_releases.LabelPriorLink`)."""
         return LabelPriorParticipant(
             name=self.name,
             federation=self.federation,
