@@ -36,9 +36,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.data.bank_synth import bank_name, synthesize_banks, synthetic_bank_schema
 from fedgl_secure.policy.he import HEParameters
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, stop_processes
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import schemathesis
 
-from fedgl_secure.services.config import PkiLayout, load_consortium
+from fedgl_secure.consortium.config import PkiLayout, load_consortium
 from fedgl_secure.services.fuzzing import FuzzRun, run_schemathesis
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import NodeProcess, start_node_process, stop_processes

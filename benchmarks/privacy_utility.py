@@ -332,7 +332,7 @@ def consortium_banks(path: Path) -> tuple[dict, list]:
     """``--consortium``: the consortium file's ``[experiment]`` (as config values) and its banks' own graphs, read
     as each bank node reads them; a demo consortium's synthetic tables (``[generate]``, the bank-like benchmark)
     are written first if missing."""
-    from fedgl_secure.services.config import load_consortium
+    from fedgl_secure.consortium.config import load_consortium
     from fedgl_secure.services.orchestrate import consortium_bank_graphs, ensure_generated_bank_data
 
     ensure_generated_bank_data(load_consortium(path), echo=lambda line: print(line, file=sys.stderr))

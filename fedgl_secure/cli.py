@@ -455,7 +455,7 @@ def provision(
 
     Never replaces a file: run it again after adding a node and only that node's files are created.
     """
-    from fedgl_secure.services.config import load_consortium
+    from fedgl_secure.consortium.config import load_consortium
     from fedgl_secure.services.pki import provision as provision_pki
 
     try:

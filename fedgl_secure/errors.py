@@ -65,6 +65,18 @@ class ProtocolConflict(FedGLError):
         self.detail = detail
 
 
+class ServiceError(FedGLError):
+    """A service answered with an error that has no more specific exception on this side."""
+
+    def __init__(self, status: int | None, error: str, detail: str, url: str = "") -> None:
+        where = f" from {url}" if url else ""
+        status_text = f"HTTP {status}" if status is not None else "no response"
+        super().__init__(f"{status_text}{where} ({error}): {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
 class DataSourceError(FedGLError):
     """A bank's tables are missing, unreadable, or do not match the consortium's schema.
 

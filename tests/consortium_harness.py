@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fedgl_secure.consortium.config import NodeRole, PkiLayout, load_consortium
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.bank_keys import ensure_key_share
-from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import NodeProcess, consortium_up, start_node_process, stop_processes

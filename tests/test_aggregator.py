@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.coordinator import Coordinator
+from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.crypto.ceremony_messages import Roster
@@ -23,13 +26,10 @@ from fedgl_secure.crypto.key_authority import AGGREGATOR, KeyAuthority
 from fedgl_secure.crypto.secure_summation import local_key_ceremony
 from fedgl_secure.crypto.upload import RoundTicket, make_upload
 from fedgl_secure.engine.config import build_config
-from fedgl_secure.errors import CiphertextError, ContextError, ReceiptError
+from fedgl_secure.errors import CiphertextError, ContextError, ProtocolConflict, ReceiptError
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import Policy, Timeouts
-from fedgl_secure.services.aggregator import Coordinator, ProtocolConflict
-from fedgl_secure.services.aggregator_store import AggregatorStore
 from fedgl_secure.services.bank_keys import PartialDecryptionWorker
-from fedgl_secure.services.pseudonyms import pseudonymise
 from fedgl_secure.wire import encodings
 
 BANKS = ("bank-a", "bank-b", "bank-c")
@@ -217,8 +217,8 @@ def _resigned(upload, chunks, key):
 
 
 def test_a_setup_whose_rounds_could_never_decrypt_is_refused(small_he):
+    from fedgl_secure.consortium.setup_checks import check_consortium_can_run
     from fedgl_secure.errors import ConfigError
-    from fedgl_secure.services.aggregator import check_consortium_can_run
 
     config = build_config({"dataset": "synthetic", "federation": {"proportions": [0.5, 0.5, 0.5]}})
     with pytest.raises(ConfigError, match="allowed_kinds"):
@@ -236,7 +236,7 @@ def test_a_setup_whose_rounds_could_never_decrypt_is_refused(small_he):
 
 
 def test_union_positions_are_a_secret_permutation_shared_by_every_holder():
-    from fedgl_secure.services.pseudonyms import union_positions
+    from fedgl_secure.consortium.pseudonyms import union_positions
 
     key = b"p" * 32
     sets = [pseudonymise(key, range(0, 50)), pseudonymise(key, range(25, 80))]
@@ -484,7 +484,7 @@ def _weights(coordinator, data):
 
     size, _ = coordinator.index_for("bank-a")
     neighbors = coordinator.config.self_supervision.neighbors
-    return decode_broadcast(0, data, coordinator._num_parameters, size, neighbors).weights
+    return decode_broadcast(0, data, coordinator.enrolment.num_parameters, size, neighbors).weights
 
 
 @contextlib.contextmanager
@@ -689,7 +689,7 @@ def test_a_restart_after_a_fitted_label_prior_round_keeps_it_fitted(setup):
     # Killed right after closing a label-prior round as fitted (its θ̄ published, banks may release from it), the
     # aggregator used to retire that last round as "abandoned" on restart while still counting it as a fitted step:
     # a fresh-clone CI run of the label consortium test ended with 19 fitted rows for 20 steps.
-    from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
+    from fedgl_secure.consortium.label_prior_rounds import PRIOR_BASE_VERSION, PRIOR_FITTED
 
     coordinator, *_ = setup
     for offset, bank in enumerate(BANKS):  # the union index, as before any round

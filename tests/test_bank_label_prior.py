@@ -1,4 +1,4 @@
-"""A bank's side of the consortium label prior (``services/bank_label_prior.py``) where it must stop, in-process
+"""A bank's side of the consortium label prior (``consortium/bank_label_prior.py``) where it must stop, in-process
 against a scripted aggregator; the whole protocol over real processes is ``test_consortium_label_dp.py``."""
 
 from __future__ import annotations
@@ -10,17 +10,16 @@ import pytest
 import scipy.sparse as sp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedgl_secure.consortium.aggregator_port import RoundResponse, Served
+from fedgl_secure.consortium.bank_label_prior import LabelPriorParticipant
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
-from fedgl_secure.errors import ConfigError
+from fedgl_secure.errors import ConfigError, ServiceError
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.log import get_logger
 from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE, prior_size
 from fedgl_secure.privacy.label_release import StagedRelease
-from fedgl_secure.services.aggregator_service import RoundResponse, Served
-from fedgl_secure.services.bank_label_prior import LabelPriorParticipant
-from fedgl_secure.services.http_conventions import ServiceError
 from fedgl_secure.wire.broadcast import stage_label
 from fedgl_secure.wire.encodings import encode_arrays
 

@@ -12,6 +12,15 @@ import scipy.sparse as sp
 import test_bank_privacy
 from test_bank_privacy import CONFIG, run_worker, seeded_bytes
 
+from fedgl_secure.consortium.bank_label_prior import STAGED_LABELS_FILE, load_staged_release, save_staged_release
+from fedgl_secure.consortium.bank_state import (
+    LABEL_RELEASE_FILE,
+    LEDGER_FILE,
+    PREPARED_GRAPH_FILE,
+    RELEASE_FIELDS,
+    release_settings,
+)
+from fedgl_secure.consortium.setup_checks import check_consortium_can_run
 from fedgl_secure.crypto.centring import centre_term
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.engine.config import build_config
@@ -21,15 +30,6 @@ from fedgl_secure.policy.schema import policy_from_dict
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
 from fedgl_secure.privacy.dp_round import FederationPrivacy
 from fedgl_secure.privacy.label_release import StagedRelease
-from fedgl_secure.services.aggregator import check_consortium_can_run
-from fedgl_secure.services.bank import (
-    LABEL_RELEASE_FILE,
-    LEDGER_FILE,
-    PREPARED_GRAPH_FILE,
-    RELEASE_FIELDS,
-    release_settings,
-)
-from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE, load_staged_release, save_staged_release
 from fedgl_secure.simulation.experiment import run_experiment
 
 world = test_bank_privacy.world  # its fixture: the synthetic federation and bank-a's scripted rounds

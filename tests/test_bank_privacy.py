@@ -14,6 +14,12 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedgl_secure.consortium import bank_uploads
+from fedgl_secure.consortium.aggregator_port import IndexView, RoundResponse, Served
+from fedgl_secure.consortium.bank_releases import BankReleases
+from fedgl_secure.consortium.bank_state import LEDGER_FILE
+from fedgl_secure.consortium.bank_worker import BankWorker
+from fedgl_secure.consortium.setup_checks import check_consortium_can_run
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import centre_term, wire_reference
@@ -33,10 +39,6 @@ from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.release_schedule import planned_ledger
 from fedgl_secure.privacy.secure_noise import clip_vector
-from fedgl_secure.services import bank as bank_module
-from fedgl_secure.services.aggregator import check_consortium_can_run
-from fedgl_secure.services.aggregator_service import IndexView, RoundResponse, Served
-from fedgl_secure.services.bank import LEDGER_FILE, BankWorker
 from fedgl_secure.simulation.experiment import run_experiment
 from fedgl_secure.wire.broadcast import encode_broadcast, model_label
 
@@ -175,7 +177,7 @@ def run_worker(
         encrypted.append((ticket.round, ticket.nonce, kind, np.array(values, dtype=np.float64)))
         return SimpleNamespace(kind=kind, chunks=[], receipt=None, wire_bytes=0)
 
-    monkeypatch.setattr(bank_module, "make_upload", record)
+    monkeypatch.setattr(bank_uploads, "make_upload", record)
     aggregator = ScriptedAggregator(
         config,
         world.index,
@@ -215,13 +217,13 @@ def test_the_bank_releases_exactly_what_the_simulation_releases(world, small_he,
 def released_weights_and_plain(world, policy, tmp_path, monkeypatch):
     """One round of bank-a: the weights it would encrypt, and its contribution and W̄ before the DP step."""
     plain = {}
-    original = bank_module.BankWorker._release
+    original = BankReleases.release
 
     def spy(self, session, view, broadcast, contribution):
         plain.update(contribution=dict(contribution), reference=broadcast.weights.double().numpy())
         return original(self, session, view, broadcast, contribution)
 
-    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
+    monkeypatch.setattr(BankReleases, "release", spy)
     _, encrypted = run_worker(world, policy, tmp_path, [(1, "n1")], monkeypatch)
     return {kind: values for _, _, kind, values in encrypted}["weights"], plain
 
@@ -309,7 +311,7 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
     worker, encrypted = run_worker(world, policy, tmp_path, [(2, "n3"), (3, "n4"), (4, "n5")], monkeypatch)
     assert sorted({r for r, *_ in encrypted}) == [2]
     assert worker.rounds_done == [2]
-    assert worker.bank_privacy.stopped_round == 3
+    assert worker.releases.bank_privacy.stopped_round == 3
     assert worker.withdrawn and worker.aggregator.withdrawals == [(3, "privacy-budget-exhausted")]  # told once
     spent = PrivacyLedger.load(ledger_path).epsilon(1e-5)
     assert spent == pytest.approx(planned_ledger(policy, 2).epsilon(1e-5)) and spent <= budget
@@ -317,25 +319,25 @@ def test_the_ledger_survives_a_restart_and_the_bank_stops_at_its_budget(world, s
     # restarted again: still nothing more to release, and the ledger is unchanged
     after_two = json.loads(ledger_path.read_text())
     worker, encrypted = run_worker(world, policy, tmp_path, [(5, "n6")], monkeypatch)
-    assert encrypted == [] and worker.bank_privacy.stopped_round == 5
+    assert encrypted == [] and worker.releases.bank_privacy.stopped_round == 5
     assert worker.aggregator.withdrawals == [(5, "privacy-budget-exhausted")]  # withdraws again (idempotent there)
     assert json.loads(ledger_path.read_text()) == after_two
 
 
 def test_without_dp_the_bank_uploads_its_contribution_over_the_public_w_max(world, small_policy, tmp_path, monkeypatch):
     contributions, references = [], []
-    original = bank_module.BankWorker._release
+    original = BankReleases.release
 
     def spy(self, session, view, broadcast, contribution):
         contributions.append({k: v.detach().double().numpy().reshape(-1) for k, v in contribution.items()})
         references.append(broadcast.weights.double().numpy())
         return original(self, session, view, broadcast, contribution)
 
-    monkeypatch.setattr(bank_module.BankWorker, "_release", spy)
+    monkeypatch.setattr(BankReleases, "release", spy)
     worker, encrypted = run_worker(world, small_policy, tmp_path, [(1, "n1")], monkeypatch)
-    assert worker.privacy is None and not (tmp_path / LEDGER_FILE).exists()
+    assert worker.releases.privacy is None and not (tmp_path / LEDGER_FILE).exists()
     w_max = max(client.num_nodes for client in world.clients)  # what the union index told the bank
-    assert worker.privacy_normaliser == w_max
+    assert worker.releases.privacy_normaliser == w_max
     assert {kind for _, _, kind, _ in encrypted} == set(contributions[0])
     for _, _, kind, values in encrypted:
         expected = centre_term(kind, contributions[0][kind] / w_max, references[0])  # weights centred on W̄
@@ -370,15 +372,15 @@ def test_the_consortium_runs_central_noise_and_refuses_plaintext(small_he):
 
 
 def test_a_large_upload_is_encrypted_on_the_banks_pool_and_decrypts_to_its_terms(world, small_policy, small_context):
-    worker = bank_a(world, small_policy, None)  # _encrypt_kinds only encrypts and signs; nothing is sent
-    worker.encryption.min_chunks = 0  # this small upload on the workers too
+    worker = bank_a(world, small_policy, None)  # encrypt_kinds only encrypts and signs; nothing is sent
+    worker.uploads.encryption.min_chunks = 0  # this small upload on the workers too
     generator = torch.Generator().manual_seed(3)
     contribution = {kind: torch.rand(shape, generator=generator) for kind, shape in world.shapes.items()}
     reference = torch.rand(contribution["weights"].numel() - 1, generator=generator)
     ticket = RoundTicket("fed", 1, "ab" * 16, tuple(BANKS), ckks.fingerprint(world.public), small_policy.digest)
     try:
-        uploads = list(worker._encrypt_kinds(ticket, contribution, reference))
-        assert worker.encryption.started or worker.encryption.workers == 1
+        uploads = list(worker.uploads.encrypt_kinds(ticket, contribution, reference))
+        assert worker.uploads.encryption.started or worker.uploads.encryption.workers == 1
     finally:
         worker.close()
     assert sorted(upload.kind for upload in uploads) == sorted(contribution)

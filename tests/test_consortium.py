@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
 
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.crypto.receipts import ReceiptFields, c1_digest, ciphertext_digest, sign_receipt
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.errors import DecryptionRefused
 from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_key
 from fedgl_secure.simulation.experiment import run_experiment

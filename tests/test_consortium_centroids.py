@@ -9,13 +9,14 @@ import pytest
 from consortium_harness import BANKS, UNPACKED_HE, run_consortium_to_the_end, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.consortium.bank_data import consortium_slices
+from fedgl_secure.consortium.bank_state import LEDGER_FILE
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.methods import apply_in_method_policy
 from fedgl_secure.methods.centroids import centroids_releases
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.calibration import noise_std
-from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow

@@ -14,17 +14,18 @@ import torch
 from consortium_harness import BANKS, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.bank_data import consortium_slices
+from fedgl_secure.consortium.bank_label_prior import STAGED_LABELS_FILE
+from fedgl_secure.consortium.bank_state import LABEL_RELEASE_FILE, LEDGER_FILE, bank_graph_tensors
+from fedgl_secure.consortium.config import load_consortium
+from fedgl_secure.consortium.label_prior_rounds import PRIOR_BASE_VERSION, PRIOR_FITTED
 from fedgl_secure.crypto.secure_summation import QuantisedSummation
 from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.privacy import consortium_prior, label_mechanisms, label_release
 from fedgl_secure.privacy.accounting import LABELS, PrivacyLedger, PureRelease
-from fedgl_secure.services.aggregator import PRIOR_BASE_VERSION, PRIOR_FITTED
-from fedgl_secure.services.aggregator_store import AggregatorStore
-from fedgl_secure.services.bank import LABEL_RELEASE_FILE, LEDGER_FILE, bank_graph_tensors, consortium_slices
-from fedgl_secure.services.bank_label_prior import STAGED_LABELS_FILE
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.run_export import collect_consortium_run
 from fedgl_secure.wire.encodings import decode_arrays
 

@@ -15,15 +15,16 @@ import torch
 from consortium_harness import BANKS, NODE_SECRETS, SMALL_HE, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.bank_data import consortium_slices
+from fedgl_secure.consortium.bank_state import LEDGER_FILE
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.data.global_index import GlobalIndex
 from fedgl_secure.engine.aggregation import PlaintextSummation
 from fedgl_secure.policy.schema import load_policy, policy_from_dict
 from fedgl_secure.privacy.accounting import PrivacyLedger
 from fedgl_secure.privacy.dp_round import FederationPrivacy, noise_std
 from fedgl_secure.privacy.release_schedule import planned_ledger
-from fedgl_secure.services.aggregator_store import AggregatorStore
-from fedgl_secure.services.bank import LEDGER_FILE, consortium_slices
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.orchestrate import consortium_up
 from fedgl_secure.services.run_export import collect_consortium_run
 from fedgl_secure.simulation.experiment import run_experiment

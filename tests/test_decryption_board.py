@@ -1,4 +1,4 @@
-"""services/decryption_board.DecryptionBoard: how the aggregator gathers t banks' partial decryptions of a sum.
+"""consortium/decryption_board.DecryptionBoard: how the aggregator gathers t banks' partial decryptions of a sum.
 
 Threads play the banks: each polls ``pending_for`` as a bank's PartialDecryptionWorker polls the aggregator, and
 answers with a partial, a refusal, or nothing. The board checks only the partials' shape (the Lagrange factors and
@@ -14,9 +14,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from fedgl_secure.consortium.decryption_board import DecryptionBoard, DecryptionTask, DecryptionUnavailable
 from fedgl_secure.crypto.residues import RingLevel
 from fedgl_secure.errors import DecryptionRefused, ProtocolConflict
-from fedgl_secure.services.decryption_board import DecryptionBoard, DecryptionTask, DecryptionUnavailable
 
 LEVEL = RingLevel(parms_id=(1, 2, 3, 4), moduli=(97, 101), degree=8)
 CHUNKS = 2

@@ -409,8 +409,8 @@ def test_reproduce_command_refuses_bad_client_counts():
 def test_consortium_services_run_fed2gnn_on_louvain_slices_only():
     from pathlib import Path
 
+    from fedgl_secure.consortium.setup_checks import check_consortium_can_run
     from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.services.aggregator import check_consortium_can_run
 
     policy = load_policy(Path(__file__).parent.parent / "policies" / "baseline.toml")
     louvain = {"partition": "louvain", "num_clients": 3}

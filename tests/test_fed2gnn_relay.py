@@ -15,6 +15,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 from test_fed2gnn import _banks
 
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.config import NodeRole
+from fedgl_secure.consortium.coordinator import Coordinator
+from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.crypto import pairwise_masks
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import KeyAuthority
@@ -33,11 +37,8 @@ from fedgl_secure.methods.fed2gnn_relay import (
 )
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.services import http_conventions, tls
-from fedgl_secure.services.aggregator import Coordinator
-from fedgl_secure.services.aggregator_service import AggregatorClient, create_app
-from fedgl_secure.services.aggregator_store import AggregatorStore
-from fedgl_secure.services.config import NodeRole
-from fedgl_secure.services.pseudonyms import pseudonymise
+from fedgl_secure.services.aggregator_client import AggregatorClient
+from fedgl_secure.services.aggregator_service import create_app
 from fedgl_secure.wire import encodings
 
 FEDERATION = "relay-test"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedgl_secure.services.bank import FINAL_META_FILE, FINAL_MODEL_FILE, load_final_model, save_final_model
+from fedgl_secure.consortium.bank_state import FINAL_META_FILE, FINAL_MODEL_FILE, load_final_model, save_final_model
 
 
 def test_a_saved_final_model_is_read_back_only_when_intact(tmp_path):

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from consortium_harness import write_consortium
 
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.fuzzing import run_schemathesis
 from fedgl_secure.services.orchestrate import NodeProcess, stop_processes
 from fedgl_secure.services.tls import make_http_client

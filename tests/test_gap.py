@@ -236,13 +236,14 @@ def test_a_bank_records_the_hops_in_the_round_that_draws_them_and_never_draws_ke
 
 
 def test_a_bank_service_records_kept_hops_once_and_refuses_to_start_without_them(tmp_path):
-    # services/bank.py's restore of GAP's hops: a file the ledger does not record yet (stopped between the two
-    # writes) is recorded once; a ledger that records hops whose file is gone refuses to start
+    # a bank's restore of GAP's hops (consortium/bank_releases.py): a file the ledger does not record yet (stopped
+    # between the two writes) is recorded once; a ledger that records hops whose file is gone refuses to start
+    from fedgl_secure.consortium.bank_releases import BankReleases
+    from fedgl_secure.consortium.bank_state import LEDGER_FILE, METHOD_RELEASE_FILE
+    from fedgl_secure.consortium.kept_release import keep_release
     from fedgl_secure.log import get_logger
     from fedgl_secure.privacy.accounting import PrivacyLedger
     from fedgl_secure.privacy.dp_round import BankPrivacy
-    from fedgl_secure.services.bank import LEDGER_FILE, METHOD_RELEASE_FILE, BankWorker
-    from fedgl_secure.services.kept_release import keep_release
 
     dataset = synthetic_consortium(seed=0, num_nodes=120, num_features=40, num_val=20, num_test=20)
     policy = load_policy(POLICY)
@@ -253,14 +254,20 @@ def test_a_bank_service_records_kept_hops_once_and_refuses_to_start_without_them
     hops = np.random.default_rng(0).random((dataset.num_nodes, 3 * config.gap.encoder_dim)).astype(np.float32)
     keep_release(tmp_path / METHOD_RELEASE_FILE, method.kept_release_settings(), round=np.array(7), hops=hops)
 
-    worker = object.__new__(BankWorker)  # only what the restore reads: method, config, privacy, state dir, log
-    worker.method, worker.config, worker.client_index, worker.state_dir = method, config, 0, tmp_path
-    worker.ledger_path, worker.log = tmp_path / LEDGER_FILE, get_logger(node="bank-a", role="bank")
-    worker.privacy = FederationPrivacy(policy)
+    worker = BankReleases(
+        name="bank-a",
+        client_index=0,
+        config=config,
+        policy=policy,
+        method=method,
+        state_dir=tmp_path,
+        random_bytes=None,
+        log=get_logger(node="bank-a", role="bank"),
+    )
     channels = (gap.ENCODER, gap.AGGREGATION, gap.CLASSIFIER)
     worker.privacy.banks[0] = BankPrivacy("bank-a", policy, 1.0, ledger=PrivacyLedger("bank-a", channels=channels))
     for _ in range(2):  # recorded once, whatever the restarts
-        worker._restore_method_release(trainer)
+        worker.restore_method_release(trainer)
     ledger = PrivacyLedger.load(tmp_path / LEDGER_FILE)
     assert [(r.round, r.channel) for r in ledger.releases] == [(7, gap.AGGREGATION)]
     assert torch.equal(method.kept_release(trainer)["hops"], torch.from_numpy(hops))
@@ -270,9 +277,9 @@ def test_a_bank_service_records_kept_hops_once_and_refuses_to_start_without_them
     with pytest.raises(
         ConfigError, match=r"privacy-method-release\.npz: a gap release made under gap = .*'max_degree': 5"
     ):
-        worker._restore_method_release(trainer)
+        worker.restore_method_release(trainer)
     worker.method = method
 
     (tmp_path / METHOD_RELEASE_FILE).unlink()
     with pytest.raises(ConfigError, match=r"privacy-method-release\.npz: missing.*second release"):
-        worker._restore_method_release(trainer)
+        worker.restore_method_release(trainer)

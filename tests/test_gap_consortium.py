@@ -9,9 +9,9 @@ import pytest
 from consortium_harness import BANKS, UNPACKED_HE, write_consortium
 
 from fedgl_secure.audit.run import audit_run
+from fedgl_secure.consortium.bank_state import LEDGER_FILE, METHOD_RELEASE_FILE
 from fedgl_secure.privacy import gap
 from fedgl_secure.privacy.accounting import PrivacyLedger
-from fedgl_secure.services.bank import LEDGER_FILE, METHOD_RELEASE_FILE
 from fedgl_secure.services.run_export import collect_consortium_run
 
 pytestmark = pytest.mark.slow

@@ -311,8 +311,8 @@ def test_the_consortium_runs_graphfl_but_refuses_it_under_any_dp_policy():
     (privacy_checks.check_stages)."""
     from pathlib import Path
 
+    from fedgl_secure.consortium.setup_checks import check_consortium_can_run
     from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.services.aggregator import check_consortium_can_run
 
     policies = Path(__file__).resolve().parents[1] / "policies"
     check_consortium_can_run(_graphfl_config(), load_policy(policies / "baseline.toml"), 6)

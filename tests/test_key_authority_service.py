@@ -29,6 +29,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
+from fedgl_secure.consortium.config import BankSection, KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.retry import retry_until_ready
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
 from fedgl_secure.crypto.audit_log import verify_audit_chain
 from fedgl_secure.crypto.ceremony_messages import Roster
@@ -38,13 +40,12 @@ from fedgl_secure.crypto.key_ceremony import BankCeremony
 from fedgl_secure.crypto.partial_decryption import BankDecryptor, fused_values
 from fedgl_secure.crypto.receipts import sign_receipt
 from fedgl_secure.crypto.upload import RoundTicket, make_upload, upload_c1
-from fedgl_secure.errors import CiphertextError, ConfigError, DecryptionRefused, ProtocolConflict
+from fedgl_secure.errors import CiphertextError, ConfigError, DecryptionRefused, ProtocolConflict, ServiceError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import PREDICTIONS, WEIGHTS
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.services import http_conventions, tls
+from fedgl_secure.services import tls
 from fedgl_secure.services.bank_keys import ensure_key_share
-from fedgl_secure.services.config import BankSection, KeyAuthoritySection, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import (
     DECRYPT_HEADER,
     FINGERPRINT_HEADER,
@@ -57,7 +58,6 @@ from fedgl_secure.services.key_authority_service import (
 from fedgl_secure.services.loopback import write_loopback_consortium
 from fedgl_secure.services.orchestrate import node_command
 from fedgl_secure.services.pki import load_signing_key
-from fedgl_secure.services.retry import retry_until_ready
 from fedgl_secure.wire import encodings
 
 OPERATOR_SECRET = "correct horse battery staple"
@@ -507,7 +507,7 @@ def test_open_round_conflicts_are_409(service):
         "policy-conflict",
     )
     assert "round 2 is older than the open round 3" in detail
-    with pytest.raises(http_conventions.ServiceError) as caught:
+    with pytest.raises(ServiceError) as caught:
         service.client.open_round(FEDERATION, 4, "ef" * 16, ["bank-a", "bank-x"], service.policy.digest)
     assert caught.value.status == 409 and "['bank-x'] are not registered banks" in caught.value.detail
     detail = _error(
@@ -718,8 +718,8 @@ def test_start_node_dispatches_on_role(tmp_path, small_he, monkeypatch, name, ro
 
 @pytest.mark.slow
 def test_real_process_over_mutual_tls(tmp_path, small_he):
+    from fedgl_secure.consortium.config import load_node_config
     from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.services.config import load_node_config
 
     config = _write_consortium(tmp_path, small_he)
     node, consortium = load_node_config(config)

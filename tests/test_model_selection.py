@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from fedgl_secure.consortium.aggregator_store import AggregatorStore, best_report, validation_scores
 from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
 from fedgl_secure.data.sources.bank_graph import load_bank_data
 from fedgl_secure.data.sources.declaration import FileSource
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.score_histograms import NUM_BINS
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.services.aggregator_store import AggregatorStore, best_report, validation_scores
 from fedgl_secure.simulation.experiment import run_experiment
 
 

@@ -17,8 +17,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from typer.testing import CliRunner
 
 from fedgl_secure.cli import app
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium, load_node_config
 from fedgl_secure.errors import ConfigError, CryptoError
-from fedgl_secure.services.config import ConsortiumConfig, NodeRole, PkiLayout, load_consortium, load_node_config
 from fedgl_secure.services.pki import (
     load_pseudonym_key,
     load_signing_key,

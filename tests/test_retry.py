@@ -5,9 +5,9 @@ import threading
 import httpx
 import pytest
 
+from fedgl_secure.consortium.retry import PeerUnavailable, StopRequested, retry_until_ready
+from fedgl_secure.errors import ServiceError
 from fedgl_secure.log import get_logger
-from fedgl_secure.services.http_conventions import ServiceError
-from fedgl_secure.services.retry import PeerUnavailable, StopRequested, retry_until_ready
 
 
 def unreachable():

@@ -137,8 +137,8 @@ def test_the_self_trained_non_iid_variants_add_only_self_training_to_their_metho
 def test_the_consortium_refuses_self_training_instead_of_ignoring_it():
     from pathlib import Path
 
+    from fedgl_secure.consortium.setup_checks import check_consortium_can_run
     from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.services.aggregator import check_consortium_can_run
 
     baseline = load_policy(Path(__file__).resolve().parents[1] / "policies" / "baseline.toml")
     check_consortium_can_run(_config("graphfl", 0), baseline, 6)

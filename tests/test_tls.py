@@ -18,8 +18,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
+from fedgl_secure.consortium.config import NodeRole, PkiLayout, load_consortium
 from fedgl_secure.errors import ConfigError, CryptoError
-from fedgl_secure.services.config import NodeRole, PkiLayout, load_consortium
 from fedgl_secure.services.loopback import free_ports, write_loopback_consortium
 from fedgl_secure.services.tls import (
     Caller,

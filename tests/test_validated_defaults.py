@@ -24,6 +24,7 @@ import pytest
 from pydantic import BaseModel, ValidationError, create_model
 
 import fedgl_secure
+from fedgl_secure.consortium.aggregator_port import RoundResponse
 from fedgl_secure.crypto.receipts import Receipt, ReceiptFields
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.engine.config import (
@@ -43,7 +44,6 @@ from fedgl_secure.services.aggregator_service import (
     EnrolRequest,
     IndexResponse,
     ReportRequest,
-    RoundResponse,
     UploadResponse,
     WithdrawRequest,
     WithdrawResponse,
@@ -137,7 +137,6 @@ CASES = [
     # --- services/aggregator_service.py
     Case(EnrolRequest, {"num_features": 1, "num_classes": 2, "pseudonyms": [HEX64]}, ("num_classes", 1)),
     Case(IndexResponse, {"num_global_nodes": 1, "positions": [0], "max_bank_nodes": 1}, ("max_bank_nodes", "many")),
-    Case(RoundResponse, {"phase": "open", "federation": "fed"}, ("round", "first")),
     Case(UploadResponse, {"accepted": True, "duplicate": False}, ("duplicate", "maybe")),
     Case(WithdrawRequest, {"reason": "privacy-budget-exhausted", "round": 1}, ("round", 0)),
     Case(WithdrawResponse, {"withdrawn": True, "duplicate": False}, ("duplicate", "maybe")),
@@ -146,6 +145,8 @@ CASES = [
         {"version": 0, "val_correct": 0, "val_total": 0, "test_correct": 0, "test_total": 0},
         ("histograms", [[0]]),
     ),
+    # --- consortium/aggregator_port.py
+    Case(RoundResponse, {"phase": "open", "federation": "fed"}, ("round", "first")),
     # --- services/key_authority_service.py
     Case(HealthResponse, {"name": "key-authority", "fingerprint": HEX64}, ("status", None)),
     Case(

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from fedgl_secure.errors import CiphertextError, DecryptionRefused, PolicyError, ReceiptError
+from fedgl_secure.errors import CiphertextError, DecryptionRefused, PolicyError, ReceiptError, ServiceError
 from fedgl_secure.services import http_conventions
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.encodings import WireError
@@ -303,12 +303,12 @@ def test_errors_come_back_as_exceptions(client):
     assert (caught.value.reason, caught.value.detail) == ("below-quorum", "1 valid receipt")
     with pytest.raises(DecryptionRefused, match="bad-ciphertext"):
         http_conventions.raise_for_service_error(client.get("/raise/bad-ciphertext"))
-    with pytest.raises(http_conventions.ServiceError) as caught:
+    with pytest.raises(ServiceError) as caught:
         http_conventions.raise_for_service_error(client.get("/raise/policy"))
     assert (caught.value.status, caught.value.error, caught.value.detail) == (409, "policy-conflict", "round too old")
-    with pytest.raises(http_conventions.ServiceError, match=r"HTTP 404 .*\(not-found\)"):
+    with pytest.raises(ServiceError, match=r"HTTP 404 .*\(not-found\)"):
         http_conventions.raise_for_service_error(client.get("/nowhere"))
-    with pytest.raises(http_conventions.ServiceError, match=r"HTTP 502 \(http-502\): plain text"):
+    with pytest.raises(ServiceError, match=r"HTTP 502 \(http-502\): plain text"):
         http_conventions.raise_for_service_error(httpx.Response(502, text="plain text"))
     http_conventions.raise_for_service_error(client.post("/body", content=b""))
 

@@ -385,14 +385,15 @@ def _edge_guarantee(files: RunFiles) -> tuple[float, int] | None:
 
 def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, GraphDataset, GraphTensors]:
     """One bank's own customers as the attacks' graph: what a bank's risk officer can audit without anyone
-    else's data — its tables read as for training (:func:`~fedgl_secure.services.bank.bank_graph`), its rows
+    else's data — its tables read as for training (:func:`~fedgl_secure.consortium.bank_data.bank_graph`), its rows
     placed at their union-index positions (saved by the bank at enrolment), so W̄ is attacked on its customers
     and Ā on the pairs of its customers. For a consortium on banks' own tables, whose merged graph nobody
     holds. Raises ValueError naming the mismatch for a node file of another role or federation."""
     import torch
 
-    from fedgl_secure.services.bank import bank_graph, bank_graph_tensors
-    from fedgl_secure.services.config import NodeRole, load_node_config
+    from fedgl_secure.consortium.bank_data import bank_graph
+    from fedgl_secure.consortium.bank_state import bank_graph_tensors
+    from fedgl_secure.consortium.config import NodeRole, load_node_config
 
     node, consortium = load_node_config(bank_config)
     if node.role is not NodeRole.BANK:

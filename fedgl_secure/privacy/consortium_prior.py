@@ -138,7 +138,8 @@ def fit_consortium_prior(
     :func:`prior_average` gives the next :math:`\bar\theta`, from zero. Rounds are numbered ``first_round`` onwards
     in ``summation``'s own sequence (a secure summation decrypts each round's weights once, so a run's training
     rounds need a summation of their own). Returns :math:`\bar\theta`. The consortium services run the same
-    rounds between the aggregator and the banks (``services/aggregator.py``, ``services/bank.py``)."""
+    rounds between the aggregator and the banks (``consortium/label_prior_rounds.py``,
+    ``consortium/bank_label_prior.py``)."""
     parameters = torch.zeros(prior_size(propagated[0].shape[1], num_classes))
     log = get_logger(role="consortium-prior")
     for round_number in range(first_round, first_round + rounds):

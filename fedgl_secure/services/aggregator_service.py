@@ -1,4 +1,4 @@
-"""The aggregator's HTTP service: a thin shell over :class:`~fedgl_secure.services.aggregator.Coordinator`.
+"""The aggregator's HTTP service: a thin shell over :class:`~fedgl_secure.consortium.coordinator.Coordinator`.
 
 Endpoints (mTLS; the caller's role comes from its certificate):
 
@@ -29,37 +29,37 @@ PUT      /v1/decryptions/{task}/refusal          bank     why the bank refuses i
 =======  ======================================  =======  =====================================
 
 The exchange routes relay Fed²GNN's set-up (``methods/fed2gnn_relay.py``, protocol §12) and answer 409
-``no-exchange`` for every other method.
+``no-exchange`` for every other method. A bank calls them through
+:class:`~fedgl_secure.services.aggregator_client.AggregatorClient`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal
 
-import httpx
 import numpy as np
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from fedgl_secure.consortium.aggregator_port import RoundResponse
+from fedgl_secure.consortium.aggregator_store import AggregatorStore
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
+from fedgl_secure.consortium.coordinator import Coordinator
+from fedgl_secure.consortium.pseudonyms import PSEUDONYM_PATTERN
+from fedgl_secure.consortium.retry import retry_until_ready
 from fedgl_secure.crypto import ckks
 from fedgl_secure.crypto.receipts import Receipt
-from fedgl_secure.crypto.upload import RoundTicket
 from fedgl_secure.engine.score_histograms import NUM_BINS
+from fedgl_secure.errors import ProtocolConflict
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator import BUDGET_EXHAUSTED, Coordinator, ProtocolConflict
-from fedgl_secure.services.aggregator_store import AggregatorStore
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
-from fedgl_secure.services.pseudonyms import PSEUDONYM_PATTERN
-from fedgl_secure.services.retry import retry_until_ready
 from fedgl_secure.services.runtime import serve_with_worker
 from fedgl_secure.services.tls import (
     Caller,
@@ -77,7 +77,6 @@ MAX_PSEUDONYMS = 50_000_000
 ENROL_MAX_BODY_BYTES = 512 * 1024 * 1024
 MAX_CHUNKS = 65_536  # 268 M values at N = 8192
 _PSEUDONYM = re.compile(PSEUDONYM_PATTERN)
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Schema(BaseModel):
@@ -105,50 +104,6 @@ class IndexResponse(_Schema):
     num_global_nodes: int
     positions: list[int]
     max_bank_nodes: int  # the public w_max of the DP step: the largest bank's node count
-
-
-class Served(NamedTuple):
-    """A broadcast as the aggregator served it: the bytes and its signature over them (``broadcast_signature``)."""
-
-    body: bytes
-    signature: str | None
-
-
-def _served(response: httpx.Response) -> Served:
-    return Served(response.content, response.headers.get(BROADCAST_SIGNATURE_HEADER))
-
-
-class IndexView(NamedTuple):
-    """What a bank learns of the union index: M, its own positions, and the largest bank's size."""
-
-    num_global_nodes: int
-    positions: np.ndarray
-    max_bank_nodes: int
-
-
-class RoundResponse(_Schema):
-    phase: str
-    federation: str
-    round: int | None = None
-    nonce: str | None = None
-    base_version: int | None = None
-    participants: list[str] = []
-    shapes: dict[str, list[int]] = {}
-    context_fingerprint: str = ""
-    seconds_left: float | None = None
-    latest_version: int | None = None
-    stopped_reason: str | None = None  # set when phase == "finished" and the run stopped early
-    final_version: int | None = None  # phase == "finished": the final model, once the aggregator has fixed it
-    stage: str | None = None  # phase == "open": the round's stage whose kinds (shapes) it collects
-    prior_rounds: list[int] = []  # the consortium label prior's fitted FedAvg rounds, in order
-    policy_sha256: str = ""  # phase == "open": the aggregator's policy digest (Policy.digest)
-
-
-def ticket_for(view: RoundResponse, policy_sha256: str) -> RoundTicket:
-    """What a bank uploads into the open round ``view`` under its own policy (whose digest the view's must equal)."""
-    return RoundTicket(
-        view.federation, view.round, view.nonce, tuple(view.participants), view.context_fingerprint, policy_sha256
-    )
 
 
 class UploadResponse(_Schema):
@@ -239,7 +194,7 @@ _TASK_ID = r"^[0-9a-f]{32}$"
 
 
 class DecryptionTaskView(_Schema):
-    """A partial-decryption task as a bank of its decrypting set sees it (``services/decryption_board.py``)."""
+    """A partial-decryption task as a bank of its decrypting set sees it (``consortium/decryption_board.py``)."""
 
     task_id: str = Field(pattern=_TASK_ID)
     round: int = Field(ge=1)
@@ -488,123 +443,6 @@ def create_app(
         return Response(encodings.encode_uint64(total), media_type=http_conventions.OCTET_STREAM)
 
     return app
-
-
-class AggregatorClient:
-    """What a bank calls on the aggregator (over an mTLS ``httpx.Client``).
-
-    Errors come back as the exceptions the coordinator raises in-process
-    (:func:`http_conventions.raise_for_service_error`): a 409 is :class:`ProtocolConflict` with its code; an
-    unreachable aggregator or any other error is :class:`http_conventions.ServiceError` (status None when there was
-    no answer); an answer that does not parse is :class:`encodings.WireError`. Every one is a
-    :class:`~fedgl_secure.errors.FedGLError`.
-    """
-
-    def __init__(self, http: httpx.Client) -> None:
-        self.http = http
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return http_conventions.call_service(self.http, "aggregator", method, path, **kwargs)
-
-    def _parse(self, model: type[ModelT], method: str, path: str, **kwargs: Any) -> ModelT:
-        try:
-            return model.model_validate_json(self._call(method, path, **kwargs).content)
-        except ValidationError as error:
-            raise encodings.WireError(
-                f"aggregator answer to {method} {path}: {http_conventions.validation_problems(error)}"
-            ) from None
-
-    def health(self) -> dict:
-        return self._call("GET", "/v1/health").json()
-
-    def status(self) -> dict:
-        return self._call("GET", "/v1/status").json()
-
-    def enrol(self, num_features: int, num_classes: int, pseudonyms: Sequence[str]) -> None:
-        payload = {"num_features": num_features, "num_classes": num_classes, "pseudonyms": list(pseudonyms)}
-        self._call("POST", "/v1/enrol", json=payload)
-
-    def index(self) -> IndexView:
-        body = self._parse(IndexResponse, "GET", "/v1/index")
-        return IndexView(body.num_global_nodes, np.asarray(body.positions, dtype=np.int64), body.max_bank_nodes)
-
-    def current_round(self) -> RoundResponse:
-        return self._parse(RoundResponse, "GET", "/v1/round")
-
-    def model(self, version: int) -> Served:
-        """Model ``version`` as this bank is served it (its projection) with the aggregator's signature."""
-        return _served(self._call("GET", f"/v1/models/{version}"))
-
-    def stage_model(self, round_number: int, stage: str) -> Served:
-        """The broadcast published after ``stage`` of round ``round_number`` (projected, signed)."""
-        return _served(self._call("GET", f"/v1/rounds/{round_number}/stages/{stage}"))
-
-    def upload(self, round_number: int, kind: str, chunks: Sequence[bytes], receipt: Receipt) -> UploadResponse:
-        return self._parse(
-            UploadResponse,
-            "PUT",
-            f"/v1/rounds/{round_number}/uploads/{kind}",
-            content=encodings.encode_chunks(chunks),
-            headers={RECEIPT_HEADER: encodings.encode_header(receipt), "Content-Type": http_conventions.OCTET_STREAM},
-        )
-
-    def decryption_tasks(self) -> list[DecryptionTaskView]:
-        return self._parse(DecryptionTasks, "GET", "/v1/decryptions").tasks
-
-    def decryption_c1(self, task: DecryptionTaskView, shape: tuple[int, int]) -> list[np.ndarray]:
-        body = self._call("GET", f"/v1/decryptions/{task.task_id}/c1").content
-        return encodings.decode_uint64_frames(body, len(task.receipts), task.chunks, shape)
-
-    def post_partial(self, task_id: str, residues: np.ndarray) -> None:
-        self._call(
-            "PUT",
-            f"/v1/decryptions/{task_id}/partial",
-            content=encodings.encode_uint64(np.ascontiguousarray(residues, dtype=np.uint64)),
-            headers={"Content-Type": http_conventions.OCTET_STREAM},
-        )
-
-    def refuse_decryption(self, task_id: str, reason: str, detail: str) -> None:
-        self._call("PUT", f"/v1/decryptions/{task_id}/refusal", json={"reason": reason, "detail": detail[:4096]})
-
-    def report(self, version: int, counts: tuple[int, int, int, int], histograms: np.ndarray | None = None) -> None:
-        names = ("val_correct", "val_total", "test_correct", "test_total")
-        payload = {"version": version, **dict(zip(names, counts, strict=True))}
-        if histograms is not None:
-            payload["histograms"] = histograms.tolist()
-        self._call("POST", "/v1/reports", json=payload)
-
-    # --- Fed²GNN's set-up exchange (methods.fed2gnn_relay.RelayPort) ---
-
-    def exchange_view(self) -> ExchangeView:
-        return self._parse(ExchangeResponse, "GET", "/v1/exchange").view()
-
-    def publish_exchange_key(self, nonce: str, public: bytes, signature: str) -> None:
-        request = ExchangeKeyRequest(nonce=nonce, public_key=public.hex(), signature=signature)
-        self._parse(UploadResponse, "PUT", "/v1/exchange/key", json=request.model_dump())
-
-    def announce_boundary(self, nonce: str, width: int, pseudonyms: list[str]) -> None:
-        payload = {"nonce": nonce, "width": width, "pseudonyms": list(pseudonyms)}
-        self._parse(UploadResponse, "PUT", "/v1/exchange/boundary", json=payload)
-
-    def exchange_boundary(self, bank: str) -> list[str]:
-        return self._parse(BoundaryResponse, "GET", f"/v1/exchange/boundaries/{bank}").pseudonyms
-
-    def upload_term(self, level: int, active: str, nonce: str, masked: np.ndarray) -> None:
-        self._parse(
-            UploadResponse,
-            "PUT",
-            f"/v1/exchange/levels/{level}/terms/{active}",
-            params={"nonce": nonce},
-            content=encodings.encode_uint64(masked),
-            headers={"Content-Type": http_conventions.OCTET_STREAM},
-        )
-
-    def exchange_sum(self, level: int) -> np.ndarray:
-        return encodings.decode_uint64(self._call("GET", f"/v1/exchange/levels/{level}/sum").content)
-
-    def withdraw(self, round_number: int, reason: str = BUDGET_EXHAUSTED) -> WithdrawResponse:
-        request = WithdrawRequest(reason=reason, round=round_number)
-        return self._parse(WithdrawResponse, "POST", "/v1/withdraw", json=request.model_dump())
 
 
 def run_aggregator(node: NodeConfig, consortium: ConsortiumConfig) -> None:

@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.consortium.retry import StopRequested, retry_until_ready
 from fedgl_secure.crypto import ckks, held_share, threshold
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.held_share import HeldShare
@@ -35,9 +36,8 @@ from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.errors import CryptoError, DecryptionRefused, FedGLError, ProtocolConflict
 from fedgl_secure.fileio import PRIVATE_FILE_MODE, write_atomically
 from fedgl_secure.policy.he import HEParameters
-from fedgl_secure.services.aggregator_service import AggregatorClient
+from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
-from fedgl_secure.services.retry import StopRequested, retry_until_ready
 
 KEY_SHARE_FILE = "key_share.sealed"
 T = TypeVar("T")

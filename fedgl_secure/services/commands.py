@@ -25,7 +25,7 @@ def node_start(
     config: Annotated[Path, typer.Option(help="the node's TOML file, e.g. services/bank-a.toml")],
 ) -> None:
     """Start the key authority, the aggregator or a bank, as the config's role says (blocks until stopped)."""
-    from fedgl_secure.services.node import start_node
+    from fedgl_secure.services.node import start_node  # the services (FastAPI, uvicorn): not for every command
 
     try:
         start_node(config)
@@ -43,7 +43,7 @@ def consortium_up_command(
     ] = None,
 ) -> None:
     """Start every node as its own process, show round progress, stop them all at the end or on Ctrl-C."""
-    from fedgl_secure.services.orchestrate import consortium_up
+    from fedgl_secure.services.orchestrate import consortium_up  # the node processes' wiring: this command only
 
     try:
         summary = consortium_up(consortium, progress=progress, echo=typer.echo, timeout=timeout, run_dir=run_dir)
@@ -67,7 +67,7 @@ def predict_command(
     ] = False,
 ) -> None:
     """Score every customer of a bank with the federation's final global model (on the bank's own graph)."""
-    from fedgl_secure.services.predict import predict
+    from fedgl_secure.services.predict import predict  # torch and TenSEAL: only when scoring
 
     try:
         summary = predict(config, output=output, table=table, refresh=refresh)

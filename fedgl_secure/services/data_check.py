@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedgl_secure.consortium.config import NodeRole, load_node_config
 from fedgl_secure.data.sources.bank_graph import BankData, SourceSummary, load_bank_data
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.services.config import NodeRole, load_node_config
 
 
 def check_bank_data(config: str | Path) -> BankData:

@@ -37,7 +37,7 @@ def synth(
     Prints a JSON summary (``already_there`` when OUT already holds this very output). Exit 2 with
     one line naming the parameter on a bad flag, or when OUT holds anything else.
     """
-    from fedgl_secure.data.bank_synth import synthesize_banks
+    from fedgl_secure.data.bank_synth import synthesize_banks  # pyarrow and the generator: data synth only
 
     try:
         summary = synthesize_banks(
@@ -70,7 +70,7 @@ def check(
     Reads the tables of the node file's [bank.data] exactly as the bank node will; contacts nobody and
     writes nothing. Exit 0 when valid; exit 2 with one line naming the file, row and column otherwise.
     """
-    from fedgl_secure.services.data_check import check_bank_data, render_text
+    from fedgl_secure.services.data_check import check_bank_data, render_text  # the table readers (SQLAlchemy)
 
     try:
         summary = check_bank_data(config).summary

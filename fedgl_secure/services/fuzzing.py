@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedgl_secure.consortium.config import PkiLayout
 from fedgl_secure.services import http_conventions
 from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
-from fedgl_secure.services.config import PkiLayout
 from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
 from fedgl_secure.wire import encodings
 
@@ -45,20 +45,20 @@ MAX_FUZZ_CHUNKS = 1
 
 
 def _names(max_size: int) -> SearchStrategy[str]:
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # the dev extra only (module doc)
 
     return st.text(min_size=1, max_size=max_size)
 
 
 def _hex(min_size: int, max_size: int | None = None) -> SearchStrategy[str]:
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # the dev extra only (module doc)
 
     return st.text(alphabet=_HEX, min_size=min_size, max_size=min_size if max_size is None else max_size)
 
 
 def chunk_bodies() -> SearchStrategy[bytes]:
     """Chunk-framed bodies of random bytes (none of them a real ciphertext)."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # the dev extra only (module doc)
 
     return st.lists(st.binary(max_size=512), max_size=MAX_FUZZ_CHUNKS).map(encodings.encode_chunks)
 
@@ -66,7 +66,7 @@ def chunk_bodies() -> SearchStrategy[bytes]:
 def receipts(sender: str) -> SearchStrategy[dict[str, Any]]:
     """Receipt JSON any :class:`Receipt` accepts; the sender is often ``sender`` (the fuzzing node) so the
     aggregator's later checks (round, nonce, signature) are reached, not only the sender check."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # the dev extra only (module doc)
 
     return st.fixed_dictionaries(
         {
@@ -98,7 +98,7 @@ def receipt_headers(sender: str) -> SearchStrategy[str]:
 
 def decrypt_headers(sender: str) -> SearchStrategy[str]:
     """:class:`DecryptRequest` headers: any values the model accepts, receipts shaped like real ones."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # the dev extra only (module doc)
 
     return st.fixed_dictionaries(
         {
@@ -114,7 +114,7 @@ def decrypt_headers(sender: str) -> SearchStrategy[str]:
 
 def register_strategies(sender: str) -> None:
     """Teach schemathesis the custom formats of the services' documents (see the module docstring)."""
-    import schemathesis
+    import schemathesis  # the dev extra only (module doc)
 
     schemathesis.openapi.format(http_conventions.header_format(RECEIPT_HEADER), receipt_headers(sender))
     schemathesis.openapi.format(http_conventions.header_format(DECRYPT_HEADER), decrypt_headers(sender))
@@ -196,7 +196,7 @@ def run_schemathesis(
     In-process rather than ``st`` in a subprocess: a fresh interpreter spends seconds importing the
     package (torch) before the first request, and the custom formats must be registered where it runs.
     """
-    from schemathesis.cli import schemathesis
+    from schemathesis.cli import schemathesis  # the dev extra only (module doc)
 
     register_strategies(as_node)
     arguments = schemathesis_arguments(url, layout, as_node, seed=seed, max_examples=max_examples, report=report)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("st_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     register_strategies(args.sender)
-    from schemathesis.cli import schemathesis
+    from schemathesis.cli import schemathesis  # the dev extra only (module doc)
 
     st_args = args.st_args[1:] if args.st_args[:1] == ["--"] else args.st_args
     schemathesis.main(args=st_args, prog_name="st")  # exits with schemathesis' own code

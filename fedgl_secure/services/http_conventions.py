@@ -38,6 +38,7 @@ from fedgl_secure.errors import (
     PolicyError,
     ProtocolConflict,
     ReceiptError,
+    ServiceError,
 )
 from fedgl_secure.log import get_logger
 from fedgl_secure.tomlio import format_validation_error
@@ -100,18 +101,6 @@ class ErrorBody(BaseModel):
 
     error: str = Field(min_length=1, description="stable machine-readable code, e.g. 'stale-round'")
     detail: str = Field(description="what was wrong, naming the field, header, byte offset or limit")
-
-
-class ServiceError(FedGLError):
-    """A service answered with an error that has no more specific exception on this side."""
-
-    def __init__(self, status: int | None, error: str, detail: str, url: str = "") -> None:
-        where = f" from {url}" if url else ""
-        status_text = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"{status_text}{where} ({error}): {detail}")
-        self.status = status
-        self.error = error
-        self.detail = detail
 
 
 def validation_problems(error: ValidationError | RequestValidationError, whole: str = "(whole value)") -> str:

@@ -53,6 +53,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.crypto import ceremony_messages, ckks, share_envelopes
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.key_authority import KeyAuthority, Refusal
@@ -61,7 +62,6 @@ from fedgl_secure.errors import ConfigError, ContextError, DecryptionRefused
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import http_conventions, pki, tls
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout
 from fedgl_secure.wire import encodings
 
 FINGERPRINT_HEADER = "X-FedGL-Context-Fingerprint"
@@ -315,7 +315,7 @@ class KeyAuthorityClient:
     """The aggregator's view of the key authority (over an mTLS :class:`httpx.Client`).
 
     Errors come back as the exceptions the library raises in-process: a refusal is
-    :class:`DecryptionRefused` with its reason code; anything else is :class:`http_conventions.ServiceError`.
+    :class:`DecryptionRefused` with its reason code; anything else is :class:`ServiceError`.
     """
 
     def __init__(self, http: httpx.Client) -> None:

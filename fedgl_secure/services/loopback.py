@@ -13,8 +13,8 @@ from pathlib import Path
 
 import tomli_w
 
+from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.policy.he import HEParameters
-from fedgl_secure.services.config import load_consortium
 from fedgl_secure.services.pki import provision
 
 KEY_AUTHORITY, AGGREGATOR = "key-authority", "aggregator"

@@ -24,10 +24,7 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from fedgl_secure.errors import ConfigError, FedGLError
-from fedgl_secure.methods import apply_in_method_policy
-from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services.config import (
+from fedgl_secure.consortium.config import (
     ConsortiumConfig,
     NodeEntry,
     NodeRole,
@@ -35,6 +32,11 @@ from fedgl_secure.services.config import (
     load_consortium,
     load_node_config,
 )
+from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
+from fedgl_secure.errors import ConfigError, FedGLError
+from fedgl_secure.methods import apply_in_method_policy
+from fedgl_secure.policy.schema import load_policy
+from fedgl_secure.services.pki import provision
 
 if TYPE_CHECKING:
     from fedgl_secure.data.sources.bank_graph import BankData
@@ -106,8 +108,6 @@ def ensure_demo_secrets(consortium: ConsortiumConfig, consortium_dir: Path) -> N
     Never replaces anything that exists: provisioning keeps existing keys, and an existing
     operator secret file is left alone (it seals that node's share of the CKKS key).
     """
-    from fedgl_secure.services.pki import provision
-
     if not PkiLayout(consortium.pki_dir).ca_cert.exists():
         provision(consortium)
     ka_config, _ = load_node_config(consortium_dir / f"{consortium.key_authority.name}.toml")
@@ -189,7 +189,7 @@ def consortium_bank_graphs(consortium_path: str | Path) -> tuple[ConsortiumConfi
     """Every bank's graph, read as each bank node reads it (its own tables, or its benchmark slice), in
     the consortium's bank order: the in-process simulation of the same consortium
     (``fedgl-secure simulate --consortium``) and the consortium itself start from the same data."""
-    from fedgl_secure.services.bank import bank_graph  # torch and the data readers: only when needed
+    from fedgl_secure.consortium.bank_data import bank_graph  # torch and the data readers: only when needed
 
     consortium = load_consortium(consortium_path)
     configs = node_config_paths(Path(consortium_path), consortium.banks)
@@ -206,8 +206,6 @@ def ensure_generated_bank_data(consortium: ConsortiumConfig, echo: Callable[[str
     spec = consortium.generate
     if spec is None:
         return
-    from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
-
     if consortium.feature_schema != synthetic_bank_schema():
         raise ConfigError(
             f"{consortium.source}: [generate] writes the synthetic banks' tables, whose schema differs from this "
@@ -300,7 +298,7 @@ def consortium_up(
     if summary.get("stopped_reason"):
         echo(f"the federation stopped early: {summary['stopped_reason']}")
     if run_dir is not None and summary.get("finished"):
-        from fedgl_secure.services.run_export import collect_consortium_run
+        from fedgl_secure.services.run_export import collect_consortium_run  # torch: only once the run is over
 
         summary["run_dir"] = str(collect_consortium_run(consortium, run_dir))
         echo(f"run directory written to {summary['run_dir']}")

@@ -1,6 +1,6 @@
 """Provisioning of the consortium's keys and certificates (DESIGN §5.2), and the loaders services use.
 
-``provision`` creates, under :class:`~fedgl_secure.services.config.PkiLayout`:
+``provision`` creates, under :class:`~fedgl_secure.consortium.config.PkiLayout`:
 
 * the consortium CA (EC P-256, self-signed, may sign leaf certificates only);
 * per node, an EC P-256 TLS key and a certificate with ``CN=<node>``, ``OU=<role>``,
@@ -38,12 +38,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedgl_secure.consortium.config import NODE_NAME_PATTERN, ConsortiumConfig, NodeEntry, NodeRole, PkiLayout
+from fedgl_secure.consortium.pseudonyms import PSEUDONYM_KEY_BYTES
 from fedgl_secure.errors import ConfigError, CryptoError
 from fedgl_secure.fileio import PRIVATE_FILE_MODE
 from fedgl_secure.log import get_logger
-from fedgl_secure.services.config import NODE_NAME_PATTERN, ConsortiumConfig, NodeEntry, NodeRole, PkiLayout
 
-PSEUDONYM_KEY_BYTES = 32
 PUBLIC_FILE_MODE = 0o644
 DIRECTORY_MODE = 0o700
 # Certificates start a little in the past so a peer whose clock lags slightly still accepts them.

@@ -38,7 +38,7 @@ def wire_layout(policy: Policy) -> list[dict]:
     """Per allowed kind: how it is packed, its wire bytes per value (a full ciphertext chunk under these
     parameters, measured by encrypting one) and the worst-case error of a decoded sum over ``max_banks``
     banks (packed: ``K·δ/2``; unpacked: the CKKS noise bound at the global scale)."""
-    from fedgl_secure.crypto import ckks, packing
+    from fedgl_secure.crypto import ckks, packing  # TenSEAL: only to size the contexts
 
     he = policy.he
     public = ckks.load_public_context(ckks.public_context_bytes(ckks.create_secret_context(he)))
@@ -177,6 +177,7 @@ def check(
     Exit 0: valid. Exit 1: valid, but the budget does not cover the policy's rounds (banks would stop
     contributing early). Exit 2: invalid; the message names the file and the field.
     """
+    # the policy's schema and its guarantees (scipy): loaded by policy check, not by every command
     from fedgl_secure.policy.schema import load_policy
     from fedgl_secure.privacy.guarantees import effective_guarantees
 

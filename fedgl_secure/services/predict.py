@@ -1,7 +1,7 @@
 """``fedgl-secure predict``: a bank scores all of its customers with the federation's final global model.
 
 Everything happens at the bank, on the bank's own graph: its customers table is read and encoded
-exactly as for training (:func:`fedgl_secure.services.bank.bank_graph`), the final model is the one
+exactly as for training (:func:`fedgl_secure.consortium.bank_data.bank_graph`), the final model is the one
 the bank saved when the federation finished (``<state_dir>/final-model.npz``) or — for a bank that
 missed the end — fetched from the aggregator over mutual TLS, and the scores (class probabilities
 and predicted class per customer, by the bank's own customer id) go to a Parquet/CSV file or back
@@ -20,6 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedgl_secure.consortium.bank_data import bank_graph, fed2gnn_setup
+from fedgl_secure.consortium.bank_state import (
+    bank_graph_tensors,
+    load_exchange_sums,
+    load_final_model,
+    save_final_model,
+)
+from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
@@ -27,16 +35,7 @@ from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import method_model
-from fedgl_secure.services.aggregator_service import AggregatorClient
-from fedgl_secure.services.bank import (
-    bank_graph,
-    bank_graph_tensors,
-    fed2gnn_setup,
-    load_exchange_sums,
-    load_final_model,
-    save_final_model,
-)
-from fedgl_secure.services.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
+from fedgl_secure.services.aggregator_client import AggregatorClient
 from fedgl_secure.services.pki import load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
 from fedgl_secure.simulation.experiment import resolve_device

@@ -14,15 +14,24 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from fedgl_secure.engine.evaluation import ratio
-from fedgl_secure.errors import ConfigError
-from fedgl_secure.services.aggregator_store import (
+from fedgl_secure.consortium.aggregator_store import (
+    AggregatorStore,
     best_report,
     pooled_test_metrics,
     round_history,
     validation_scores,
 )
-from fedgl_secure.services.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
+from fedgl_secure.consortium.bank_state import LEDGER_FILE as BANK_LEDGER_FILE
+from fedgl_secure.consortium.config import ConsortiumConfig, PkiLayout, load_consortium, load_node_config
+from fedgl_secure.crypto.key_authority import AUDIT_HEAD
+from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
+from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
+from fedgl_secure.engine.evaluation import ratio
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.policy.schema import load_policy
+from fedgl_secure.privacy.accounting import PrivacyLedger
+from fedgl_secure.services.pki import load_signing_public_keys
+from fedgl_secure.wire.run_record import MODEL_FILE, SecureRecord, write_run_dir
 
 
 def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
@@ -36,8 +45,6 @@ def node_state_dir(consortium: ConsortiumConfig, name: str) -> Path:
 
 
 def _audit_head(ledger_path: Path) -> str:
-    from fedgl_secure.crypto.key_authority import AUDIT_HEAD
-
     connection = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         rows = connection.execute("SELECT value FROM meta WHERE key = ?", (AUDIT_HEAD,)).fetchall()
@@ -82,15 +89,6 @@ def _result(consortium: ConsortiumConfig, store) -> dict[str, Any]:
 
 def collect_consortium_run(consortium: ConsortiumConfig | str | Path, out_dir: str | Path) -> Path:
     """Write the run directory of a consortium whose node processes have all stopped; returns its path."""
-    from fedgl_secure.crypto.key_authority import LEDGER_FILE as KA_LEDGER_FILE
-    from fedgl_secure.crypto.receipts import parse_receipt, public_key_bytes
-    from fedgl_secure.policy.schema import load_policy
-    from fedgl_secure.privacy.accounting import PrivacyLedger
-    from fedgl_secure.services.aggregator_store import AggregatorStore
-    from fedgl_secure.services.bank import LEDGER_FILE as BANK_LEDGER_FILE
-    from fedgl_secure.services.pki import load_signing_public_keys
-    from fedgl_secure.wire.run_record import MODEL_FILE, SecureRecord, write_run_dir
-
     if not isinstance(consortium, ConsortiumConfig):
         consortium = load_consortium(consortium)
     out_dir = Path(out_dir)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from fedgl_secure.services.config import NodeEntry, PkiLayout
+from fedgl_secure.consortium.config import NodeEntry, PkiLayout
 from fedgl_secure.services.tls import make_server, serve_until_signalled
 
 JOIN_SECONDS = 30.0

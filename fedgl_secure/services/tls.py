@@ -29,9 +29,9 @@ from cryptography import x509
 from fastapi import Depends, HTTPException, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from fedgl_secure.consortium.config import NodeRole, PkiLayout
 from fedgl_secure.errors import ConfigError, CryptoError
 from fedgl_secure.log import get_logger
-from fedgl_secure.services.config import NodeRole, PkiLayout
 from fedgl_secure.services.pki import HINT, NodeIdentity, read_identity
 
 # The node at the other end of a request, as its client certificate names it.

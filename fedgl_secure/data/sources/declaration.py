@@ -15,7 +15,7 @@ Two kinds::
     transactions = "transactions"     # a table, or transactions_query = "SELECT ..."
 
 Relative file paths and relative SQLite paths are resolved against the node file by
-:func:`fedgl_secure.services.config.load_node_config`.
+:func:`fedgl_secure.consortium.config.load_node_config`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from typing import TypeVar
 
 import httpx
 
-from fedgl_secure.errors import FedGLError
-from fedgl_secure.services.http_conventions import ServiceError
+from fedgl_secure.errors import FedGLError, ServiceError
 
 T = TypeVar("T")
 

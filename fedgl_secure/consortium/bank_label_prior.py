@@ -1,7 +1,7 @@
 """A bank's part in the consortium label release (``[dp.labels] prior = "consortium-sgc"``), before round 1.
 
 The library is :mod:`~fedgl_secure.privacy.consortium_prior`; this is its bank-side shell over the aggregator's
-label-prior rounds (:meth:`~fedgl_secure.services.aggregator.Coordinator._fit_label_prior`):
+label-prior rounds (:meth:`~fedgl_secure.consortium.label_prior_rounds.LabelPriorRounds.fit`):
 
 1. The bank draws stage 1 of its release (randomised response on its validation labels under
    ``validation-first``), keeps the release in progress in its state directory (:data:`STAGED_LABELS_FILE`),
@@ -30,6 +30,9 @@ import tenseal as ts
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedgl_secure.consortium.aggregator_port import AggregatorPort, RoundResponse, ticket_for
+from fedgl_secure.consortium.kept_release import keep_release, take_back_release
+from fedgl_secure.consortium.retry import StopRequested
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
 from fedgl_secure.crypto.upload import Upload, finite_term, make_upload
@@ -48,9 +51,6 @@ from fedgl_secure.privacy.consortium_prior import (
 )
 from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, propagated_features
 from fedgl_secure.privacy.secure_noise import RandomBytes
-from fedgl_secure.services.aggregator_service import AggregatorClient, RoundResponse, ticket_for
-from fedgl_secure.services.kept_release import keep_release, take_back_release
-from fedgl_secure.services.retry import StopRequested
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import stage_label
 
@@ -85,7 +85,7 @@ def load_staged_release(
 
 
 def poll_round(
-    aggregator: AggregatorClient, log, stop: threading.Event, poll_seconds: float, event: str
+    aggregator: AggregatorPort, log, stop: threading.Event, poll_seconds: float, event: str
 ) -> RoundResponse | None:
     """The aggregator's current round, or None (logged as ``event``, after a pause) when it cannot be had: a
     ProtocolConflict, or an unreachable (restarting) aggregator."""
@@ -105,7 +105,7 @@ class LabelPriorParticipant:
         *,
         name: str,
         federation: str,
-        aggregator: AggregatorClient,
+        aggregator: AggregatorPort,
         context: ts.Context,
         fingerprint: str,
         policy: Policy,
@@ -135,7 +135,7 @@ class LabelPriorParticipant:
 
     def run(self, stop: threading.Event) -> LabelRelease:
         """Take part in every label-prior round, releasing each stage when its prior is fitted; the complete
-        release. Raises :class:`~fedgl_secure.services.retry.StopRequested` when ``stop`` is set first."""
+        release. Raises :class:`~fedgl_secure.consortium.retry.StopRequested` when ``stop`` is set first."""
         while not self.release.complete:
             if stop.is_set():
                 raise StopRequested("stopped during the consortium label release")

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from fedgl_secure.errors import ConfigError
-from fedgl_secure.services.pki import PSEUDONYM_KEY_BYTES
 
+PSEUDONYM_KEY_BYTES = 32
 PSEUDONYM_PATTERN = r"^[0-9a-f]{64}$"
 
 
