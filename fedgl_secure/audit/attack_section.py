@@ -22,6 +22,7 @@ from fedgl_secure.audit.report_model import (
 )
 from fedgl_secure.audit.run_files import RunFiles
 from fedgl_secure.errors import FedGLError
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.wire.run_record import (
     RUN_FILE,
 )
@@ -109,7 +110,6 @@ def membership_floor(config: ExperimentConfig, merged: GraphTensors, seed: int) 
     is not exactly 0.5. Raises ValueError or RuntimeError when the attack cannot run.
     """
     from fedgl_secure.engine.round_pipeline import method_initial_parameters
-    from fedgl_secure.method_registry import method_spec
     from fedgl_secure.methods import build_method
 
     method = None if method_spec(config.method).baseline else build_method(config)
@@ -402,7 +402,7 @@ def _bank_view(files: RunFiles, bank_config: Path) -> tuple[ExperimentConfig, Gr
     if federation is not None and federation != consortium.federation:
         raise ValueError(f"{bank_config}: a bank of federation {consortium.federation!r}, the run is {federation!r}")
     config = consortium.experiment_config()
-    if config.method == "fed2gnn":
+    if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:
         raise ValueError("the bank view does not rebuild Fed²GNN's reconstructed graph; audit the simulation instead")
     data = bank_graph(node, consortium)
     graph = bank_graph_tensors(node.state_dir, data.graph, torch.device("cpu"), config.training.normalize_features)

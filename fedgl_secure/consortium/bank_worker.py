@@ -64,6 +64,7 @@ from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
 from fedgl_secure.methods.fed2gnn import BankReconstruction, check_services
@@ -119,7 +120,7 @@ class BankWorker:
         self.poll_seconds = poll_seconds
         check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
         check_self_training_services(config)  # as the aggregator: refused, not silently ignored
-        if (config.method == "fed2gnn") != (reconstruction is not None):
+        if (NEIGHBOUR_EXCHANGE in method_spec(config.method).phases) != (reconstruction is not None):
             raise ConfigError(f"{name}: method {config.method!r} and the Fed²GNN set-up must come together")
         self.reconstruction = reconstruction
         self.method = build_method(config)

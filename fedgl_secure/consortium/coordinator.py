@@ -88,6 +88,7 @@ from fedgl_secure.engine.evaluation import EarlyStopping, ratio
 from fedgl_secure.engine.round_pipeline import method_initial_parameters
 from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import (
     Broadcast,
@@ -245,7 +246,7 @@ class Coordinator:
         # Fed²GNN's set-up exchange, relayed before enrolment (the banks enrol their reconstructed graphs); kept in
         # memory: a restarted aggregator has a fresh nonce, and banks still exchanging start again
         self._exchange: ExchangeRelay | None = None
-        if config.method == "fed2gnn":
+        if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:
             width = signal_width(config, 0) if config.fed2gnn.projection_dim > 0 else None
             self._exchange = ExchangeRelay(federation, self.banks, config.fed2gnn.hops, width, signing_keys)
 

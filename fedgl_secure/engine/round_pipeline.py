@@ -26,7 +26,6 @@ from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.kinds import EMBEDDINGS, PREDICTIONS
 from fedgl_secure.model.backbones import build_backbone
-from fedgl_secure.privacy.dp_round import public_model_outputs
 from fedgl_secure.seeding import torch_stream
 
 if TYPE_CHECKING:
@@ -57,6 +56,20 @@ class ContributionGuard(Protocol):
     ) -> dict[str, torch.Tensor] | None:
         """The contribution as released (clipped, noised, accounted), or None when the bank refuses."""
         ...
+
+
+def public_model_outputs(trainer, public_weights: torch.Tensor, adjacency) -> object:
+    """The trainer's GCN output with the public global model W̄, its trained weights restored afterwards.
+
+    P_k and H_k under DP must not depend on weights trained without DP on the bank's data (their
+    sensitivity counts the rows one node moves through message passing, with public weights).
+    """
+    trained = trainer.model.flat_parameters().detach().clone()
+    trainer.model.load_flat_parameters(public_weights)
+    try:
+        return trainer.infer(adjacency)
+    finally:
+        trainer.model.load_flat_parameters(trained)
 
 
 def initial_parameters(config: ExperimentConfig, num_features: int, num_classes: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ def check_method(policy: Policy, method: str, beta: float) -> None:
     """Refuse a method whose graphs this policy's guarantee does not cover: the pseudo graph under DP-SGD.
 
     Under DP on predictions or embeddings, P and H are computed with the public W̄ on the bank's own
-    degree-bounded graph (:func:`public_model_outputs`), never on the pseudo graph, and the weights
+    degree-bounded graph (``round_pipeline.public_model_outputs``), never on the pseudo graph, and the weights
     channel's sensitivity holds for any graph: so FedGL's pseudo graph (Eq. 9) is allowed there.
     DP-SGD's examples are ego-nets of the graph the bank *trains* on, which with β > 0 includes the
     pseudo-graph edges, whose degree nothing bounds.

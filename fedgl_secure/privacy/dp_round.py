@@ -31,7 +31,7 @@ Decisions, and why:
   to **all M rows**, not only the bank's own: a row held by one bank would otherwise carry a single
   share (σ/√q < σ), breaking the distributed-noise argument, while noise on rows a bank does not
   hold reveals nothing (membership is public through node_weight anyway). P_k and H_k must be
-  computed with the *public* global model W̄ (:func:`public_model_outputs`), the assumption of
+  computed with the *public* global model W̄ (``round_pipeline.public_model_outputs``), the assumption of
   their sensitivity.
 * **Central noise.** No bank-side noise; the key authority adds N(0, σ²) (normalised scale) to the
   masked sum s + r of that kind it decrypts (never to the Σ ŵ_k entry), in the services and in the
@@ -40,7 +40,7 @@ Decisions, and why:
 * **Graphs.** Randomised response (edge DP) is applied once to a bank's adjacency before training
   and recorded as a pure release at round 0; with DP on predictions, embeddings or DP-SGD the
   result is then projected to ``dp.graph.max_degree`` (:func:`~fedgl_secure.privacy.graph_sensitivity.bound_degree`).
-  P and H are computed on that graph without the pseudo graph (:func:`public_model_outputs`), so
+  P and H are computed on that graph without the pseudo graph (``round_pipeline.public_model_outputs``), so
   FedGL's pseudo graph (β > 0) is allowed with DP on uploads; under DP-SGD, which trains on it, it
   is refused (:func:`~fedgl_secure.methods.privacy_checks.check_method`) rather than silently breaking the
   guarantee.
@@ -77,7 +77,7 @@ from fedgl_secure.privacy.dp_sgd import NodeDPSGD
 from fedgl_secure.privacy.label_dp import ForwardCorrectedTraining, RobustLabelTraining, robust_label_loss
 from fedgl_secure.privacy.release_schedule import round_releases, setup_releases
 
-__all__ = ["BankPrivacy", "FederationPrivacy", "noise_std", "public_model_outputs"]  # noise_std: re-exported
+__all__ = ["BankPrivacy", "FederationPrivacy", "noise_std"]  # noise_std: re-exported
 from fedgl_secure.kinds import NODE_WEIGHT
 from fedgl_secure.policy.dp import DATA_KINDS
 from fedgl_secure.policy.schema import Policy
@@ -598,17 +598,3 @@ class _CentrallyNoised:
             if noise is not None:
                 sums[kind] = (tensor.to(torch.float64) + torch.from_numpy(noise)).to(tensor.dtype)
         return sums
-
-
-def public_model_outputs(trainer, public_weights: torch.Tensor, adjacency) -> object:
-    """The trainer's GCN output with the public global model W̄, its trained weights restored afterwards.
-
-    P_k and H_k under DP must not depend on weights trained without DP on the bank's data (their
-    sensitivity counts the rows one node moves through message passing, with public weights).
-    """
-    trained = trainer.model.flat_parameters().detach().clone()
-    trainer.model.load_flat_parameters(public_weights)
-    try:
-        return trainer.infer(adjacency)
-    finally:
-        trainer.model.load_flat_parameters(trained)

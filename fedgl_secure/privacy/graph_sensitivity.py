@@ -103,7 +103,7 @@ def affected_rows(
     D must bound the degree of *every* graph the release propagates over in both neighbouring
     datasets — if the release ran on FedGL's fused graph that would include the pseudo-graph edges of
     Eq. 9 (in- and out-degree), which is why DP releases are computed on the bank's own graph
-    (``dp_round.public_model_outputs``) and DP-SGD refuses the pseudo graph. The result is capped at
+    (``engine/round_pipeline.public_model_outputs``) and DP-SGD refuses the pseudo graph. The result is capped at
     ``num_rows`` when given.
     The counts are attained (the tests build the worst-case trees), so they cannot be lowered.
     """

@@ -22,6 +22,7 @@ from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor
 from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.log import configure_logging, get_logger
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity
 from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services import http_conventions
@@ -82,7 +83,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     entry = consortium.node(node.name)
     client_index = bank_index(node, consortium)
     reconstruction = None
-    if config.method == "fed2gnn":
+    if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:  # a set-up exchange before enrolment
         setup = fed2gnn_setup(node, consortium)
         local = setup.local_graph()
         data = BankData(local, local.node_ids.astype(str), None)

@@ -33,6 +33,7 @@ from fedgl_secure.data.sources.bank_graph import BankData
 from fedgl_secure.data.sources.scores import write_scores
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods import build_method
 from fedgl_secure.methods.base import method_model
 from fedgl_secure.services.aggregator_client import AggregatorClient
@@ -107,7 +108,7 @@ def predict(
     target = score_target(node, output, table)
     log = get_logger(node=node.name, role="bank", federation=consortium.federation)
     config = consortium.experiment_config()
-    if config.method == "fed2gnn":  # the model was trained on the reconstructed graph: score on it, own rows only
+    if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:  # trained on the exchange-completed graph: score on it
         setup = fed2gnn_setup(node, consortium)
         sums = load_exchange_sums(node.state_dir, config.fed2gnn.hops)
         if sums is None:
