@@ -10,15 +10,14 @@ The handlers are coroutines, so one request is drawn at a time: matplotlib's SVG
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from fedgl_secure.audit.run_files import RunFiles, read_run_dir
 from fedgl_secure.audit.templating import html_environment
-from fedgl_secure.board.view import BoardSources, BoardView, build_view
-from fedgl_secure.errors import FedGLError
+from fedgl_secure.board.view import BoardSources, BoardView, build_view, live_status, read_snapshot
 from fedgl_secure.wire.run_record import RUN_FILE
 
 
@@ -31,46 +30,29 @@ def _stamp(path: Path | None) -> tuple[str, int, int] | None:
 
 
 class Board:
-    """Draws the pages of its sources on demand; a finished run's pages are kept until one of its files changes."""
+    """Draws the pages of its sources on demand, and keeps them until a file it reads or the live status changes."""
 
     def __init__(self, sources: BoardSources, refresh_seconds: int) -> None:
         self.sources = sources
         self.refresh_seconds = refresh_seconds
         self.environment = html_environment("fedgl_secure.board")
-        self._stamp: tuple | None = None
+        self._key: tuple | None = None
         self._pages: dict[str, tuple[str, int]] = {}
 
     def _files_stamp(self) -> tuple:
         logs = sorted(self.sources.logs.glob("*.log")) if self.sources.logs and self.sources.logs.is_dir() else []
         return tuple(_stamp(p) for p in (self.sources.run_dir / RUN_FILE, self.sources.audit_path, *logs))
 
-    def view(self) -> BoardView:
-        files: RunFiles | None = None
-        problem = None
-        if (self.sources.run_dir / RUN_FILE).is_file():
-            try:
-                files = read_run_dir(self.sources.run_dir)
-            except FedGLError as error:
-                problem = f"the run directory could not be read: {error}"
-        view = build_view(self.sources, files)
-        if problem is not None:
-            view.notes.insert(0, problem)
-        return view
-
     def page(self, name: str) -> tuple[str, int]:
         """Page ``name`` (``board`` or ``audit``) as HTML with its status code."""
-        stamp = self._files_stamp()
-        if stamp == self._stamp and name in self._pages:
-            return self._pages[name]
-        view = self.view()
-        drawn = self._draw(name, view)
-        if view.live:  # a live run changes between two reloads: nothing is kept
-            self._stamp, self._pages = None, {}
-        else:
-            if stamp != self._stamp:
-                self._stamp, self._pages = stamp, {}
-            self._pages[name] = drawn
-        return drawn
+        status, problem = live_status(self.sources)
+        key = (self._files_stamp(), json.dumps(status, sort_keys=True, default=str), problem)
+        if key != self._key:
+            self._key, self._pages = key, {}
+        if name not in self._pages:
+            view = build_view(self.sources, read_snapshot(self.sources, status, problem))
+            self._pages[name] = self._draw(name, view)
+        return self._pages[name]
 
     def _draw(self, name: str, view: BoardView) -> tuple[str, int]:
         if name == "board":

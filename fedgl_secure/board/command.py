@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fedgl_secure.errors import ConfigError, FedGLError
+
+if TYPE_CHECKING:
+    from fedgl_secure.board.view import BoardSources
 
 DEFAULT_PORT = 8750
 LOOPBACK = "127.0.0.1"
@@ -33,7 +36,7 @@ def board_sources(
     audit_report: Path | None = None,
     node_config: Path | None = None,
     aggregator: str | None = None,
-):
+) -> BoardSources:
     """The board's sources from the command's options, checked; raises :class:`ConfigError` naming the option."""
     from fedgl_secure.board.sources import LiveAggregator
     from fedgl_secure.board.view import BoardSources

@@ -19,7 +19,7 @@ from typing import Any
 
 from fedgl_secure.audit.plots import StackedBars, Strip
 from fedgl_secure.audit.report_model import AuditReport, Plot, Section, Table
-from fedgl_secure.audit.run_files import RunFiles
+from fedgl_secure.audit.run_files import RunFiles, read_run_dir
 from fedgl_secure.board.sources import (
     AUDIT_REPORT_FILE,
     LiveAggregator,
@@ -30,6 +30,7 @@ from fedgl_secure.board.sources import (
 )
 from fedgl_secure.data.sampling import bank_name
 from fedgl_secure.errors import FedGLError
+from fedgl_secure.wire.run_record import RUN_FILE
 
 CONTRIBUTED, NO_UPLOAD, NOT_INVITED = "contributed", "invited, no upload", "not invited"
 PARTICIPATION_COLOURS = {CONTRIBUTED: "#009e73", NO_UPLOAD: "#d55e00", NOT_INVITED: "#dddddd"}
@@ -137,20 +138,46 @@ def _rounds_from_logs(logs: NodeLogs) -> list[_Round]:
     return rounds
 
 
-def build_view(sources: BoardSources, files: RunFiles | None) -> BoardView:
-    """The board of ``sources``; ``files`` is the run directory as read (None while the run is live)."""
-    notes: list[str] = []
-    status = None
-    if sources.live is not None:
+@dataclass
+class Snapshot:
+    """The sources as read at one moment: the run directory (None until it exists), the aggregator's status (only
+    asked while there is no run directory), the logs, and what could not be read."""
+
+    files: RunFiles | None = None
+    status: dict[str, Any] | None = None
+    logs: NodeLogs | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def live_status(sources: BoardSources) -> tuple[dict[str, Any] | None, str | None]:
+    """The aggregator's status while the run directory is not written (a finished run needs none), or the reason
+    there is none; (None, None) without a live source."""
+    if sources.live is None or (sources.run_dir / RUN_FILE).is_file():
+        return None, None
+    try:
+        return fetch_status(sources.live), None
+    except FedGLError as error:
+        return None, f"live status unavailable: {error}"
+
+
+def read_snapshot(sources: BoardSources, status: dict[str, Any] | None = None, problem: str | None = None) -> Snapshot:
+    """Read the run directory and the logs; ``status`` and ``problem`` are :func:`live_status`'s answer."""
+    snapshot = Snapshot(status=status, notes=[problem] if problem else [])
+    if (sources.run_dir / RUN_FILE).is_file():
         try:
-            status = fetch_status(sources.live)
+            snapshot.files = read_run_dir(sources.run_dir)
         except FedGLError as error:
-            notes.append(f"live status unavailable: {error}")
-    logs = None
+            snapshot.notes.append(f"the run directory could not be read: {error}")
     if sources.logs is not None and sources.logs.is_dir():
-        logs = read_node_logs(sources.logs)
+        snapshot.logs = read_node_logs(sources.logs)
     elif sources.logs is not None:
-        notes.append(f"no node logs at {sources.logs} (yet): no time by phase")
+        snapshot.notes.append(f"no node logs at {sources.logs} (yet): no time by phase")
+    return snapshot
+
+
+def build_view(sources: BoardSources, snapshot: Snapshot) -> BoardView:
+    """The board of ``sources`` as read in ``snapshot``."""
+    files, status, logs, notes = snapshot.files, snapshot.status, snapshot.logs, list(snapshot.notes)
     if files is not None:
         run = files.run
         rounds = _rounds_from_history(run.get("history") or [])
