@@ -1,6 +1,7 @@
 """Three banks, each reading ITS OWN generated customer tables (two from Parquet, one from SQLite),
-run the five-process consortium; the result equals the in-process simulation of the same data, and
-every bank then scores all of its customers with ``fedgl-secure predict``.
+run the five-process consortium; the result equals the in-process simulation of the same data,
+every bank then scores all of its customers with ``fedgl-secure predict``, and ``fedgl-secure board`` shows the run
+in headless Chromium (its screenshot, with ``FEDGL_BOARD_SCREENSHOT=docs/board.png``, is the README's).
 """
 
 from __future__ import annotations
