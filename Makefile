@@ -1,5 +1,7 @@
 # The two quick-start commands: `make demo` and `make test`.
 # Both create .venv and install the project (CPU torch pinned explicitly) on first use.
+# `make demo` runs the consortium of services/ end to end (services/demo.sh); `make demo-sim` the in-process
+# simulation on a synthetic graph that `make demo` ran before.
 
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test install lint clean
+.PHONY: demo demo-sim test install lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +21,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	FEDGL=$(VENV)/bin/fedgl-secure bash services/demo.sh
+
+demo-sim: $(STAMP)
 	$(VENV)/bin/fedgl-secure simulate --output runs/demo.json
 
 test: $(STAMP)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from fedgl_secure.audit.command import audit as audit_command
+from fedgl_secure.board.command import board as board_command
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import configure_logging
 from fedgl_secure.method_registry import method_names
@@ -35,6 +36,7 @@ app.add_typer(consortium_app, name="consortium")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.command("audit")(audit_command)
+app.command("board")(board_command)
 app.command("predict")(predict_command)
 
 

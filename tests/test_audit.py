@@ -360,16 +360,36 @@ def test_attacks_without_data_are_amber_not_run(run_dir, tmp_path, monkeypatch):
 def test_svg_plot_is_valid_xml_with_budget_line_and_axes_covering_it():
     import xml.etree.ElementTree as ET
 
-    from fedgl_secure.audit.report import _ticks, svg_line_plot
+    from fedgl_secure.audit.plots import line_plot_figure, svg
     from fedgl_secure.audit.report_model import Plot
 
     plot = Plot(
         "ε <bank & co>", "round", "ε", {"total": [(1, 0.5), (2, 0.9), (3, 1.2)], "weights": [(1, 0.3)]}, 8.0, "budget"
     )
-    svg = svg_line_plot(plot)
-    root = ET.fromstring(svg)
-    assert root.tag.endswith("svg") and "stroke-dasharray" in svg and "budget 8" in svg
-    assert _ticks(0, 8.4)[-1] >= 8.4 and _ticks(1, 3, integer=True) == [1, 1.5, 2, 2.5, 3][::2]
+    text = svg(plot)
+    root = ET.fromstring(text)  # the title's < and & are escaped: the inline SVG parses
+    assert root.tag.endswith("svg") and "stroke-dasharray" in text and "budget 8" in text
+    assert "ε &lt;bank &amp; co&gt;" in text  # text stays text, a browser can find it
+    axes = line_plot_figure(plot).axes[0]
+    low, high = axes.get_ylim()
+    assert low <= 0.0 and high >= 8.0  # the budget line is in view, far above the points
+    assert svg(plot) == text  # the same figure gives the same bytes
+
+
+def test_the_json_report_reads_back_into_the_same_report(run_dir):
+    from fedgl_secure.audit.report import render_json
+    from fedgl_secure.audit.report_model import AuditReport
+
+    document = json.loads(render_json(audit_run(run_dir, attacks=False)))
+    again = AuditReport.from_dict(document)
+    assert json.loads(render_json(again)) == document
+    with pytest.raises(ValueError, match="unknown status 'purple'"):
+        AuditReport.from_dict(
+            {
+                **document,
+                "sections": [{**document["sections"][0], "checks": [{"name": "x", "status": "purple", "detail": ""}]}],
+            }
+        )
 
 
 # --- the without-DP reference of membership inference ----------------------------------------------------

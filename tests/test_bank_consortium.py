@@ -1,19 +1,22 @@
 """Three banks, each reading ITS OWN generated customer tables (two from Parquet, one from SQLite),
-run the five-process consortium; the result equals the in-process simulation of the same data, and
-every bank then scores all of its customers with ``fedgl-secure predict``.
+run the five-process consortium; the result equals the in-process simulation of the same data,
+every bank then scores all of its customers with ``fedgl-secure predict``, and ``fedgl-secure board`` shows the run
+in headless Chromium (its screenshot, with ``FEDGL_BOARD_SCREENSHOT=docs/board.png``, is the README's).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from consortium_harness import BANKS, NODES, UNPACKED_HE, LocalConsortium
+from consortium_harness import BANKS, NODE_SECRETS, NODES, UNPACKED_HE, LocalConsortium
 from typer.testing import CliRunner
 
 from fedgl_secure.audit.run import audit_run
@@ -196,3 +199,115 @@ def test_a_bank_runs_the_audits_attacks_on_its_own_customers(finished_bank_conso
     # another node's file is refused by name
     wrong, _ = attack_checks(bank_config=consortium.config_path("aggregator"))
     assert wrong["not-run"].status == "amber" and "role 'aggregator'" in wrong["not-run"].detail
+
+
+def _private_strings(consortium) -> set[str]:
+    """What the board must never show: customer ids and keys, their pseudonyms, the pseudonym key, the operator
+    secrets and the nodes' private TLS keys."""
+    from fedgl_secure.consortium.pseudonyms import pseudonymise
+    from fedgl_secure.services.pki import load_pseudonym_key
+
+    _, banks = consortium_bank_graphs(consortium.consortium_path)
+    key = load_pseudonym_key(consortium.layout, "bank-a")
+    private = {key.hex(), *NODE_SECRETS.values()}
+    for bank in banks:
+        ids = [str(node_id) for node_id in bank.graph.node_ids.tolist()]
+        private |= set(ids) | set(pseudonymise(key, ids))
+    for bank in BANKS[:2]:
+        customers = pq.read_table(consortium.root / "bank-data" / bank / "customers.parquet").to_pydict()
+        private |= set(map(str, customers["customer_id"])) | set(map(str, customers["customer_key"]))
+    for node in NODES:
+        pem = consortium.layout.tls_key(node).read_text(encoding="ascii").splitlines()
+        private |= {line for line in pem if not line.startswith("-----")}
+    return private
+
+
+def test_the_board_shows_the_finished_consortium_in_a_browser(finished_bank_consortium, tmp_path):
+    """``fedgl-secure board`` over the consortium's run directory and logs, in headless Chromium: the rounds, the banks
+    and the audit's verdict in the DOM, no private value anywhere in the served pages, and a screenshot."""
+    from browser import full_page_screenshot, headless_chromium, served
+    from selenium.webdriver.common.by import By
+
+    from fedgl_secure.audit.report import render_json
+    from fedgl_secure.board.app import create_app
+    from fedgl_secure.board.command import board_sources
+
+    consortium, status = finished_bank_consortium
+    run_dir = collect_consortium_run(consortium.consortium_path, tmp_path / "run")
+    report = audit_run(run_dir, attacks=False)
+    (run_dir / "audit.json").write_text(render_json(report), encoding="utf-8")
+    app = create_app(board_sources(run_dir, logs=consortium.root / "logs"))
+    with headless_chromium() as browser, served(app) as url:
+        browser.get(url + "/")
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert browser.find_element(By.ID, "rounds-applied").text == str(ROUNDS)
+        assert browser.find_element(By.ID, "max-rounds").text == str(ROUNDS)
+        assert browser.find_element(By.ID, "audit-verdict").text == report.status.upper()
+        rows = browser.find_elements(By.CSS_SELECTOR, "#participation-table tbody tr")
+        assert [row.get_attribute("data-bank") for row in rows] == list(BANKS)
+        for row in rows:  # bank, rounds invited, rounds contributed, missed rounds, stopped at
+            assert [cell.text for cell in row.find_elements(By.TAG_NAME, "td")][1:] == [str(ROUNDS)] * 2 + ["-"] * 2
+        # time by phase: one row per bank, from the banks' own logs
+        phase_rows = browser.find_elements(By.CSS_SELECTOR, "#bank-phases tbody tr")
+        assert sorted(row.find_element(By.TAG_NAME, "td").text for row in phase_rows) == list(BANKS)
+        # the key authority's ledger, summarised: every kind decrypted once per round
+        decrypted = browser.find_elements(By.CSS_SELECTOR, "#decryption-summary tbody tr")
+        counts = {
+            row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
+            for row in decrypted
+        }
+        assert counts and set(counts.values()) == {str(ROUNDS)}
+        best = report.run["best_round"]
+        assert f"best round (by validation) {best}" in text
+        figures = browser.find_elements(By.CSS_SELECTOR, "figure svg")
+        assert len(figures) >= 4  # validation accuracy, participation, the aggregator's and the banks' phases
+        assert all(figure.size["width"] > 100 and figure.size["height"] > 50 for figure in figures)  # drawn
+        assert not browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")  # finished: no reloading
+        screenshot = Path(os.environ.get("FEDGL_BOARD_SCREENSHOT") or tmp_path / "board.png")
+        full_page_screenshot(browser, screenshot)
+        assert screenshot.stat().st_size > 10_000
+        pages = [browser.page_source]
+        browser.get(url + "/audit")
+        assert browser.find_element(By.CSS_SELECTOR, ".verdict").text == report.status.upper()
+        assert {s.get_attribute("id") for s in browser.find_elements(By.TAG_NAME, "section")} >= {
+            "policy",
+            "decryptions",
+        }
+        pages.append(browser.page_source)
+    private = _private_strings(consortium)
+    assert len(private) > 3 * CUSTOMERS
+    for page in pages:
+        shown = sorted(value for value in private if value in page)
+        assert not shown, f"the board shows private values: {shown[:5]}"
+
+
+def test_the_board_follows_a_live_aggregator_before_the_run_directory_exists(finished_bank_consortium, tmp_path):
+    """Before ``consortium up`` writes the run directory, the board shows the aggregator's status (asked over mutual
+    TLS as bank-a) and the logs' phases, and reloads itself."""
+    from fastapi.testclient import TestClient
+
+    from fedgl_secure.audit.templating import cell
+    from fedgl_secure.board.app import create_app
+    from fedgl_secure.board.command import board_sources
+
+    consortium, status = finished_bank_consortium
+    sources = board_sources(
+        tmp_path / "not-yet", logs=consortium.root / "logs", node_config=consortium.config_path("bank-a")
+    )
+    page = TestClient(create_app(sources, refresh_seconds=3)).get("/")
+    assert page.status_code == 200
+    html = page.text
+    assert '<meta http-equiv="refresh" content="3">' in html
+    assert "the run directory is written once every node has stopped" in html  # the aggregator's phase: finished
+    assert f'<span id="rounds-applied">{ROUNDS}</span>' in html
+    assert f"<td>validation accuracy</td><td>{cell(status['best_val_accuracy'])}</td>" in html
+    assert "Validation accuracy per round" in html and "Round time by phase" in html
+    assert "No audit yet" in html
+    shown = sorted(value for value in _private_strings(consortium) if value in html)
+    assert not shown, f"the board shows private values: {shown[:5]}"
+    # a wrong node file or an aggregator that does not answer is a note on the page, and the page still loads
+    elsewhere = board_sources(
+        tmp_path / "not-yet", node_config=consortium.config_path("bank-a"), aggregator="https://127.0.0.1:9"
+    )
+    page = TestClient(create_app(elsewhere)).get("/")
+    assert page.status_code == 200 and "live status unavailable: the aggregator at https://127.0.0.1:9" in page.text

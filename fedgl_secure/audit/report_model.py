@@ -8,12 +8,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
-
-if TYPE_CHECKING:
-    pass
 
 Status = Literal["info", "green", "amber", "red"]
 INFO: Status = "info"  # context, not a verdict: never raises a section's or the report's status
@@ -121,6 +118,59 @@ class AuditReport:
         for section, data in zip(self.sections, document["sections"], strict=True):
             data["status"] = section.status
         return _json_safe(document)
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any]) -> AuditReport:
+        """A report read back from :meth:`to_dict` (``audit --format json``), to draw it again as a page.
+
+        Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a document of another shape (the caller names
+        the file); the statuses are recomputed from the checks, as when the audit ran.
+        """
+        sections = [
+            Section(
+                key=str(data["key"]),
+                title=str(data["title"]),
+                checks=[Check(str(c["name"]), _status(c["status"]), str(c["detail"])) for c in data["checks"]],
+                tables=[
+                    Table(str(t["title"]), tuple(t["columns"]), tuple(map(tuple, t["rows"]))) for t in data["tables"]
+                ],
+                plots=[_plot(p) for p in data["plots"]],
+                notes=[str(note) for note in data["notes"]],
+                data=dict(data.get("data") or {}),
+            )
+            for data in document["sections"]
+        ]
+        return cls(
+            str(document["run_dir"]),
+            str(document["policy_source"]),
+            dict(document["run"]),
+            sections,
+            str(document["generated_at"]),
+        )
+
+
+def _status(value: Any) -> Status:
+    if value not in _RANK:
+        raise ValueError(f"unknown status {value!r} (expected one of {', '.join(_RANK)})")
+    return value
+
+
+def _number(value: Any) -> float:
+    """A JSON-safe number back to a float: None was NaN, "inf"/"-inf" were infinities."""
+    return math.nan if value is None else float(value)
+
+
+def _plot(data: dict[str, Any]) -> Plot:
+    series = {str(label): [(float(x), _number(y)) for x, y in points] for label, points in data["series"].items()}
+    limit = data.get("limit")
+    return Plot(
+        str(data["title"]),
+        str(data["x_label"]),
+        str(data["y_label"]),
+        series,
+        None if limit is None else float(limit),
+        str(data.get("limit_label", "")),
+    )
 
 
 def _json_safe(value: Any) -> Any:
