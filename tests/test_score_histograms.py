@@ -9,7 +9,7 @@ import torch
 from fedgl_secure.engine.metrics import ranking_metrics
 from fedgl_secure.engine.score_histograms import EDGES, NUM_BINS, histogram_metrics, score_histogram
 from fedgl_secure.errors import ProtocolConflict
-from fedgl_secure.services.aggregator_service import ReportRequest
+from fedgl_secure.services.aggregator_messages import ReportRequest
 
 
 def _logits_at(log_odds: np.ndarray) -> torch.Tensor:

@@ -40,7 +40,7 @@ from fedgl_secure.policy.dp import DPSGD, DPSettings, EdgeDP, GaussianChannel, G
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.schema import Policy, Timeouts
 from fedgl_secure.privacy.accounting import LEDGER_FORMAT, GaussianRelease, PureRelease, _LedgerFile
-from fedgl_secure.services.aggregator_service import (
+from fedgl_secure.services.aggregator_messages import (
     EnrolRequest,
     IndexResponse,
     ReportRequest,

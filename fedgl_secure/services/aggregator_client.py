@@ -15,7 +15,7 @@ from fedgl_secure.consortium.participant_choice import BUDGET_EXHAUSTED
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.methods.fed2gnn_relay import ExchangeView
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator_service import (
+from fedgl_secure.services.aggregator_messages import (
     BROADCAST_SIGNATURE_HEADER,
     RECEIPT_HEADER,
     BoundaryResponse,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedgl_secure.consortium.config import PkiLayout
 from fedgl_secure.services import http_conventions
-from fedgl_secure.services.aggregator_service import RECEIPT_HEADER
+from fedgl_secure.services.aggregator_messages import RECEIPT_HEADER
 from fedgl_secure.services.key_authority_service import DECRYPT_HEADER
 from fedgl_secure.wire import encodings
 
