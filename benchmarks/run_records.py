@@ -42,10 +42,15 @@ CONFIGURATIONS: dict[str, list[str]] = {
 TIMING_FIELDS = frozenset({"wall_seconds", "seconds"})
 
 
-def record(output_dir: Path, rounds: int | None, data_root: str | None) -> None:
-    """Run every configuration and seed not recorded yet, printing the seconds each took."""
+def record(output_dir: Path, rounds: int | None, data_root: str | None, names: list[str] | None = None) -> None:
+    """Run every configuration (or those ``names``) and seed not recorded yet, printing the seconds each took."""
+    unknown = sorted(set(names or ()) - CONFIGURATIONS.keys())
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGURATIONS)}")
     output_dir.mkdir(parents=True, exist_ok=True)
     for name, flags in CONFIGURATIONS.items():
+        if names and name not in names:
+            continue
         for seed in SEEDS:
             path = output_dir / f"{name}-seed{seed}.json"
             if path.exists():
@@ -116,13 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--output-dir", type=Path, required=True)
     make.add_argument("--rounds", type=int, default=None, help="at most this many rounds per run (default: 300)")
     make.add_argument("--data-root", default=None, help="directory holding cora/raw/ ($FEDGL_DATA)")
+    make.add_argument("--configs", default=None, help="comma-separated configurations to record (default: all)")
     check = commands.add_parser("compare", help="compare two directories of run records")
     check.add_argument("before", type=Path)
     check.add_argument("after", type=Path)
     check.add_argument("--output", type=Path, default=None, help="write the verdicts as JSON here")
     args = parser.parse_args(argv)
     if args.command == "record":
-        record(args.output_dir, args.rounds, args.data_root)
+        names = [name.strip() for name in args.configs.split(",") if name.strip()] if args.configs else None
+        record(args.output_dir, args.rounds, args.data_root, names)
         return 0
     result = compare(args.before, args.after)
     text = json.dumps(result, indent=2)
