@@ -50,6 +50,7 @@ LONGEST_FIRST = (
     "test_consortium_privacy.py",
     "test_bank_consortium.py",
     "test_consortium.py",
+    "test_pyg_consortium.py",
     "test_fgcl_consortium.py",
     "test_fuzz_services.py",
 )

@@ -52,6 +52,20 @@ class GraphDataset:
     def num_undirected_edges(self) -> int:
         return int(self.edge_index.shape[1] // 2)
 
+    def to_pyg(self):
+        """This graph as a PyG ``torch_geometric.data.Data`` (:func:`fedgl_secure.data.pyg_data.to_pyg`)."""
+        # imported here: PyG takes seconds to import, and only a caller that wants PyG data should pay for it
+        from fedgl_secure.data.pyg_data import to_pyg
+
+        return to_pyg(self)
+
+    @classmethod
+    def from_pyg(cls, data, name: str | None = None) -> GraphDataset:
+        """A PyG ``Data`` as a graph of this type (:func:`fedgl_secure.data.pyg_data.from_pyg`)."""
+        from fedgl_secure.data.pyg_data import from_pyg
+
+        return from_pyg(data, name)
+
     def adjacency(self) -> sp.csr_matrix:
         """Binary symmetric adjacency without self-loops, as CSR."""
         n = self.num_nodes

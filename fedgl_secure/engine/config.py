@@ -10,6 +10,7 @@ from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.method_registry import method_names, method_spec, method_specs
+from fedgl_secure.model.declared_backbone import DECLARED_BACKBONE
 from fedgl_secure.policy.budget import AccountantName
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error
@@ -26,10 +27,11 @@ BACKBONES: tuple[str, ...] = get_args(Backbone)
 class TrainingConfig(_Section):
     """Local training (Kipf & Welling defaults) of the engine's model (``backbone``, model/backbones.py)."""
 
-    backbone: Backbone = Field(
+    backbone: str = Field(
         "gcn",
         description="the model every method without its own (FedAvg, FedAvg-Full, Fed²GNN, FedGL, Central, Local) "
-        "trains: gcn (Kipf & Welling), sage (GraphSAGE, mean aggregator), dagnn (Liu et al. 2020)",
+        "trains: gcn (Kipf & Welling), sage (GraphSAGE, mean aggregator), dagnn (Liu et al. 2020), or a declared "
+        "PyG model 'package.module:ClassName' (model/pyg_adapter.py), imported and checked when the model is built",
     )
     dagnn_hops: int = Field(5, ge=0, le=64, description="K of DAGNN's Â^k Z, k = 0..K (the Fed²GNN paper's 5 layers)")
     hidden: int = Field(16, ge=1)
@@ -46,6 +48,16 @@ class TrainingConfig(_Section):
     reset_optimizer_each_round: bool = Field(
         False, description="fresh Adam state every round instead of each bank keeping its own"
     )
+
+    @field_validator("backbone")
+    @classmethod
+    def _known_or_declared(cls, value: str) -> str:
+        if value in BACKBONES or DECLARED_BACKBONE.fullmatch(value):
+            return value
+        raise ValueError(
+            f"unknown backbone {value!r}; choose {', '.join(BACKBONES)}, or declare a model as "
+            "'package.module:ClassName'"
+        )
 
     @property
     def receptive_field(self) -> int:

@@ -24,18 +24,26 @@ from fedgl_secure.model.sparse import SparseOperator
 def mean_aggregation(operator: SparseOperator) -> SparseOperator:
     """``M = D_W^-1 W`` (self-loops dropped) from a GCN operator ``Â = D̃^-1/2 (W + I) D̃^-1/2``.
 
-    ``W_ij = Â_ij · √(d̃_i d̃_j)`` with ``d̃_i = 1/Â_ii`` (the self-loop has weight 1, so the diagonal is
-    ``1/d̃_i``); ``M_ij = W_ij / Σ_{j ≠ i} W_ij``; a node with no neighbour gets an all-zero row (its
-    aggregate is 0, as in PyG's mean aggregation). Same sparsity pattern as ``Â`` (the diagonal kept as
+    :func:`mean_weights` on the operator's entries; same sparsity pattern as ``Â`` (the diagonal kept as
     explicit zeros), so it runs on whatever device ``Â`` is on.
     """
     matrix = operator.matrix
-    size = matrix.shape[0]
     values = matrix.values()
     rows = torch.repeat_interleave(
-        torch.arange(size, device=values.device), matrix.crow_indices().diff(), output_size=values.numel()
+        torch.arange(matrix.shape[0], device=values.device), matrix.crow_indices().diff(), output_size=values.numel()
     )
-    cols = matrix.col_indices()
+    return operator.with_values(mean_weights(rows, matrix.col_indices(), values, matrix.shape[0]))
+
+
+def mean_weights(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, size: int) -> torch.Tensor:
+    """The entries ``M_ij`` of the mean aggregator at the entries ``Â_ij`` (``rows``, ``cols``, ``values``) of a
+    GCN operator; 0 on the diagonal.
+
+    ``W_ij = Â_ij · √(d̃_i d̃_j)`` with ``d̃_i = 1/Â_ii`` (the self-loop has weight 1, so the diagonal is
+    ``1/d̃_i``); ``M_ij = W_ij / Σ_{j ≠ i} W_ij``; a node with no neighbour gets an all-zero row (its
+    aggregate is 0, as in PyG's mean aggregation). Entry lists, so the engine's CSR operator and a PyG
+    model's ``edge_index`` (:mod:`fedgl_secure.model.pyg_backbones`) share it.
+    """
     on_diagonal = rows == cols
     diagonal = torch.zeros(size, dtype=values.dtype, device=values.device)
     diagonal[rows[on_diagonal]] = values[on_diagonal]
@@ -47,7 +55,7 @@ def mean_aggregation(operator: SparseOperator) -> SparseOperator:
     weights = torch.where(on_diagonal, torch.zeros_like(values), values / torch.sqrt(diagonal[rows] * diagonal[cols]))
     row_weight = torch.zeros(size, dtype=values.dtype, device=values.device).index_add_(0, rows, weights)
     row_weight = torch.where(row_weight > 0, row_weight, torch.ones_like(row_weight))
-    return operator.with_values(weights / row_weight[rows])
+    return weights / row_weight[rows]
 
 
 class GraphSAGE(FlatParameters, nn.Module):

@@ -1,0 +1,124 @@
+"""The engine's backbones written with PyG layers, as declared backbones (``training.backbone =
+"fedgl_secure.model.pyg_backbones:GCN"`` …) behind :class:`~fedgl_secure.model.pyg_adapter.PyGBackbone`.
+
+Each computes what its counterpart over the engine's own sparse operator computes, on the same Â (or Eq. 9's
+fused Â') handed over as ``edge_index`` + ``edge_weight``, and follows the declared-backbone contract
+(``Class(num_features, hidden, num_classes, dropout)``, ``forward(x, edge_index, edge_weight)`` →
+``(logits, hidden)``, module docstring of :mod:`fedgl_secure.model.pyg_adapter`):
+
+* :class:`GCN` — ``H = Â σ(Â X W0 + b0) W1 + b1`` with ``GCNConv(normalize=False)`` (Â is already normalised);
+* :class:`GraphSAGE` — the mean aggregator ``h'_i = W_self h_i + W_neigh Σ_j M_ij h_j + b`` with ``GraphConv``
+  over the mean weights ``M`` read off Â (:func:`~fedgl_secure.model.sage.mean_weights`); PyG's ``SAGEConv``
+  takes no edge weights, so it would drop Eq. 9's β-weighted pseudo edges and Fed²GNN's multiplicities;
+* :class:`SGC` — ``H = Â^K X W + b`` (K = 2) with ``SimpleConv``; PyG's ``SGConv`` normalises the edges again;
+* :class:`DAGNN` — ``out = Σ_k sigmoid(Â^k Z w + b) ⊙ Â^k Z``, ``Z = MLP(X)`` (Liu, Gao & Ji, KDD 2020), the hops
+  by ``SimpleConv`` as in PyG's DAGNN example.
+
+Dropout is PyG's ``F.dropout`` on dense tensors, drawn from the bank's stream by the adapter; it draws other masks
+than the engine's own backbones (which drop the stored values of the sparse features), so the two agree exactly
+in evaluation and in distribution in training.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GCNConv, GraphConv, Linear, SimpleConv
+
+from fedgl_secure.model.sage import mean_weights
+
+
+class GCN(nn.Module):
+    """Kipf & Welling's two-layer GCN from ``GCNConv``; weight decay on the first layer."""
+
+    def __init__(self, num_features: int, hidden: int, num_classes: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.conv0 = GCNConv(num_features, hidden, normalize=False)
+        self.conv1 = GCNConv(hidden, num_classes, normalize=False)
+
+    def first_layer_parameters(self) -> list[nn.Parameter]:
+        return list(self.conv0.parameters())
+
+    def forward(
+        self, x: torch.Tensor, edge_index: torch.Tensor, edge_weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = F.dropout(x, self.dropout, self.training)
+        hidden = torch.relu(self.conv0(x, edge_index, edge_weight))
+        logits = self.conv1(F.dropout(hidden, self.dropout, self.training), edge_index, edge_weight)
+        return logits, hidden
+
+
+class GraphSAGE(nn.Module):
+    """Two mean-aggregator layers from ``GraphConv`` (``lin_rel`` = W_neigh with the bias, ``lin_root`` = W_self)
+    over the mean weights of Â; weight decay on the first layer."""
+
+    def __init__(self, num_features: int, hidden: int, num_classes: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.conv0 = GraphConv(num_features, hidden, aggr="sum")
+        self.conv1 = GraphConv(hidden, num_classes, aggr="sum")
+
+    def first_layer_parameters(self) -> list[nn.Parameter]:
+        return list(self.conv0.parameters())
+
+    def forward(
+        self, x: torch.Tensor, edge_index: torch.Tensor, edge_weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sources, targets = edge_index
+        mean = mean_weights(targets, sources, edge_weight, x.shape[0])
+        x = F.dropout(x, self.dropout, self.training)
+        hidden = torch.relu(self.conv0(x, edge_index, mean))
+        logits = self.conv1(F.dropout(hidden, self.dropout, self.training), edge_index, mean)
+        return logits, hidden
+
+
+class SGC(nn.Module):
+    """``H = Â^K (X W) + b`` with K ``SimpleConv`` steps (linear, so projected first); ``hidden`` is unused (SGC
+    has no hidden layer) and the logits are the embedding; weight decay on its one layer."""
+
+    def __init__(self, num_features: int, hidden: int, num_classes: int, dropout: float = 0.0, hops: int = 2) -> None:
+        super().__init__()
+        self.dropout, self.hops = dropout, hops
+        self.lin = Linear(num_features, num_classes, bias=False, weight_initializer="glorot")
+        self.bias = nn.Parameter(torch.zeros(num_classes))
+        self.propagate = SimpleConv(aggr="sum")
+
+    def reset_parameters(self) -> None:
+        self.lin.reset_parameters()
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_weight: torch.Tensor) -> torch.Tensor:
+        projected = self.lin(F.dropout(x, self.dropout, self.training))
+        for _ in range(self.hops):
+            projected = self.propagate(projected, edge_index, edge_weight)
+        return projected + self.bias
+
+
+class DAGNN(nn.Module):
+    """DAGNN's MLP, K hops of ``SimpleConv`` and the per-node retainment scores; weight decay on the MLP's first
+    layer (the engine's convention); ``hidden`` is the MLP's hidden layer."""
+
+    def __init__(self, num_features: int, hidden: int, num_classes: int, dropout: float = 0.5, hops: int = 5) -> None:
+        super().__init__()
+        self.dropout, self.hops = dropout, hops
+        self.lin0 = Linear(num_features, hidden, weight_initializer="glorot", bias_initializer="zeros")
+        self.lin1 = Linear(hidden, num_classes, weight_initializer="glorot", bias_initializer="zeros")
+        self.retain = Linear(num_classes, 1, weight_initializer="glorot", bias_initializer="zeros")
+        self.propagate = SimpleConv(aggr="sum")
+
+    def first_layer_parameters(self) -> list[nn.Parameter]:
+        return list(self.lin0.parameters())
+
+    def forward(
+        self, x: torch.Tensor, edge_index: torch.Tensor, edge_weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.relu(self.lin0(F.dropout(x, self.dropout, self.training)))
+        z = self.lin1(F.dropout(hidden, self.dropout, self.training))
+        stack = [z]
+        for _ in range(self.hops):
+            stack.append(self.propagate(stack[-1], edge_index, edge_weight))
+        hops = torch.stack(stack, dim=1)  # N x (K+1) x C
+        scores = torch.sigmoid(self.retain(hops))  # N x (K+1) x 1
+        return (scores * hops).sum(dim=1), hidden
