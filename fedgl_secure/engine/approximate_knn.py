@@ -15,23 +15,24 @@ Eq. 15 keeps, per row ``i`` of ``H̄`` (``M x D``), the ``s`` largest similariti
    levels (``√nlist`` groups, then lists within each group), so assigning ``M`` rows costs
    ``M x 3√nlist`` similarities, not ``M x nlist``; lists above ``LIST_SIZE`` rows (duplicated or
    all-zero rows) are cut into pieces.
-3. **Query groups.** Query keys are assigned to the same lists and each list's queries are cut
-   into runs of at most ``GROUP_SIZE`` along a fixed random direction, so that one set of probes
-   serves a run of similar rows. (Probing once per list, as this module first did, loses the rows
-   at a list's border: in 16 dimensions a border row's neighbours lie in lists that the list's
-   centre does not see.)
-4. **Probes.** Each group scans the lists whose centroids are most similar to its centroid, nearest
-   first, until ``candidates`` rows (``CANDIDATES``, more for ``dot``, with a hub list of the
-   highest-norm rows first for ``dot``) and never fewer than ``s + 1``.
+3. **Probes, per row.** Each query key ranks the lists nearest its own list (the ``2 x depth``
+   most similar centroids to its list's) and chooses the most similar until they hold
+   ``candidates`` rows (``CANDIDATES`` or ``CANDIDATES_PER_NEIGHBOR x (s + 1)``, more for ``dot``,
+   with a hub list of the highest-norm rows first for ``dot``), never fewer than ``s + 1``.
+   Probes chosen per group of rows instead (by the group's centre), as this module did before,
+   lose the rows at a group's border: in 16 dimensions most rows are near one (recall of the
+   top-100, cosine, 10^6 clustered rows: 0.86 even after NN-descent refinement).
+4. **Query groups.** Rows are sorted by their first three lists and cut into groups of
+   ``GROUP_SIZE``; a group scans the union of its rows' lists, each list scored only against the
+   rows that chose it (a bit mask per probe), so every row is searched over exactly its own lists
+   while a list's columns are loaded once for the whole group.
 5. **Search.** On a CPU with numba, ``probed_knn``'s kernel scores each group's rows against its
    lists tile by tile in L1; otherwise (CUDA, or no numba) a torch product and ``topk`` per group.
    Both compute the exact similarity of every candidate, so only the candidate sets approximate.
-6. **Refinement.** These seed lists of ``max(s, MIN_WIDTH)`` neighbours; ``knn_refine``'s
-   NN-descent rounds (on the CPU, where numba imports) then score neighbours' neighbours.
 
 Randomness (k-means samples and starts) comes from ``SEED``, so the same input on the same device
 gives the same graph. Recall of the exact top-s is measured by ``benchmarks/pseudo_graph.py
---recall-sample N`` (docs/results/pseudo_graph_scale_partial.json so far).
+--recall-sample N`` (docs/results/pseudo_graph_2_5m.json, pseudo_graph_10m.json).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
-import structlog
 import torch
 from tqdm.auto import tqdm
 
@@ -53,23 +53,13 @@ LIST_SIZE = 1024
 # Query rows per group: one kernel block (fused_knn.BLOCK), so a group's rows share every column
 # chunk the kernel loads.
 GROUP_SIZE = 64
-# Candidate rows per query row of the first pass, cosine (direction) search and dot (MIPS) search.
-# The lists only seed the neighbour lists; refinement (knn_refine) finds what they miss, and a
-# partition's recall at a fixed candidate count falls as M grows on high-dimensional data
-# (16-dimensional clusters: 0.97 at 10^6 rows, 0.82 at 2.5·10^6 with 16,384 candidates).
-CANDIDATES = 4096
-CANDIDATES_MIPS = 8192
-# Never fewer first-pass candidates than this many per wanted neighbour.
-CANDIDATES_PER_NEIGHBOR = 40
-# Neighbour lists are searched and refined at least this wide, then cut to s: NN-descent needs
-# wide enough lists to find neighbours through neighbours (recall of the top-10 at 10^6 clustered
-# rows after refinement: 0.66 with lists of 10, 0.96 with lists of 32).
-MIN_WIDTH = 32
-# Refinement: neighbours' neighbours read per row (fan x fan), at most this many rounds, stopping
-# once a round changes fewer than this share of the list entries.
-REFINE_FAN = 16
-REFINE_ROUNDS = 10
-REFINE_SETTLE = 0.0005
+# Candidate rows per query row, cosine (direction) search and dot (MIPS) search, and never fewer
+# than CANDIDATES_PER_NEIGHBOR per wanted neighbour. 16-dimensional Gaussian clusters are the
+# hardest case (every row's neighbourhood is truly 16-dimensional); measured there at 10^6 rows,
+# cosine: s = 100 with 12,120 candidates 0.975, s = 10 with 4,096 0.82.
+CANDIDATES = 10240
+CANDIDATES_MIPS = 16384
+CANDIDATES_PER_NEIGHBOR = 120
 # dot: this share of each row's candidates are the rows of the largest norms (hubs), scanned by
 # every group. A few high-norm rows are the top-s of nearly every row under dot (DESIGN §3: one
 # node was the neighbour of 2,673 of Cora's 2,708), and k-means on MIPS keys scatters them into
@@ -78,9 +68,7 @@ REFINE_SETTLE = 0.0005
 HUB_SHARE = 0.25
 KMEANS_ROWS_PER_LIST = 32
 KMEANS_ITERATIONS = 8
-GROUP_ITERATIONS = 4
 SEED = 0
-_log = structlog.get_logger(__name__)
 # Rows whose scores against centroids are computed at once: bounds those products' working set.
 _BLOCK_SCORES = 2**24
 # Query groups per kernel call: bounds the results held at once and gives the progress bar steps.
@@ -212,6 +200,11 @@ def train_coarse(keys: torch.Tensor, plan: IvfPlan, generator: torch.Generator) 
     return Coarse(groups, torch.cat(lists), first)
 
 
+def pieces_per_list(counts: torch.Tensor) -> torch.Tensor:
+    """Pieces ``split_oversized_lists`` cuts lists of these sizes into (an empty list keeps one)."""
+    return torch.div(counts + LIST_SIZE - 1, LIST_SIZE, rounding_mode="floor").clamp(min=1)
+
+
 def split_oversized_lists(sorted_lists: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut every list of more than ``LIST_SIZE`` rows into near-equal pieces of at most ``LIST_SIZE`` rows.
 
@@ -223,7 +216,7 @@ def split_oversized_lists(sorted_lists: torch.Tensor, centroids: torch.Tensor) -
     new list.
     """
     counts = torch.bincount(sorted_lists, minlength=centroids.shape[0])
-    pieces = torch.div(counts + LIST_SIZE - 1, LIST_SIZE, rounding_mode="floor").clamp(min=1)
+    pieces = pieces_per_list(counts)
     first_piece = pieces.cumsum(0) - pieces
     list_start = counts.cumsum(0) - counts
     position = torch.arange(sorted_lists.shape[0], device=sorted_lists.device) - list_start[sorted_lists]
@@ -261,6 +254,7 @@ class InvertedIndex:
     group_offsets: np.ndarray
     probe_offsets: np.ndarray
     probes: np.ndarray
+    probe_masks: np.ndarray
 
     @property
     def count(self) -> int:
@@ -288,95 +282,128 @@ def build_index(h: torch.Tensor, plan: IvfPlan, s: int) -> InvertedIndex:
     coarse = train_coarse(stored[rest], plan, generator)
     home = coarse.assign(stored[rest])
     order = rest[torch.argsort(home, stable=True)]
-    pieces, centroids = split_oversized_lists(torch.sort(home).values, coarse.lists)
-    sizes = torch.bincount(pieces, minlength=centroids.shape[0]).cpu().numpy()
-    del stored
-    query_home = coarse.assign(queries) if plan.mips or plan.hubs else home
+    sorted_home = torch.sort(home).values
+    pieces, _ = split_oversized_lists(sorted_home, coarse.lists)
+    nlist = coarse.lists.shape[0]
+    list_sizes = torch.bincount(home, minlength=nlist)
+    first_piece = np.concatenate([[0], pieces_per_list(list_sizes).cumsum(0).cpu().numpy()])
+    sizes = torch.bincount(pieces, minlength=int(first_piece[-1])).cpu().numpy()
+    list_sizes = list_sizes.cpu().numpy()
+    del stored, sorted_home, pieces
+    if plan.mips or plan.hubs:
+        query_home = coarse.assign(queries)
+    else:
+        query_home = torch.empty(m, dtype=torch.int64, device=h.device)
+        query_home[rest] = home
     del home
-    group_rows, group_offsets, group_centroids = split_into_groups(queries, query_home, generator)
-    wanted = max(plan.candidates, s + 1) - plan.hubs
-    probe_offsets, probes = plan_probes(group_centroids, centroids, sizes, wanted, m - plan.hubs)
-    if plan.hubs:  # list 0: the hubs, first in every group's probes
+    wanted = min(max(plan.candidates, s + 1) - plan.hubs, m - plan.hubs)
+    chosen = row_probes(queries, query_home, coarse.lists, list_sizes, wanted)
+    del query_home, queries
+    group_rows, group_offsets, probe_offsets, probes, masks = group_by_probes(chosen, nlist)
+    del chosen
+    probe_offsets, probes, masks = expand_pieces(probe_offsets, probes, masks, first_piece)
+    keep = sizes[probes] > 0  # empty pieces (a list no row chose as its home) cost a loop turn each
+    group = np.repeat(np.arange(len(probe_offsets) - 1), np.diff(probe_offsets))
+    probe_offsets = offsets_of(group[keep], probe_offsets)
+    probes, masks = probes[keep], masks[keep]
+    if plan.hubs:  # list 0: the hubs, first in every group's probes, for all its rows
         order = torch.cat([hubs, order])
         sizes = np.concatenate([[plan.hubs], sizes])
         groups = len(probe_offsets) - 1
         probes = np.insert(probes + 1, probe_offsets[:-1], 0)
+        masks = np.insert(masks, probe_offsets[:-1], -1)
         probe_offsets = probe_offsets + np.arange(groups + 1)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return InvertedIndex(order, offsets, group_rows, group_offsets, probe_offsets, probes)
+    return InvertedIndex(order, offsets, torch.from_numpy(group_rows), group_offsets, probe_offsets, probes, masks)
 
 
-def split_into_groups(
-    keys: torch.Tensor, home: torch.Tensor, generator: torch.Generator
-) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
-    """Split each list's query rows into groups of at most ``GROUP_SIZE``: runs of the list's rows
-    ordered along a fixed random direction. Returns the row ids group by group, the groups'
-    bounds, and each group's unit centroid.
+def row_probes(
+    queries: torch.Tensor, home: torch.Tensor, centroids: torch.Tensor, sizes: np.ndarray, wanted: int
+) -> np.ndarray:
+    """Each query row's lists, most similar centroid first, until they hold ``wanted`` rows (all lists
+    when no fewer reach it): ``M x width`` list ids, -1 after a row's last.
 
-    One sort for all lists rather than k-means per list: a loop of small torch operations per list
-    took 50-85 s at 5·10^5 rows on 2 busy cores (every small product waits on the OpenMP pool),
-    more than the search. The groups are slabs rather than balls, a coarser choice of probes that
-    refinement (``knn_refine``) makes up for.
+    A row ranks only the lists nearest its home list (``home``), not all ``nlist``: at 10^7 rows
+    ranking every centroid would cost more than the search.
     """
-    m = keys.shape[0]
-    direction = torch.randn(keys.shape[1], generator=generator).to(keys.device)
-    along = keys @ direction
-    # home first, then position along the direction; home < 2^31 and ranks < M fit one int64 key
-    rank = torch.empty(m, dtype=torch.int64, device=keys.device)
-    rank[torch.argsort(along, stable=True)] = torch.arange(m, device=keys.device)
-    order = torch.argsort(home * m + rank)
-    counts = torch.bincount(home).cpu().numpy()
-    per_list = -(-counts // GROUP_SIZE)
-    # group g of list c holds its rows [g * size, (g + 1) * size) with near-equal sizes
-    sizes = np.concatenate(
-        [
-            np.full(n_groups, n // n_groups) + (np.arange(n_groups) < n % n_groups)
-            for n, n_groups in zip(counts, per_list, strict=True)
-            if n
-        ]
-    ).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    # groups are contiguous in `order`: their sums are differences of one running sum (float64,
-    # so that the differences of large running totals keep float32's precision)
-    running = torch.cat(
-        [torch.zeros((1, keys.shape[1]), dtype=torch.float64, device=keys.device), keys[order].double().cumsum(0)]
-    )
-    bounds = torch.from_numpy(offsets).to(keys.device)
-    centres = (running[bounds[1:]] - running[bounds[:-1]]).to(keys.dtype)
-    return order, offsets, torch.nn.functional.normalize(centres, p=2.0, dim=1)
+    count = centroids.shape[0]
+    mean = float(sizes[sizes > 0].mean())
+    depth = min(count, 2 * math.ceil(wanted / mean) + 8)
+    near = top_centroids(centroids, centroids, min(count, 2 * depth))
+    m = queries.shape[0]
+    out = np.full((m, depth), -1, dtype=np.int32)
+    sizes_t = torch.from_numpy(sizes.astype(np.int64)).to(queries.device)
+    step = max(1, _BLOCK_SCORES // max(1, near.shape[1] * queries.shape[1]))
+    short = []
+    for start in range(0, m, step):
+        candidates = near[home[start : start + step]]
+        scores = torch.einsum("bd,brd->br", queries[start : start + step], centroids[candidates])
+        ranked = candidates.gather(1, scores.topk(depth, dim=1).indices)
+        held = sizes_t[ranked].cumsum(1)
+        take = ((held < wanted).sum(dim=1) + 1).clamp(max=depth)
+        columns = torch.arange(depth, device=queries.device)
+        out[start : start + step] = torch.where(columns < take[:, None], ranked, -1).cpu().numpy()
+        short.append(torch.nonzero(held[:, -1] < wanted).squeeze(1).cpu().numpy() + start)
+    short = np.concatenate(short)
+    if len(short):  # too few rows among the nearest lists (tiny lists): every list, nearest first
+        ranked = top_centroids(queries[torch.from_numpy(short).to(queries.device)], centroids, count).cpu().numpy()
+        out = np.concatenate([out, np.full((m, count - depth), -1, dtype=np.int32)], axis=1)
+        held = np.cumsum(sizes[ranked], axis=1)
+        take = np.minimum((held < wanted).sum(axis=1) + 1, count)
+        out[short] = np.where(np.arange(count) < take[:, None], ranked, -1)
+    return out
 
 
-def plan_probes(
-    group_centroids: torch.Tensor, list_centroids: torch.Tensor, list_sizes: np.ndarray, wanted: int, m: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each group's lists, most similar centroid first, until they hold ``wanted`` rows (all lists
-    when ``wanted`` reaches ``M``): ``(probe_offsets, probes)``."""
-    count = list_centroids.shape[0]
-    nonempty = list_sizes > 0
-    if wanted >= m or count == 1:
-        # every group scans every list; the most similar first, so the kernel's threshold rises early
-        depth = count
-    else:
-        mean = float(list_sizes[nonempty].mean())
-        depth = min(count, 2 * math.ceil(wanted / mean) + 8)
-    top = top_centroids(group_centroids, list_centroids, depth).cpu().numpy()
-    held = np.cumsum(list_sizes[top], axis=1)
-    # lists up to and including the first that reaches `wanted` rows
-    take = np.minimum((held < wanted).sum(axis=1) + 1, depth)
-    short = held[np.arange(len(top)), take - 1] < min(wanted, m)
-    if short.any():  # too few rows among the top lists (tiny lists): probe all of them
-        full = top_centroids(group_centroids[torch.from_numpy(np.flatnonzero(short))], list_centroids, count)
-        rows = [top[i, : take[i]] for i in range(len(top))]
-        for i, all_lists in zip(np.flatnonzero(short), full.cpu().numpy(), strict=True):
-            rows[i] = all_lists
-        take = np.array([len(r) for r in rows])
-        probes = np.concatenate(rows)
-    else:
-        probes = top[np.arange(depth)[None, :] < take[:, None]]
-    keep = nonempty[probes]  # empty lists cost nothing but a loop turn; drop them anyway
-    probe_offsets = np.concatenate([[0], np.cumsum(take)])
-    counts = np.add.reduceat(keep.astype(np.int64), probe_offsets[:-1]) if len(probes) else np.zeros(0, np.int64)
-    return np.concatenate([[0], np.cumsum(counts)]), probes[keep]
+def group_by_probes(probes: np.ndarray, nlist: int) -> tuple[np.ndarray, ...]:
+    """Query groups of ``GROUP_SIZE`` rows that chose similar lists, and each group's union of them.
+
+    Rows are sorted by their first three lists, so a group's rows share most of theirs; the group
+    scans the union, each list (``probe_masks``: bit ``j`` for the group's row ``j``) scored only
+    against the rows that chose it, so every row is searched exactly over its own lists. Returns
+    ``(group_rows, group_offsets, probe_offsets, probes, probe_masks)``, a group's lists ordered by
+    how many of its rows chose them (the threshold then rises early).
+    """
+    m = probes.shape[0]
+    keys = [probes[:, c] for c in range(min(3, probes.shape[1]) - 1, -1, -1)]
+    group_rows = np.lexsort(keys) if keys else np.arange(m)
+    group_offsets = np.minimum(np.arange(-(-m // GROUP_SIZE) + 1) * GROUP_SIZE, m)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    step = GROUP_SIZE * 4096  # bounds the (row, list) pairs sorted at once
+    for first in range(0, m, step):
+        chosen = probes[group_rows[first : first + step]]
+        row = np.arange(chosen.shape[0])[:, None]
+        valid = chosen >= 0
+        group = (first + row) // GROUP_SIZE
+        key = (np.broadcast_to(group, chosen.shape)[valid].astype(np.int64) * nlist + chosen[valid]).ravel()
+        bit = np.left_shift(np.int64(1), np.broadcast_to(row % GROUP_SIZE, chosen.shape)[valid].astype(np.int64))
+        order = np.argsort(key, kind="stable")
+        key, bit = key[order], bit[order]
+        starts = np.flatnonzero(np.diff(key, prepend=-1))
+        unique = key[starts]
+        masks = np.bitwise_or.reduceat(bit, starts)
+        counts = np.diff(np.append(starts, len(key)))
+        groups, lists = unique // nlist, unique % nlist
+        order = np.lexsort((lists, -counts, groups))
+        parts.append((groups[order], lists[order], masks[order]))
+    groups, lists, masks = (np.concatenate(p) for p in zip(*parts, strict=True))
+    probe_offsets = offsets_of(groups, group_offsets)
+    return group_rows, group_offsets, probe_offsets, lists, masks
+
+
+def expand_pieces(
+    probe_offsets: np.ndarray, probes: np.ndarray, masks: np.ndarray, first_piece: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probes of lists as probes of their pieces (``split_oversized_lists``), each with its list's mask."""
+    pieces = np.diff(first_piece)[probes]
+    within = np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    expanded = np.repeat(first_piece[probes], pieces) + within
+    group = np.repeat(np.arange(len(probe_offsets) - 1), np.diff(probe_offsets))
+    return offsets_of(np.repeat(group, pieces), probe_offsets), expanded, np.repeat(masks, pieces)
+
+
+def offsets_of(group: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Bounds of each group's entries given each entry's (ascending) group, for ``len(like) - 1`` groups."""
+    return np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(like) - 1))]).astype(np.int64)
 
 
 def search_index(
@@ -407,7 +434,7 @@ def _kernel_search(kernel, h, s, index, kernel_context):
     points = h.contiguous().numpy()
     lists = kernel.pack_lists(points, index.order.numpy(), index.offsets)
     blocks = kernel.query_blocks(
-        points, index.group_rows.numpy(), index.group_offsets, index.probe_offsets, index.probes
+        points, index.group_rows.numpy(), index.group_offsets, index.probe_offsets, index.probes, index.probe_masks
     )
     # blocks of one step: those of _GROUPS_PER_STEP consecutive groups
     edges = np.searchsorted(blocks.group, np.arange(0, index.groups, _GROUPS_PER_STEP))
@@ -426,11 +453,15 @@ def _torch_search(h, s, index):
     for step in range(steps(index)):
         out_rows, out_ids, out_values = [], [], []
         for g in range(step * _GROUPS_PER_STEP, min(index.groups, (step + 1) * _GROUPS_PER_STEP)):
-            lists = index.probes[index.probe_offsets[g] : index.probe_offsets[g + 1]]
+            probed = slice(index.probe_offsets[g], index.probe_offsets[g + 1])
+            lists = index.probes[probed]
             slots = torch.from_numpy(np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in lists])).to(device)
             rows = index.group_rows[index.group_offsets[g] : index.group_offsets[g + 1]].to(device)
             candidates = order[slots]
+            masks = torch.from_numpy(np.repeat(index.probe_masks[probed], np.diff(offsets)[lists])).to(device)
+            chose = (masks[None, :] >> torch.arange(rows.shape[0], device=device)[:, None]) & 1
             scores = h[rows] @ grouped[slots].t()
+            scores[chose == 0] = float("-inf")  # each row is searched over the lists it chose only
             scores[candidates[None, :] == rows[:, None]] = float("-inf")  # the row itself is not an edge
             values, columns = torch.topk(scores, s, dim=1)
             out_rows.append(rows)
@@ -447,42 +478,18 @@ def approximate_top_s(
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's approximate top ``s`` other rows by ``h_i · h_j``: ``(ids, similarities)``, ``M x s``
-    int64 / float32 on the CPU, sorted by decreasing similarity.
-
-    The inverted lists seed lists of ``max(s, MIN_WIDTH)`` neighbours; on a CPU with numba,
-    ``knn_refine`` then refines them by neighbours' neighbours (``h`` is copied to the CPU for that
-    when it lives on a GPU). ``s`` must be below ``M``.
-    """
+    int64 / float32 on the CPU, sorted by decreasing similarity. ``s`` must be below ``M``."""
     m = h.shape[0]
-    width = min(max(s, MIN_WIDTH), m - 1)
-    index = build_index(h, ivf_plan(m, width, mips), width)
-    ids = torch.empty((m, width), dtype=torch.int64)
-    values = torch.empty((m, width), dtype=torch.float32)
-    context = kernel_context or nullcontext
+    index = build_index(h, ivf_plan(m, s, mips), s)
+    ids = torch.empty((m, s), dtype=torch.int64)
+    values = torch.empty((m, s), dtype=torch.float32)
     with tqdm(total=steps(index), desc="pseudo graph (lists)", unit="step", disable=not progress) as bar:
-        for rows, found, top in search_index(h, width, index, context):
+        for rows, found, top in search_index(h, s, index, kernel_context or nullcontext):
             rows = rows.cpu()
             ids[rows] = found.cpu()
             values[rows] = top.cpu()
             bar.update(1)
-    del index
-    refiner = _import_refiner()
-    if refiner is not None and width < m - 1:
-        points = h.detach().cpu().contiguous().numpy()
-        with context():
-            changes = refiner.refine(points, ids.numpy(), values.numpy(), REFINE_FAN, REFINE_ROUNDS, REFINE_SETTLE)
-        _log.debug("pseudo_graph.refined", rounds=len(changes), changed=changes)
-    if width > s:
-        ids, values = ids[:, :s].contiguous(), values[:, :s].contiguous()
     return ids, values
-
-
-def _import_refiner():
-    try:
-        from fedgl_secure.engine import knn_refine
-    except ImportError:
-        return None
-    return knn_refine
 
 
 def _import_kernel():

@@ -82,6 +82,9 @@ class QueryBlocks:
         first: first packed row of each block; ``count`` its rows (at most ``BLOCK``).
         group: the group whose probes a block scans.
         probe_offsets, probes: group ``g`` scans lists ``probes[probe_offsets[g]:probe_offsets[g + 1]]``.
+        probe_masks: per probe, bit ``j`` set when the block's row ``j`` scans that list (rows choose
+            their own lists; a block scans the union of its rows' and scores each list only against
+            the rows that chose it).
     """
 
     rows: np.ndarray
@@ -91,13 +94,21 @@ class QueryBlocks:
     group: np.ndarray
     probe_offsets: np.ndarray
     probes: np.ndarray
+    probe_masks: np.ndarray
 
 
 def query_blocks(
-    points: np.ndarray, group_rows: np.ndarray, group_offsets: np.ndarray, probe_offsets: np.ndarray, probes: np.ndarray
+    points: np.ndarray,
+    group_rows: np.ndarray,
+    group_offsets: np.ndarray,
+    probe_offsets: np.ndarray,
+    probes: np.ndarray,
+    probe_masks: np.ndarray,
 ) -> QueryBlocks:
-    """Cut each group (rows ``group_rows[group_offsets[g]:group_offsets[g + 1]]``) into blocks of at most ``BLOCK``."""
+    """One block per group (rows ``group_rows[group_offsets[g]:group_offsets[g + 1]]``, at most ``BLOCK``)."""
     sizes = np.diff(group_offsets).astype(np.int64)
+    if len(sizes) and sizes.max() > BLOCK:
+        raise ValueError(f"query_blocks: groups hold at most {BLOCK} rows (one bit each in probe_masks)")
     per_group = -(-sizes // BLOCK)
     group = np.repeat(np.arange(len(sizes)), per_group)
     index_in_group = np.arange(len(group)) - np.repeat(np.cumsum(per_group) - per_group, per_group)
@@ -113,6 +124,7 @@ def query_blocks(
         group.astype(np.int64),
         probe_offsets.astype(np.int64),
         probes.astype(np.int64),
+        probe_masks.astype(np.int64),
     )
 
 
@@ -143,6 +155,7 @@ def probed_top_s(
         blocks.group[start:stop],
         blocks.probe_offsets,
         blocks.probes,
+        blocks.probe_masks,
         lists.chunks,
         lists.chunk_width,
         lists.list_chunks,
@@ -167,6 +180,7 @@ def _probed_kernel(
     block_group,
     probe_offsets,
     probes,
+    probe_masks,
     columns,
     chunk_width,
     list_chunks,
@@ -189,15 +203,25 @@ def _probed_kernel(
         spare_values = np.empty(capacity, dtype=np.float32)
         spare_members = np.empty(capacity, dtype=np.int32)
         tile = np.empty((TILE, CHUNK), dtype=np.float32)
+        # the rows that chose the list being scanned, gathered so that tiles stay full
+        chosen = np.zeros((BLOCK + TILE, rows.shape[1]), dtype=np.float32)
+        chosen_local = np.empty(BLOCK, dtype=np.int64)
         for p in range(probe_offsets[g], probe_offsets[g + 1]):
             lst = probes[p]
+            mask = probe_masks[p]
+            n_chosen = 0
+            for j in range(count):
+                if (mask >> j) & 1:
+                    chosen[n_chosen] = rows[first + j]
+                    chosen_local[n_chosen] = j
+                    n_chosen += 1
             for chunk in range(list_chunks[lst], list_chunks[lst + 1]):
                 start = chunk * CHUNK
                 width = chunk_width[chunk]
-                for offset in range(0, count, TILE):
-                    tile_scores(rows, first + offset, columns[chunk], groups, tile)
-                    for u in range(min(TILE, count - offset)):
-                        local = offset + u
+                for offset in range(0, n_chosen, TILE):
+                    tile_scores(chosen, offset, columns[chunk], groups, tile)
+                    for u in range(min(TILE, n_chosen - offset)):
+                        local = chosen_local[offset + u]
                         scores = tile[u]
                         # Neither the row itself nor a list's zero padding may be admitted.
                         own = position[row_ids[first + local]] - start

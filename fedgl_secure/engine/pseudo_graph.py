@@ -23,13 +23,12 @@ load 4-5, hours at ``2.5·10^6``. For large ``M`` a third, **approximate** backe
 little recall for linear time:
 
 * ``ivf``: an inverted file (``approximate_knn``): spherical k-means lists of unit search keys
-  (``dot`` through the MIPS reduction, plus a list of the highest-norm rows that every row scans),
-  rows queried in groups of ~64 that each scan the lists nearest to them up to a fixed number of
-  candidates, every candidate scored exactly (on a CPU by ``probed_knn``'s fused kernel, on CUDA
-  by torch), seed lists of ``max(s, 32)`` neighbours that NN-descent rounds (``knn_refine``)
-  refine. Recall of the exact top-s on 16-dimensional clustered rows: 0.96-0.98 for s = 10 at
-  10^6-2.5·10^6 rows, 0.86 for cosine s = 100 at 10^6 (docs/results/pseudo_graph_scale_partial.json);
-  issue 29's 0.95 at 10^7 is not yet shown.
+  (``dot`` through the MIPS reduction, plus a list of the highest-norm rows that every row scans);
+  each row chooses its own nearest lists up to a fixed number of candidates, rows that chose
+  similar lists are searched in groups of 64 over the union of their lists with a bit mask per
+  list, every candidate scored exactly (on a CPU by ``probed_knn``'s fused kernel, on CUDA by
+  torch). Recall of the exact top-s, seconds and peak memory at 2.5·10^6 and 10^7 rows:
+  docs/results/pseudo_graph_2500000.json, pseudo_graph_10000000.json.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
 fused from ``FUSED_MIN_NODES`` rows, else faiss) and ``ivf`` above (on the GPU when there is
