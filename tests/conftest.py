@@ -9,6 +9,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# ci_no_skips: in CI a skip is a failure; pytester: tests/test_ci_no_skips.py runs that plugin in an inner session
+pytest_plugins = ("ci_no_skips", "pytester")
+
 
 def pytest_configure(config):
     """Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread: torch's
@@ -19,23 +22,6 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """In CI (``CI=true``, as ``.ci/run`` runs on a fresh machine) a test never skips for a missing part — a
-    dataset, a database server, a platform feature: the skip becomes a failure naming why, so a missing install
-    step shows instead of passing quietly."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and _in_ci() and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = f"skipped in CI (CI={os.environ['CI']}), where every part must be present: {reason}"
 
 
 # Files that start real consortia, longest first: pytest-xdist (--dist loadfile) hands whole files to the workers

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from fedgl_secure.cli import app
 from fedgl_secure.data.graph import canonical_edge_index
 from fedgl_secure.data.sources import scores as scores_module
-from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
+from fedgl_secure.data.sources.bank_data import BankData
+from fedgl_secure.data.sources.bank_graph import load_bank_data
 from fedgl_secure.data.sources.declaration import FileSource, SqlSource
 from fedgl_secure.data.sources.encode import keyed_unit_interval
 from fedgl_secure.data.sources.schema import FeatureSchema

@@ -142,7 +142,9 @@ def test_a_client_without_query_nodes_has_no_weight_in_the_meta_step():
     meta step (θ̂ = θ) instead of dividing by zero."""
     method, trainer = _one_client(labelled=1)
     assert method.support_query(trainer)[1].numel() == 0
-    theta = method.build_model(2, 2).flat_parameters()
+    # explicit θ: a model fresh from build_model holds torch.empty's memory until reset_parameters, which once
+    # held NaNs in a full run (and made alone and together NaN)
+    theta = torch.tensor([0.2, -0.1, 0.4, 0.3, 0.05, -0.05])
     term = method.stage_contribution(META, trainer, Broadcast(0, theta))[META_GRADIENTS]
     assert float(term[-1]) == 0.0 and bool(torch.all(term == 0))
     other, holder = _one_client(labelled=4)

@@ -12,7 +12,7 @@ from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.data.sampling import make_clients
-from fedgl_secure.data.sources.bank_graph import BankData, load_bank_data
+from fedgl_secure.data.sources.bank_data import BankData
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.methods.fed2gnn import BankReconstruction, bank_reconstruction, check_services
 
@@ -41,6 +41,9 @@ def bank_graph(node: NodeConfig, consortium: ConsortiumConfig) -> BankData:
     (bank-sources), or its slice of the benchmark dataset (research mode; no own customer ids then)."""
     config = consortium.experiment_config()
     if consortium.bank_sources:
+        # imported here: the tables' readers load pyarrow and SQLAlchemy, which a benchmark slice never needs
+        from fedgl_secure.data.sources.bank_graph import load_bank_data
+
         return load_bank_data(node.bank.data, consortium.feature_schema, name=node.name, seed=config.seed)
     client_index = bank_index(node, consortium)
     graph = consortium_slices(config, node.bank.data_root)[client_index]

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -220,6 +219,9 @@ def best_matching(cost: np.ndarray) -> np.ndarray:
     beyond, Hungarian row by row."""
     batch, size = cost.shape[0], cost.shape[1]
     if size > 5:
+        # imported here: scipy.optimize is a tenth of a bank node's start-up imports, for this branch only
+        from scipy.optimize import linear_sum_assignment
+
         return np.stack([linear_sum_assignment(c)[1] for c in cost]) if batch else np.zeros((0, size), np.int64)
     permutations = np.asarray(list(itertools.permutations(range(size))), dtype=np.int64)  # (P, s)
     totals = cost[:, np.arange(size)[None, :], permutations].sum(axis=2)  # (B, P)

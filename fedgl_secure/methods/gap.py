@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from opacus import GradSampleModule
 
 from fedgl_secure.engine.aggregation import client_weight
 from fedgl_secure.engine.client import LocalTrainer
@@ -40,6 +40,9 @@ from fedgl_secure.privacy import gap as gap_dp
 from fedgl_secure.privacy import graph_sensitivity
 from fedgl_secure.privacy.gap_model import GAPModel, GAPView, public_projection
 from fedgl_secure.seeding import numpy_stream, torch_stream
+
+if TYPE_CHECKING:
+    from opacus import GradSampleModule
 
 __all__ = ["GAP", "bounded_adjacency", "gap_config_values"]
 
@@ -164,6 +167,10 @@ class GAP(FederatedMethod):
     def _bank(self, trainer: LocalTrainer) -> _Bank:
         bank = self._banks.get(trainer.client_id)
         if bank is None:
+            # imported here: opacus pulls in scipy.stats and torch.distributed (~40 % of a bank node's start-up
+            # imports), and only a GAP bank needs it
+            from opacus import GradSampleModule
+
             model: GAPModel = trainer.model
             graph = trainer.graph
             encoder, classifier = GradSampleModule(model.encoder_module), GradSampleModule(model.classifier)

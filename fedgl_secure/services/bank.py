@@ -20,7 +20,7 @@ from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.crypto import threshold
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.partial_decryption import BankDecryptor
-from fedgl_secure.data.sources.bank_graph import BankData
+from fedgl_secure.data.sources.bank_data import BankData
 from fedgl_secure.log import configure_logging, get_logger
 from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods.fed2gnn_relay import BankIdentity

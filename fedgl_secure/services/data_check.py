@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedgl_secure.consortium.config import NodeRole, load_node_config
-from fedgl_secure.data.sources.bank_graph import BankData, SourceSummary, load_bank_data
+from fedgl_secure.data.sources.bank_data import BankData, SourceSummary
+from fedgl_secure.data.sources.bank_graph import load_bank_data
 from fedgl_secure.errors import ConfigError
 
 

@@ -39,7 +39,7 @@ from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.pki import provision
 
 if TYPE_CHECKING:
-    from fedgl_secure.data.sources.bank_graph import BankData
+    from fedgl_secure.data.sources.bank_data import BankData
 
 GRACE_SECONDS = 15.0
 

@@ -29,7 +29,7 @@ from fedgl_secure.consortium.bank_state import (
 )
 from fedgl_secure.consortium.config import ConsortiumConfig, NodeConfig, NodeRole, PkiLayout, load_node_config
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
-from fedgl_secure.data.sources.bank_graph import BankData
+from fedgl_secure.data.sources.bank_data import BankData
 from fedgl_secure.data.sources.scores import write_scores
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
