@@ -67,6 +67,7 @@ SPEC = MethodSpec("toy-equal-average", "FedAvg with equal bank weights", "toy_me
 
 def install_toy_method(directory: Path, entry_point_value: str = "toy_method:SPEC") -> Path:
     """A distribution on ``directory`` (module + ``.dist-info`` with the entry point), as pip would leave it."""
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "toy_method.py").write_text(textwrap.dedent(TOY_MODULE))
     info = directory / "toy_method-0.1.dist-info"
     info.mkdir()
@@ -90,7 +91,7 @@ def test_every_built_in_method_loads_as_its_spec_says():
             assert callable(implementation), spec.name
         else:
             method = build_method(build_config({"method": spec.name}))
-            assert method.name == spec.name or spec.name.startswith("fedgl"), spec.name
+            assert method.name == spec.name, spec.name
             assert method.upload_kinds, spec.name
             # the spec's own_model (which the configuration reads) says what the method does
             assert (method.build_model(8, 3) is not None) == spec.own_model, spec.name
@@ -156,10 +157,28 @@ def test_the_cli_offers_an_installed_method(toy_method, tmp_path):
 
 
 def test_an_entry_point_that_clashes_or_is_not_a_spec_is_refused(tmp_path, monkeypatch):
-    install_toy_method(tmp_path, entry_point_value="toy_method:EqualWeightAverage")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    not_a_spec = install_toy_method(tmp_path / "not-a-spec", entry_point_value="toy_method:EqualWeightAverage")
+    monkeypatch.syspath_prepend(str(not_a_spec))
     try:
         with pytest.raises(TypeError, match="loads type, not a MethodSpec"):
             method_specs()
     finally:
         sys.modules.pop("toy_method", None)
+    monkeypatch.undo()
+    # a plug-in that takes a built-in name: its entry point is named after the spec it loads, as the registry asks
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    (clash / "clash_method.py").write_text(
+        "from fedgl_secure.method_registry import MethodSpec\n"
+        'SPEC = MethodSpec("fedgl", "another fedgl", "clash_method:Nothing")\n'
+    )
+    info = clash / "clash_method-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash-method\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nfedgl = clash_method:SPEC\n")
+    monkeypatch.syspath_prepend(str(clash))
+    try:
+        with pytest.raises(ValueError, match="method name 'fedgl' is already registered"):
+            method_specs()
+    finally:
+        sys.modules.pop("clash_method", None)

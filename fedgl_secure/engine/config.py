@@ -346,8 +346,9 @@ class ExperimentConfig(_Section):
     @field_validator("method")
     @classmethod
     def _method_is_registered(cls, method: str) -> str:
-        if method not in method_names():
-            raise ValueError(f"unknown method {method!r}; choose from {', '.join(method_names())}")
+        names = method_names()
+        if method not in names:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(names)}")
         return method
 
     @model_validator(mode="after")

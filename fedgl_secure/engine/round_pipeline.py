@@ -4,9 +4,9 @@ terms, summed, then the method's update), and the hook through which every contr
 privacy step before it is summed.
 
 The pipeline knows methods only through the interface of ``methods/base.py`` (``stages``,
-``stage_contribution``, ``stage_update``, ``upload_kinds``, ``node_terms``, ``build_model``) and privacy only
-through :class:`ContributionGuard`, which ``privacy/dp_round.py``'s ``FederationPrivacy`` implements; so it sits on
-the engine's floor, below both, and names no method.
+``stage_contribution``, ``stage_update``, ``upload_kinds``, ``node_terms``, ``build_model``) and privacy
+through ``privacy/dp_round.py``'s ``FederationPrivacy``, one floor below; so it sits on the engine's floor, between
+the two, and names no method.
 
 The hooks of a round, in order: *prepare a client's graph* (once, before round 1: ``FederationPrivacy.setup`` and
 ``private_graphs`` — edge DP, the degree bound, the label release), *protect a contribution*
@@ -16,8 +16,7 @@ and *record* (the ledgers and the run's observer, which see every broadcast).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,32 +29,7 @@ from fedgl_secure.seeding import torch_stream
 
 if TYPE_CHECKING:
     from fedgl_secure.methods.base import Broadcast
-
-
-class BankGuard(Protocol):
-    stopped_round: int | None
-
-
-class ContributionGuard(Protocol):
-    """The *protect a contribution* hook: each bank's DP step (``privacy/dp_round.py``'s ``FederationPrivacy``)."""
-
-    banks: Sequence[BankGuard]
-
-    @property
-    def recomputes_node_terms(self) -> bool:
-        """Whether P_k and H_k must be computed with the public W̄ (their sensitivity assumes it)."""
-        ...
-
-    def protect(
-        self,
-        client_id: int,
-        round_number: int,
-        contribution: Mapping[str, torch.Tensor],
-        reference_weights: torch.Tensor,
-        client_weight: float,
-    ) -> dict[str, torch.Tensor] | None:
-        """The contribution as released (clipped, noised, accounted), or None when the bank refuses."""
-        ...
+    from fedgl_secure.privacy.dp_round import FederationPrivacy
 
 
 def public_model_outputs(trainer, public_weights: torch.Tensor, adjacency) -> object:
@@ -114,7 +88,7 @@ def run_round_stages(
 
 
 def protect_contributions(
-    privacy: ContributionGuard,
+    privacy: FederationPrivacy,
     method,
     trainers: list[LocalTrainer],
     broadcast: Broadcast,

@@ -31,8 +31,7 @@ class InMethodMechanism(NamedTuple):
 
 def mechanism_owner(node_mechanism: str) -> MethodSpec | None:
     """The method whose own release ``dp.node_mechanism`` names (GAP, the class sums), if one does."""
-    owners = [spec for spec in method_specs().values() if spec.own_mechanism == node_mechanism]
-    return owners[0] if owners else None
+    return next((spec for spec in method_specs().values() if spec.own_mechanism == node_mechanism), None)
 
 
 def in_method_mechanism(policy) -> InMethodMechanism | None:
