@@ -6,7 +6,9 @@ For each backbone (GCN, GraphSAGE, SGC, DAGNN) the engine's model over its :clas
 counterpart (:mod:`fedgl_secure.model.pyg_backbones`, behind :class:`PyGBackbone`, the path of any declared PyG
 model) are timed on the same graph, the same Â and the same full-batch step the trainer takes (forward, Eq. 8's
 cross-entropy on the training nodes, backward, Adam), alternating engine and PyG ``--repeats`` times after a
-warm-up of each; the median is kept and ``ratio_pyg_over_engine`` > 1 means PyG is slower. Also timed:
+warm-up of each, on ``--threads`` torch threads (1: a bank on a shared host); the medians of the CPU seconds are
+compared (``ratio_pyg_over_engine`` > 1 means PyG is slower), as they do not count the time other work on a shared
+host held the cores; the wall seconds are kept beside them. Also timed:
 
 * ``propagation``: the kernel alone, ``Â H`` with ``H`` ``N × 16``, forward and backward — the engine's CSR
   product with its cached transpose against PyG's ``SimpleConv`` scatter over the edge weights;
@@ -63,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=100_000, help="nodes of the synthetic bank graph")
     parser.add_argument("--degree", type=float, default=10.0, help="its average undirected degree")
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each, alternating")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (a bank on a shared host runs one)")
     parser.add_argument("--data-root", default=None, help="datasets (default $FEDGL_DATA)")
     parser.add_argument("--accuracy-seeds", type=int, default=0, help="Cora accuracy with both GCNs, seeds 0..K-1")
     parser.add_argument("--accuracy-method", default="centralized", help="the method of that comparison")
@@ -81,17 +84,32 @@ def pairs(num_features: int, num_classes: int) -> dict[str, tuple[Callable, Call
     }
 
 
-def interleaved(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median seconds of each callable, after one warm-up call of each, called in turn ``repeats`` times."""
+def interleaved(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, dict[str, float]]:
+    """Median CPU and wall seconds of each callable, after one warm-up call of each, called in turn ``repeats``
+    times."""
     for run in runs.values():
         run()
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    samples: dict[str, dict[str, list[float]]] = {name: {"cpu": [], "wall": []} for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
+            cpu, wall = time.process_time(), time.perf_counter()
             run()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+            samples[name]["cpu"].append(time.process_time() - cpu)
+            samples[name]["wall"].append(time.perf_counter() - wall)
+    return {
+        name: {clock: statistics.median(values) for clock, values in clocks.items()} for name, clocks in samples.items()
+    }
+
+
+def comparison(seconds: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The engine's and PyG's CPU seconds, their ratio, and the wall seconds beside them."""
+    return {
+        "engine_cpu_seconds": seconds["engine"]["cpu"],
+        "pyg_cpu_seconds": seconds["pyg"]["cpu"],
+        "ratio_pyg_over_engine": seconds["pyg"]["cpu"] / seconds["engine"]["cpu"],
+        "engine_wall_seconds": seconds["engine"]["wall"],
+        "pyg_wall_seconds": seconds["pyg"]["wall"],
+    }
 
 
 def training_step(model: torch.nn.Module, features, adjacency, labels, train_mask) -> Callable[[], None]:
@@ -126,18 +144,15 @@ def time_graph(graph: GraphDataset, repeats: int) -> dict:
         for model in models.values():
             model.reset_parameters(torch.Generator().manual_seed(0))
         steps = {key: training_step(model, features, adjacency, labels, train_mask) for key, model in models.items()}
-        seconds = interleaved(steps, repeats)
         epochs[name] = {
-            "engine_seconds": seconds["engine"],
-            "pyg_seconds": seconds["pyg"],
-            "ratio_pyg_over_engine": seconds["pyg"] / seconds["engine"],
+            **comparison(interleaved(steps, repeats)),
             "parameters": int(models["engine"].flat_parameters().numel()),
         }
-        print(f"  {name}: engine {seconds['engine'] * 1e3:.1f} ms, PyG {seconds['pyg'] * 1e3:.1f} ms", flush=True)
+        print(f"  {name}: PyG / engine {epochs[name]['ratio_pyg_over_engine']:.2f} (CPU seconds)", flush=True)
     result["epoch"] = epochs
     result["load_average_1min_after_epochs"] = os.getloadavg()[0]
     result["propagation"] = time_propagation(adjacency, repeats)
-    result["to_edges"] = time_conversion(features, adjacency, epochs["gcn"]["engine_seconds"], repeats)
+    result["to_edges"] = time_conversion(features, adjacency, epochs["gcn"]["engine_cpu_seconds"], repeats)
     return result
 
 
@@ -153,19 +168,14 @@ def time_propagation(adjacency: SparseOperator, repeats: int) -> dict:
     def pyg() -> None:
         conv(hidden, edge_index, edge_weight).sum().backward()
 
-    seconds = interleaved({"engine": engine, "pyg": pyg}, repeats)
-    return {
-        "engine_seconds": seconds["engine"],
-        "pyg_seconds": seconds["pyg"],
-        "ratio_pyg_over_engine": seconds["pyg"] / seconds["engine"],
-    }
+    return comparison(interleaved({"engine": engine, "pyg": pyg}, repeats))
 
 
 def time_conversion(features: SparseOperator, adjacency: SparseOperator, engine_epoch: float, repeats: int) -> dict:
     """The adapter's once-per-operator cost (edge list and dense features) against a round of E = 10 engine
     GCN epochs."""
     seconds = interleaved({"convert": lambda: (operator_edges(adjacency), features.to_dense())}, repeats)["convert"]
-    return {"seconds": seconds, "share_of_a_round_of_10_epochs": seconds / (10 * engine_epoch)}
+    return {"cpu_seconds": seconds["cpu"], "share_of_a_round_of_10_epochs": seconds["cpu"] / (10 * engine_epoch)}
 
 
 def cora_accuracy(data_root: str | None, method: str, seeds: int, max_rounds: int) -> dict:
@@ -201,6 +211,7 @@ def cora_accuracy(data_root: str | None, method: str, seeds: int, max_rounds: in
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     report: dict = {
         "command": "benchmarks/pyg_backbones.py",
         "torch": torch.__version__,
@@ -209,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "repeats": args.repeats,
-        # a shared host's other work slows both sides of each pair alike (they alternate), not their ratio
+        # CPU seconds on one thread are the measure: the wall clock of a shared host (its load average here) counts
+        # the time other work held the cores
         "load_average_1min_at_start": os.getloadavg()[0],
         "graphs": {},
     }

@@ -4,6 +4,8 @@ its checks, and FedGL trained in the simulation with both."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -199,3 +201,25 @@ def test_fedgl_trains_a_pyg_backbone_with_the_pseudo_graph(dataset, spec):
     assert result.rounds_run == 6 and np.isfinite(result.global_test_accuracy)
     assert result.best_val_accuracy > 0.25 + 0.15 and result.global_test_accuracy > 0.25 + 0.15, result
     assert any((record.pseudo_graph_edges or 0) > 0 for record in result.history)
+
+
+def test_the_benchmark_writes_each_backbones_ratio(tmp_path, monkeypatch):
+    """benchmarks/pyg_backbones.py end to end on a small synthetic graph (Cora left out: no data root)."""
+    from benchmark_scripts import load_benchmark
+
+    monkeypatch.delenv("FEDGL_DATA", raising=False)
+    output = tmp_path / "pyg_backbones.json"
+    threads = torch.get_num_threads()
+    try:  # the script times on one thread
+        load_benchmark("pyg_backbones").main(["--nodes", "1000", "--repeats", "1", "--output", str(output)])
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(output.read_text())
+    assert "skipped" in report["graphs"]["cora"]
+    graph = report["graphs"]["synthetic_1000"]
+    assert set(graph["epoch"]) == {"gcn", "sage", "sgc", "dagnn"}
+    for timing in [*graph["epoch"].values(), graph["propagation"]]:
+        assert timing["engine_cpu_seconds"] > 0 and timing["pyg_cpu_seconds"] > 0
+        ratio = timing["pyg_cpu_seconds"] / timing["engine_cpu_seconds"]
+        assert timing["ratio_pyg_over_engine"] == pytest.approx(ratio)
+    assert graph["to_edges"]["share_of_a_round_of_10_epochs"] > 0
