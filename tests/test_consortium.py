@@ -59,9 +59,9 @@ ROUNDS = 4
 def finished_consortium(tmp_path_factory):
     """Four rounds, the aggregator SIGKILLed after the second and started again; the run then goes to the end.
 
-    One run serves every test here: a run that matches the simulation through a restart matches it without one
-    (the rounds before the kill are the first aggregator's), so this module's three-round run without a restart,
-    which asserted the same on the same path, is gone.
+    One run serves every test here: what is checked of a run through a restart holds of the rounds before the kill
+    (the first aggregator's) as well, so this module's three-round run without a restart, which asserted the same
+    on the same path, is gone.
     """
     # Unpacked (one float per slot): the 1e-4 comparison below needs it. Packed, both paths quantise the same
     # float32 terms, but the consortium's processes (one thread each) and this one compute them in another
