@@ -16,7 +16,14 @@ pytest_plugins = ("ci_no_skips", "pytester")
 def pytest_configure(config):
     """Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread: torch's
     own pool per worker would oversubscribe the cores, and its spinning threads slow small GCN steps badly.
-    The consortium processes a test starts inherit it (they use one thread on a shared host anyway)."""
+    The consortium processes a test starts inherit it (they use one thread on a shared host anyway).
+
+    ``--dist loadfile`` hands out whole files in collection order (:data:`LONGEST_FIRST`) only without xdist's
+    ``--loadscope-reorder``, its default, which queues the files by number of tests, most first: the files that
+    start consortia (one to seven tests, minutes each) then came last, and a worker ran the last of them while the
+    other had nothing left (measured: both workers still on consortium files at 98 % of the tests)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
@@ -24,21 +31,33 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-# Files that start real consortia, longest first: pytest-xdist (--dist loadfile) hands whole files to the workers
-# in collection order, so the long ones start first and the short ones fill the gaps at the end.
+# The slowest files, longest first (per-file sums of the 80 slowest tests' durations in a 2-core `-n 2 --dist loadfile`
+# run; the consortium files start five or more processes each): loadfile hands whole files to the workers in this
+# order (see pytest_configure), so the long ones start first and the many short ones fill the gaps at the end.
 LONGEST_FIRST = (
     "test_consortium_faults.py",
-    "test_consortium_label_dp.py",
     "test_fed2gnn_consortium.py",
-    "test_graphfl_consortium.py",
-    "test_consortium_centroids.py",
-    "test_gap_consortium.py",
-    "test_consortium_privacy.py",
-    "test_bank_consortium.py",
+    "test_fuzz_services.py",
     "test_consortium.py",
     "test_pyg_consortium.py",
     "test_fgcl_consortium.py",
-    "test_fuzz_services.py",
+    "test_consortium_label_dp.py",
+    "test_gap_consortium.py",
+    "test_consortium_centroids.py",
+    "test_consortium_privacy.py",
+    "test_graphfl_consortium.py",
+    "test_bank_consortium.py",
+    "test_fused_knn.py",
+    "test_audit.py",
+    "test_privacy_units.py",
+    "test_approximate_knn.py",
+    "test_backbones.py",
+    "test_cli.py",
+    "test_secure_simulation.py",
+    "test_dp_round.py",
+    "test_simulation.py",
+    "test_encryption_pool.py",
+    "test_key_authority.py",
 )
 
 

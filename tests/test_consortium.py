@@ -13,7 +13,9 @@ import ssl
 import httpx
 import numpy as np
 import pytest
+import torch
 from consortium_harness import BANKS, NODES, SMALL_HE, write_consortium
+from test_consortium_privacy import ReplayedSums, decrypted_sums_in_simulation_order
 
 from fedgl_secure.consortium.config import load_consortium
 from fedgl_secure.crypto.receipts import ReceiptFields, c1_digest, ciphertext_digest, sign_receipt
@@ -50,31 +52,75 @@ def applied_rounds(status: dict) -> list[dict]:
     return [row for row in status["rounds"] if row["status"] == "applied"]
 
 
+ROUNDS = 4
+
+
 @pytest.fixture(scope="module")
 def finished_consortium(tmp_path_factory):
+    """Four rounds, the aggregator SIGKILLed after the second and started again; the run then goes to the end.
+
+    One run serves every test here: what is checked of a run through a restart holds of the rounds before the kill
+    (the first aggregator's) as well, so this module's three-round run without a restart, which asserted the same
+    on the same path, is gone.
+    """
     # Unpacked (one float per slot): the 1e-4 comparison below needs it. Packed, both paths quantise the same
     # float32 terms, but the consortium's processes (one thread each) and this one compute them in another
     # float order, and a term within ~1e-7 of a rounding boundary of 2^-7 lands one step apart: measured
     # 0.012 on W̄ after 3 rounds. The packed path is compared exactly in-process (test_packing.py).
     unpacked = SMALL_HE.model_copy(update={"packing": "none"})
-    consortium = write_consortium(tmp_path_factory.mktemp("consortium"), max_rounds=3, he=unpacked)
+    consortium = write_consortium(tmp_path_factory.mktemp("consortium"), max_rounds=ROUNDS, he=unpacked)
     consortium.start(*NODES)
     try:
-        status = consortium.wait_for(lambda s: s["phase"] == "finished", "three rounds", timeout=240)
+        consortium.wait_for(lambda s: (s["latest_version"] or 0) >= 2, "two rounds")
+        consortium.kill("aggregator")  # SIGKILL mid-training: no clean shutdown
+        consortium.start("aggregator")
+        status = consortium.wait_for(lambda s: s["phase"] == "finished", "the end after the restart", timeout=300)
         yield consortium, status
     finally:
         consortium.stop_all()
 
 
-def test_three_rounds_match_the_plaintext_simulation(finished_consortium):
+SUM_PRECISION = 1e-6
+"""How far a decrypted unpacked sum may be from the plaintext sum here: measured at most 1.9e-7 (4 runs analysed);
+the fused flooding alone has σ = 2.9e-8 per value (``fused_flooding_std() · √(N/2) / 2^62`` for these parameters)."""
+
+
+def test_a_restarted_aggregator_resumes_and_every_round_is_the_plaintext_round_of_its_sums(finished_consortium):
+    """Each version is applied once across the restart, every decrypted sum is the plaintext sum of the banks'
+    terms within :data:`SUM_PRECISION`, and the consortium's W̄ at every version is what the plaintext engine
+    computes from those sums (measured: equal to the bit).
+
+    Not W̄ against a noise-free simulation: a discrete step reads the sums. In this run's first round row 887's 100th
+    and 101st cosine similarities (Eq. 15's top s) differ by 2.7e-7 while H̄'s CKKS error is up to 1.4e-7, so in 4
+    of 100 in-process runs with noise of that size on the sums the row kept another neighbour and W̄ moved by
+    2.79e-4 after 3 rounds (failures of the former test: 2.79e-4 after 3 rounds, 1.8e-3 after 6)."""
     consortium, status = finished_consortium
+    assert len(consortium.events("aggregator", "aggregator.starting")) == 2  # the first process and its restart
     rounds = applied_rounds(status)
-    assert [row["base_version"] for row in rounds] == [0, 1, 2]
+    # each version applied once: nothing lost or repeated across the restart
+    assert [row["base_version"] for row in rounds] == list(range(ROUNDS))
     assert all(sorted(row["contributors"]) == list(BANKS) for row in rounds)
-    consortium_weights = final_weights(consortium, 3)
-    expected = simulated_weights(consortium, 3)
-    assert consortium_weights.shape == expected.shape
-    assert np.max(np.abs(consortium_weights - expected)) <= 1e-4
+    # a round interrupted by the restart is opened again under a new number: simulation round v + 1 is the
+    # consortium's round that applied version v + 1
+    number = {row["base_version"] + 1: row["round"] for row in rounds}
+    decrypted = decrypted_sums_in_simulation_order(consortium, number.values())
+    decrypted = {version: decrypted[number[version]] for version in number}
+    replay = ReplayedSums(decrypted)
+    seen = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each node computes (orchestrate.SHARED_HOST_THREADS): the same float order
+    try:
+        source = load_consortium(consortium.consortium_path)
+        run_experiment(source.experiment_config(), progress=False, observer=seen.append, summation=replay)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) >= ROUNDS
+    for version in range(1, ROUNDS + 1):
+        for kind, values in decrypted[version].items():
+            assert np.max(np.abs(values - replay.noiseless[version][kind])) <= SUM_PRECISION, (version, kind)
+        # banks retrain an interrupted round from the same state, so each version is the engine's
+        served = final_weights(consortium, version)
+        assert np.max(np.abs(served - seen[version - 1].weights.double().numpy())) <= SUM_PRECISION, version
     # the banks evaluated every model version on their own nodes and reported counts only
     assert status["best_version"] is not None and 0 <= status["best_val_accuracy"] <= 1
 
@@ -123,10 +169,11 @@ def test_bad_upload_bodies_get_clear_4xx_and_services_keep_working(finished_cons
 
 
 def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finished_consortium):
-    """A replay of round 3's weights with valid, correctly bound receipts (a differencing attempt)."""
-    consortium, _ = finished_consortium
+    """A replay of the last round's weights with valid, correctly bound receipts (a differencing attempt)."""
+    consortium, status = finished_consortium
+    last = max(row["round"] for row in status["rounds"])
     with sqlite3.connect(consortium.root / "state" / "aggregator" / "aggregator.sqlite3") as db:
-        (nonce,) = db.execute("SELECT nonce FROM rounds WHERE round = 3").fetchone()
+        (nonce,) = db.execute("SELECT nonce FROM rounds WHERE round = ?", (last,)).fetchone()
     with consortium.client("aggregator", "key-authority") as http:
         authority = KeyAuthorityClient(http)
         _, fingerprint = authority.public_context()
@@ -139,7 +186,7 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
             load_signing_key(consortium.layout, bank),
             ReceiptFields(
                 federation="test-federation",
-                round=3,
+                round=last,
                 nonce=nonce,
                 kind="weights",
                 sender=bank,
@@ -158,7 +205,7 @@ def test_key_authority_never_decrypts_a_round_twice_even_after_a_restart(finishe
         with consortium.client("aggregator", "key-authority") as http:
             with pytest.raises(DecryptionRefused) as refusal:
                 KeyAuthorityClient(http).decrypt(
-                    "test-federation", 3, "weights", receipts, fingerprint, 1, [c1] * len(receipts)
+                    "test-federation", last, "weights", receipts, fingerprint, 1, [c1] * len(receipts)
                 )
         return refusal.value.reason
 

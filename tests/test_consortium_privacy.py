@@ -32,7 +32,9 @@ from fedgl_secure.wire.run_record import load_run_dir
 
 pytestmark = pytest.mark.slow
 
-UPLOAD_SECONDS = 60.0
+UPLOAD_SECONDS = 3600.0
+"""An hour: a round waiting for its upload deadline would outlast consortium_up's 240 s, so the run ending at all
+shows that the withdrawals aborted round 3 at once (no clock read in the test)."""
 
 
 def channel(noise: str) -> dict:
@@ -152,7 +154,7 @@ def test_consortium_up_ends_normally_with_the_reason_when_banks_exhaust_their_bu
         (3, "aborted", 1),
     ]
     assert all(sorted(r.contributors) == list(BANKS) for r in rounds[:2])
-    assert "withdrawn:" in rounds[2].detail and rounds[2].closed_at - rounds[2].opened_at < UPLOAD_SECONDS / 2
+    assert "withdrawn:" in rounds[2].detail  # and at once: the run ended long before the hour (UPLOAD_SECONDS)
     # enough banks withdrew to leave fewer than the quorum: with the quorum at every bank, the first withdrawal
     # stops the run (the others may see the stop before their own check)
     assert len(withdrawals) >= len(BANKS) - quorum + 1
