@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.method_registry import SetupPhase, load, method_spec
-from fedgl_secure.privacy.unit_phases import setup_phases
+from fedgl_secure.privacy import unit_phases
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,7 +58,7 @@ SETUP_ROUND_DONE = "fitted"  # the status a set-up phase closes its own round wi
 
 def declared_phases(config: ExperimentConfig, policy: Policy) -> tuple[SetupPhase, ...]:
     """The run's set-up phases: the method's, then its units of privacy's; names are unique."""
-    phases = (*method_spec(config.method).phases, *setup_phases(policy))
+    phases = (*method_spec(config.method).phases, *unit_phases.setup_phases(policy))
     names = [phase.name for phase in phases]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
