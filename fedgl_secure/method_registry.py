@@ -59,6 +59,18 @@ NEIGHBOUR_EXCHANGE = SetupPhase(
 """Fed²GNN's set-up phase, run before enrolment."""
 
 
+_REFERENCE_FIELDS = (
+    "implementation",
+    "contrastive_implementation",
+    "prepare_clients",
+    "apply_mechanism_policy",
+    "mechanism_releases",
+    "check_mechanism_policy",
+    "check_consortium_policy",
+    "check_privacy",
+)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """What one method is. Field names say what a layer may ask; implementations are ``"module:attribute"``."""
@@ -96,6 +108,8 @@ class MethodSpec:
     check_mechanism_policy: str | None = None
     """``(policy, config) -> None``: refuses a run whose method or settings differ from what a policy naming
     :attr:`own_mechanism` accounts for; run for every policy that names it, whatever the method."""
+    check_consortium_policy: str | None = None
+    """``(policy) -> None``: what a consortium (not the simulation) refuses of a policy naming :attr:`own_mechanism`."""
     check_privacy: str | None = None
     """``(config, policy | None) -> None``: the method's own refusals of a run's privacy set-up."""
 
@@ -103,8 +117,7 @@ class MethodSpec:
         unknown = [phase for phase in self.phases if not isinstance(phase, SetupPhase)]
         if unknown:
             raise ValueError(f"method {self.name!r}: unknown set-up phases {unknown}; declare each as a SetupPhase")
-        references = ("implementation", "contrastive_implementation", "prepare_clients", "check_mechanism_policy")
-        for field_name in references:
+        for field_name in _REFERENCE_FIELDS:
             reference = getattr(self, field_name)
             if reference is not None and ":" not in reference:
                 raise ValueError(f"method {self.name!r}: {field_name} {reference!r} is not 'module:attribute'")
@@ -197,6 +210,7 @@ BUILT_IN: tuple[MethodSpec, ...] = (
         own_mechanism="centroids",
         apply_mechanism_policy=f"{_METHODS}.centroids:apply_centroids_policy",
         mechanism_releases=f"{_METHODS}.centroids:centroids_releases",
+        check_consortium_policy=f"{_METHODS}.centroids:check_consortium_policy",
         check_privacy=f"{_METHODS}.centroids:check_privacy",
     ),
 )

@@ -144,15 +144,7 @@ def check_consortium(policy: Policy, config) -> None:
             f"before round 1, but allowed_kinds = {list(policy.allowed_kinds)} keeps it inside the banks; allow "
             f"'weights', or use a bank-local prior (dp.labels.prior = one of {list(label_release.PRIORS)})"
         )
-    if policy.dp.node_mechanism == "centroids" and (
-        policy.dp.centroids is None or policy.dp.centroids.noise != "central"
-    ):
-        # central noise is drawn by the key authority, which decrypts round 1's sum once (its ledger survives
-        # restarts); a bank's own noise would be drawn again by a restarted bank: a second release
-        raise ConfigError(
-            "dp.centroids.noise = 'local' runs in the simulation only (`simulate --method centroids --policy ...`): "
-            "a consortium bank does not yet keep its own noisy class sums across restarts, and a second draw would "
-            "be a second release; use noise = 'central' (policies/node-dp-centroids.toml), where the key authority "
-            "adds the noise once"
-        )
+    owner = mechanism_owner(policy.dp.node_mechanism)
+    if owner is not None and owner.check_consortium_policy is not None:  # e.g. the class sums' local noise
+        load(owner.check_consortium_policy)(policy)
     check_runnable(policy, config)
