@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,7 +135,7 @@ class BankParts:
     state_dir: Path | None
     poll_seconds: float
     log: object
-    inputs: object = field(default=None)
+    inputs: object = None
 
 
 class BankPhase:
