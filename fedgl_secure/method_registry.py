@@ -5,6 +5,11 @@ sections a method reads), the CLI (its choices), the privacy checks (which units
 run under), the simulation and the consortium services (which set-up phases run before round 1) — reads
 it here, from the method's :class:`MethodSpec`, instead of comparing ``config.method`` with names.
 
+A set-up phase (:class:`SetupPhase`) is the declaration of something a consortium runs before training round 1
+because a method (:attr:`MethodSpec.phases`: Fed²GNN's neighbour exchange) or a unit of privacy
+(``privacy/unit_phases.py``: the label unit's release with the consortium prior) asks for it; the aggregator and
+the banks build its two sides from the references it names and call their hooks (``consortium/phases.py``).
+
 It sits on the base floor, below the engine and the configuration, so it holds only data: an
 implementation is named by ``"module:attribute"`` and imported when a method is built (:func:`load`), so
 this module imports nothing of the package and a node that runs FedGL pays nothing for GAP's Opacus.
@@ -25,10 +30,45 @@ from typing import Any
 
 ENTRY_POINT_GROUP = "fedgl_secure.methods"
 
-NEIGHBOUR_EXCHANGE = "neighbour-exchange"
-"""The consortium set-up phase in which banks swap per-node neighbour sums through the aggregator before
-round 1 (Fed²GNN's exchange); a method declares it in :attr:`MethodSpec.phases`."""
-PHASES = (NEIGHBOUR_EXCHANGE,)
+
+@dataclass(frozen=True)
+class SetupPhase:
+    """A consortium set-up phase: its name (unique within a run), what it does, and its aggregator's and its banks'
+    sides as ``"module:attribute"`` references to subclasses of ``consortium.phases.AggregatorPhase`` and
+    ``consortium.phases.BankPhase`` (None: that party has no part in it)."""
+
+    name: str
+    summary: str
+    aggregator: str | None = None
+    bank: str | None = None
+
+    def __post_init__(self) -> None:
+        for field_name in ("aggregator", "bank"):
+            reference = getattr(self, field_name)
+            if reference is not None and ":" not in reference:
+                raise ValueError(f"set-up phase {self.name!r}: {field_name} {reference!r} is not 'module:attribute'")
+
+
+NEIGHBOUR_EXCHANGE = SetupPhase(
+    "neighbour-exchange",
+    "the banks swap per-node neighbour sums through the aggregator's relay and enrol their completed graphs "
+    "(Fed²GNN's exchange)",
+    aggregator="fedgl_secure.consortium.exchange_phase:ExchangeRelayPhase",
+    bank="fedgl_secure.consortium.exchange_phase:NeighbourExchange",
+)
+"""Fed²GNN's set-up phase, run before enrolment."""
+
+
+_REFERENCE_FIELDS = (
+    "implementation",
+    "contrastive_implementation",
+    "prepare_clients",
+    "apply_mechanism_policy",
+    "mechanism_releases",
+    "check_mechanism_policy",
+    "check_consortium_policy",
+    "check_privacy",
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +93,8 @@ class MethodSpec:
     """Can add self-trained labels (``self_training.per_class``)."""
     prepare_clients: str | None = None
     """``(config, dataset, clients) -> clients``: rebuilds the clients before round 1 in the simulation."""
-    phases: tuple[str, ...] = ()
-    """Consortium set-up phases (of :data:`PHASES`) run before round 1."""
+    phases: tuple[SetupPhase, ...] = ()
+    """Consortium set-up phases the method declares, run before training round 1 (``consortium/phases.py``)."""
     dp_units: tuple[str, ...] | None = None
     """The units of privacy (``dp.unit``) it may run under when a policy has DP; None: any."""
     dp_units_reason: str = ""
@@ -65,14 +105,19 @@ class MethodSpec:
     """``(config, policy) -> config``: the settings the own mechanism's policy fixes (ε, δ, rounds)."""
     mechanism_releases: str | None = None
     """``config -> (channels, releases_of_round)``: the ledger channels of the own mechanism's releases."""
+    check_mechanism_policy: str | None = None
+    """``(policy, config) -> None``: refuses a run whose method or settings differ from what a policy naming
+    :attr:`own_mechanism` accounts for; run for every policy that names it, whatever the method."""
+    check_consortium_policy: str | None = None
+    """``(policy) -> None``: what a consortium (not the simulation) refuses of a policy naming :attr:`own_mechanism`."""
     check_privacy: str | None = None
     """``(config, policy | None) -> None``: the method's own refusals of a run's privacy set-up."""
 
     def __post_init__(self) -> None:
-        unknown = [phase for phase in self.phases if phase not in PHASES]
+        unknown = [phase for phase in self.phases if not isinstance(phase, SetupPhase)]
         if unknown:
-            raise ValueError(f"method {self.name!r}: unknown set-up phases {unknown}; known: {list(PHASES)}")
-        for field_name in ("implementation", "contrastive_implementation", "prepare_clients"):
+            raise ValueError(f"method {self.name!r}: unknown set-up phases {unknown}; declare each as a SetupPhase")
+        for field_name in _REFERENCE_FIELDS:
             reference = getattr(self, field_name)
             if reference is not None and ":" not in reference:
                 raise ValueError(f"method {self.name!r}: {field_name} {reference!r} is not 'module:attribute'")
@@ -155,6 +200,7 @@ BUILT_IN: tuple[MethodSpec, ...] = (
         own_mechanism="gap",
         apply_mechanism_policy=f"{_METHODS}.gap:apply_gap_policy",
         mechanism_releases=f"{_METHODS}.gap:gap_releases",
+        check_mechanism_policy=f"{_METHODS}.gap:check_gap_policy",
     ),
     MethodSpec(
         "centroids",
@@ -164,6 +210,7 @@ BUILT_IN: tuple[MethodSpec, ...] = (
         own_mechanism="centroids",
         apply_mechanism_policy=f"{_METHODS}.centroids:apply_centroids_policy",
         mechanism_releases=f"{_METHODS}.centroids:centroids_releases",
+        check_consortium_policy=f"{_METHODS}.centroids:check_consortium_policy",
         check_privacy=f"{_METHODS}.centroids:check_privacy",
     ),
 )
@@ -189,6 +236,12 @@ def method_spec(name: str) -> MethodSpec:
     if name not in specs:
         raise KeyError(f"unknown method {name!r}; choose from {', '.join(specs)}")
     return specs[name]
+
+
+def in_method_mechanisms() -> tuple[str, ...]:
+    """Every ``dp.node_mechanism`` that runs inside its method (:attr:`MethodSpec.own_mechanism`: GAP's modules, the
+    class sums): the policy reads them here, so a method that brings its own mechanism is named once."""
+    return tuple(spec.own_mechanism for spec in method_specs().values() if spec.own_mechanism is not None)
 
 
 def load(reference: str) -> Any:

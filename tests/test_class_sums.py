@@ -275,10 +275,15 @@ def test_membership_inference_attacks_the_class_sums_model_itself():
 
 
 def test_every_in_method_node_mechanism_of_the_schema_has_its_methods_hooks():
-    from fedgl_secure.methods import in_method_mechanism
-    from fedgl_secure.policy.dp import IN_METHOD_MECHANISMS
+    from typing import get_args
 
-    for name in IN_METHOD_MECHANISMS:
+    from fedgl_secure.method_registry import in_method_mechanisms
+    from fedgl_secure.methods import in_method_mechanism
+    from fedgl_secure.policy.dp import DPSettings
+
+    schema_mechanisms = set(get_args(DPSettings.model_fields["node_mechanism"].annotation)) - {"channels"}
+    assert set(in_method_mechanisms()) == schema_mechanisms  # the registry's owners are the schema's choices
+    for name in in_method_mechanisms():
         policy = SimpleNamespace(dp=SimpleNamespace(node_mechanism=name))
         mechanism = in_method_mechanism(policy)
         assert mechanism is not None, name

@@ -1,4 +1,6 @@
-"""A bank's part in the consortium label release (``[dp.labels] prior = "consortium-sgc"``), before round 1.
+"""A bank's part in the consortium label release (``[dp.labels] prior = "consortium-sgc"``), before round 1: the
+bank's side of the label unit's set-up phase (:data:`~fedgl_secure.privacy.unit_phases.LABEL_PRIOR`,
+:class:`LabelPriorPhase`), which the bank runs because the policy declares it (``consortium/phases.py``).
 
 The library is :mod:`~fedgl_secure.privacy.consortium_prior`; this is its bank-side shell over the aggregator's
 label-prior rounds (:meth:`~fedgl_secure.consortium.label_prior_rounds.LabelPriorRounds.fit`):
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,7 +34,9 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedgl_secure.consortium.aggregator_port import AggregatorPort, RoundResponse, ticket_for
+from fedgl_secure.consortium.bank_state import LABEL_RELEASE_FILE, release_settings, save_label_release
 from fedgl_secure.consortium.kept_release import keep_release, take_back_release
+from fedgl_secure.consortium.phases import BankPhase
 from fedgl_secure.consortium.retry import StopRequested
 from fedgl_secure.crypto.broadcast_signature import verify_broadcast
 from fedgl_secure.crypto.centring import bank_term, wire_reference
@@ -53,6 +58,10 @@ from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease, prop
 from fedgl_secure.privacy.secure_noise import RandomBytes
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import stage_label
+
+if TYPE_CHECKING:
+    from fedgl_secure.consortium.bank_releases import BankReleases
+    from fedgl_secure.engine.graph_tensors import GraphTensors
 
 STAGED_LABELS_FILE = "privacy-labels-staged.npz"  # the release in progress, between the prior's stages
 
@@ -257,3 +266,63 @@ class LabelPriorParticipant:
         ticket = ticket_for(view, self.policy.digest)
         layout = self.policy.upload_layout(WEIGHTS)
         return [make_upload(self.context, self.policy.he, ticket, self.name, self.signing_key, WEIGHTS, values, layout)]
+
+
+class LabelPriorPhase(BankPhase):
+    """The bank's side of the label unit's set-up phase: its whole label release, made in the aggregator's
+    label-prior rounds (module doc, steps 1–3) and kept as ``privacy-labels.npz``."""
+
+    def labels_in_progress(self) -> bool:
+        return self.parts.state_dir is not None and (self.parts.state_dir / STAGED_LABELS_FILE).exists()
+
+    def release_labels(
+        self, releases: BankReleases, graph: GraphTensors, adjacency: sp.spmatrix, stop: threading.Event
+    ) -> np.ndarray:
+        """The release in progress is drawn (stage 1) or taken back from disk, recorded in ``releases``' ledger once
+        (before any upload reads it), completed in the label-prior rounds and kept as ``privacy-labels.npz``."""
+        parts = self.parts
+        staged_path = parts.state_dir / STAGED_LABELS_FILE  # a DP policy has a state directory (BankReleases)
+        settings = release_settings(parts.policy)
+        labels = parts.policy.dp.labels
+        random_bytes = releases.privacy.random_bytes
+        if staged_path.exists():
+            release = load_staged_release(staged_path, parts.policy, settings, graph.num_nodes, random_bytes)
+            parts.log.info("privacy.labels_in_progress", stages_released=release.released)
+        else:
+            release = StagedRelease(
+                graph.labels.cpu().numpy(),
+                graph.train_mask.cpu().numpy(),
+                graph.val_mask.cpu().numpy(),
+                graph.num_classes,
+                float(labels.epsilon),
+                labels.effective_stages,
+                labels.effective_stage_order,
+                labels.effective_prior_temperature,
+                _random_bytes=random_bytes,
+            )
+            save_staged_release(staged_path, release, settings)  # on disk before the ledger records it
+        if releases.bank_privacy.record_label_release():
+            releases.save_ledger()
+        participant = LabelPriorParticipant(
+            name=parts.name,
+            federation=parts.federation,
+            aggregator=parts.aggregator,
+            context=parts.context,
+            fingerprint=parts.fingerprint,
+            policy=parts.policy,
+            signing_key=parts.signing_key,
+            broadcast_key=parts.broadcast_key,
+            normaliser=releases.privacy_normaliser,
+            release=release,
+            release_path=staged_path,
+            settings=settings,
+            adjacency=adjacency,
+            features=graph.features.to_scipy(),
+            num_classes=graph.num_classes,
+            log=parts.log,
+            poll_seconds=parts.poll_seconds,
+        )
+        result = participant.run(stop)
+        save_label_release(parts.state_dir / LABEL_RELEASE_FILE, result, settings)
+        staged_path.unlink()
+        return releases.bank_privacy.restore_label_release(result)

@@ -3,9 +3,10 @@ labels, a method's own release) kept in its state directory, and each round's re
 
 Under a policy with DP the bank applies it exactly as the simulation does (:mod:`fedgl_secure.privacy.dp_round`),
 before encryption: its graph is prepared once (edge DP, degree bound) and its training and validation labels
-released once (label DP: randomised response, or RRWithPrior in stages with the bank's own prior, or with the prior
-all banks fit together in the aggregator's label-prior rounds, ``prior = "consortium-sgc"``:
-:mod:`~fedgl_secure.consortium.bank_label_prior`), both before round 1 and kept in its state directory
+released once (label DP: randomised response, or RRWithPrior in stages with the bank's own prior, or — when a
+declared set-up phase makes the release (``consortium/phases.py``) — with the prior all banks fit together in the
+aggregator's label-prior rounds, ``prior = "consortium-sgc"``: :mod:`~fedgl_secure.consortium.bank_label_prior`),
+both before round 1 and kept in its state directory
 (``consortium/bank_state.py``) so that a restart reuses them instead of drawing (and paying for) them again; each
 contribution goes through its :class:`~fedgl_secure.privacy.dp_round.BankPrivacy` step (P/H with the public W̄,
 clipping, its noise share, the ``w_max`` normalisation), and its
@@ -23,20 +24,13 @@ its ledger's path, the releases a method makes inside the bank (the class sums, 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from fedgl_secure.consortium.aggregator_port import RoundResponse
-from fedgl_secure.consortium.bank_label_prior import (
-    STAGED_LABELS_FILE,
-    LabelPriorParticipant,
-    load_staged_release,
-    save_staged_release,
-)
 from fedgl_secure.consortium.bank_session import Session
 from fedgl_secure.consortium.bank_state import (
     LABEL_RELEASE_FILE,
@@ -51,6 +45,7 @@ from fedgl_secure.consortium.bank_state import (
     save_prepared_graph,
 )
 from fedgl_secure.consortium.kept_release import keep_release, take_back_release
+from fedgl_secure.consortium.phases import BankPhase
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.engine.aggregation import normalise_contribution
 from fedgl_secure.engine.client import LocalTrainer
@@ -63,15 +58,10 @@ from fedgl_secure.methods.base import Broadcast, FederatedMethod
 from fedgl_secure.methods.privacy_checks import check_consortium
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.accounting import EDGES, LABELS, PrivacyLedger
-from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes, releases_labels_together
-from fedgl_secure.privacy.label_release import LabelRelease, StagedRelease
+from fedgl_secure.privacy.dp_round import FederationPrivacy, RandomBytes
+from fedgl_secure.privacy.label_release import LabelRelease
 from fedgl_secure.privacy.release_schedule import setup_releases
 from fedgl_secure.seeding import numpy_stream
-
-LabelPriorLink = Callable[..., LabelPriorParticipant]
-"""This bank in the aggregator's label-prior rounds, given the keyword arguments of its release in progress and what
-it is made from (``release``, ``release_path``, ``settings``, ``adjacency``, ``features``, ``num_classes``): the
-bank's round client knows the aggregator and the bank's keys (``BankWorker._label_prior_participant``)."""
 
 
 class BankReleases:
@@ -118,14 +108,14 @@ class BankReleases:
         return None if self.privacy is None else self.privacy.banks.get(self.client_index)
 
     def private_graph(
-        self, graph: GraphTensors, graph_data: GraphDataset, stop: threading.Event, label_prior: LabelPriorLink
+        self, graph: GraphTensors, graph_data: GraphDataset, stop: threading.Event, phases: Sequence[BankPhase] = ()
     ) -> GraphTensors:
         """The graph the bank trains on: as it is, or under DP prepared once as the simulation does
         (:meth:`FederationPrivacy.setup_bank`, :meth:`FederationPrivacy.private_graph`: edge DP, degree bound,
         the label release), with the ledger of earlier runs of this bank. What was drawn at the source is kept
-        in the state directory and reused on restart, never drawn (and paid for) again. With the consortium prior
-        the labels are released in the label-prior rounds before round 1 (:meth:`_release_together`), this bank
-        taking part as ``label_prior`` makes it."""
+        in the state directory and reused on restart, never drawn (and paid for) again. A declared set-up phase of
+        ``phases`` may make the label release instead (:meth:`BankPhase.release_labels`: the consortium prior's
+        rounds before round 1)."""
         if self.privacy is None:
             return graph
         ledger = PrivacyLedger.load(self.ledger_path) if self.ledger_path.exists() else None
@@ -152,21 +142,24 @@ class BankReleases:
         )
         if releases_edges and prepared is None:
             save_prepared_graph(graph_path, adjacency, edge_release_settings(self.policy))
-        kept = self._kept_labels(graph, ledger)
-        if kept is None and releases_labels_together(self.policy):
-            kept = self._release_together(stop, graph, adjacency, label_prior)
+        kept = self._kept_labels(graph, ledger, phases)
+        for phase in phases:
+            if kept is None:
+                kept = phase.release_labels(self, graph, adjacency, stop)
         private = self.privacy.private_graph(self.client_index, graph, adjacency, kept)
         if self.policy.dp.labels.enabled and kept is None:  # released just now: on disk before the ledger records it
             release = LabelRelease(private.labels.cpu().numpy(), self.bank_privacy.label_likelihood)
             save_label_release(self.state_dir / LABEL_RELEASE_FILE, release, release_settings(self.policy))
-        self._save_ledger()
+        self.save_ledger()
         spent = self.bank_privacy.ledger.epsilon(self.policy.budget.delta, self.policy.budget.accountant)
         self.log.info(
             "privacy.ready", epsilon_spent=spent, budget=self.policy.budget.epsilon, resumed=ledger is not None
         )
         return private
 
-    def _kept_labels(self, graph: GraphTensors, ledger: PrivacyLedger | None) -> np.ndarray | None:
+    def _kept_labels(
+        self, graph: GraphTensors, ledger: PrivacyLedger | None, phases: Sequence[BankPhase]
+    ) -> np.ndarray | None:
         """Under label DP, the labels this bank released in an earlier run (``privacy-labels.npz``), taken back
         without a new draw; None when it has released none yet (:meth:`FederationPrivacy.private_graph` then
         releases them once, recorded at round 0, and :meth:`private_graph` stores them before the ledger).
@@ -180,7 +173,7 @@ class BankReleases:
         path = self.state_dir / LABEL_RELEASE_FILE
         recorded = ledger is not None and any(release.channel == LABELS for release in ledger.releases)
         if not path.exists():
-            if recorded and not (self.state_dir / STAGED_LABELS_FILE).exists():  # else: a release in progress
+            if recorded and not any(phase.labels_in_progress() for phase in phases):  # else: resumed by its phase
                 raise ConfigError(
                     f"{path}: missing, but {self.ledger_path} records this bank's label release (dp.labels): "
                     "drawing the labels again would spend ε a second time; restore the file, or start the bank "
@@ -193,48 +186,7 @@ class BankReleases:
         self.log.info("privacy.labels_reused", recorded_before=recorded)
         return labels
 
-    def _release_together(
-        self, stop: threading.Event, graph: GraphTensors, adjacency: sp.spmatrix, label_prior: LabelPriorLink
-    ) -> np.ndarray:
-        """The labels released with the consortium prior (:mod:`~fedgl_secure.consortium.bank_label_prior`): the
-        release in progress is drawn (stage 1) or taken back from disk, recorded in the ledger once (before any
-        upload reads it), completed in the aggregator's label-prior rounds and kept as ``privacy-labels.npz``."""
-        staged_path = self.state_dir / STAGED_LABELS_FILE
-        settings = release_settings(self.policy)
-        labels = self.policy.dp.labels
-        random_bytes = self.privacy.random_bytes
-        if staged_path.exists():
-            release = load_staged_release(staged_path, self.policy, settings, graph.num_nodes, random_bytes)
-            self.log.info("privacy.labels_in_progress", stages_released=release.released)
-        else:
-            release = StagedRelease(
-                graph.labels.cpu().numpy(),
-                graph.train_mask.cpu().numpy(),
-                graph.val_mask.cpu().numpy(),
-                graph.num_classes,
-                float(labels.epsilon),
-                labels.effective_stages,
-                labels.effective_stage_order,
-                labels.effective_prior_temperature,
-                _random_bytes=random_bytes,
-            )
-            save_staged_release(staged_path, release, settings)  # on disk before the ledger records it
-        if self.bank_privacy.record_label_release():
-            self._save_ledger()
-        participant = label_prior(
-            release=release,
-            release_path=staged_path,
-            settings=settings,
-            adjacency=adjacency,
-            features=graph.features.to_scipy(),
-            num_classes=graph.num_classes,
-        )
-        result = participant.run(stop)
-        save_label_release(self.state_dir / LABEL_RELEASE_FILE, result, settings)
-        staged_path.unlink()
-        return self.bank_privacy.restore_label_release(result)
-
-    def _save_ledger(self) -> None:
+    def save_ledger(self) -> None:
         """Write the ledger (:meth:`PrivacyLedger.save` replaces the file atomically: a torn file would
         fail the next start, closed but needlessly)."""
         self.bank_privacy.ledger.save(self.ledger_path)
@@ -262,7 +214,7 @@ class BankReleases:
                 )
             if k not in released:
                 return None
-            self._save_ledger()  # recorded, and on disk, before anything leaves the bank
+            self.save_ledger()  # recorded, and on disk, before anything leaves the bank
             session.released = {key: released[k]}
         return session.released[key]
 
@@ -272,10 +224,8 @@ class BankReleases:
         release): what the method says this bank made (``bank_releases``: GAP's hops only in the call that drew
         them), else the method's schedule for the training round (``base_version + 1``)."""
         training_round = view.base_version + 1
-        made = getattr(self.method, "bank_releases", None)
-        if made is not None:
-            releases = made(session.trainer, training_round)
-        else:
+        releases = self.method.bank_releases(session.trainer, training_round)
+        if releases is None:
             _, releases_of_round = self.method_releases
             releases = releases_of_round(training_round)
         return [release.model_copy(update={"round": view.round}) for release in releases]
@@ -283,11 +233,10 @@ class BankReleases:
     def keep_method_release(self, session: Session, view: RoundResponse) -> None:
         """A release the method made inside the bank and must never draw again (GAP's hops), written to the state
         directory with its round number once it exists — before the ledger records it and before any upload."""
-        kept = getattr(self.method, "kept_release", None)
         path = None if self.privacy is None else self.state_dir / METHOD_RELEASE_FILE  # (a DP policy has a state_dir)
-        if kept is None or path is None or path.exists():  # kept once: not even copied out again
+        if not self.method.kept_release_channels or path is None or path.exists():  # kept once: not even copied out
             return
-        arrays = kept(session.trainer)
+        arrays = self.method.kept_release(session.trainer)
         if arrays:
             arrays = {name: value.numpy() for name, value in arrays.items()}
             keep_release(path, self.method.kept_release_settings(), round=np.array(view.round), **arrays)
@@ -297,8 +246,7 @@ class BankReleases:
         """Take back what :meth:`keep_method_release` kept (a restarted bank): never drawn again; one kept but not
         yet recorded (stopped between the two writes) is recorded now, once. A ledger that records such a release
         whose file is gone refuses to start: drawing it again would be a second release."""
-        restore = getattr(self.method, "restore_kept_release", None)
-        if restore is None or self.bank_privacy is None:
+        if not self.method.kept_release_channels or self.bank_privacy is None:
             return
         path = self.state_dir / METHOD_RELEASE_FILE
         channels = set(self.method.kept_release_channels)
@@ -315,8 +263,8 @@ class BankReleases:
             path, self.method.kept_release_settings(), f"a {self.config.method} release", self.config.method
         )
         round_number = int(arrays.pop("round"))
-        restore(trainer, {name: torch.from_numpy(array) for name, array in arrays.items()})
+        self.method.restore_kept_release(trainer, {name: torch.from_numpy(array) for name, array in arrays.items()})
         records = self.method.kept_release_records(round_number)
         if not recorded and self.bank_privacy.record_releases(round_number, records):
-            self._save_ledger()
+            self.save_ledger()
         self.log.info("privacy.method_release_reused", round=round_number, recorded_before=recorded)

@@ -24,8 +24,9 @@ stops inviting it and ends the run with a ``stopped_reason`` once too few banks 
 keeps polling until the federation has finished.
 
 :class:`BankWorker` holds the bank's identity (name, keys, the public context), its graph, and the parts it composes:
-its releases (``bank_releases.py``), its uploads (``bank_uploads.py``: encrypting and sending), Fed²GNN's set-up
-(``bank_exchange.py``) and its files (``bank_state.py``). The aggregator is an
+its releases (``bank_releases.py``), its uploads (``bank_uploads.py``: encrypting and sending), the bank's side of
+each set-up phase the run declares (``phases.py``: Fed²GNN's exchange before enrolment, the consortium label prior's
+rounds in its label release) and its files (``bank_state.py``). The aggregator is an
 :class:`~fedgl_secure.consortium.aggregator_port.AggregatorPort` (HTTP in the bank node, scripted in tests).
 """
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +42,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedgl_secure.consortium.aggregator_port import AggregatorPort, RoundResponse, Served, ticket_for
-from fedgl_secure.consortium.bank_exchange import reconstruct
-from fedgl_secure.consortium.bank_label_prior import LabelPriorParticipant, poll_round
+from fedgl_secure.consortium.bank_label_prior import poll_round
 from fedgl_secure.consortium.bank_releases import BankReleases
 from fedgl_secure.consortium.bank_session import Session, restore, snapshot, stage_key
 from fedgl_secure.consortium.bank_state import save_final_model, save_union_index
@@ -50,6 +50,7 @@ from fedgl_secure.consortium.bank_uploads import BankUploads, EncryptionRefused
 from fedgl_secure.consortium.config import BANK_SOURCES
 from fedgl_secure.consortium.coordinator import FINAL_GRACE_SECONDS
 from fedgl_secure.consortium.participant_choice import BUDGET_EXHAUSTED
+from fedgl_secure.consortium.phases import BankParts, bank_phases, declared_phases
 from fedgl_secure.consortium.pseudonyms import pseudonymise
 from fedgl_secure.consortium.retry import StopRequested, retry_until_ready
 from fedgl_secure.crypto import ckks
@@ -64,11 +65,9 @@ from fedgl_secure.engine.score_histograms import score_histogram
 from fedgl_secure.engine.self_training import check_services as check_self_training_services
 from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
-from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
 from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import Broadcast, method_model, method_stages, stage_contribution
-from fedgl_secure.methods.fed2gnn import BankReconstruction, check_services
-from fedgl_secure.methods.fed2gnn_relay import BankIdentity
+from fedgl_secure.methods.fed2gnn import check_services
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.dp_round import RandomBytes
@@ -96,14 +95,14 @@ class BankWorker:
         poll_seconds: float = 0.2,
         state_dir: Path | None = None,
         random_bytes: RandomBytes | None = None,
-        reconstruction: tuple[BankReconstruction, BankIdentity] | None = None,
+        phase_inputs: Mapping[str, object] | None = None,
     ) -> None:
         """``state_dir`` keeps the union index, the final model and (under DP) the ledger; it is required
         when the policy has DP. ``random_bytes`` replaces the CSPRNG for the noise (tests only). The
-        public w_max of the DP step comes with the union index. ``reconstruction``: Fed²GNN's set-up (this
-        bank's share of the exchange and who it is in it), run before enrolment; ``graph`` is then replaced
-        by the reconstructed graph. ``broadcast_key``: the aggregator's public key, which every broadcast this
-        bank is served must be signed with."""
+        public w_max of the DP step comes with the union index. ``phase_inputs``: what the bank's side of a declared
+        set-up phase needs from the node's wiring, by phase name (Fed²GNN's exchange: this bank's share of it and
+        who it is in it; the bank then enrols the reconstructed graph instead of ``graph``). ``broadcast_key``: the
+        aggregator's public key, which every broadcast this bank is served must be signed with."""
         self.name = name
         self.federation = federation
         self.client_index = client_index
@@ -120,9 +119,6 @@ class BankWorker:
         self.poll_seconds = poll_seconds
         check_services(config, bank_sources=config.dataset == BANK_SOURCES)  # what of Fed²GNN the services run
         check_self_training_services(config)  # as the aggregator: refused, not silently ignored
-        if (NEIGHBOUR_EXCHANGE in method_spec(config.method).phases) != (reconstruction is not None):
-            raise ConfigError(f"{name}: method {config.method!r} and the Fed²GNN set-up must come together")
-        self.reconstruction = reconstruction
         self.method = build_method(config)
         self.stages = method_stages(self.method)
         self.log = get_logger(node=name, role="bank")
@@ -142,6 +138,22 @@ class BankWorker:
             random_bytes=random_bytes,
             log=self.log,
         )
+        parts = BankParts(
+            name=name,
+            federation=federation,
+            client_index=client_index,
+            config=config,
+            policy=policy,
+            aggregator=aggregator,
+            context=self.context,
+            fingerprint=self.fingerprint,
+            signing_key=signing_key,
+            broadcast_key=broadcast_key,
+            state_dir=self.state_dir,
+            poll_seconds=poll_seconds,
+            log=self.log,
+        )
+        self.phases = bank_phases(declared_phases(config, policy), parts, phase_inputs)
         self.uploads = BankUploads(
             name=name,
             context=self.context,
@@ -152,13 +164,11 @@ class BankWorker:
         )
 
     def run(self, stop: threading.Event) -> None:
-        """(Fed²GNN: the set-up exchange first.) Enrol, then take part in every round this bank is invited to, until
-        the federation finishes."""
+        """(The declared set-up phases' part before enrolment first, e.g. Fed²GNN's exchange.) Enrol, then take part
+        in every round this bank is invited to, until the federation finishes."""
         try:
-            if self.reconstruction is not None:
-                self.graph_data = reconstruct(
-                    self.reconstruction, self.aggregator, self.config, self.state_dir, self.poll_seconds, self.log, stop
-                )
+            for phase in self.phases:
+                self.graph_data = phase.before_enrolment(self.graph_data, stop)
         except StopRequested:
             return
         pseudonyms = pseudonymise(self.pseudonym_key, self.graph_data.node_ids.tolist())
@@ -188,7 +198,7 @@ class BankWorker:
         features = graph.features.shape[1]
         model = method_model(self.method, features, training.hidden, graph.num_classes, training.dropout)
         try:
-            private = self.releases.private_graph(graph, self.graph_data, stop, self._label_prior_participant)
+            private = self.releases.private_graph(graph, self.graph_data, stop, self.phases)
         except StopRequested:
             return  # stopped during the consortium label release: what it drew is on disk
         trainer = LocalTrainer(self.client_index, private, training, self.config.seed, model)
@@ -215,24 +225,6 @@ class BankWorker:
                 self._take_part(session, view)
                 continue
             stop.wait(self.poll_seconds)
-
-    def _label_prior_participant(self, **release) -> LabelPriorParticipant:
-        """This bank in the aggregator's label-prior rounds, for ``release`` (its label release in progress and what
-        it is made from: :data:`~fedgl_secure.consortium.bank_releases.LabelPriorLink`)."""
-        return LabelPriorParticipant(
-            name=self.name,
-            federation=self.federation,
-            aggregator=self.aggregator,
-            context=self.context,
-            fingerprint=self.fingerprint,
-            policy=self.policy,
-            signing_key=self.signing_key,
-            broadcast_key=self.broadcast_key,
-            normaliser=self.releases.privacy_normaliser,
-            log=self.log,
-            poll_seconds=self.poll_seconds,
-            **release,
-        )
 
     def _keep_final_model(self, stop: threading.Event) -> None:
         """Save the federation's final model for ``fedgl-secure predict``, once the aggregator has fixed it

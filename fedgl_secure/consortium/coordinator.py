@@ -34,10 +34,12 @@ never decrypts a (round, kind) twice, so the retry takes the next round number) 
 ``interrupted`` (the aggregator stopped while it was open). A restarted aggregator resumes
 after its last applied round; a round is applied once or not at all.
 
-Under label DP with the consortium prior (``dp.labels.prior = "consortium-sgc"``) the banks release their
-labels together before round 1: the aggregator first runs the prior's FedAvg rounds
-(``consortium/label_prior_rounds.py``), numbered like training rounds and decrypted by the key authority like
-them, one ``weights`` kind each, every bank taking part; training round 1 takes the next number.
+Before round 1 the aggregator runs the set-up phases the run declares (``consortium/phases.py``), the method's
+and its units of privacy's: e.g. Fed²GNN's neighbour exchange, relayed before enrolment
+(``consortium/exchange_phase.py``), or, under label DP with the consortium prior (``dp.labels.prior =
+"consortium-sgc"``), the prior's FedAvg rounds (``consortium/label_prior_rounds.py``), numbered like training rounds
+and decrypted by the key authority like them, one ``weights`` kind each, every bank taking part; training round 1
+takes the next number.
 
 Fail closed, visibly: a bank whose privacy budget is spent *withdraws* (:meth:`Coordinator.withdraw`,
 recorded in SQLite). It is invited to no further round; an open round stops waiting for it (and is
@@ -49,7 +51,7 @@ reopening rounds that can never be decrypted — the simulation's rule (``RunRes
 final version) and composes the parts: enrolment and the union index (``consortium/enrolment.py``), the banks'
 liveness, withdrawals and the participants chosen (``participant_choice.py``), a round's stages
 (``round_stages.py``), the stored model versions (``model_versions.py``), what each bank is served
-(``projections.py``) and the label prior's rounds (``label_prior_rounds.py``).
+(``projections.py``) and the aggregator's side of each declared set-up phase (``phases.py``).
 """
 
 from __future__ import annotations
@@ -72,15 +74,20 @@ from fedgl_secure.consortium.aggregator_store import (
 )
 from fedgl_secure.consortium.decryption_board import DecryptionBoard
 from fedgl_secure.consortium.enrolment import UnionIndex
-from fedgl_secure.consortium.label_prior_rounds import PRIOR_FITTED, LabelPriorRounds
 from fedgl_secure.consortium.model_versions import ModelVersions
 from fedgl_secure.consortium.participant_choice import Choice, Participation
+from fedgl_secure.consortium.phases import (
+    SETUP_ROUND_DONE,
+    AggregatorParts,
+    AggregatorPhase,
+    aggregator_phases,
+    declared_phases,
+)
 from fedgl_secure.consortium.projections import Projections
 from fedgl_secure.consortium.pseudonyms import union_positions
 from fedgl_secure.consortium.round_stages import Decryptor, RoundStages
 from fedgl_secure.consortium.setup_checks import check_consortium_can_run
 from fedgl_secure.crypto import ckks, residues
-from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import wire_reference
 from fedgl_secure.crypto.receipts import Receipt
 from fedgl_secure.engine.config import ExperimentConfig
@@ -88,7 +95,7 @@ from fedgl_secure.engine.evaluation import EarlyStopping, ratio
 from fedgl_secure.engine.round_pipeline import method_initial_parameters
 from fedgl_secure.errors import ConfigError, FedGLError, ProtocolConflict
 from fedgl_secure.log import get_logger
-from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE, method_spec
+from fedgl_secure.method_registry import NEIGHBOUR_EXCHANGE
 from fedgl_secure.methods import apply_in_method_policy, build_method
 from fedgl_secure.methods.base import (
     Broadcast,
@@ -96,16 +103,14 @@ from fedgl_secure.methods.base import (
     server_state,
     stage_upload_kinds,
 )
-from fedgl_secure.methods.fed2gnn import signal_width
 from fedgl_secure.methods.fed2gnn_relay import ExchangeRelay
 from fedgl_secure.phase_timer import PhaseTimer
 from fedgl_secure.policy.schema import Policy
-from fedgl_secure.privacy.consortium_prior import LABEL_PRIOR_STAGE
 from fedgl_secure.wire import encodings
 from fedgl_secure.wire.broadcast import encode_broadcast, model_label, stage_label
 
 # a round's final statuses: a restarted aggregator retires the last round only when it has none of them
-CLOSED_STATUSES = ("applied", "aborted", "abandoned", "interrupted", PRIOR_FITTED)
+CLOSED_STATUSES = ("applied", "aborted", "abandoned", "interrupted", SETUP_ROUND_DONE)
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class RoundView:
     final_version: int | None = None  # set once the finished federation has fixed its final model
     stage: str | None = None  # phase == "open": the stage of the round whose kinds (``shapes``) are collected
     # the consortium label prior (dp.labels.prior = "consortium-sgc"): the rounds of its fitted FedAvg steps, in order
+    # (set by its set-up phase, ``AggregatorPhase.round_view``)
     prior_rounds: tuple[int, ...] = ()
     policy_sha256: str = ""  # phase == "open": the aggregator's policy digest, which the banks' must equal
 
@@ -234,29 +240,32 @@ class Coordinator:
             changed=self._changed,
             log=self.log,
         )
-        # the consortium label prior's FedAvg rounds, run before training round 1
-        self.label_prior = LabelPriorRounds(
+        # the aggregator's side of every set-up phase the method and the policy's units declare
+        parts = AggregatorParts(
+            federation=federation,
+            config=config,
             policy=policy,
+            banks=self.banks,
+            signing_keys=self.signing_keys,
+            broadcast_key=self.broadcast_key,
             store=store,
+            enrolment=self.enrolment,
             participation=self.participation,
             stages=self.stages,
             changed=self._changed,
             log=self.log,
         )
-        # Fed²GNN's set-up exchange, relayed before enrolment (the banks enrol their reconstructed graphs); kept in
-        # memory: a restarted aggregator has a fresh nonce, and banks still exchanging start again
-        self._exchange: ExchangeRelay | None = None
-        if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:
-            width = signal_width(config, 0) if config.fed2gnn.projection_dim > 0 else None
-            self._exchange = ExchangeRelay(federation, self.banks, config.fed2gnn.hops, width, signing_keys)
+        self.phases: dict[str, AggregatorPhase] = aggregator_phases(declared_phases(config, policy), parts)
 
     # --- request handlers (any thread) ----------------------------------------------------
 
     def exchange(self) -> ExchangeRelay:
-        """The relay of the method's bank-to-bank set-up exchange (409 ``no-exchange`` for a method without one)."""
-        if self._exchange is None:
+        """The relay behind the exchange routes: the neighbour-exchange phase's (409 ``no-exchange`` for a run that
+        declares none)."""
+        phase = self.phases.get(NEIGHBOUR_EXCHANGE.name)
+        if phase is None:
             raise ProtocolConflict("no-exchange", f"method {self.config.method!r} has no bank-to-bank exchange")
-        return self._exchange
+        return phase.relay
 
     def heartbeat(self, bank: str) -> None:
         self.participation.heartbeat(bank)
@@ -284,8 +293,8 @@ class Coordinator:
         if self.enrolment.index is None:
             return floor
         slots = self.policy.he.poly_modulus_degree // 2
-        prior_shapes = self.label_prior.shapes().values() if self.label_prior.steps else ()
-        shapes = [*self.enrolment.shapes().values(), *prior_shapes]
+        phase_shapes = [shape for phase in self.phases.values() for shape in phase.upload_shapes()]
+        shapes = [*self.enrolment.shapes().values(), *phase_shapes]
         largest = max(int(np.prod(shape)) for shape in shapes)
         chunks = ckks.chunk_count(largest, slots)
         return max(floor, chunks * (ckks.max_chunk_bytes(self.policy.he) + 8) + 4096)
@@ -300,11 +309,10 @@ class Coordinator:
     def stage_broadcast_for(self, bank: str, round_number: int, stage: str) -> tuple[bytes, str]:
         """The broadcast after ``stage`` of round ``round_number`` as ``bank`` is served it (projected, signed)."""
         data = self.stage_model(round_number, stage)
-        label = stage_label(round_number, stage)
-        if stage == LABEL_PRIOR_STAGE:  # the fitted prior θ̄: model parameters, nothing per customer
-            self.index_for(bank)
-            return data, sign_broadcast(self.broadcast_key, self.federation, bank, label, data)
-        return self.projections.project(bank, round_number, data, label)
+        owner = next((phase for phase in self.phases.values() if stage in phase.owned_stages), None)
+        if owner is not None:  # a set-up phase's own round: the phase says what each bank is served
+            return owner.serve_stage(bank, round_number, stage, data)
+        return self.projections.project(bank, round_number, data, stage_label(round_number, stage))
 
     def stage_model(self, round_number: int, stage: str) -> bytes:
         """The broadcast published after ``stage`` of round ``round_number`` (the next stage starts from it)."""
@@ -321,16 +329,16 @@ class Coordinator:
                 latest_version=latest,
                 stopped_reason=stopped_reason,
                 final_version=self.final_version(),
-                prior_rounds=tuple(self.label_prior.rounds),
+                **self._phase_view(),
             )
         with self._changed:
             if self.enrolment.index is None:
                 return RoundView("enrolling", self.federation)
-            prior_rounds = tuple(self.label_prior.rounds)
+            fields = self._phase_view()
             current = self.stages.open
             if current is None:
                 phase = "aggregating" if self.stages.aggregating else "waiting"
-                return RoundView(phase, self.federation, latest_version=latest, prior_rounds=prior_rounds)
+                return RoundView(phase, self.federation, latest_version=latest, **fields)
             return RoundView(
                 "open",
                 self.federation,
@@ -343,9 +351,13 @@ class Coordinator:
                 max(0.0, current.deadline - time.monotonic()),
                 latest,
                 stage=current.stage,
-                prior_rounds=prior_rounds,
                 policy_sha256=self.policy_digest,
+                **fields,
             )
+
+    def _phase_view(self) -> dict[str, object]:
+        """What the declared set-up phases tell every bank in its round view."""
+        return {name: value for phase in self.phases.values() for name, value in phase.round_view().items()}
 
     def accept_upload(self, bank: str, round_number: int, kind: str, chunks: list[bytes], receipt: Receipt) -> bool:
         """Check and keep one upload; True when it is new, False when it repeats an accepted one."""
@@ -387,7 +399,7 @@ class Coordinator:
                 {"bank": w.bank, "reason": w.reason, "round": w.round} for w in self.store.withdrawals().values()
             ],
             "stopped_reason": self._stopped_reason,
-            "exchange": None if self._exchange is None else self._exchange.progress(),  # Fed²GNN's set-up
+            **{name: value for phase in self.phases.values() for name, value in phase.status().items()},
         }
 
     def round_phase(self) -> str:
@@ -408,8 +420,9 @@ class Coordinator:
             if not self._wait_for_enrolment(stop):
                 return
             version = self._resume()
-            if not self.label_prior.fit(stop):
-                return
+            for phase in self.phases.values():  # the declared set-up phases that run before round 1
+                if not phase.before_training(stop):
+                    return
             round_number = self.store.last_round_number() + 1
             stopper = EarlyStopping(self.config.federation.patience)
             stopped_reason = self._stopped_reason  # a restarted aggregator of a stopped run says it again

@@ -1,6 +1,8 @@
 """The consortium label prior's rounds at the aggregator, before training round 1 (``dp.labels.prior =
 "consortium-sgc"``; the library is :mod:`~fedgl_secure.privacy.consortium_prior`, a bank's side
-``consortium/bank_label_prior.py``).
+``consortium/bank_label_prior.py``): the aggregator's side of the label unit's set-up phase
+(:data:`~fedgl_secure.privacy.unit_phases.LABEL_PRIOR`), which the coordinator runs because the policy declares it
+(``consortium/phases.py``).
 
 Each is a FedAvg round of its own number, stage ``label-prior``, one ``weights`` kind centred on the θ̄ it starts
 from, every bank taking part (so every decrypted sum is over the same banks: two sums over different sets would
@@ -16,14 +18,12 @@ import threading
 import numpy as np
 import torch
 
-from fedgl_secure.consortium.aggregator_store import AggregatorStore
-from fedgl_secure.consortium.participant_choice import Participation
-from fedgl_secure.consortium.round_stages import RoundStages
+from fedgl_secure.consortium.phases import SETUP_BASE_VERSION, SETUP_ROUND_DONE, AggregatorParts, AggregatorPhase
+from fedgl_secure.crypto.broadcast_signature import sign_broadcast
 from fedgl_secure.crypto.centring import wire_reference
 from fedgl_secure.errors import FedGLError
 from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.phase_timer import PhaseTimer
-from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy.consortium_prior import (
     LABEL_PRIOR_STAGE,
     prior_average,
@@ -31,47 +31,58 @@ from fedgl_secure.privacy.consortium_prior import (
     prior_steps,
     starts_stage,
 )
-from fedgl_secure.privacy.dp_round import releases_labels_together
 from fedgl_secure.wire import encodings
+from fedgl_secure.wire.broadcast import stage_label
 
-PRIOR_BASE_VERSION = -1  # a label-prior round's base version in the store: it comes before model version 0
-PRIOR_FITTED = "fitted"  # a label-prior round's status once its θ̄ is published
+PRIOR_BASE_VERSION = SETUP_BASE_VERSION  # a label-prior round's base version: it comes before model version 0
+PRIOR_FITTED = SETUP_ROUND_DONE  # a label-prior round's status once its θ̄ is published
 
 
-class LabelPriorRounds:
-    """The label prior's FedAvg rounds (module doc). ``changed`` is the coordinator's condition: a fitted round
-    notifies it."""
+class LabelPriorRounds(AggregatorPhase):
+    """The label prior's FedAvg rounds (module doc), the aggregator's side of the set-up phase
+    :data:`~fedgl_secure.privacy.unit_phases.LABEL_PRIOR`. ``parts.changed`` is the coordinator's condition: a fitted
+    round notifies it."""
 
-    def __init__(
-        self,
-        *,
-        policy: Policy,
-        store: AggregatorStore,
-        participation: Participation,
-        stages: RoundStages,
-        changed: threading.Condition,
-        log,
-    ) -> None:
-        self.store = store
-        self.participation = participation
-        self.stages = stages
-        self.changed = changed
-        self.log = log
-        stage_count = policy.dp.labels.effective_stages if releases_labels_together(policy) else 1
-        self.steps = prior_steps(stage_count)
+    owned_stages = (LABEL_PRIOR_STAGE,)
+
+    def __init__(self, parts: AggregatorParts) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.participation = parts.participation
+        self.round_stages = parts.stages
+        self.changed = parts.changed
+        self.log = parts.log
+        self.steps = prior_steps(parts.policy.dp.labels.effective_stages)
         self.rounds: list[int] = [
-            row.round for row in store.rounds() if row.base_version == PRIOR_BASE_VERSION and row.status == PRIOR_FITTED
+            row.round
+            for row in self.store.rounds()
+            if row.base_version == PRIOR_BASE_VERSION and row.status == PRIOR_FITTED
         ]
-        self.upload_shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
+        self._shapes: dict[str, tuple[int, ...]] | None = None  # fixed once the index exists
+
+    def before_training(self, stop: threading.Event) -> bool:
+        return self.fit(stop)
+
+    def upload_shapes(self) -> list[tuple[int, ...]]:
+        return list(self.shapes().values()) if self.steps else []
+
+    def serve_stage(self, bank: str, round_number: int, stage: str, data: bytes) -> tuple[bytes, str]:
+        """The fitted prior θ̄: model parameters, nothing per customer, so every enrolled bank is served it whole."""
+        self.parts.enrolment.index_for(bank)
+        label = stage_label(round_number, stage)
+        return data, sign_broadcast(self.parts.broadcast_key, self.parts.federation, bank, label, data)
+
+    def round_view(self) -> dict[str, object]:
+        return {"prior_rounds": tuple(self.rounds)}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """A label-prior round's one kind: the prior's parameters and the bank's weight
         (:func:`~fedgl_secure.privacy.consortium_prior.prior_term`). Computed once: every upload request's body
         limit reads it (``Coordinator.upload_body_limit``)."""
-        if self.upload_shapes is None:
+        if self._shapes is None:
             first = self.store.enrolment(self.participation.banks[0])
-            self.upload_shapes = {WEIGHTS: (prior_size(first.num_features, first.num_classes) + 1,)}
-        return self.upload_shapes
+            self._shapes = {WEIGHTS: (prior_size(first.num_features, first.num_classes) + 1,)}
+        return self._shapes
 
     def start(self, step: int) -> torch.Tensor:
         """θ̄ that FedAvg round ``step`` of the prior starts from: zero at the first round of each stage's prior,
@@ -104,13 +115,13 @@ class LabelPriorRounds:
         log = self.log.bind(round=round_number, stage=LABEL_PRIOR_STAGE)
         banks = self.participation.banks
         try:
-            nonce = self.stages.open_at_key_authority(stop, round_number, banks)
+            nonce = self.round_stages.open_at_key_authority(stop, round_number, banks)
         except FedGLError:
             return "stopped"
         self.store.open_round(round_number, PRIOR_BASE_VERSION, nonce, banks)
         start = self.start(step)
         timer = PhaseTimer()
-        outcome, contributors, sums = self.stages.run_stage(
+        outcome, contributors, sums = self.round_stages.run_stage(
             stop,
             round_number,
             PRIOR_BASE_VERSION,

@@ -72,6 +72,11 @@ class FederatedMethod:
     ``load_server_state``); its own model (``build_model``); the public normaliser of its uploads
     (``weight_normaliser``). A method that overrides nothing is one stage, :data:`SINGLE_STAGE`, made of
     ``client_contribution`` and ``server_update``.
+
+    A method that carries its own node mechanism (``MethodSpec.own_mechanism``) may also say what one bank's
+    contribution released (``bank_releases``; default: the spec's schedule for every bank) and keep a release a bank
+    must never draw twice across restarts (``kept_release_channels`` and the ``kept_release*`` hooks: GAP's hops);
+    the defaults keep nothing.
     """
 
     name: str
@@ -118,6 +123,33 @@ class FederatedMethod:
     def build_model(self, num_features: int, num_classes: int) -> nn.Module | None:
         """The method's own model (e.g. GraphFL's SGC backbone), or None: the engine's ``training.backbone``."""
         return None
+
+    kept_release_channels: tuple[str, ...] = ()
+    """Ledger channels of what :meth:`kept_release` holds; empty: the method keeps no release across restarts."""
+
+    def bank_releases(self, trainer: LocalTrainer, training_round: int) -> list | None:
+        """What this bank's last contribution (for ``training_round``) released inside the method, as ledger records;
+        None: what the spec's ``mechanism_releases`` schedules for the round, the same for every bank."""
+        return None
+
+    def kept_release(self, trainer: LocalTrainer) -> dict[str, torch.Tensor]:
+        """What this bank released inside the method and must keep across restarts (a second draw would be a second
+        release), as named tensors; empty while there is none."""
+        return {}
+
+    def kept_release_settings(self) -> dict:
+        """The settings the kept release was drawn under: one drawn under others is never taken back."""
+        return {}
+
+    def kept_release_records(self, round_number: int) -> list:
+        """The ledger records of the kept release, made in round ``round_number``."""
+        return []
+
+    def restore_kept_release(self, trainer: LocalTrainer, arrays: Mapping[str, torch.Tensor]) -> None:
+        """Take back what :meth:`kept_release` gave (a restarted bank): it is never drawn again."""
+        raise NotImplementedError(
+            f"method {self.name!r} keeps a release ({self.kept_release_channels}) it cannot restore"
+        )
 
 
 def method_stages(method: FederatedMethod) -> tuple[str, ...]:

@@ -81,6 +81,19 @@ def check_privacy(config: ExperimentConfig, policy) -> None:
         )
 
 
+def check_consortium_policy(policy) -> None:
+    """Refuse a consortium under ``dp.centroids.noise = "local"`` (the spec's ``check_consortium_policy``)."""
+    if policy.dp.centroids is None or policy.dp.centroids.noise != "central":
+        # central noise is drawn by the key authority, which decrypts round 1's sum once (its ledger survives
+        # restarts); a bank's own noise would be drawn again by a restarted bank: a second release
+        raise ConfigError(
+            "dp.centroids.noise = 'local' runs in the simulation only (`simulate --method centroids --policy ...`): "
+            "a consortium bank does not yet keep its own noisy class sums across restarts, and a second draw would "
+            "be a second release; use noise = 'central' (policies/node-dp-centroids.toml), where the key authority "
+            "adds the noise once"
+        )
+
+
 def centroids_releases(config: ExperimentConfig) -> tuple[tuple[str, ...], Callable[[int], list]]:
     """The class sums' one ledger channel and its releases per round: one Gaussian release in round 1, nothing
     after (later rounds re-send the same sums), for :meth:`~fedgl_secure.privacy.dp_round.FederationPrivacy.

@@ -11,10 +11,9 @@ from collections.abc import Sequence
 
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.kinds import NODE_WEIGHT
-from fedgl_secure.method_registry import method_spec
+from fedgl_secure.method_registry import load, method_spec
 from fedgl_secure.methods import build_method, mechanism_owner
 from fedgl_secure.methods.base import method_stages
-from fedgl_secure.methods.gap import check_gap_policy
 from fedgl_secure.policy.dp import DATA_KINDS
 from fedgl_secure.policy.schema import Policy
 from fedgl_secure.privacy import label_release
@@ -57,9 +56,9 @@ def check_runnable(policy: Policy, config) -> None:
     DP-SGD's budget accounts for, and a method of several stages per round (:func:`check_stages`).
     """
     spec = method_spec(config.method)
-    if policy.dp.node_mechanism == "gap":
-        check_gap_policy(policy, config)
     owner = mechanism_owner(policy.dp.node_mechanism)
+    if owner is not None and owner.check_mechanism_policy is not None:  # e.g. GAP's accounted settings
+        load(owner.check_mechanism_policy)(policy, config)
     if owner is not None and owner.name != config.method:
         raise ConfigError(
             f"dp.node_mechanism = {policy.dp.node_mechanism!r} protects the node unit with method {owner.name!r}'s "
@@ -145,15 +144,7 @@ def check_consortium(policy: Policy, config) -> None:
             f"before round 1, but allowed_kinds = {list(policy.allowed_kinds)} keeps it inside the banks; allow "
             f"'weights', or use a bank-local prior (dp.labels.prior = one of {list(label_release.PRIORS)})"
         )
-    if policy.dp.node_mechanism == "centroids" and (
-        policy.dp.centroids is None or policy.dp.centroids.noise != "central"
-    ):
-        # central noise is drawn by the key authority, which decrypts round 1's sum once (its ledger survives
-        # restarts); a bank's own noise would be drawn again by a restarted bank: a second release
-        raise ConfigError(
-            "dp.centroids.noise = 'local' runs in the simulation only (`simulate --method centroids --policy ...`): "
-            "a consortium bank does not yet keep its own noisy class sums across restarts, and a second draw would "
-            "be a second release; use noise = 'central' (policies/node-dp-centroids.toml), where the key authority "
-            "adds the noise once"
-        )
+    owner = mechanism_owner(policy.dp.node_mechanism)
+    if owner is not None and owner.check_consortium_policy is not None:  # e.g. the class sums' local noise
+        load(owner.check_consortium_policy)(policy)
     check_runnable(policy, config)

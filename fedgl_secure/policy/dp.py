@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fedgl_secure.kinds import EMBEDDINGS, PREDICTIONS, WEIGHTS
+from fedgl_secure.method_registry import in_method_mechanisms
 from fedgl_secure.policy.base import _Section
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import field_error
@@ -35,9 +36,6 @@ UNIT_MECHANISMS = {
     "bank": "dp.weights only (bank-level sensitivity 2C); predictions and embeddings may not leave a bank",
     "none": "no differential privacy",
 }
-# Node-unit mechanisms that run inside their own method (GAP's modules, the class-sums release): every upload is
-# post-processing of them, and they are the policy's only mechanism.
-IN_METHOD_MECHANISMS = ("gap", "centroids")
 
 
 class GaussianChannel(_Section):
@@ -282,7 +280,8 @@ class DPSettings(_Section):
     unit: Unit | None = None
     # "channels": the Gaussian channels and DP-SGD below; "gap": GAP's encoder, perturbed hops and classifier
     # (privacy/gap.py, method gap), whose uploads are post-processing of its DP-SGD; "centroids": one Gaussian
-    # release of each bank's class sums (privacy/class_sums.py, method centroids)
+    # release of each bank's class sums (privacy/class_sums.py, method centroids). Which of them run inside their
+    # method is the method registry's to say (MethodSpec.own_mechanism, read by in_method_mechanisms())
     node_mechanism: Literal["channels", "gap", "centroids"] = "channels"
     gap: GAPSettings | None = None
     centroids: CentroidsRelease | None = None
@@ -314,7 +313,7 @@ class DPSettings(_Section):
     def enabled_channels(self) -> tuple[str, ...]:
         """Names of the enabled channels, in the order weights, predictions, embeddings, sgd, edges, labels."""
         names = list(self.round_channels())
-        if self.node_mechanism in IN_METHOD_MECHANISMS:
+        if self.node_mechanism in in_method_mechanisms():
             names.append(self.node_mechanism)
         if self.edges.enabled:
             names.append("edges")
@@ -335,14 +334,14 @@ class DPSettings(_Section):
         return (
             bool(self.enabled_channels())
             and not self.round_channels()
-            and self.node_mechanism not in IN_METHOD_MECHANISMS
+            and self.node_mechanism not in in_method_mechanisms()
         )
 
     @property
     def uploads_post_processed(self) -> bool:
         """Whether every upload is post-processing of a mechanism inside the bank (source-only units, GAP), so the
         data kinds need no Gaussian channel of their own."""
-        return self.source_only or self.node_mechanism in IN_METHOD_MECHANISMS
+        return self.source_only or self.node_mechanism in in_method_mechanisms()
 
     @property
     def effective_unit(self) -> str:
@@ -383,7 +382,7 @@ class DPSettings(_Section):
             raise field_error(
                 "centroids", "[dp.centroids] is read only with node_mechanism = 'centroids'; set it, or remove it"
             )
-        if self.node_mechanism in IN_METHOD_MECHANISMS:
+        if self.node_mechanism in in_method_mechanisms():
             self._check_in_method(unit, per_round)
         if unit is None:
             return self
@@ -416,7 +415,7 @@ class DPSettings(_Section):
                     "another unit — one unit per policy",
                 )
         if unit in ("node", "bank"):
-            if not per_round and self.node_mechanism not in IN_METHOD_MECHANISMS:
+            if not per_round and self.node_mechanism not in in_method_mechanisms():
                 raise field_error("unit", f"{wanted}; no such channel is enabled")
             if self.labels.enabled:
                 raise field_error("labels", f"label DP protects unit 'label', not {unit!r}; remove [dp.labels]")

@@ -70,9 +70,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.kinds import EMBEDDINGS, PREDICTIONS
+from fedgl_secure.method_registry import in_method_mechanisms
 from fedgl_secure.policy.base import KNOWN_KINDS, RETIRED_KINDS
 from fedgl_secure.policy.budget import Budget
-from fedgl_secure.policy.dp import DATA_KINDS, IN_METHOD_MECHANISMS, DPSettings
+from fedgl_secure.policy.dp import DATA_KINDS, DPSettings
 from fedgl_secure.policy.he import HEParameters
 from fedgl_secure.policy.packing_layout import KindLayout
 from fedgl_secure.tomlio import field_error, format_validation_error, read_toml
@@ -226,7 +227,7 @@ class Policy(BaseModel):
                         "alone spends more than the budget, so no bank could ever contribute; lower it or raise the "
                         "budget",
                     )
-        if self.budget is not None and node_kinds and self.dp.node_mechanism in IN_METHOD_MECHANISMS:
+        if self.budget is not None and node_kinds and self.dp.node_mechanism in in_method_mechanisms():
             raise field_error(
                 "allowed_kinds",
                 f"node_mechanism = {self.dp.node_mechanism!r} uploads weights only (its method's model); "

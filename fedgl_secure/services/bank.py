@@ -82,12 +82,12 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
     layout = PkiLayout(consortium.pki_dir)
     entry = consortium.node(node.name)
     client_index = bank_index(node, consortium)
-    reconstruction = None
+    phase_inputs = {}  # what the bank's side of a declared set-up phase needs from this node's files
     if NEIGHBOUR_EXCHANGE in method_spec(config.method).phases:  # a set-up exchange before enrolment
         setup = fed2gnn_setup(node, consortium)
         local = setup.local_graph()
         data = BankData(local, local.node_ids.astype(str), None)
-        reconstruction = (setup, _exchange_identity(node, consortium, layout))
+        phase_inputs[NEIGHBOUR_EXCHANGE.name] = (setup, _exchange_identity(node, consortium, layout))
     else:
         data = bank_graph(node, consortium)  # a bank whose tables do not match the schema stops here, naming the column
     config.evaluation.check_classes(data.graph.num_classes)
@@ -139,7 +139,7 @@ def run_bank(node: NodeConfig, consortium: ConsortiumConfig) -> None:
             broadcast_key=aggregator_key,
             poll_seconds=node.bank.poll_seconds,
             state_dir=node.state_dir,
-            reconstruction=reconstruction,
+            phase_inputs=phase_inputs,
         )
         progress.worker = worker
         decryption.start()
