@@ -8,6 +8,7 @@ from torch import nn
 from fedgl_secure.engine.config import TrainingConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.model.backbones import build_backbone
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.model.gcn import GCNOutput
 from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator
@@ -44,7 +45,7 @@ class LocalTrainer:
         )
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(
+        return EagerAdam(
             [
                 {"params": self.model.first_layer_parameters(), "weight_decay": self.config.weight_decay},
                 {"params": self.model.second_layer_parameters(), "weight_decay": 0.0},

@@ -10,7 +10,6 @@ from fedgl_secure.data.sampling import PAPER_PROPORTIONS
 from fedgl_secure.data.splits import SplitConfig
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.method_registry import method_names, method_spec, method_specs
-from fedgl_secure.model.declared_backbone import DECLARED_BACKBONE
 from fedgl_secure.policy.budget import AccountantName
 from fedgl_secure.policy.gap_settings import GAPSettings
 from fedgl_secure.tomlio import field_error, format_validation_error
@@ -52,7 +51,12 @@ class TrainingConfig(_Section):
     @field_validator("backbone")
     @classmethod
     def _known_or_declared(cls, value: str) -> str:
-        if value in BACKBONES or DECLARED_BACKBONE.fullmatch(value):
+        if value in BACKBONES:
+            return value
+        # imported here: the module imports torch, which a key authority (it loads this config) never needs
+        from fedgl_secure.model.declared_backbone import DECLARED_BACKBONE
+
+        if DECLARED_BACKBONE.fullmatch(value):
             return value
         raise ValueError(
             f"unknown backbone {value!r}; choose {', '.join(BACKBONES)}, or declare a model as "

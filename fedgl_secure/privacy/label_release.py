@@ -29,6 +29,7 @@ import scipy.sparse as sp
 import torch
 
 from fedgl_secure.model.adjacency import gcn_normalize
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.model.propagation import personalised_pagerank
 from fedgl_secure.privacy import label_mechanisms, secure_noise
 from fedgl_secure.privacy.label_dp import likelihood_loss
@@ -162,7 +163,7 @@ def fit_softmax_regression(
     (``inputs``, ``likelihood``: the rows of the known nodes only); the fitted parameters. Deterministic. A bank's own
     prior starts from zero; the consortium prior's FedAvg runs it from the global parameters each round."""
     local = parameters.detach().clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([local], lr=learning_rate, weight_decay=weight_decay)
+    optimizer = EagerAdam([local], lr=learning_rate, weight_decay=weight_decay)
     for _ in range(steps):
         optimizer.zero_grad()
         likelihood_loss(softmax_regression(local, inputs, num_classes), likelihood).backward()
