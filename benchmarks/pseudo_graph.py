@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from fedgl_secure.engine.approximate_knn import ivf_plan
+from fedgl_secure.engine.faiss_ivf import faiss_ivf_plan
 from fedgl_secure.engine.pseudo_graph import (
     BACKENDS,
     SIMILARITIES,
@@ -334,6 +335,9 @@ def main(argv: list[str] | None = None) -> dict:
         else round(exact_sample_seconds * args.nodes / min(args.recall_sample, args.nodes), 1),
         "ivf_plan": dataclasses.asdict(ivf_plan(args.nodes, min(args.s, args.nodes - 1), mips=args.similarity == "dot"))
         if backend == "ivf"
+        else None,
+        "faiss_ivf_plan": dataclasses.asdict(faiss_ivf_plan(args.nodes, mips=args.similarity == "dot"))
+        if backend == "faiss_ivf"
         else None,
         "seed": args.seed,
         "similarity": args.similarity,

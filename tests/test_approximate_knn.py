@@ -23,6 +23,16 @@ def clustered_embeddings(m: int, d: int, seed: int, centres: int = 20) -> torch.
     return means[torch.randint(0, centres, (m,), generator=generator)] + torch.randn(m, d, generator=generator)
 
 
+def with_hubs() -> torch.Tensor:
+    """3,000 standard-normal rows in 8 dims, of which 30 have norm 50 in random directions: every
+    row's top 5 by dot product are among those 30."""
+    generator = torch.Generator().manual_seed(3)
+    h = torch.randn(3000, 8, generator=generator)
+    hubs = torch.randn(30, 8, generator=generator)
+    h[:30] = 50 * hubs / hubs.norm(dim=1, keepdim=True)
+    return h
+
+
 @pytest.fixture(scope="module")
 def clustered_5k() -> torch.Tensor:
     return clustered_embeddings(5000, 16, seed=11)
@@ -63,10 +73,7 @@ def test_ivf_graph_is_valid_deterministic_and_close_to_exact(clustered_5k: torch
 def test_dot_finds_high_norm_rows_in_other_directions(small_lists):
     """MIPS: the top-s by dot product of every row are the few rows of by far the largest norm,
     whatever their direction; a search by direction alone (the first ivf) misses them."""
-    generator = torch.Generator().manual_seed(3)
-    h = torch.randn(3000, 8, generator=generator)
-    hubs = torch.randn(30, 8, generator=generator)
-    h[:30] = 50 * hubs / hubs.norm(dim=1, keepdim=True)
+    h = with_hubs()
     graph = discover_pseudo_graph(h, 5, similarity="dot", backend="ivf")
     assert recall(graph, h, 5, "dot") >= 0.95
 
@@ -148,15 +155,18 @@ def test_split_oversized_lists_keeps_order_and_centroids():
     assert torch.equal(per_list, centroids[[0, 1, 1, 1, 2]])
 
 
-def test_auto_switches_to_ivf_above_the_threshold(monkeypatch: pytest.MonkeyPatch):
+def test_auto_switches_to_ivf_above_the_threshold_without_faiss(monkeypatch: pytest.MonkeyPatch):
+    """On a CPU with faiss auto runs faiss_ivf above the threshold (test_faiss_ivf.py); without it, ivf."""
     from fedgl_secure.engine import pseudo_graph
+
+    assert resolve_backend("faiss", "cpu", num_nodes=10**7) == ("faiss", torch.device("cpu"))  # forcing wins
+    monkeypatch.setattr(pseudo_graph, "_import_faiss", lambda: None)
 
     assert pseudo_graph.APPROXIMATE_MIN_NODES >= 100_000
     assert pseudo_graph.APPROXIMATE_MIN_NODES_CUDA >= pseudo_graph.APPROXIMATE_MIN_NODES
     cpu = torch.device("cpu")
     assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES) == ("fused", cpu)
     assert resolve_backend("auto", "cpu", num_nodes=pseudo_graph.APPROXIMATE_MIN_NODES + 1) == ("ivf", cpu)
-    assert resolve_backend("faiss", "cpu", num_nodes=10**7) == ("faiss", cpu)  # forcing wins
     assert resolve_backend("ivf", "cpu", num_nodes=10) == ("ivf", cpu)
 
     h = clustered_embeddings(400, 8, seed=13)

@@ -19,24 +19,32 @@ exact backends do the block work:
 All give the same graph up to floating-point rounding (and the choice among tied entries).
 
 Exact search is still ``O(M² D)``: 24 s fused (faiss 75 s) at ``M = 10^5`` on 2 cores under
-load 4-5, hours at ``2.5·10^6``. For large ``M`` a third, **approximate** backend trades a
-little recall for linear time:
+load 4-5, hours at ``2.5·10^6``. For large ``M`` two **approximate** backends trade a little
+recall for time; both score every candidate exactly, so only the candidate sets approximate:
 
-* ``ivf``: an inverted file (``approximate_knn``): spherical k-means lists of unit search keys
+* ``faiss_ivf``: faiss' ``IndexIVFFlat`` (``faiss_ivf``) over rows lifted so that L2 order is
+  inner-product order (the MIPS reduction; exact for ``dot``), ``4√M`` lists, 64 probed per row,
+  plus an exact scan of the 4,096 highest-norm rows for ``dot``. Chosen by measurement over faiss
+  HNSW and ``ivf`` (benchmarks/knn_sweep.py, docs/results/knn_sweep.json: recall 0.997-1.0 at
+  10^5 rows for both similarities and data kinds, s = 10 and 100); what ``auto`` runs on a CPU;
+
+* ``ivf``: our own inverted file (``approximate_knn``): spherical k-means lists of unit search keys
   (``dot`` through the MIPS reduction, plus a list of the highest-norm rows that every row scans);
   each row chooses its own nearest lists up to a fixed number of candidates, rows that chose
   similar lists are searched in groups of 64 over the union of their lists with a bit mask per
   list, every candidate scored exactly (on a CPU by ``probed_knn``'s fused kernel, on CUDA by
-  torch). Recall of the exact top-s, seconds and peak memory at 2.5·10^6 and 10^7 rows:
-  docs/results/pseudo_graph_2500000.json, pseudo_graph_10000000.json.
+  torch); what ``auto`` runs on a GPU, or on a CPU without faiss.
+
+Recall of the exact top-s, seconds and peak memory at 2.5·10^6 and 10^7 rows:
+docs/results/pseudo_graph_2500000.json, pseudo_graph_10000000.json.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
-fused from ``FUSED_MIN_NODES`` rows, else faiss) and ``ivf`` above (on the GPU when there is
-one); any backend can be forced. Below the threshold results stay exact, so small runs (tests,
-the consortium-vs-simulation equality) are unaffected. All backends return the same
-``PseudoGraph`` structure: ``M x s`` neighbours (never the node itself) and ``rownorm``-ed
-clamped weights; none holds more than a block (or a list) of
-rows' candidates besides that result.
+fused from ``FUSED_MIN_NODES`` rows, else faiss) and above it ``faiss_ivf`` on a CPU with faiss,
+else ``ivf`` (on the GPU when there is one); any backend can be forced. Below the threshold
+results stay exact, so small runs (tests, the consortium-vs-simulation equality) are unaffected.
+All backends return the same ``PseudoGraph`` structure: ``M x s`` neighbours (never the node
+itself) and ``rownorm``-ed clamped weights (``faiss_ivf``: int32 ids while ``M < 2^31``); none
+holds more than a block (or a list) of rows' candidates besides that result.
 """
 
 from __future__ import annotations
@@ -52,14 +60,14 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from fedgl_secure.engine import approximate_knn
+from fedgl_secure.engine import approximate_knn, faiss_ivf
 from fedgl_secure.errors import ConfigError
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
 SIMILARITIES = ("dot", "cosine")
-BACKENDS = ("auto", "torch", "fused", "faiss", "ivf")
+BACKENDS = ("auto", "torch", "fused", "faiss", "ivf", "faiss_ivf")
 # Above this many rows ``auto`` switches from exact search to ``ivf``.
 # Exact search grows as M²: ~12 s at 10^5 rows on 2 quiet cores with faiss, less with the fused kernel
 # (docs/results/pseudo_graph_100k.json, measured under load),
@@ -105,7 +113,8 @@ class PseudoGraph:
     """The global pseudo graph ``Ā`` as a dense ``M x s`` neighbour list.
 
     Attributes:
-        neighbors: ``M x s_eff`` int64 global row indices, row ``i`` sorted by decreasing
+        neighbors: ``M x s_eff`` global row indices, int64 (int32 from the approximate
+            ``faiss_ivf`` backend while ``M < 2^31``: at 10^7 x 100, 4 GB instead of 8), row ``i`` sorted by decreasing
             similarity to node ``i``; never ``i`` itself.
         weights: ``M x s_eff`` float32 edge weights ``Ā[i, neighbors[i, j]]``; each row sums
             to 1, or is all 0 when node ``i`` has no positive similarity among its top s.
@@ -235,9 +244,10 @@ def discover_pseudo_graph(
             zero rows stay zero), which avoids a few high-norm nodes becoming everybody's
             neighbours (DESIGN §3, pitfalls).
         backend: ``"torch"`` (exact, any device), ``"fused"`` and ``"faiss"`` (exact, CPU only),
-            ``"ivf"`` (approximate, linear in M, any device; ``approximate_knn``) or ``"auto"``:
-            exact up to ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU),
-            ``ivf`` above; exact means torch on a usable GPU, else fused from
+            ``"faiss_ivf"`` (approximate, CPU only; ``faiss_ivf``), ``"ivf"`` (approximate, any
+            device; ``approximate_knn``) or ``"auto"``: exact up to ``APPROXIMATE_MIN_NODES`` rows
+            (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU), above it ``faiss_ivf`` on a CPU with faiss,
+            else ``ivf``; exact means torch on a usable GPU, else fused from
             ``FUSED_MIN_NODES`` rows when numba imports, else faiss when installed, else torch.
             The first fused call in a fresh installation compiles its kernel (17-33 s on 2 busy
             cores); later processes load it from numba's on-disk cache (~1.5 s).
@@ -278,6 +288,13 @@ def discover_pseudo_graph(
         # one-query-at-a-time path, so the default blocking folds it into the previous block.
         bounds = _block_bounds(m, block_size or _FAISS_BLOCK_ROWS, fold_short_tail=block_size is None)
         blocks, steps = _faiss_top_s(h.cpu().contiguous(), s_eff, bounds), len(bounds)
+    elif chosen == "faiss_ivf":
+        bounds = _block_bounds(m, block_size or _FUSED_BLOCK_ROWS)
+        show_build = m > _PROGRESS_MIN_BLOCKS * _FUSED_BLOCK_ROWS if progress is None else progress
+        blocks, steps = (
+            _faiss_ivf_top_s(h.cpu().contiguous(), s_eff, similarity == "dot", bounds, show_build),
+            len(bounds),
+        )
     elif chosen == "ivf":
         _check_no_overflow(h)
         threads = torch.get_num_threads()
@@ -294,7 +311,7 @@ def discover_pseudo_graph(
         bounds = _block_bounds(m, block_size or max(1, budget // (4 * m)))
         blocks, steps = _torch_top_s(h.to(target), s_eff, bounds), len(bounds)
 
-    neighbors = torch.empty((m, s_eff), dtype=torch.int64)
+    neighbors = torch.empty((m, s_eff), dtype=neighbor_dtype(m) if chosen == "faiss_ivf" else torch.int64)
     weights = torch.empty((m, s_eff), dtype=torch.float32)
     show = steps > _PROGRESS_MIN_BLOCKS if progress is None else progress
     # closing(): an error mid-way must still run the generator's cleanup (faiss thread count).
@@ -318,6 +335,29 @@ def _graph_in_place(ids: torch.Tensor, top: torch.Tensor) -> PseudoGraph:
             raise ConfigError(_OVERFLOW_MESSAGE)
         block.copy_(pseudo_graph_weights(block))
     return PseudoGraph(ids, top)
+
+
+def neighbor_dtype(m: int) -> torch.dtype:
+    """Neighbour ids of the approximate backends: int32 while ``M`` fits it, int64 beyond.
+
+    They serve the large ``M``, where ids dominate memory: 10^7 x 100 int64 ids alone are 8 GB.
+    Every consumer indexes with them (numpy, torch) or casts them (``to_sparse_coo``, the wire).
+    """
+    return torch.int32 if m < 2**31 else torch.int64
+
+
+def _faiss_ivf_top_s(
+    h: torch.Tensor, s: int, mips: bool, bounds: list[tuple[int, int]], progress: bool
+) -> Generator[tuple[slice, torch.Tensor, torch.Tensor], None, None]:
+    """Yield ``(rows, ids, similarities)`` of each block's approximate top s via faiss' inverted file
+    over lifted rows (``faiss_ivf``), similarities exact."""
+    faiss = _import_faiss()
+    assert faiss is not None  # resolve_backend checked it
+    _check_no_overflow(h)
+    with _faiss_threads(faiss, torch.get_num_threads()):
+        index = faiss_ivf.build_index(faiss, h.numpy(), faiss_ivf.faiss_ivf_plan(h.shape[0], mips), progress)
+        for start, stop in bounds:
+            yield slice(start, stop), *faiss_ivf.search(faiss, index, h, start, stop, s)
 
 
 def _torch_top_s(
@@ -502,12 +542,12 @@ def _import_fused() -> ModuleType | None:
 def resolve_backend(
     backend: str, device: torch.device | str | None = None, num_nodes: int | None = None
 ) -> tuple[str, torch.device]:
-    """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss: always the CPU).
+    """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss, faiss_ivf: the CPU).
 
-    ``num_nodes`` is ``M``: ``auto`` picks ``ivf`` above ``APPROXIMATE_MIN_NODES`` on a CPU and
-    above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU, and on a CPU the fused kernel from
-    ``FUSED_MIN_NODES`` (``None``: assume small). Public so callers can log or record what
-    ``"auto"`` chose on this host.
+    ``num_nodes`` is ``M``: ``auto`` picks ``faiss_ivf`` (``ivf`` without faiss) above
+    ``APPROXIMATE_MIN_NODES`` on a CPU and ``ivf`` above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU,
+    and on a CPU the fused kernel from ``FUSED_MIN_NODES`` (``None``: assume small). Public so
+    callers can log or record what ``"auto"`` chose on this host.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -520,13 +560,14 @@ def resolve_backend(
             raise ConfigError(f"device {device!r} is not a valid torch device: {error}") from None
         if target.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but CUDA is not available")
-    if backend in ("fused", "faiss"):
+    if backend in ("fused", "faiss", "faiss_ivf"):
         if target is not None and target.type != "cpu":
             raise ConfigError(f"device {device!r} needs backend 'torch' or 'ivf': backend {backend!r} runs on the CPU")
         if backend == "fused" and _import_fused() is None:
             raise ConfigError("backend 'fused' needs the numba package; install it or use backend 'faiss' or 'torch'")
-        if backend == "faiss" and _import_faiss() is None:
-            raise ConfigError("backend 'faiss' needs the faiss-cpu package; install it or use backend 'torch'")
+        if backend in ("faiss", "faiss_ivf") and _import_faiss() is None:
+            fallback = "'ivf'" if backend == "faiss_ivf" else "'torch'"
+            raise ConfigError(f"backend {backend!r} needs the faiss-cpu package; install it or use backend {fallback}")
         return backend, cpu
     if target is None:
         target = torch.device("cuda") if torch.cuda.is_available() else cpu
@@ -535,6 +576,8 @@ def resolve_backend(
     # auto
     threshold = APPROXIMATE_MIN_NODES_CUDA if target.type == "cuda" else APPROXIMATE_MIN_NODES
     if num_nodes is not None and num_nodes > threshold:
+        if target.type == "cpu" and _import_faiss() is not None:
+            return "faiss_ivf", cpu
         return "ivf", target
     large = num_nodes is not None and num_nodes >= FUSED_MIN_NODES
     if target.type == "cpu" and large and _import_fused() is not None:
