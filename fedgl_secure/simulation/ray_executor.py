@@ -42,6 +42,8 @@ from fedgl_secure.methods.base import Broadcast, method_model
 from fedgl_secure.simulation.executors import ExecutorSettings, local_goal, local_trainers, training_graphs
 from fedgl_secure.simulation.experiment import resolve_device
 
+LOCAL_START_ATTEMPTS = 3
+
 
 @contextmanager
 def ray_session(settings: ExecutorSettings) -> Iterator[None]:
@@ -52,14 +54,34 @@ def ray_session(settings: ExecutorSettings) -> Iterator[None]:
     address = settings.address or os.environ.get("RAY_ADDRESS") or "local"
     # a bank's simulation reports nothing to Ray's usage statistics service
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-    except (ConnectionError, ValueError) as error:
-        raise ConfigError(f"--ray-address {address}: no Ray cluster to connect to there ({error})") from error
+    _start_ray(address)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _start_ray(address: str) -> None:
+    """``ray.init`` at ``address``; a local start is tried again when it times out.
+
+    Ray's raylet waits a fixed 15 s for its agents (Python processes) to report their ports, and the driver 30 s for
+    the raylet: on a loaded host the agents' imports can take longer (seen on the shared 2-core host at load 24).
+    A second start finds their modules in the page cache."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            return
+        except (ConnectionError, ValueError) as error:
+            raise ConfigError(f"--ray-address {address}: no Ray cluster to connect to there ({error})") from error
+        except Exception as error:  # Ray raises a bare Exception when its node does not come up in time
+            ray.shutdown()  # the processes of the failed start
+            if address != "local" or "timed out during startup" not in str(error):
+                raise
+            get_logger(executor="ray").warning("ray.start_timed_out", attempt=attempt, of=LOCAL_START_ATTEMPTS)
+    raise FedGLError(
+        f"a local Ray did not start in {LOCAL_START_ATTEMPTS} attempts (its agents did not report in time; the host "
+        "is too loaded): start one with `ray start --head` and pass --ray-address, or use --executor in-process"
+    )
 
 
 def bank_view(broadcast: Broadcast) -> Broadcast:
@@ -107,9 +129,9 @@ class BankShard:
         self.evaluator = method_model(self.method, num_features, training.hidden, num_classes, 0.0).to(device)
         self.broadcast: Broadcast | None = None
 
-    def ready(self) -> list[int]:
-        """The banks this actor holds (once its set-up is done)."""
-        return sorted(self.trainers)
+    def ready(self) -> tuple[int, list[int]]:
+        """This actor's process id and the banks it holds (once its set-up is done)."""
+        return os.getpid(), sorted(self.trainers)
 
     def receive(self, broadcast: Broadcast) -> None:
         """The broadcast the next contributions start from."""
@@ -127,7 +149,8 @@ class BankShard:
 
 
 class RayExecutor:
-    """The banks of ``clients`` on Ray actors (module doc); :meth:`close` ends them and a Ray started for them."""
+    """The banks of ``clients`` on Ray actors (module doc); :meth:`close` ends them and a Ray started for them.
+    ``placement``: each actor's process id → the banks it holds."""
 
     def __init__(
         self,
@@ -149,16 +172,17 @@ class RayExecutor:
         self._actor_of = {k: self._actors[k % len(self._actors)] for k in range(self.num_banks)}
 
     def _start(self, config, clients, positions, num_global_nodes, num_classes, settings) -> list:
-        free = int(ray.available_resources().get("CPU", 0))
-        count = min(settings.actors or max(free, 1), self.num_banks)
-        if count > free:
+        # the cluster's CPUs, not those free now: the actors of a run just ended are still being released
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        count = min(settings.actors or max(cpus, 1), self.num_banks)
+        if count > cpus:
             raise ConfigError(
-                f"--executor ray: {count} actors of one CPU each, but the Ray cluster has {free} CPUs free; "
+                f"--executor ray: {count} actors of one CPU each, but the Ray cluster has {cpus} CPUs; "
                 "ask for fewer actors"
             )
         gpus = 0.0
         if resolve_device(config.device).type == "cuda":
-            offered = ray.available_resources().get("GPU", 0.0)
+            offered = ray.cluster_resources().get("GPU", 0.0)
             if offered <= 0:
                 raise ConfigError(
                     f"device = {config.device!r}: this process uses a GPU but the Ray cluster offers none to the "
@@ -176,8 +200,9 @@ class RayExecutor:
             )
             for a in range(count)
         ]
-        fetch([actor.ready.remote() for actor in actors])  # a bank's set-up error surfaces here, as itself
-        get_logger(executor="ray").info("ray.actors_ready", actors=count, banks=self.num_banks)
+        # a bank's set-up error surfaces here, as itself
+        self.placement = dict(fetch([actor.ready.remote() for actor in actors]))
+        get_logger(executor="ray").info("ray.actors_ready", banks=self.num_banks, placement=self.placement)
         return actors
 
     def contribute(
