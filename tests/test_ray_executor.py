@@ -141,6 +141,13 @@ def test_simulate_refuses_what_ray_cannot_run(flags, message):
     assert result.exit_code == 2 and message in result.output, result.output
 
 
+def test_reproduce_on_ray_refuses_parallel_workers(data_root, tmp_path):
+    args = ["reproduce", "table2", "--datasets", "cora", "--methods", "fedgl", "--seeds", "1", "--workers", "2"]
+    args += ["--data-root", str(data_root), "--output-dir", str(tmp_path), "--executor", "ray"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--workers: with --executor ray" in result.output, result.output
+
+
 def test_settings_and_checks():
     with pytest.raises(ConfigError, match="--executor: actors"):
         executor_settings("ray", None, 0)

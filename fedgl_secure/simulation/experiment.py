@@ -317,15 +317,14 @@ def _run_federated(
     if privacy is not None:
         client_graphs = _private_client_graphs(config, federation, privacy, summation)
         summation = privacy.with_central_noise(summation)
-    num_features = merged.features.shape[1]
     if config.self_training.per_class > 0 and privacy is not None:
         # the labelling model reads every label and feature outside any accountant
         raise ConfigError("self_training.per_class: self-training is not accounted under a privacy policy")
-    on_ray = executor is not None and executor.kind == "ray"  # the banks' side on Ray actors (no privacy there)
     trainers: list[LocalTrainer] = []
-    if on_ray:
+    if executor is not None and executor.kind == "ray":  # the banks' side on Ray actors (no privacy there)
         from fedgl_secure.simulation.ray_executor import RayExecutor
 
+        evaluator = _evaluator(config, method, merged)
         positions = [graph.positions for graph in client_graphs]
         banks: BankExecutor = RayExecutor(
             config, federation.clients, positions, federation.index.size, merged.num_classes, executor
@@ -333,8 +332,7 @@ def _run_federated(
     else:
         ids = list(range(len(client_graphs)))
         trainers = local_trainers(config, method, training_graphs(config, client_graphs, ids, merged.num_classes), ids)
-    evaluator = method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0).to(merged.device)
-    if not on_ray:
+        evaluator = _evaluator(config, method, merged)  # after the trainers, as it always was
         banks = InProcessExecutor(method, trainers, federation.client_graphs, evaluator, config)
     if privacy is not None:
         for k, trainer in enumerate(trainers):
@@ -343,6 +341,12 @@ def _run_federated(
         return _rounds(config, federation, method, banks, trainers, evaluator, progress, summation, observer, privacy)
     finally:
         banks.close()
+
+
+def _evaluator(config: ExperimentConfig, method, merged: GraphTensors):
+    """The global model's evaluator in this process: the method's model, without dropout."""
+    num_features = merged.features.shape[1]
+    return method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0).to(merged.device)
 
 
 def _rounds(
