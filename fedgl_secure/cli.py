@@ -48,6 +48,18 @@ class DatasetName(str, Enum):
     wiki = "wiki"
 
 
+class ExecutorName(str, Enum):
+    in_process = "in-process"
+    ray = "ray"
+
+
+EXECUTOR_HELP = (
+    "where the banks' local work runs: in-process, or ray (the banks spread over Ray actors; the sums, the server "
+    "step and the global evaluation stay in this process; the run record is the same)"
+)
+RAY_ADDRESS_HELP = "the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local Ray started for the run)"
+
+
 # the registry's names (built-in and installed plug-ins) as the choices typer shows and checks
 MethodName = Enum("MethodName", {name: name for name in method_names()}, type=str)
 
@@ -146,12 +158,17 @@ def simulate(
             "it) with its [experiment]; --set and --rounds still apply, --dataset/--method/--seed/--data-root do not"
         ),
     ] = None,
+    executor: Annotated[ExecutorName, typer.Option(help=EXECUTOR_HELP)] = ExecutorName.in_process,
+    ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
 ) -> None:
     """Simulate a federation of institutions in one process and report accuracy."""
     from fedgl_secure.engine.config import build_config
+    from fedgl_secure.method_registry import method_spec
+    from fedgl_secure.simulation.executors import check_executor, executor_settings
     from fedgl_secure.simulation.experiment import run_experiment
 
     try:
+        executor_choice = executor_settings(executor.value, ray_address)
         overrides = parse_assignments(set_ or [])
         values: dict[str, Any] = {
             "dataset": dataset.value,
@@ -174,6 +191,9 @@ def simulate(
         if rounds is not None:
             values.setdefault("federation", {})["max_rounds"] = rounds
         config = build_config(values)
+        # before the data's and the key ceremony's time is spent
+        baseline = method_spec(config.method).baseline
+        check_executor(executor_choice, baseline=baseline, privacy=policy is not None, secure=secure)
         dataset_graph = None
         if clients is None:  # loaded here so that data.split (e.g. the paper's Table 3 random splits) applies
             from fedgl_secure.data.registry import load_dataset
@@ -197,6 +217,7 @@ def simulate(
                 observer=lambda broadcast: final.__setitem__(0, broadcast),
                 privacy=privacy,
                 clients=clients,
+                executor=executor_choice,
             )
             if run_dir is not None:
                 from fedgl_secure.wire.run_record import SecureRecord, stopped_rounds, write_run_dir
@@ -348,13 +369,19 @@ def reproduce_table2(
     data_root: Annotated[Path | None, typer.Option(help="directory holding <dataset>/raw/")] = None,
     workers: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override: section.field=value")] = None,
+    executor: Annotated[
+        ExecutorName, typer.Option(help=EXECUTOR_HELP + "; the centralized and local baselines run in-process")
+    ] = ExecutorName.in_process,
+    ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
 ) -> None:
     """Run Table 2 of the FedGL paper and write table2.md / table2.json (resumable)."""
     from fedgl_secure.data.registry import DATASETS, load_dataset
     from fedgl_secure.engine.config import build_config
+    from fedgl_secure.simulation.executors import executor_settings
     from fedgl_secure.simulation.reproduce import run_table2
 
     try:
+        executor_choice = executor_settings(executor.value, ray_address)
         dataset_list = [d.strip() for d in datasets.split(",") if d.strip()]
         method_list = [m.strip() for m in methods.split(",") if m.strip()]
         for name in dataset_list:
@@ -368,7 +395,7 @@ def reproduce_table2(
         for name in dataset_list:  # fail fast on bad data or a split that does not fit, before hours of runs
             split = build_config({"dataset": name, **overrides}).data
             load_dataset(name, root, seed=0, split=split)
-        table = run_table2(dataset_list, method_list, seeds, output_dir, root, workers, overrides)
+        table = run_table2(dataset_list, method_list, seeds, output_dir, root, workers, overrides, executor_choice)
     except FedGLError as error:
         _fail(error)
     typer.echo((output_dir / "table2.md").read_text())

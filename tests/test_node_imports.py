@@ -20,6 +20,7 @@ USED_WHERE_NEEDED = {
     "sqlalchemy": "a bank's own SQL tables (data/sources/tables.py)",
     "scipy.optimize": "Fed²GNN's matching beyond five slots (methods/fed2gnn.py)",
     "scipy.stats": "opacus' accountants",
+    "ray": "the simulation's Ray executor (simulation/ray_executor.py)",
 }
 
 

@@ -16,6 +16,7 @@ and *record* (the ledgers and the run's observer, which see every broadcast).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,9 +64,39 @@ def method_initial_parameters(method, config: ExperimentConfig, num_features: in
     return model.flat_parameters()
 
 
+# A round's contributions of one stage: ``contribute(stage, participants, broadcast)`` yields each participant's
+# pre-weighted terms as ``(client id, terms)``, in ``participants``' order (the simulation's executors:
+# in this process, or on Ray actors holding the banks).
+Contribute = Callable[[str, Sequence[int], "Broadcast"], Iterable[tuple[int, Mapping[str, torch.Tensor]]]]
+
+
+def local_contributions(method, trainers: Sequence[LocalTrainer]) -> Contribute:
+    """The contributions of ``trainers`` computed here, one client after the other, each as it is asked for."""
+
+    def contribute(stage: str, participants: Sequence[int], broadcast: Broadcast):
+        for k in participants:
+            yield k, method.stage_contribution(stage, trainers[k], broadcast)
+
+    return contribute
+
+
 def run_round_stages(
     method,
     trainers: list[LocalTrainer],
+    participants: list[int],
+    broadcast: Broadcast,
+    round_number: int,
+    summation: Summation,
+    weight_normaliser: float,
+) -> Broadcast:
+    """:func:`run_stages` with the contributions of ``trainers`` computed in this process."""
+    contribute = local_contributions(method, trainers)
+    return run_stages(method, contribute, participants, broadcast, round_number, summation, weight_normaliser)
+
+
+def run_stages(
+    method,
+    contribute: Contribute,
     participants: list[int],
     broadcast: Broadcast,
     round_number: int,
@@ -79,8 +110,7 @@ def run_round_stages(
         # each client's terms go to the summation as soon as the client is done (a secure one encrypts them
         # while the next client trains)
         with open_round(summation, round_number, participants, reference=broadcast.weights) as round_sum:
-            for k in participants:
-                contribution = method.stage_contribution(stage, trainers[k], broadcast)
+            for k, contribution in contribute(stage, participants, broadcast):
                 round_sum.add(k, normalise_contribution(contribution, weight_normaliser))
             sums = round_sum.result()
         broadcast = method.stage_update(stage, sums, round_number, broadcast)

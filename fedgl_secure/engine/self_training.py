@@ -85,17 +85,19 @@ def with_pseudo_labels(graph: GraphTensors, nodes: torch.Tensor, labels: torch.T
 
 
 def self_trained_graphs(
-    config: ExperimentConfig, graphs: list[GraphTensors], start: torch.Tensor
+    config: ExperimentConfig, graphs: list[GraphTensors], start: torch.Tensor, client_ids: list[int] | None = None
 ) -> list[GraphTensors]:
     """Every client's graph with its ``self_training.per_class`` most confident pseudo labels per class added,
     from its own model (the engine's backbone at ``self_training``'s learning rate, weight decay and epochs,
-    from ``start``); the same for every method, so FedAvg and GraphFL train on the same pseudo labels."""
+    from ``start``); the same for every method, so FedAvg and GraphFL train on the same pseudo labels.
+    ``client_ids``: the clients' numbers, whose random streams their models draw from (default 0, 1, ...; a
+    Ray actor holding some of the banks passes theirs)."""
     settings = config.self_training
     training = config.training.model_copy(
         update={"learning_rate": settings.learning_rate, "weight_decay": settings.weight_decay}
     )
     enlarged = []
-    for k, graph in enumerate(graphs):
+    for k, graph in zip(range(len(graphs)) if client_ids is None else client_ids, graphs, strict=True):
         probabilities = local_class_probabilities(graph, training, start, settings.epochs, config.seed, k)
         nodes, labels = most_confident_per_class(probabilities, candidate_nodes(graph), settings.per_class)
         enlarged.append(with_pseudo_labels(graph, nodes, labels))

@@ -37,12 +37,10 @@ from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.metrics import RankingMetrics
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
 from fedgl_secure.engine.round_pipeline import (
-    initial_parameters,
     method_initial_parameters,
     protect_contributions,
-    run_round_stages,
+    run_stages,
 )
-from fedgl_secure.engine.self_training import self_trained_graphs
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.log import get_logger
 from fedgl_secure.method_registry import load, method_spec
@@ -52,8 +50,16 @@ from fedgl_secure.methods.base import (
     method_model,
     method_stages,
 )
-from fedgl_secure.model.backbones import build_backbone
 from fedgl_secure.seeding import numpy_stream
+from fedgl_secure.simulation.executors import (
+    BankExecutor,
+    ExecutorSettings,
+    InProcessExecutor,
+    check_executor,
+    is_secure,
+    local_trainers,
+    training_graphs,
+)
 
 if TYPE_CHECKING:
     from fedgl_secure.privacy.dp_round import FederationPrivacy
@@ -182,6 +188,7 @@ def run_experiment(
     observer: Callable[[Broadcast], None] | None = None,
     privacy: FederationPrivacy | None = None,
     clients: list[GraphDataset] | None = None,
+    executor: ExecutorSettings | None = None,
 ) -> RunResult:
     """Run one simulated experiment (any of the six methods) and return its record.
 
@@ -191,9 +198,13 @@ def run_experiment(
     a consortium run is compared with the simulation, weight for weight. ``privacy`` (federated
     methods only) passes every bank's contribution through its DP step
     (:mod:`fedgl_secure.privacy.dp_round`); banks whose budget is spent drop out, and the run stops
-    with ``stopped_reason`` once fewer than the policy's quorum remain.
+    with ``stopped_reason`` once fewer than the policy's quorum remain. ``executor``: where the banks' local work
+    runs (:mod:`fedgl_secure.simulation.executors`; default: in this process); the record is the same.
     """
     started = time.perf_counter()
+    executor = executor or ExecutorSettings()
+    baseline = method_spec(config.method).baseline
+    check_executor(executor, baseline=baseline, privacy=privacy is not None, secure=is_secure(summation))
     # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
     in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None
@@ -228,7 +239,9 @@ def run_experiment(
     if spec.baseline:  # a runner of simulation/baselines.py, named by the registry
         result = load(spec.implementation)(config, federation, progress)
     else:
-        result = _run_federated(config, federation, progress, summation or PlaintextSummation(), observer, privacy)
+        result = _run_federated(
+            config, federation, progress, summation or PlaintextSummation(), observer, privacy, executor
+        )
     result.wall_seconds = time.perf_counter() - started
     result.config = config.model_dump(mode="json")
     log.info("run.finished", best_round=result.best_round, test=result.global_test_accuracy)
@@ -296,34 +309,63 @@ def _run_federated(
     summation: Summation,
     observer: Callable[[Broadcast], None] | None = None,
     privacy: FederationPrivacy | None = None,
+    executor: ExecutorSettings | None = None,
 ) -> RunResult:
     method = build_method(config)
     merged = federation.merged
     client_graphs = federation.client_graphs
-    staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (privacy_checks.check_stages)
     if privacy is not None:
         client_graphs = _private_client_graphs(config, federation, privacy, summation)
         summation = privacy.with_central_noise(summation)
-    num_features = merged.features.shape[1]
-    if config.self_training.per_class > 0:
-        if privacy is not None:  # the labelling model reads every label and feature outside any accountant
-            raise ConfigError("self_training.per_class: self-training is not accounted under a privacy policy")
-        start = initial_parameters(config, num_features, merged.num_classes)
-        client_graphs = self_trained_graphs(config, client_graphs, start)
-    own_models = [method.build_model(num_features, graph.num_classes) for graph in client_graphs]
-    if own_models[0] is not None:  # the method brings its model (e.g. GraphFL's SGC), one per client
-        trainers = [
-            LocalTrainer(k, graph, config.training, config.seed, model)
-            for k, (graph, model) in enumerate(zip(client_graphs, own_models, strict=True))
-        ]
-        evaluator = method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0)
-        evaluator = evaluator.to(merged.device)
+    if config.self_training.per_class > 0 and privacy is not None:
+        # the labelling model reads every label and feature outside any accountant
+        raise ConfigError("self_training.per_class: self-training is not accounted under a privacy policy")
+    trainers: list[LocalTrainer] = []
+    if executor is not None and executor.kind == "ray":  # the banks' side on Ray actors (no privacy there)
+        from fedgl_secure.simulation.ray_executor import RayExecutor
+
+        evaluator = _evaluator(config, method, merged)
+        positions = [graph.positions for graph in client_graphs]
+        banks: BankExecutor = RayExecutor(
+            config, federation.clients, positions, federation.index.size, merged.num_classes, executor
+        )
     else:
-        trainers = [LocalTrainer(k, graph, config.training, config.seed) for k, graph in enumerate(client_graphs)]
-        evaluator = build_backbone(config.training, num_features, merged.num_classes, 0.0).to(merged.device)
+        ids = list(range(len(client_graphs)))
+        trainers = local_trainers(config, method, training_graphs(config, client_graphs, ids, merged.num_classes), ids)
+        evaluator = _evaluator(config, method, merged)  # after the trainers, as it always was
+        banks = InProcessExecutor(method, trainers, federation.client_graphs, evaluator, config)
     if privacy is not None:
         for k, trainer in enumerate(trainers):
             privacy.attach_training(k, trainer)
+    try:
+        return _rounds(config, federation, method, banks, trainers, evaluator, progress, summation, observer, privacy)
+    finally:
+        banks.close()
+
+
+def _evaluator(config: ExperimentConfig, method, merged: GraphTensors):
+    """The global model's evaluator in this process: the method's model, without dropout."""
+    num_features = merged.features.shape[1]
+    return method_model(method, num_features, config.training.hidden, merged.num_classes, 0.0).to(merged.device)
+
+
+def _rounds(
+    config: ExperimentConfig,
+    federation: Federation,
+    method,
+    banks: BankExecutor,
+    trainers: list[LocalTrainer],
+    evaluator,
+    progress: bool,
+    summation: Summation,
+    observer: Callable[[Broadcast], None] | None,
+    privacy: FederationPrivacy | None,
+) -> RunResult:
+    """The federated rounds, early stopping, and the local goal at the best round; ``trainers``: the banks' trainers
+    of an in-process run, which the DP step reads (empty on Ray, where a policy is refused)."""
+    merged = federation.merged
+    num_features = merged.features.shape[1]
+    staged = len(method_stages(method)) > 1  # under DP refused by check_runnable (privacy_checks.check_stages)
     broadcast = Broadcast(0, method_initial_parameters(method, config, num_features, merged.num_classes))
     stopper = EarlyStopping(config.federation.patience)
     result = new_result(config, federation)
@@ -336,10 +378,10 @@ def _run_federated(
     bar = round_bar(config, progress)
     for round_number in bar:
         round_started = time.perf_counter()
-        participants = select_participants(len(trainers), config.federation.participation, config.seed, round_number)
+        participants = select_participants(banks.num_banks, config.federation.participation, config.seed, round_number)
         if privacy is None or staged:  # uploads are ŵ_k·X_k with the public w_max, as a bank's (so does the DP step)
-            broadcast = run_round_stages(
-                method, trainers, participants, broadcast, round_number, summation, weight_normaliser
+            broadcast = run_stages(
+                method, banks.contribute, participants, broadcast, round_number, summation, weight_normaliser
             )
         else:
             # a bank whose budget is spent refuses every later round: it does not train either; under DP,
@@ -384,15 +426,7 @@ def _run_federated(
         if stopper.should_stop(round_number):
             break
     if best is not None:  # the local goal, once, with the best round's W̄
-        evaluator.load_flat_parameters(best.weights)
-        adjacencies = [method.evaluation_adjacency(graph, best) for graph in federation.client_graphs]
-        record_local_goal(
-            result,
-            [
-                evaluate_model(evaluator, graph, adjacency, config.evaluation, val_ranking=False)
-                for graph, adjacency in zip(federation.client_graphs, adjacencies, strict=True)
-            ],
-        )
+        record_local_goal(result, banks.local_goal(best))
     return result
 
 

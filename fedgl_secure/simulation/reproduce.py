@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -21,6 +22,9 @@ from tqdm.auto import tqdm
 
 from fedgl_secure.data.registry import load_dataset
 from fedgl_secure.engine.config import ExperimentConfig, build_config
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.method_registry import method_spec
+from fedgl_secure.simulation.executors import ExecutorSettings
 from fedgl_secure.simulation.experiment import run_experiment
 
 # FedGL paper, Table 2: global test accuracy, mean of 5 seeds (DESIGN §4).
@@ -69,15 +73,17 @@ class RunSpec:
         return f"{self.config.dataset}-{self.config.method}-seed{self.config.seed}-{digest}"
 
 
-def _run_one(args: tuple[dict, str]) -> dict:
-    config_dict, path = args
+def _run_one(args: tuple) -> dict:
+    """One run, ``(config, path[, executor settings])``, its record written to ``path``."""
+    config_dict, path, *executor = args
     # One thread per worker: several small GCNs in parallel beat one multi-threaded one.
     import torch
 
     torch.set_num_threads(max(1, int(os.environ.get("FEDGL_WORKER_THREADS", "1"))))
     config = ExperimentConfig.model_validate(config_dict)
     dataset = load_dataset(config.dataset, config.data_root, seed=config.seed, split=config.data)
-    result = run_experiment(config, dataset, progress=False).to_dict()
+    settings = ExecutorSettings.model_validate(executor[0]) if executor and executor[0] else None
+    result = run_experiment(config, dataset, progress=False, executor=settings).to_dict()
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(path)
@@ -92,8 +98,13 @@ def run_table2(
     data_root: str | None,
     workers: int = 1,
     overrides: dict | None = None,
+    executor: ExecutorSettings | None = None,
 ) -> dict:
-    """Run every missing (dataset, method, seed), then write ``table2.json`` and ``table2.md``."""
+    """Run every missing (dataset, method, seed), then write ``table2.json`` and ``table2.md``.
+
+    ``executor``: where the federated methods' banks run (:mod:`~fedgl_secure.simulation.executors`; the
+    baselines, which exchange nothing, run in this process); on Ray, one Ray serves every run, and runs go one
+    after the other (``workers`` = 1: the banks are what is spread over the CPUs)."""
     runs_dir = output_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     specs = []
@@ -105,18 +116,41 @@ def run_table2(
                     values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
                 specs.append(RunSpec(build_config(values)))
     todo = [s for s in specs if not (runs_dir / f"{s.key}.json").exists()]
-    jobs = [(s.config.model_dump(mode="json"), str(runs_dir / f"{s.key}.json")) for s in todo]
+    on_ray = executor is not None and executor.kind == "ray"
+    if on_ray and workers > 1:
+        raise ConfigError("--workers: with --executor ray the banks of each run are spread over Ray; use --workers 1")
+    jobs = [
+        (
+            s.config.model_dump(mode="json"),
+            str(runs_dir / f"{s.key}.json"),
+            None if executor is None or method_spec(s.config.method).baseline else executor.model_dump(),
+        )
+        for s in todo
+    ]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             list(tqdm(pool.map(_run_one, jobs), total=len(jobs), desc="table2", unit="run"))
     else:
-        for job in tqdm(jobs, desc="table2", unit="run"):
-            _run_one(job)
+        with _ray_for(executor if on_ray and jobs else None):
+            for job in tqdm(jobs, desc="table2", unit="run"):
+                _run_one(job)
     results = [json.loads((runs_dir / f"{s.key}.json").read_text()) for s in specs]
     table = summarize(results)
     (output_dir / "table2.json").write_text(json.dumps(table, indent=2))
     (output_dir / "table2.md").write_text(render_markdown(table))
     return table
+
+
+@contextmanager
+def _ray_for(executor: ExecutorSettings | None) -> Iterator[None]:
+    """One Ray for every run of a reproduction on Ray (none otherwise): started or joined once, not per run."""
+    if executor is None:
+        yield
+        return
+    from fedgl_secure.simulation.ray_executor import ray_session
+
+    with ray_session(executor):
+        yield
 
 
 def _split_of(result: dict) -> str:

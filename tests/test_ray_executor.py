@@ -1,0 +1,157 @@
+"""The Ray executor (simulation/ray_executor.py): the banks on Ray actors give the in-process run's record, field for
+field (FedGL; GraphFL's two stages with self-training); the banks really are in other processes, spread round-robin;
+``simulate --executor ray`` writes its record; what it cannot run as promised is refused.
+
+One local Ray (2 CPUs, no dashboard) serves the module's tests and is shut down at its end; the executor joins the Ray
+this process is connected to, so the runs here start none of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import ray
+from structlog.testing import capture_logs
+from typer.testing import CliRunner
+
+from fedgl_secure.cli import app
+from fedgl_secure.data.graphfl_split import graphfl_clients
+from fedgl_secure.data.registry import load_dataset
+from fedgl_secure.engine.config import build_config
+from fedgl_secure.errors import ConfigError
+from fedgl_secure.simulation.executors import ExecutorSettings, check_executor, executor_settings
+from fedgl_secure.simulation.experiment import Federation, resolve_device, run_experiment
+from fedgl_secure.simulation.ray_executor import RayExecutor
+
+REPO = Path(__file__).resolve().parents[1]
+RAY = ExecutorSettings(kind="ray")
+TIMING = ("wall_seconds", "seconds")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cora(data_root):
+    return load_dataset("cora", str(data_root), seed=0)
+
+
+def record(result) -> str:
+    """The run record without its wall-clock fields, as JSON (NaN written as NaN, so equal records give equal text)."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items() if key not in TIMING}
+        if isinstance(value, list):
+            return [strip(item) for item in value]
+        return value
+
+    return json.dumps(strip(result.to_dict()), sort_keys=True)
+
+
+def test_fedgl_on_ray_gives_the_in_process_record(local_ray, cora):
+    config = build_config(
+        {
+            "dataset": "cora",
+            "method": "fedgl",
+            "seed": 3,
+            "device": "cpu",
+            # pseudo labels from round 1 on (λ low), so round 2 trains on them and on the pseudo graph
+            "self_supervision": {"threshold": 0.15, "neighbors": 10},
+            "training": {"local_epochs": 3},
+            "federation": {"max_rounds": 2, "proportions": [0.3, 0.4, 0.5]},
+        }
+    )
+    in_process = run_experiment(config, cora, progress=False)
+    with capture_logs() as logs:
+        on_ray = run_experiment(config, cora, progress=False, executor=RAY)
+    assert record(on_ray) == record(in_process)
+    assert on_ray.rounds_run == 2 and len(on_ray.local_test_accuracy) == 3
+    assert on_ray.history[0].pseudo_labels > 0 and on_ray.history[0].pseudo_graph_edges > 0
+    # the banks were on two actors (one per CPU of the 2-CPU Ray), round-robin, in processes other than this one
+    (placement,) = [entry["placement"] for entry in logs if entry["event"] == "ray.actors_ready"]
+    assert sorted(placement.values()) == [[0, 2], [1]]
+    assert len(placement) == 2 and os.getpid() not in placement
+
+
+def test_graphfl_with_self_training_on_ray_gives_the_in_process_record(local_ray, cora):
+    """Two stages a round, half the banks a round, the banks' own graphs (``clients=``), self-training in the actors."""
+    clients = graphfl_clients(cora, 5, 10, seed=0, test_size=200, val_size=100)
+    config = build_config(
+        {
+            "method": "graphfl",
+            "dataset": "cora",
+            "seed": 1,
+            "device": "cpu",
+            "federation": {"participation": 0.6, "max_rounds": 2},
+            "graphfl": {"inner_steps": 2},
+            "self_training": {"per_class": 2, "epochs": 5},
+        }
+    )
+    in_process = run_experiment(config, clients=clients, progress=False)
+    on_ray = run_experiment(config, clients=clients, progress=False, executor=RAY)
+    assert record(on_ray) == record(in_process)
+    assert [len(r.participants) for r in on_ray.history] == [3, 3]
+
+
+def test_too_many_actors_are_refused(local_ray, cora):
+    config = build_config({"dataset": "cora", "method": "federated", "device": "cpu"})
+    federation = Federation.build(cora, config, resolve_device("cpu"))
+    positions = [graph.positions for graph in federation.client_graphs]
+    with pytest.raises(ConfigError, match="3 actors of one CPU each, but the Ray cluster has 2 CPUs"):
+        RayExecutor(
+            config,
+            federation.clients,
+            positions,
+            federation.index.size,
+            federation.merged.num_classes,
+            ExecutorSettings(kind="ray", actors=3),
+        )
+
+
+def test_simulate_cli_on_ray_writes_its_record(local_ray, tmp_path):
+    output = tmp_path / "run.json"
+    args = ["simulate", "--method", "federated", "--rounds", "1", "--no-progress", "--device", "cpu"]
+    args += ["--output", str(output), "--executor", "ray"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["rounds_run"] == 1 and json.loads(output.read_text())["rounds_run"] == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--secure"], "--executor ray with --secure"),
+        (["--policy", str(REPO / "policies" / "baseline.toml")], "--executor ray with a privacy policy"),
+        (["--method", "centralized"], "the centralized and local baselines"),
+        (["--ray-address", "localhost:6379"], "address and actors are Ray's"),
+    ],
+)
+def test_simulate_refuses_what_ray_cannot_run(flags, message):
+    executor = [] if "--ray-address" in flags else ["--executor", "ray"]
+    result = CliRunner().invoke(app, ["simulate", "--no-progress", *executor, *flags])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_reproduce_on_ray_refuses_parallel_workers(data_root, tmp_path):
+    args = ["reproduce", "table2", "--datasets", "cora", "--methods", "fedgl", "--seeds", "1", "--workers", "2"]
+    args += ["--data-root", str(data_root), "--output-dir", str(tmp_path), "--executor", "ray"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--workers: with --executor ray" in result.output, result.output
+
+
+def test_settings_and_checks():
+    with pytest.raises(ConfigError, match="--executor: actors"):
+        executor_settings("ray", None, 0)
+    assert executor_settings("ray", "ray://head:10001").address == "ray://head:10001"
+    check_executor(ExecutorSettings(), baseline=True, privacy=True, secure=True)  # in-process runs everything
+    with pytest.raises(ConfigError, match="--secure"):
+        check_executor(RAY, baseline=False, privacy=True, secure=True)
