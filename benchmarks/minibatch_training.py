@@ -94,6 +94,7 @@ class Phases:
             "cpu_seconds": round(time.process_time() - self._cpu, 2),
             "wall_seconds": round(time.perf_counter() - self._wall, 2),
         }
+        print(f"phase {name}: {json.dumps(self.records[name])}", file=sys.stderr, flush=True)
         self._start()
         return self.records[name]
 
@@ -123,14 +124,14 @@ def run_mode(mode: str, args: dict, queue) -> None:
     data = load_bank_data(source, synthetic_bank_schema(), name=args["bank"], seed=args["seed"])
     graph_data = data.graph
     phases.end("load")
-    n = graph_data.num_nodes
-    graph = GraphTensors.from_graph(graph_data, np.arange(n), n, torch.device("cpu"))
-    del data, graph_data
-    phases.end("graph_tensors")
     training = dict(args["training"])
     if mode == "full":
         training = {k: v for k, v in training.items() if k not in ("batch_size", "fanouts", "inference_rows")}
     config = TrainingConfig(**training)
+    n = graph_data.num_nodes
+    graph = GraphTensors.from_graph(graph_data, np.arange(n), n, torch.device("cpu"), config.normalize_features)
+    del data, graph_data
+    phases.end("graph_tensors")
     trainer = LocalTrainer(0, graph, config, args["seed"])
     trainer.model.reset_parameters(torch_stream(args["seed"], "init"))
     pseudo_graph = (
@@ -231,6 +232,10 @@ def main() -> None:
         "threads": args.threads,
         "pseudo_neighbors": args.pseudo_neighbors,
         "training": {
+            # a bank node's defaults for its own tables (consortium/config.py): standardised numeric features
+            # are not bag-of-words rows to normalise, and 3 % fraud needs balanced class weights
+            "normalize_features": False,
+            "class_weighting": "balanced",
             "local_epochs": args.epochs,
             "batch_size": args.batch_size,
             "fanouts": [int(f) for f in args.fanouts.split(",")],
