@@ -85,12 +85,11 @@ def layerwise_inference(model: GCN, features: SparseOperator, adjacency: SparseO
 
 
 class NeighborSampledTraining:
-    """A client's mini-batch training: its batch stream and a CPU view of its features for slicing batches."""
+    """A client's mini-batch training over its trainer's current graph, with the client's own batch stream."""
 
     def __init__(self, trainer: LocalTrainer, seed: int) -> None:
         self.trainer = trainer
         self.rng = numpy_stream(seed, "client", trainer.client_id, "batches")
-        self._features = scipy_view(trainer.graph.features)
 
     def loss_nodes(self, pseudo_labels: torch.Tensor | None, alpha: float) -> tuple[np.ndarray, np.ndarray]:
         """The nodes Eq. 8 reads: training nodes, and (with α > 0) pseudo-labelled nodes that are not."""
@@ -112,7 +111,7 @@ class NeighborSampledTraining:
         """``epochs`` passes of mini-batch Adam over the loss nodes; returns the last batch's loss."""
         trainer, config = self.trainer, self.trainer.config
         model = trainer.model
-        operator = scipy_view(adjacency)
+        operator, features = scipy_view(adjacency), scipy_view(trainer.graph.features)
         train_nodes, pseudo_nodes = self.loss_nodes(pseudo_labels, alpha)
         anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
         model.train()
@@ -120,14 +119,14 @@ class NeighborSampledTraining:
         for _ in range(epochs):
             for seeds in epoch_batches(train_nodes, pseudo_nodes, config.batch_size, self.rng):
                 batch = sample_batch(operator, seeds, config.fanouts, self.rng)
-                loss = self._step(batch, pseudo_labels, alpha, anchor, proximal_mu)
+                loss = self._step(batch, features, pseudo_labels, alpha, anchor, proximal_mu)
         return float(loss.detach())
 
-    def _step(self, batch, pseudo_labels, alpha, anchor, proximal_mu) -> torch.Tensor:
+    def _step(self, batch, all_features: sp.csr_matrix, pseudo_labels, alpha, anchor, proximal_mu) -> torch.Tensor:
         trainer = self.trainer
         graph, device = trainer.graph, trainer.graph.device
         first, second = (SparseOperator.from_scipy(layer.operator, device) for layer in batch.layers)
-        features = SparseOperator.from_scipy(csr_rows(self._features, batch.input_nodes), device)
+        features = SparseOperator.from_scipy(csr_rows(all_features, batch.input_nodes), device)
         trainer.optimizer.zero_grad(set_to_none=True)
         logits = trainer.model.propagate(features, first, second, trainer.generator).logits
         seeds = torch.as_tensor(batch.seeds, device=device)
