@@ -163,24 +163,29 @@ def run_mode(mode: str, args: dict, queue) -> None:
         )
         del output, probabilities
         print(f"[{mode}] {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
+        # what a long run has measured so far survives its being stopped (the parent writes the whole at the end)
+        Path(args["partial"] + f".{mode}.json").write_text(json.dumps(summary(mode, config, graph, phases, rounds)))
+    queue.put(summary(mode, config, graph, phases, rounds))
+
+
+def summary(mode: str, config: TrainingConfig, graph: GraphTensors, phases: Phases, rounds: list[dict]) -> dict:
+    """One mode's record after ``rounds``."""
     best = max(rounds, key=lambda entry: entry["val_roc_auc"])
-    queue.put(
-        {
-            "mode": mode,
-            "training": config.model_dump(mode="json"),
-            "nodes": n,
-            "edges": int((graph.base_adjacency.nnz - n) // 2),
-            "train_nodes": int(graph.train_mask.sum()),
-            "best_round": best["round"],
-            "test_roc_auc_at_best_val": best["test_roc_auc"],
-            "val_roc_auc_best": best["val_roc_auc"],
-            "training_cpu_seconds_per_round": round(float(np.mean([r["training_cpu_seconds"] for r in rounds])), 2),
-            "inference_cpu_seconds_per_round": round(float(np.mean([r["inference_cpu_seconds"] for r in rounds])), 2),
-            "peak_rss_mib": phases.process_peak,
-            "phases": phases.records,
-            "rounds": rounds,
-        }
-    )
+    return {
+        "mode": mode,
+        "training": config.model_dump(mode="json"),
+        "nodes": graph.num_nodes,
+        "edges": int((graph.base_adjacency.nnz - graph.num_nodes) // 2),
+        "train_nodes": int(graph.train_mask.sum()),
+        "best_round": best["round"],
+        "test_roc_auc_at_best_val": best["test_roc_auc"],
+        "val_roc_auc_best": best["val_roc_auc"],
+        "training_cpu_seconds_per_round": round(float(np.mean([r["training_cpu_seconds"] for r in rounds])), 2),
+        "inference_cpu_seconds_per_round": round(float(np.mean([r["inference_cpu_seconds"] for r in rounds])), 2),
+        "peak_rss_mib": phases.process_peak,
+        "phases": phases.records,
+        "rounds": rounds,
+    }
 
 
 def compare(records: dict[str, dict]) -> dict[str, float]:
@@ -231,6 +236,7 @@ def main() -> None:
         "seed": args.seed,
         "threads": args.threads,
         "pseudo_neighbors": args.pseudo_neighbors,
+        "partial": str(args.output.with_suffix(".partial")),
         "training": {
             # a bank node's defaults for its own tables (consortium/config.py): standardised numeric features
             # are not bag-of-words rows to normalise, and 3 % fraud needs balanced class weights
@@ -279,6 +285,8 @@ def main() -> None:
         document["minibatch_vs_full"] = compare(records)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2) + "\n")
+    for mode in modes:
+        args.output.with_suffix(f".partial.{mode}.json").unlink(missing_ok=True)
     print(json.dumps({k: v for k, v in document.items() if k != "modes"}, indent=2))
 
 
