@@ -7,9 +7,11 @@ from torch import nn
 
 from fedgl_secure.engine.config import TrainingConfig
 from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.minibatch import NeighborSampledTraining, layerwise_inference
+from fedgl_secure.errors import ConfigError
 from fedgl_secure.model.backbones import build_backbone
 from fedgl_secure.model.eager_adam import EagerAdam
-from fedgl_secure.model.gcn import GCNOutput
+from fedgl_secure.model.gcn import GCN, GCNOutput
 from fedgl_secure.model.losses import balanced_class_weights, fedgl_loss, proximal_term
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.seeding import torch_stream
@@ -21,7 +23,9 @@ class LocalTrainer:
     The optimiser state persists across rounds by default (each bank keeps its own Adam
     moments); the parameters are overwritten with W̄ at the start of every round.
     ``private_training`` (set by a DP policy with ``[dp.sgd]``, see
-    :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`) replaces the full-batch steps with DP-SGD steps.
+    :class:`~fedgl_secure.privacy.dp_sgd.NodeDPSGD`) replaces the full-batch steps with DP-SGD steps;
+    ``training.batch_size`` replaces them with neighbour-sampled mini-batches and inference with the layer-wise
+    kind (:mod:`fedgl_secure.engine.minibatch`).
     """
 
     def __init__(
@@ -36,6 +40,14 @@ class LocalTrainer:
         self.generator = torch_stream(seed, "client", client_id, "dropout", device=graph.device)
         self.optimizer = self._new_optimizer()
         self.private_training = None
+        self.mini_batches = None
+        if config.batch_size is not None:
+            if type(self.model) is not GCN:
+                raise ConfigError(
+                    f"training.batch_size: mini-batch training samples the 2-layer GCN's neighbourhoods; this "
+                    f"method trains a {type(self.model).__name__} (leave batch_size unset)"
+                )
+            self.mini_batches = NeighborSampledTraining(self, seed)
         self._own_adjacency: tuple[GraphTensors, SparseOperator] | None = None
         # from the bank's own training labels: a local statistic that never leaves it
         self.class_weights = (
@@ -72,7 +84,7 @@ class LocalTrainer:
         proximal_mu: float = 0.0,
         epochs: int | None = None,
     ) -> float:
-        """E local epochs of full-batch Adam on Eq. 8 (plus FedProx's term when ``proximal_mu > 0``).
+        """E local epochs of (full- or mini-batch) Adam on Eq. 8 (plus FedProx's term when ``proximal_mu > 0``).
 
         Starts from ``start_parameters`` (W̄) when given, else continues from the current model
         (the Local and Centralized baselines). Returns the last epoch's loss.
@@ -82,6 +94,8 @@ class LocalTrainer:
         if self.config.reset_optimizer_each_round:
             self.optimizer = self._new_optimizer()
         if self.private_training is not None:
+            if self.mini_batches is not None:
+                raise ConfigError("training.batch_size: DP-SGD ([dp.sgd]) draws its own batches; leave it unset")
             return self.private_training.train(
                 self, adjacency, pseudo_labels, alpha, proximal_mu, epochs or self.config.local_epochs
             )
@@ -90,6 +104,10 @@ class LocalTrainer:
             # cross-entropy over no nodes is nan with a zero gradient, so the epochs would apply only the L2 weight
             # decay, which Adam turns into steps of ~lr towards 0; the client keeps W̄, as GraphFL's steps do
             return 0.0
+        if self.mini_batches is not None:
+            return self.mini_batches.train(
+                adjacency, pseudo_labels, alpha, proximal_mu, epochs or self.config.local_epochs
+            )
         anchor = [p.detach().clone() for p in self.model.parameters()] if proximal_mu > 0 else None
         self.model.train()
         loss = torch.zeros(())
@@ -109,4 +127,6 @@ class LocalTrainer:
     def infer(self, adjacency: SparseOperator) -> GCNOutput:
         """Eval-mode forward pass with the current local model (the P_k, H_k of a round)."""
         self.model.eval()
+        if self.mini_batches is not None:
+            return layerwise_inference(self.model, self.graph.features, adjacency, self.config.inference_rows)
         return self.model(self.graph.features, adjacency)

@@ -47,6 +47,18 @@ class TrainingConfig(_Section):
     reset_optimizer_each_round: bool = Field(
         False, description="fresh Adam state every round instead of each bank keeping its own"
     )
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="seed nodes per mini-batch (engine/minibatch.py: neighbour-sampled GCN batches, for graphs "
+        "whose full-batch training does not fit in memory); None: full-batch training (the default)",
+    )
+    fanouts: tuple[int, ...] = Field(
+        (10, 10), description="with batch_size: neighbours sampled per node and layer, input layer first"
+    )
+    inference_rows: int = Field(
+        1_000_000, ge=1, description="with batch_size: rows of Â per step of the layer-wise inference of P_k, H_k"
+    )
 
     @field_validator("backbone")
     @classmethod
@@ -62,6 +74,23 @@ class TrainingConfig(_Section):
             f"unknown backbone {value!r}; choose {', '.join(BACKBONES)}, or declare a model as "
             "'package.module:ClassName'"
         )
+
+    @model_validator(mode="after")
+    def _mini_batches_fit_the_model(self) -> TrainingConfig:
+        if self.batch_size is None:
+            return self
+        if self.backbone != "gcn":
+            raise field_error(
+                "batch_size",
+                f"mini-batch training samples the 2-layer GCN's neighbourhoods; backbone {self.backbone!r} trains "
+                "full-batch only (leave batch_size unset, or use backbone = 'gcn')",
+            )
+        if len(self.fanouts) != 2 or min(self.fanouts) < 1:
+            raise field_error(
+                "fanouts",
+                f"the 2-layer GCN needs two fan-outs of at least 1 (input layer first), got {list(self.fanouts)}",
+            )
+        return self
 
     @property
     def receptive_field(self) -> int:

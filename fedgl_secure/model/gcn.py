@@ -119,8 +119,19 @@ class GCN(FlatParameters, nn.Module):
         adjacency: SparseOperator,
         generator: torch.Generator | None = None,
     ) -> GCNOutput:
+        return self.propagate(features, adjacency, adjacency, generator)
+
+    def propagate(
+        self,
+        features: SparseOperator | torch.Tensor,
+        first: SparseOperator,
+        second: SparseOperator,
+        generator: torch.Generator | None = None,
+    ) -> GCNOutput:
+        """``second σ(first X W0 + b0) W1 + b1``: the forward pass with each layer's own operator (the same Â in
+        both for full-batch training; a mini-batch's sampled rows, input side first, for neighbour sampling)."""
         dropout = self.dropout if self.training else 0.0
         support = project_features(features, self.weight0, dropout, generator)
-        hidden = torch.relu(adjacency @ support + self.bias0)
-        logits = adjacency @ (dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
+        hidden = torch.relu(first @ support + self.bias0)
+        logits = second @ (dense_dropout(hidden, dropout, generator) @ self.weight1) + self.bias1
         return GCNOutput(logits=logits, hidden=hidden)
