@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import structlog
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
@@ -70,6 +71,9 @@ def test_fedgl_on_ray_gives_the_in_process_record(local_ray, cora):
         }
     )
     in_process = run_experiment(config, cora, progress=False)
+    # a CLI test on this worker may have configured logging at "warning", which drops the info event below before
+    # capture_logs sees it; structlog's defaults pass every level
+    structlog.reset_defaults()
     with capture_logs() as logs:
         on_ray = run_experiment(config, cora, progress=False, executor=RAY)
     assert record(on_ray) == record(in_process)

@@ -50,7 +50,7 @@ class ExecutorSettings(BaseModel):
     record and ``reproduce``'s stored runs are the same whichever ran them.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     kind: Literal["in-process", "ray"] = "in-process"
     address: str | None = None
