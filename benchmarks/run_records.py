@@ -66,15 +66,19 @@ def record(output_dir: Path, rounds: int | None, data_root: str | None, names: l
             print(f"{path.name}: {time.perf_counter() - started:.1f} s", flush=True)
 
 
-def first_difference(before: object, after: object, where: str = "") -> str | None:
-    """The path of the first field where two run records differ (timing fields skipped), or None."""
+def first_difference(before: object, after: object, where: str = "", added: frozenset[str] = frozenset()) -> str | None:
+    """The path of the first field where two run records differ (timing fields skipped), or None.
+
+    ``added``: paths (``.config.training.batch_size``) of settings the later commit introduced; a record of it may
+    hold them where the earlier one does not (a new option, whose default the run record shows)."""
     if isinstance(before, dict) and isinstance(after, dict):
-        if before.keys() != after.keys():
-            return f"{where or '.'}: keys {sorted(before.keys() ^ after.keys())} on one side only"
+        new_keys = {key for key in after.keys() - before.keys() if f"{where}.{key}" in added}
+        if before.keys() != after.keys() - new_keys:
+            return f"{where or '.'}: keys {sorted(before.keys() ^ (after.keys() - new_keys))} on one side only"
         for key in before:
             if key in TIMING_FIELDS:
                 continue
-            found = first_difference(before[key], after[key], f"{where}.{key}")
+            found = first_difference(before[key], after[key], f"{where}.{key}", added)
             if found:
                 return found
         return None
@@ -82,7 +86,7 @@ def first_difference(before: object, after: object, where: str = "") -> str | No
         if len(before) != len(after):
             return f"{where}: {len(before)} entries against {len(after)}"
         for index, (left, right) in enumerate(zip(before, after, strict=True)):
-            found = first_difference(left, right, f"{where}[{index}]")
+            found = first_difference(left, right, f"{where}[{index}]", added)
             if found:
                 return found
         return None
@@ -93,20 +97,22 @@ def first_difference(before: object, after: object, where: str = "") -> str | No
     return None
 
 
-def compare(before_dir: Path, after_dir: Path) -> dict:
-    """Record by record: equal, or the first difference; records present on one side only."""
+def compare(before_dir: Path, after_dir: Path, added: frozenset[str] = frozenset()) -> dict:
+    """Record by record: equal, or the first difference; records present on one side only. ``added``: settings new
+    in the later commit (:func:`first_difference`)."""
     before = {path.name for path in before_dir.glob("*.json")}
     after = {path.name for path in after_dir.glob("*.json")}
     verdicts = {}
     for name in sorted(before & after):
         left = json.loads((before_dir / name).read_text())
         right = json.loads((after_dir / name).read_text())
-        difference = first_difference(left, right)
+        difference = first_difference(left, right, added=added)
         verdicts[name] = "equal" if difference is None else f"differs at {difference}"
     return {
         "before": str(before_dir),
         "after": str(after_dir),
         "ignored_fields": sorted(TIMING_FIELDS),
+        "added_settings": sorted(added),
         "records": verdicts,
         "only_before": sorted(before - after),
         "only_after": sorted(after - before),
@@ -126,12 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("before", type=Path)
     check.add_argument("after", type=Path)
     check.add_argument("--output", type=Path, default=None, help="write the verdicts as JSON here")
+    check.add_argument(
+        "--added-settings",
+        default="",
+        help="comma-separated settings new in the later commit, e.g. training.batch_size: present only after",
+    )
     args = parser.parse_args(argv)
     if args.command == "record":
         names = [name.strip() for name in args.configs.split(",") if name.strip()] if args.configs else None
         record(args.output_dir, args.rounds, args.data_root, names)
         return 0
-    result = compare(args.before, args.after)
+    added = frozenset(f".config.{name.strip()}" for name in args.added_settings.split(",") if name.strip())
+    result = compare(args.before, args.after, added)
     text = json.dumps(result, indent=2)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -52,3 +52,20 @@ def test_a_changed_figure_a_missing_record_and_a_changed_type_are_named(tmp_path
     assert records.first_difference({"round": 1}, {"round": 1.0}) == ".round: 1 against 1.0"
     assert records.first_difference({"a": 1}, {"b": 1}).endswith("keys ['a', 'b'] on one side only")
     assert records.main(["compare", str(tmp_path / "before"), str(tmp_path / "after")]) == 1
+
+
+def test_a_setting_new_in_the_later_commit_is_allowed_only_when_named(tmp_path):
+    before = {**RECORD, "config": {"training": {"hidden": 16}}}
+    after = {**RECORD, "config": {"training": {"hidden": 16, "batch_size": None}}}
+    _write(tmp_path / "before", "fedgl-seed0.json", before)
+    _write(tmp_path / "after", "fedgl-seed0.json", after)
+    compare = _module().compare
+    unnamed = compare(tmp_path / "before", tmp_path / "after")
+    assert unnamed["records"]["fedgl-seed0.json"] == (
+        "differs at .config.training: keys ['batch_size'] on one side only"
+    )
+    named = compare(tmp_path / "before", tmp_path / "after", frozenset({".config.training.batch_size"}))
+    assert named["all_equal"] is True
+    # named as added, but present before and gone after: still a difference
+    reversed_ = compare(tmp_path / "after", tmp_path / "before", frozenset({".config.training.batch_size"}))
+    assert reversed_["all_equal"] is False
