@@ -50,20 +50,6 @@ def epoch_batches(
     return [ordered[start : start + batch_size] for start in range(0, ordered.shape[0], batch_size)]
 
 
-def scipy_view(operator: SparseOperator) -> sp.csr_matrix:
-    """The CSR arrays of ``operator`` as a scipy matrix, without a copy when the operator is on the CPU."""
-    matrix = operator.matrix
-    return sp.csr_matrix(
-        (
-            matrix.values().detach().cpu().numpy(),
-            matrix.col_indices().cpu().numpy(),
-            matrix.crow_indices().cpu().numpy(),
-        ),
-        shape=tuple(matrix.shape),
-        copy=False,
-    )
-
-
 def _rows_product(operator: SparseOperator, dense: torch.Tensor, rows: int) -> torch.Tensor:
     """``operator @ dense`` computed ``rows`` rows at a time into one preallocated output."""
     total = operator.shape[0]
@@ -111,7 +97,7 @@ class NeighborSampledTraining:
         """``epochs`` passes of mini-batch Adam over the loss nodes; returns the last batch's loss."""
         trainer, config = self.trainer, self.trainer.config
         model = trainer.model
-        operator, features = scipy_view(adjacency), scipy_view(trainer.graph.features)
+        operator, features = adjacency.csr_view(), trainer.graph.features.csr_view()
         train_nodes, pseudo_nodes = self.loss_nodes(pseudo_labels, alpha)
         anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
         model.train()

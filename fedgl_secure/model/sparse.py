@@ -143,3 +143,16 @@ class SparseOperator:
             (matrix.values().double().numpy(), matrix.col_indices().numpy(), matrix.crow_indices().numpy()),
             shape=tuple(matrix.shape),
         )
+
+    def csr_view(self) -> sp.csr_matrix:
+        """The CSR arrays of ``S`` as a scipy matrix of its own dtype, without a copy when ``S`` is on the CPU."""
+        matrix = self.matrix
+        return sp.csr_matrix(
+            (
+                matrix.values().detach().cpu().numpy(),
+                matrix.col_indices().cpu().numpy(),
+                matrix.crow_indices().cpu().numpy(),
+            ),
+            shape=tuple(matrix.shape),
+            copy=False,
+        )

@@ -108,19 +108,6 @@ class EgoExamples:
     num_train: int
 
 
-def scipy_csr(operator: SparseOperator) -> sp.csr_matrix:
-    """The CSR matrix behind a :class:`SparseOperator` (on the CPU)."""
-    matrix = operator.matrix
-    return sp.csr_matrix(
-        (
-            matrix.values().detach().cpu().numpy(),
-            matrix.col_indices().cpu().numpy(),
-            matrix.crow_indices().cpu().numpy(),
-        ),
-        shape=tuple(matrix.shape),
-    )
-
-
 def closed_neighbourhoods(
     adjacency: sp.csr_matrix, centres: np.ndarray, max_degree: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +145,7 @@ def ego_examples(
 ) -> EgoExamples:
     """The examples of one round: every training node, and with α > 0 every pseudo-labelled non-training node."""
     device = labels.device
-    csr = scipy_csr(adjacency)
+    csr = adjacency.csr_view()
     train = train_mask.cpu().numpy().astype(bool)
     targets = labels.cpu().numpy().copy()
     centres = [np.flatnonzero(train)]
