@@ -185,14 +185,7 @@ def run_size(args, customers: int, work_dir: Path) -> dict:
         upload_seconds=args.upload_seconds,
         federation=f"scale-{customers}",
         schema=synthetic_bank_schema().model_dump(mode="json", exclude_none=True),
-        bank_data={
-            bank: {
-                "kind": "files",
-                "customers": str(data_dir / bank / "customers.parquet"),
-                "transactions": str(data_dir / bank / "transactions.parquet"),
-            }
-            for bank in banks
-        },
+        bank_data=synth.files_declarations(),
     )
     consortium = load_consortium(root / "consortium.toml")
     logs = consortium.state_root / "logs"

@@ -180,14 +180,7 @@ def main() -> None:
             experiment={"method": "fedgl", "seed": args.seed, "device": "cpu"},
             federation=f"ray-executor-{args.banks}",
             schema=synthetic_bank_schema().model_dump(mode="json", exclude_none=True),
-            bank_data={
-                bank: {
-                    "kind": "files",
-                    "customers": str(data_dir / bank / "customers.parquet"),
-                    "transactions": str(data_dir / bank / "transactions.parquet"),
-                }
-                for bank in banks
-            },
+            bank_data=synth.files_declarations(),
         )
     runs = work / "runs"
     runs.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -342,3 +343,17 @@ def test_cli_data_synth_prints_a_json_summary_and_refuses_bad_flags(tmp_path):
         app, ["data", "synth", "--banks", "2", "--customers", "60", "--out", str(tmp_path / "x"), "--fraud-rate", "0.9"]
     )
     assert bad.exit_code == 2 and "fraud_rate" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_the_summary_declares_each_banks_generated_files(consortium):
+    out, tables = consortium
+    summary = synthesize_banks(out, banks=BANKS, customers=CUSTOMERS, seed=7, shared_fraction=SHARED)
+    declarations = summary.files_declarations()
+    assert sorted(declarations) == sorted(tables)
+    for bank, declaration in declarations.items():
+        assert declaration["kind"] == "files"
+        assert pq.read_table(declaration["customers"]).equals(tables[bank][0])
+        assert pq.read_table(declaration["transactions"]).equals(tables[bank][1])
+    as_sqlite = dataclasses.replace(summary, parameters=dataclasses.replace(summary.parameters, format="sqlite"))
+    with pytest.raises(ConfigError, match="SQLite databases"):
+        as_sqlite.files_declarations()

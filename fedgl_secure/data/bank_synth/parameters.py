@@ -105,6 +105,20 @@ class SynthSummary:
     def to_dict(self) -> dict[str, Any]:
         return {"out_dir": str(self.out_dir), "already_there": self.already_there, **self.manifest()}
 
+    def files_declarations(self) -> dict[str, dict[str, str]]:
+        """Each bank's ``[bank.data]`` for its generated tables (``kind = "files"``), by bank name."""
+        if self.parameters.format == "sqlite":
+            raise ConfigError("files_declarations: these banks' tables are SQLite databases, not Parquet or CSV files")
+        suffix = self.parameters.format
+        return {
+            bank.name: {
+                "kind": "files",
+                "customers": str(self.out_dir / bank.name / f"customers.{suffix}"),
+                "transactions": str(self.out_dir / bank.name / f"transactions.{suffix}"),
+            }
+            for bank in self.banks
+        }
+
     @classmethod
     def from_manifest(cls, out_dir: Path, document: dict[str, Any], already_there: bool) -> SynthSummary:
         return cls(
