@@ -57,21 +57,33 @@ def two_round_budget() -> float:
     return (two + three) / 2
 
 
-def decrypted_sums_in_simulation_order(consortium, rounds) -> dict[int, dict[str, np.ndarray]]:
-    """The aggregator's decrypted sums per round and kind, per-node rows moved from the consortium's secret
-    union order to the simulation's (sorted node ids), through each bank's stored positions."""
+def simulation_to_consortium_rows(consortium) -> np.ndarray:
+    """``rows[i]``: the consortium's (secret) union row of the simulation's row ``i`` (sorted node ids), through each
+    bank's stored positions."""
     config = load_consortium(consortium.consortium_path).experiment_config()
     slices = consortium_slices(config, None)
     store = AggregatorStore(consortium.root / "state" / "aggregator" / "aggregator.sqlite3")
     try:
         size, positions = store.index()
-        sums = {r: {kind: values for kind, (_, values, _) in store.sums(r).items()} for r in rounds}
     finally:
         store.close()
     simulation = GlobalIndex.from_id_sets([graph.node_ids for graph in slices])
-    consortium_row = np.empty(size, dtype=np.int64)  # simulation row i is consortium row consortium_row[i]
+    rows = np.empty(size, dtype=np.int64)
     for bank, graph in zip(BANKS, slices, strict=True):
-        consortium_row[simulation.positions(graph.node_ids)] = positions[bank]
+        rows[simulation.positions(graph.node_ids)] = positions[bank]
+    return rows
+
+
+def decrypted_sums_in_simulation_order(consortium, rounds) -> dict[int, dict[str, np.ndarray]]:
+    """The aggregator's decrypted sums per round and kind, per-node rows moved from the consortium's secret
+    union order to the simulation's (:func:`simulation_to_consortium_rows`)."""
+    consortium_row = simulation_to_consortium_rows(consortium)
+    size = len(consortium_row)
+    store = AggregatorStore(consortium.root / "state" / "aggregator" / "aggregator.sqlite3")
+    try:
+        sums = {r: {kind: values for kind, (_, values, _) in store.sums(r).items()} for r in rounds}
+    finally:
+        store.close()
     return {
         r: {kind: v if kind == "weights" else v.reshape(size, -1)[consortium_row].reshape(-1) for kind, v in s.items()}
         for r, s in sums.items()
