@@ -20,6 +20,7 @@ from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.bank_keys import ensure_key_share
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.loopback import write_loopback_consortium
+from fedgl_secure.services.node_launcher import LaunchedNode, NodeLauncher
 from fedgl_secure.services.orchestrate import NodeProcess, consortium_up, start_node_process, stop_processes
 from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
@@ -54,7 +55,8 @@ STOP_GRACE_SECONDS = 20.0
 class LocalConsortium:
     root: Path
     max_rounds: int
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen | LaunchedNode] = field(default_factory=dict)
+    launcher: NodeLauncher = field(default_factory=NodeLauncher)
 
     @property
     def consortium_path(self) -> Path:
@@ -76,7 +78,7 @@ class LocalConsortium:
     def start(self, *names: str) -> None:
         for name in names:
             self.processes[name] = start_node_process(
-                self.config_path(name), self.log_path(name), env=dict(NODE_SECRETS)
+                self.config_path(name), self.log_path(name), env=dict(NODE_SECRETS), launcher=self.launcher
             )
 
     def run_key_ceremony(self) -> None:

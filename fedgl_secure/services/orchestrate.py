@@ -1,7 +1,8 @@
 """``fedgl-secure consortium up``: every node of a consortium as its own process, for a local demo.
 
-Nodes start in dependency order (key authority, aggregator, banks), each with
-``fedgl-secure node start --config <consortium dir>/<node>.toml`` and its JSON log in
+Nodes start in dependency order (key authority, aggregator, banks), each running
+``fedgl-secure node start --config <consortium dir>/<node>.toml`` in its own process, forked from one server of
+preloaded modules (``services/node_launcher.py``), and its JSON log in
 ``<state_root>/logs/<node>.log``. Progress comes from the aggregator's structured log; Ctrl-C
 (or the end of the federation) stops every process: SIGTERM, then SIGKILL after a grace period.
 A federation that stopped early because banks withdrew (privacy budget spent) is a normal end: its
@@ -36,6 +37,7 @@ from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.methods import apply_in_method_policy
 from fedgl_secure.policy.schema import load_policy
+from fedgl_secure.services.node_launcher import LaunchedNode, NodeLauncher
 from fedgl_secure.services.pki import provision
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ class NodeProcess:
     name: str
     role: NodeRole
     log_path: Path
-    process: subprocess.Popen
+    process: subprocess.Popen | LaunchedNode
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -71,15 +73,23 @@ def node_command(config: Path) -> list[str]:
 SHARED_HOST_THREADS = "1"
 
 
-def start_node_process(config: Path, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """One node as its own process, logging to ``log_path``; on a host shared with the other nodes."""
+def start_node_process(
+    config: Path, log_path: Path, env: dict[str, str] | None = None, launcher: NodeLauncher | None = None
+) -> subprocess.Popen | LaunchedNode:
+    """One node as its own process, logging to ``log_path``; on a host shared with the other nodes.
+
+    With ``launcher``, forked from its server of preloaded modules (``services/node_launcher.py``), else a fresh
+    interpreter."""
+    environment = {"OMP_NUM_THREADS": SHARED_HOST_THREADS, **os.environ, **(env or {})}
+    if launcher is not None:
+        return launcher.start(config, log_path, environment)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         return subprocess.Popen(
             node_command(config),
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={"OMP_NUM_THREADS": SHARED_HOST_THREADS, **os.environ, **(env or {})},
+            env=environment,
             start_new_session=True,  # Ctrl-C reaches the orchestrator only; it stops the nodes itself
         )
 
@@ -249,8 +259,9 @@ def consortium_up(
     started = time.monotonic()
     summary: dict = {"federation": consortium.federation, "logs": str(logs)}
     try:
+        launcher = NodeLauncher()  # every node on this host: each imports its code once per host, not per node
         for node in order:
-            process = start_node_process(configs[node.name], logs / f"{node.name}.log")
+            process = start_node_process(configs[node.name], logs / f"{node.name}.log", launcher=launcher)
             processes.append(NodeProcess(node.name, node.role, logs / f"{node.name}.log", process))
         echo(f"started {len(processes)} nodes; logs in {logs}")
         applied = 0

@@ -1,0 +1,54 @@
+"""Nodes forked from the launcher's server of preloaded modules behave as nodes started as fresh interpreters:
+their own process and session, the environment given, the command's exit codes, and the log file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from consortium_harness import NODE_SECRETS, write_consortium
+
+from fedgl_secure.services.node_launcher import NodeLauncher
+
+
+def test_a_node_with_a_bad_config_exits_2_naming_the_file_in_its_log(tmp_path):
+    log = tmp_path / "logs" / "bank-z.log"
+    node = NodeLauncher().start(tmp_path / "bank-z.toml", log, {"PATH": os.environ.get("PATH", "")})
+    assert node.wait(timeout=120) == 2 and node.returncode == 2
+    assert "error:" in log.read_text() and "bank-z.toml" in log.read_text()
+
+
+def test_a_forked_key_authority_serves_in_its_own_session_and_stops_cleanly_on_sigterm(tmp_path):
+    consortium = write_consortium(tmp_path)
+    secrets = dict(NODE_SECRETS)
+    # the operator secret reaches the node through the environment given, or it refuses to start
+    environment = {"PATH": os.environ.get("PATH", ""), **secrets, "OMP_NUM_THREADS": "1"}
+    node = consortium.launcher.start(
+        consortium.config_path("key-authority"), consortium.log_path("key-authority"), environment
+    )
+    consortium.processes["key-authority"] = node
+    try:
+        consortium.wait_healthy("key-authority")
+        assert node.pid != os.getpid() and os.getsid(node.pid) == node.pid  # a session of its own
+        assert node.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            node.wait(timeout=0.1)
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+    finally:
+        node.kill()
+
+
+def test_a_killed_node_reports_the_signal_as_popen_does(tmp_path):
+    consortium = write_consortium(tmp_path)
+    environment = {"PATH": os.environ.get("PATH", ""), **NODE_SECRETS}
+    node = consortium.launcher.start(
+        consortium.config_path("key-authority"), consortium.log_path("key-authority"), environment
+    )
+    consortium.processes["key-authority"] = node
+    consortium.wait_healthy("key-authority")
+    node.kill()
+    assert node.wait(timeout=60) == -signal.SIGKILL
+    node.kill()  # a second signal to an ended node is nothing, as Popen's
