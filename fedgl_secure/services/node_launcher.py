@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from multiprocessing import forkserver
 from pathlib import Path
 
 # What ``fedgl-secure node start`` imports for its role (services/node.py) and the command itself: the server imports
@@ -107,6 +108,14 @@ class NodeLauncher:
         # the server is one per process: the first preload set wins; a server already running without it still
         # starts correct nodes, which then import their modules themselves
         self._context.set_forkserver_preload(list(preload))
+
+    def close(self) -> None:
+        """Stop the fork server once its nodes have exited, so that it is reaped (with the CPU its children used,
+        in the caller's accounting) rather than left to exit when its parent does. A process that starts nodes
+        again later starts a new server."""
+        stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own way to stop it (3.8+); else it ends
+        if stop is not None:  # with this process, as it would anyway
+            stop()
 
     def start(self, config: Path, log_path: Path, environment: Mapping[str, str]) -> LaunchedNode:
         """Node ``config`` in a new process, logging to ``log_path``, with exactly ``environment``."""

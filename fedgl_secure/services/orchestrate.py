@@ -249,6 +249,7 @@ def consortium_up(
     ensure_demo_secrets(consortium, consortium_dir)
     logs = consortium.state_root / "logs"
     processes: list[NodeProcess] = []
+    launcher = NodeLauncher()  # every node on this host: the nodes' code is imported once per host, not per node
     aggregator_log = AggregatorLog(logs / f"{consortium.aggregator.name}.log")
     if aggregator_log.path.exists():
         aggregator_log.offset = aggregator_log.path.stat().st_size  # only this run's events
@@ -259,7 +260,6 @@ def consortium_up(
     started = time.monotonic()
     summary: dict = {"federation": consortium.federation, "logs": str(logs)}
     try:
-        launcher = NodeLauncher()  # every node on this host: each imports its code once per host, not per node
         for node in order:
             process = start_node_process(configs[node.name], logs / f"{node.name}.log", launcher=launcher)
             processes.append(NodeProcess(node.name, node.role, logs / f"{node.name}.log", process))
@@ -305,6 +305,7 @@ def consortium_up(
     finally:
         bar.close()
         stop_processes(list(reversed(processes)))
+        launcher.close()
     summary["exit_codes"] = {node.name: node.process.returncode for node in processes}
     if summary.get("stopped_reason"):
         echo(f"the federation stopped early: {summary['stopped_reason']}")
