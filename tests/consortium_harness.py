@@ -20,7 +20,12 @@ from fedgl_secure.policy.schema import load_policy
 from fedgl_secure.services.bank_keys import ensure_key_share
 from fedgl_secure.services.key_authority_service import KeyAuthorityClient
 from fedgl_secure.services.loopback import write_loopback_consortium
-from fedgl_secure.services.node_launcher import LaunchedNode, NodeLauncher
+from fedgl_secure.services.node_launcher import (
+    PRELOADED_MODULES,
+    PRIVACY_ACCOUNTING_MODULES,
+    LaunchedNode,
+    NodeLauncher,
+)
 from fedgl_secure.services.orchestrate import NodeProcess, consortium_up, start_node_process, stop_processes
 from fedgl_secure.services.pki import load_signing_key, load_signing_public_keys
 from fedgl_secure.services.tls import make_http_client
@@ -56,7 +61,8 @@ class LocalConsortium:
     root: Path
     max_rounds: int
     processes: dict[str, subprocess.Popen | LaunchedNode] = field(default_factory=dict)
-    launcher: NodeLauncher = field(default_factory=NodeLauncher)
+    # one fork server per test process, whatever the policy: most consortia here account privacy
+    launcher: NodeLauncher = field(default_factory=lambda: NodeLauncher(PRELOADED_MODULES + PRIVACY_ACCOUNTING_MODULES))
 
     @property
     def consortium_path(self) -> Path:

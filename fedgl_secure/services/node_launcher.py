@@ -24,6 +24,10 @@ import sys
 from collections.abc import Mapping
 from multiprocessing import forkserver
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedgl_secure.policy.schema import Policy
 
 # What ``fedgl-secure node start`` imports for its role (services/node.py) and the command itself: the server imports
 # them once; a node of any role then starts with them loaded.
@@ -32,7 +36,17 @@ PRELOADED_MODULES = (
     "fedgl_secure.services.key_authority_service",
     "fedgl_secure.services.aggregator_service",
     "fedgl_secure.services.bank",
+    "httpcore",  # httpx imports it at a client's first transport: every node is a client of another
 )
+# Opacus' accountants: 3.2 s of CPU to import, which a node pays at its first privacy account (a bank's budget, GAP's
+# or the class sums' calibration) — only under a policy that spends a budget, so preloaded only then.
+PRIVACY_ACCOUNTING_MODULES = ("opacus.accountants", "opacus.accountants.analysis.rdp")
+
+
+def preloaded_modules(policy: Policy) -> tuple[str, ...]:
+    """What the nodes of a consortium under ``policy`` will import: the server imports it once for all of them."""
+    accounts = policy.budget is not None or policy.has_dp
+    return PRELOADED_MODULES + (PRIVACY_ACCOUNTING_MODULES if accounts else ())
 
 
 def run_node_in_child(config: str, log_path: str, environment: Mapping[str, str]) -> None:

@@ -37,7 +37,7 @@ from fedgl_secure.data.bank_synth import synthesize_banks, synthetic_bank_schema
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.methods import apply_in_method_policy
 from fedgl_secure.policy.schema import load_policy
-from fedgl_secure.services.node_launcher import LaunchedNode, NodeLauncher
+from fedgl_secure.services.node_launcher import LaunchedNode, NodeLauncher, preloaded_modules
 from fedgl_secure.services.pki import provision
 
 if TYPE_CHECKING:
@@ -249,11 +249,12 @@ def consortium_up(
     ensure_demo_secrets(consortium, consortium_dir)
     logs = consortium.state_root / "logs"
     processes: list[NodeProcess] = []
-    launcher = NodeLauncher()  # every node on this host: the nodes' code is imported once per host, not per node
     aggregator_log = AggregatorLog(logs / f"{consortium.aggregator.name}.log")
     if aggregator_log.path.exists():
         aggregator_log.offset = aggregator_log.path.stat().st_size  # only this run's events
     policy = load_policy(consortium.policy)
+    # every node on this host: the nodes' code is imported once per host, not once per node
+    launcher = NodeLauncher(preloaded_modules(policy))
     config = consortium.experiment_config()
     max_rounds = apply_in_method_policy(config, policy).federation.max_rounds
     bar = tqdm(total=max_rounds, desc=consortium.federation, unit="round", disable=not progress)
