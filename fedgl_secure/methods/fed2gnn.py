@@ -45,6 +45,7 @@ from fedgl_secure.methods.fed2gnn_exchange import ExchangeBank, ExchangeResult, 
 from fedgl_secure.methods.fedavg import FedAvg
 from fedgl_secure.methods.rooted_tree import eta_correction, grafted_propagation, nonbacktracking_sums
 from fedgl_secure.model.adjacency import row_normalize_features
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.seeding import numpy_stream, torch_stream
 
 GENERATED_ID_STRIDE = 10_000_000  # generated node ids: n + client · stride + t (never a real row number)
@@ -286,7 +287,7 @@ def train_decoder(
     slots, out_dim = targets.shape[1], targets.shape[2]
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))  # nn.Linear's init
     decoder = SetDecoder(inputs.shape[1], config.decoder_hidden, slots, out_dim)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=config.decoder_learning_rate)
+    optimizer = EagerAdam(decoder.parameters(), lr=config.decoder_learning_rate)
     for _ in range(config.decoder_epochs):
         optimizer.zero_grad(set_to_none=True)
         loss = matched_loss(decoder(inputs), targets, sizes)

@@ -37,6 +37,7 @@ from fedgl_secure.kinds import WEIGHTS
 from fedgl_secure.methods.base import split_weights_sum, weights_term
 from fedgl_secure.methods.fgcl import info_nce
 from fedgl_secure.model.averaging import fedavg
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.model.graph_classifier import GCNGraphClassifier, make_batch, masked_bce
 from fedgl_secure.privacy.molecule_views import release_views, views_epsilon
 from fedgl_secure.seeding import numpy_stream
@@ -185,7 +186,7 @@ def run_graph_federation(
         model = GCNGraphClassifier(
             data.molecules[0].features.shape[1], config.hidden, len(data.tasks), config.num_layers, config.pooling
         )
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+        optimizer = EagerAdam(model.parameters(), lr=config.learning_rate)
         # the releases are made once, before training: every round after them is post-processing
         clients.append(
             (

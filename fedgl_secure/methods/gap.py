@@ -35,6 +35,7 @@ from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.errors import ConfigError
 from fedgl_secure.methods.base import WEIGHTS, Broadcast, FederatedMethod, split_weights_sum, weights_term
 from fedgl_secure.model.averaging import fedavg
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.privacy import gap as gap_dp
 from fedgl_secure.privacy import graph_sensitivity
@@ -178,8 +179,8 @@ class GAP(FederatedMethod):
             bank = _Bank(
                 encoder,
                 classifier,
-                torch.optim.Adam(model.encoder_module.parameters(), lr=lr),
-                torch.optim.Adam(model.classifier.parameters(), lr=lr),
+                EagerAdam(model.encoder_module.parameters(), lr=lr),
+                EagerAdam(model.classifier.parameters(), lr=lr),
                 model.inputs(graph.features),
                 torch.nonzero(graph.train_mask).flatten(),
             )

@@ -46,6 +46,7 @@ from fedgl_secure.methods.base import (
 )
 from fedgl_secure.methods.maml import second_order_meta_gradient
 from fedgl_secure.model.averaging import fedavg
+from fedgl_secure.model.eager_adam import EagerAdam
 from fedgl_secure.model.gcn import GCN
 from fedgl_secure.model.sgc import SGC
 from fedgl_secure.model.sparse import SparseOperator
@@ -83,7 +84,7 @@ def gradient_steps(
     model.train()
     parameters = list(model.parameters())
     if optimizer == "adam":
-        adam = torch.optim.Adam(parameters, lr=learning_rate)
+        adam = EagerAdam(parameters, lr=learning_rate)
         for _ in range(steps):
             adam.zero_grad(set_to_none=True)
             supervised_loss(model, graph, adjacency, nodes, generator).backward()
@@ -285,7 +286,7 @@ class GraphFL(FederatedMethod):
         """The server's Adam over θ (its moments persist across rounds: :meth:`server_state`)."""
         settings = self.settings
         self._meta_parameters = nn.Parameter(initial.to(torch.float32).clone())
-        self._meta_optimizer = torch.optim.Adam(
+        self._meta_optimizer = EagerAdam(
             [self._meta_parameters], lr=settings.meta_learning_rate, weight_decay=settings.meta_weight_decay
         )
 
