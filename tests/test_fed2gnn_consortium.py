@@ -65,7 +65,8 @@ def test_fed2gnn_consortium_on_cora_matches_the_simulation(tmp_path, data_root, 
 
 def test_schemathesis_finds_nothing_on_a_fed2gnn_aggregator(tmp_path):
     """test_fuzz_services fuzzes an aggregator whose method has no exchange (its exchange routes answer 409
-    no-exchange); here the routes are live: keys, boundaries and terms reach the relay's own checks."""
+    no-exchange); here the routes are live: keys, boundaries and terms reach the relay's own checks. Only the
+    exchange's routes: every other route is the one test_fuzz_services fuzzes (the same code, whatever the method)."""
     consortium = write_consortium(
         tmp_path / "consortium",
         method="fed2gnn",
@@ -85,10 +86,13 @@ def test_schemathesis_finds_nothing_on_a_fed2gnn_aggregator(tmp_path):
             seed=1,
             max_examples=4,
             report=tmp_path / "report.ndjson",
+            include_path_regex="^/v1/exchange",
         )
         assert run.requests > 0 and not run.errors, run.output_tail
         assert run.server_errors == 0 and run.failures == [], (run.failures, run.output_tail)
         assert run.exit_code == 0 and run.statuses[409] > 0, run.output_tail
+        # the six exchange routes (status, key, boundary, boundaries, terms, sum), nothing else
+        assert len(run.operations) == 6 and all("/v1/exchange" in label for label in run.operations), run.operations
         assert consortium.processes["aggregator"].poll() is None
     finally:
         consortium.stop_all()

@@ -132,6 +132,7 @@ class FuzzRun:
     as_node: str
     requests: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
+    operations: Counter[str] = field(default_factory=Counter)  # requests per operation, e.g. "GET /v1/round"
     failures: list[dict[str, Any]] = field(default_factory=list)  # one per failed check, deduplicated
     errors: list[str] = field(default_factory=list)  # schemathesis could not run a case (network error...)
     exit_code: int | None = None
@@ -155,9 +156,18 @@ class FuzzRun:
 
 
 def schemathesis_arguments(
-    url: str, layout: PkiLayout, as_node: str, *, seed: int, max_examples: int, report: Path
+    url: str,
+    layout: PkiLayout,
+    as_node: str,
+    *,
+    seed: int,
+    max_examples: int,
+    report: Path,
+    include_path_regex: str | None = None,
 ) -> list[str]:
-    """``st run --checks all`` against ``url``'s document with ``as_node``'s certificate."""
+    """``st run --checks all`` against ``url``'s document with ``as_node``'s certificate (only the operations whose
+    path matches ``include_path_regex``, if given)."""
+    only = [] if include_path_regex is None else ["--include-path-regex", include_path_regex]
     return [
         "run",
         f"{url}/openapi.json",
@@ -184,11 +194,20 @@ def schemathesis_arguments(
         "ndjson",
         "--report-ndjson-path",
         str(report),
+        *only,
     ]
 
 
 def run_schemathesis(
-    service: str, url: str, layout: PkiLayout, as_node: str, *, seed: int, max_examples: int, report: Path
+    service: str,
+    url: str,
+    layout: PkiLayout,
+    as_node: str,
+    *,
+    seed: int,
+    max_examples: int,
+    report: Path,
+    include_path_regex: str | None = None,
 ) -> FuzzRun:
     """Fuzz one running service from this process (schemathesis' CLI, its output kept in ``output_tail``);
     the NDJSON report is read back into a :class:`FuzzRun`.
@@ -199,7 +218,15 @@ def run_schemathesis(
     from schemathesis.cli import schemathesis  # the dev extra only (module doc)
 
     register_strategies(as_node)
-    arguments = schemathesis_arguments(url, layout, as_node, seed=seed, max_examples=max_examples, report=report)
+    arguments = schemathesis_arguments(
+        url,
+        layout,
+        as_node,
+        seed=seed,
+        max_examples=max_examples,
+        report=report,
+        include_path_regex=include_path_regex,
+    )
     output = io.StringIO()
     exit_code: int | None = 0
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
@@ -236,6 +263,7 @@ def _read_scenario(recorder: dict[str, Any], run: FuzzRun, seen: set[tuple[str, 
     for interaction in (recorder.get("interactions") or {}).values():
         response = interaction.get("response")
         run.requests += 1
+        run.operations[recorder.get("label", "")] += 1
         if response is not None:
             run.statuses[int(response["status_code"])] += 1
     for case_id, checks in (recorder.get("checks") or {}).items():
