@@ -155,7 +155,8 @@ class FuzzRun:
         }
 
 
-def schemathesis_arguments(
+def run_schemathesis(
+    service: str,
     url: str,
     layout: PkiLayout,
     as_node: str,
@@ -164,11 +165,19 @@ def schemathesis_arguments(
     max_examples: int,
     report: Path,
     include_path_regex: str | None = None,
-) -> list[str]:
-    """``st run --checks all`` against ``url``'s document with ``as_node``'s certificate (only the operations whose
-    path matches ``include_path_regex``, if given)."""
+) -> FuzzRun:
+    """Fuzz one running service from this process: ``st run --checks all`` against ``url``'s document with
+    ``as_node``'s certificate (only the operations whose path matches ``include_path_regex``, if given), its output
+    kept in ``output_tail``; the NDJSON report is read back into a :class:`FuzzRun`.
+
+    In-process rather than ``st`` in a subprocess: a fresh interpreter spends seconds importing the
+    package (torch) before the first request, and the custom formats must be registered where it runs.
+    """
+    from schemathesis.cli import schemathesis  # the dev extra only (module doc)
+
+    register_strategies(as_node)
     only = [] if include_path_regex is None else ["--include-path-regex", include_path_regex]
-    return [
+    arguments = [
         "run",
         f"{url}/openapi.json",
         "--checks",
@@ -196,37 +205,6 @@ def schemathesis_arguments(
         str(report),
         *only,
     ]
-
-
-def run_schemathesis(
-    service: str,
-    url: str,
-    layout: PkiLayout,
-    as_node: str,
-    *,
-    seed: int,
-    max_examples: int,
-    report: Path,
-    include_path_regex: str | None = None,
-) -> FuzzRun:
-    """Fuzz one running service from this process (schemathesis' CLI, its output kept in ``output_tail``);
-    the NDJSON report is read back into a :class:`FuzzRun`.
-
-    In-process rather than ``st`` in a subprocess: a fresh interpreter spends seconds importing the
-    package (torch) before the first request, and the custom formats must be registered where it runs.
-    """
-    from schemathesis.cli import schemathesis  # the dev extra only (module doc)
-
-    register_strategies(as_node)
-    arguments = schemathesis_arguments(
-        url,
-        layout,
-        as_node,
-        seed=seed,
-        max_examples=max_examples,
-        report=report,
-        include_path_regex=include_path_regex,
-    )
     output = io.StringIO()
     exit_code: int | None = 0
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
