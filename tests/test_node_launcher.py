@@ -20,17 +20,25 @@ def test_a_node_with_a_bad_config_exits_2_naming_the_file_in_its_log(tmp_path):
     assert "error:" in log.read_text() and "bank-z.toml" in log.read_text()
 
 
-def test_a_forked_key_authority_serves_in_its_own_session_and_stops_cleanly_on_sigterm(tmp_path):
-    consortium = write_consortium(tmp_path)
-    secrets = dict(NODE_SECRETS)
-    # the operator secret reaches the node through the environment given, or it refuses to start
-    environment = {"PATH": os.environ.get("PATH", ""), **secrets, "OMP_NUM_THREADS": "1"}
+def start_key_authority(consortium, environment: dict[str, str]):
+    """The consortium's key authority forked with exactly ``environment``, once it serves."""
     node = consortium.launcher.start(
         consortium.config_path("key-authority"), consortium.log_path("key-authority"), environment
     )
     consortium.processes["key-authority"] = node
     try:
         consortium.wait_healthy("key-authority")
+    except BaseException:
+        node.kill()
+        raise
+    return node
+
+
+def test_a_forked_key_authority_serves_in_its_own_session_and_stops_cleanly_on_sigterm(tmp_path):
+    # the operator secret reaches the node through the environment given, or it refuses to start
+    environment = {"PATH": os.environ.get("PATH", ""), **NODE_SECRETS, "OMP_NUM_THREADS": "1"}
+    node = start_key_authority(write_consortium(tmp_path), environment)
+    try:
         assert node.pid != os.getpid() and os.getsid(node.pid) == node.pid  # a session of its own
         assert node.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
@@ -42,13 +50,7 @@ def test_a_forked_key_authority_serves_in_its_own_session_and_stops_cleanly_on_s
 
 
 def test_a_killed_node_reports_the_signal_as_popen_does(tmp_path):
-    consortium = write_consortium(tmp_path)
-    environment = {"PATH": os.environ.get("PATH", ""), **NODE_SECRETS}
-    node = consortium.launcher.start(
-        consortium.config_path("key-authority"), consortium.log_path("key-authority"), environment
-    )
-    consortium.processes["key-authority"] = node
-    consortium.wait_healthy("key-authority")
+    node = start_key_authority(write_consortium(tmp_path), {"PATH": os.environ.get("PATH", ""), **NODE_SECRETS})
     node.kill()
     assert node.wait(timeout=60) == -signal.SIGKILL
     node.kill()  # a second signal to an ended node is nothing, as Popen's

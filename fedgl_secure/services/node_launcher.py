@@ -107,9 +107,6 @@ class LaunchedNode:
             except ProcessLookupError:  # exited since: as Popen, nothing to signal
                 pass
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
