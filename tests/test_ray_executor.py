@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import structlog
+from benchmark_scripts import load_benchmark
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
@@ -29,7 +30,6 @@ from fedgl_secure.simulation.ray_executor import RayExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = ExecutorSettings(kind="ray")
-TIMING = ("wall_seconds", "seconds")
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +44,9 @@ def cora(data_root):
     return load_dataset("cora", str(data_root), seed=0)
 
 
-def record(result) -> str:
-    """The run record without its wall-clock fields, as JSON (NaN written as NaN, so equal records give equal text)."""
-
-    def strip(value):
-        if isinstance(value, dict):
-            return {key: strip(item) for key, item in value.items() if key not in TIMING}
-        if isinstance(value, list):
-            return [strip(item) for item in value]
-        return value
-
-    return json.dumps(strip(result.to_dict()), sort_keys=True)
+def record_difference(in_process, on_ray) -> str | None:
+    """The first field where the two runs' records differ, wall-clock fields aside (benchmarks/run_records.py)."""
+    return load_benchmark("run_records").first_difference(in_process.to_dict(), on_ray.to_dict())
 
 
 def test_fedgl_on_ray_gives_the_in_process_record(local_ray, cora):
@@ -76,7 +68,7 @@ def test_fedgl_on_ray_gives_the_in_process_record(local_ray, cora):
     structlog.reset_defaults()
     with capture_logs() as logs:
         on_ray = run_experiment(config, cora, progress=False, executor=RAY)
-    assert record(on_ray) == record(in_process)
+    assert record_difference(in_process, on_ray) is None
     assert on_ray.rounds_run == 2 and len(on_ray.local_test_accuracy) == 3
     assert on_ray.history[0].pseudo_labels > 0 and on_ray.history[0].pseudo_graph_edges > 0
     # the banks were on two actors (one per CPU of the 2-CPU Ray), round-robin, in processes other than this one
@@ -101,7 +93,7 @@ def test_graphfl_with_self_training_on_ray_gives_the_in_process_record(local_ray
     )
     in_process = run_experiment(config, clients=clients, progress=False)
     on_ray = run_experiment(config, clients=clients, progress=False, executor=RAY)
-    assert record(on_ray) == record(in_process)
+    assert record_difference(in_process, on_ray) is None
     assert [len(r.participants) for r in on_ray.history] == [3, 3]
 
 
