@@ -16,27 +16,30 @@ from typing import Any
 
 import torch
 
-
-def _undecorated(method):
-    """``method`` without its decorators (the function they wrap, as ``functools.wraps`` records it)."""
-    return inspect.unwrap(method)
+# torch's own methods without their decorators (the functions they wrap, as ``functools.wraps`` records them),
+# unwrapped once here rather than at every call
+_ADD_PARAM_GROUP = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+_ZERO_GRAD = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.state_dict)
+_LOAD_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 
 
 class EagerAdam(torch.optim.Adam):
     """``torch.optim.Adam`` (same arguments, same results) whose construction and steps skip ``torch._dynamo``."""
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+        _ADD_PARAM_GROUP(self, param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+        _ZERO_GRAD(self, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return _undecorated(torch.optim.Optimizer.state_dict)(self)
+        return _STATE_DICT(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+        _LOAD_STATE_DICT(self, state_dict)
 
     def step(self, closure=None):
         with torch.set_grad_enabled(self.defaults["differentiable"]):  # what torch's step decorator does
-            return _undecorated(torch.optim.Adam.step)(self, closure)
+            return _ADAM_STEP(self, closure)
