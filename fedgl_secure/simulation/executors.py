@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
     from fedgl_secure.methods.base import Broadcast
 
-EXECUTORS = ("in-process", "ray")
-
 
 class ExecutorSettings(BaseModel):
     """Which executor runs the banks' local work (``simulate --executor``, ``--ray-address``).

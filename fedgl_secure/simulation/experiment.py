@@ -203,8 +203,8 @@ def run_experiment(
     """
     started = time.perf_counter()
     executor = executor or ExecutorSettings()
-    baseline = method_spec(config.method).baseline
-    check_executor(executor, baseline=baseline, privacy=privacy is not None, secure=is_secure(summation))
+    spec = method_spec(config.method)  # the method's name never changes below, only its settings
+    check_executor(executor, baseline=spec.baseline, privacy=privacy is not None, secure=is_secure(summation))
     # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
     in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None
@@ -231,7 +231,6 @@ def run_experiment(
     check_method_privacy(config, method_privacy.policy if method_privacy is not None else None)
     log = get_logger(dataset=config.dataset, method=config.method, seed=config.seed)
     log.info("federation.built", clients=len(federation.clients), global_nodes=federation.index.size)
-    spec = method_spec(config.method)
     if privacy is not None and spec.baseline:
         raise ConfigError(
             f"method {config.method!r} is a baseline that releases nothing; a privacy policy does not apply"
