@@ -137,12 +137,8 @@ class SparseOperator:
         return self.matrix.to_dense()
 
     def to_scipy(self) -> sp.csr_matrix:
-        """``S`` as a scipy CSR matrix on the CPU (float64)."""
-        matrix = self.matrix.cpu()
-        return sp.csr_matrix(
-            (matrix.values().double().numpy(), matrix.col_indices().numpy(), matrix.crow_indices().numpy()),
-            shape=tuple(matrix.shape),
-        )
+        """``S`` as a scipy CSR matrix on the CPU (float64, a copy of :meth:`csr_view`)."""
+        return self.csr_view().astype(np.float64)
 
     def csr_view(self) -> sp.csr_matrix:
         """The CSR arrays of ``S`` as a scipy matrix of its own dtype, without a copy when ``S`` is on the CPU."""
