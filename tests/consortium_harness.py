@@ -61,8 +61,12 @@ class LocalConsortium:
     root: Path
     max_rounds: int
     processes: dict[str, subprocess.Popen | LaunchedNode] = field(default_factory=dict)
-    # one fork server per test process, whatever the policy: most consortia here account privacy
-    launcher: NodeLauncher = field(default_factory=lambda: NodeLauncher(PRELOADED_MODULES + PRIVACY_ACCOUNTING_MODULES))
+    # one fork server per test process, whatever the consortium: most consortia here account privacy, and one
+    # declares a PyG model (test_pyg_consortium.py), which each of its five nodes would import (3.3 s of CPU) when
+    # it validates the experiment
+    launcher: NodeLauncher = field(
+        default_factory=lambda: NodeLauncher(PRELOADED_MODULES + PRIVACY_ACCOUNTING_MODULES + ("torch_geometric",))
+    )
 
     @property
     def consortium_path(self) -> Path:

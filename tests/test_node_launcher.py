@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+from multiprocessing import forkserver
 
 import pytest
 from consortium_harness import NODE_SECRETS, write_consortium
@@ -54,3 +56,24 @@ def test_a_killed_node_reports_the_signal_as_popen_does(tmp_path):
     node.kill()
     assert node.wait(timeout=60) == -signal.SIGKILL
     node.kill()  # a second signal to an ended node is nothing, as Popen's
+
+
+def test_closing_a_launcher_stops_only_the_server_it_started(tmp_path):
+    """``consortium up`` closes its launcher at its end: a server another launcher of the process started (the tests'
+    consortia) keeps serving, so that its next node does not wait for a new server to import everything again."""
+    forkserver._forkserver._stop()  # whatever earlier tests of this process left: the first launcher below starts one
+    environment = {"PATH": os.environ.get("PATH", "")}
+    first = NodeLauncher()
+    assert first.start(tmp_path / "bank-y.toml", tmp_path / "y.log", environment).wait(timeout=120) == 2
+    server = forkserver._forkserver._forkserver_pid
+    second = NodeLauncher()
+    assert second.start(tmp_path / "bank-z.toml", tmp_path / "z.log", environment).wait(timeout=120) == 2
+    second.close()
+    assert forkserver._forkserver._forkserver_pid == server
+    os.kill(server, 0)  # still running
+    first.close()
+    assert forkserver._forkserver._forkserver_pid is None
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):
+            os.kill(server, 0)
+            time.sleep(0.1)

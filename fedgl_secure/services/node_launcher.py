@@ -119,13 +119,16 @@ class NodeLauncher:
         # the server is one per process: the first preload set wins; a server already running without it still
         # starts correct nodes, which then import their modules themselves
         self._context.set_forkserver_preload(list(preload))
+        # a server running already belongs to whoever started it (another launcher of this process): closing this
+        # launcher leaves it to them, so that it need not import its modules again for their next node
+        self._owns_server = getattr(forkserver._forkserver, "_forkserver_pid", None) is None
 
     def close(self) -> None:
-        """Stop the fork server once its nodes have exited, so that it is reaped (with the CPU its children used,
-        in the caller's accounting) rather than left to exit when its parent does. A process that starts nodes
-        again later starts a new server."""
+        """Stop the fork server this launcher started, once its nodes have exited, so that it is reaped (with the
+        CPU its children used, in the caller's accounting) rather than left to exit when its parent does. A process
+        that starts nodes again later starts a new server."""
         stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own way to stop it (3.8+); else it ends
-        if stop is not None:  # with this process, as it would anyway
+        if stop is not None and self._owns_server:  # with this process, as it would anyway
             stop()
 
     def start(self, config: Path, log_path: Path, environment: Mapping[str, str]) -> LaunchedNode:
