@@ -4,6 +4,7 @@ exchange, and the method end to end on a small graph."""
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -499,7 +500,7 @@ def test_label_dp_keeps_the_grafted_graphs_appendix_a_operator(graph):
         privacy = FederationPrivacy(load_policy(policies / f"{posture}.toml"))
         (adjacency,) = privacy.setup(["bank-a"], [1.0], [client.adjacency()], [np.random.default_rng(0)])
         # the label release may be the consortium's (policies/label-dp.toml): every bank's graph at once
-        (private,) = privacy.private_graphs([tensors], [adjacency], PlaintextSummation())
+        (private,) = privacy.private_graphs([tensors], [adjacency], lambda: nullcontext(PlaintextSummation()))
         operators[posture] = private.base_adjacency
     assert operators["label-dp"] is tensors.base_adjacency
     assert operators["strict-edge-dp"] is not tensors.base_adjacency

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 import scipy.sparse as sp
@@ -490,10 +491,16 @@ class FederationPrivacy:
             return summation
         return _CentrallyNoised(summation, self.central_noise)
 
-    def private_graphs(self, graphs: Sequence, adjacencies: Sequence[sp.spmatrix], summation: Callable) -> list:
+    def private_graphs(
+        self,
+        graphs: Sequence,
+        adjacencies: Sequence[sp.spmatrix],
+        release_summation: Callable[[], AbstractContextManager[Callable]],
+    ) -> list:
         """Every bank's :meth:`private_graph`; with the consortium prior the labels are first released by all banks
         together (:func:`~fedgl_secure.privacy.consortium_prior.consortium_release`), the prior's weights summed
-        by ``summation`` (a summation of the release's own: its rounds are numbered from 1)."""
+        by the summation ``release_summation()`` opens for the release alone (its rounds are numbered from 1), and
+        which is opened only then."""
         if not releases_labels_together(self.policy):
             return [
                 self.private_graph(k, graph, adjacency)
@@ -512,16 +519,17 @@ class FederationPrivacy:
             )
             for graph, adjacency in zip(graphs, adjacencies, strict=True)
         ]
-        releases = consortium_prior.consortium_release(
-            banks,
-            graphs[0].num_classes,
-            float(settings.epsilon),
-            settings.effective_stages,
-            settings.effective_stage_order,
-            summation,
-            self.banks[0].normaliser,
-            settings.effective_prior_temperature,
-        )
+        with release_summation() as summation:
+            releases = consortium_prior.consortium_release(
+                banks,
+                graphs[0].num_classes,
+                float(settings.epsilon),
+                settings.effective_stages,
+                settings.effective_stage_order,
+                summation,
+                self.banks[0].normaliser,
+                settings.effective_prior_temperature,
+            )
         return [
             self.private_graph(k, graph, adjacency, self.banks[k].accept_label_release(release))
             for k, (graph, adjacency, release) in enumerate(zip(graphs, adjacencies, releases, strict=True))

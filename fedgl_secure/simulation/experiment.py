@@ -7,7 +7,8 @@ parameter, so a secure backend can replace the plaintext sum without touching an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -437,7 +438,6 @@ def _private_client_graphs(
     (:func:`_release_summation`)."""
     from fedgl_secure.data.sampling import bank_name
     from fedgl_secure.methods.privacy_checks import check_runnable
-    from fedgl_secure.privacy.dp_round import releases_labels_together
 
     check_runnable(privacy.policy, config)
     graphs = federation.client_graphs
@@ -450,25 +450,24 @@ def _private_client_graphs(
     )
     if not privacy.active:
         return graphs
-    if not releases_labels_together(privacy.policy):
-        return privacy.private_graphs(graphs, adjacencies, summation)
-    release_summation = _release_summation(summation)
-    try:
-        return privacy.private_graphs(graphs, adjacencies, release_summation)
-    finally:
-        if release_summation is not summation:
-            release_summation.close()
+    return privacy.private_graphs(graphs, adjacencies, lambda: _release_summation(summation))
 
 
-def _release_summation(summation: Summation) -> Summation:
-    """The summation of the round-0 label release (``prior = "consortium-sgc"``): under ``--secure`` a CKKS summation
-    with a key authority of its own — the run's key authority decrypts each (round, kind) once and only in rising
-    round order, and the release's rounds come before round 1 — so the aggregator still sees sums only; the
-    plaintext summations hold no state and serve both."""
+@contextmanager
+def _release_summation(summation: Summation) -> Iterator[Summation]:
+    """The summation of a label release before round 1 (``prior = "consortium-sgc"``), closed after it: under
+    ``--secure`` a CKKS summation with a key authority of its own — the run's key authority decrypts each (round,
+    kind) once and only in rising round order, and the release's rounds come before round 1 — so the aggregator still
+    sees sums only; the plaintext summations hold no state and serve both."""
     from fedgl_secure.crypto.secure_summation import SecureSummation
 
-    if isinstance(summation, SecureSummation):
-        return SecureSummation(
-            summation.policy, encrypt_workers=summation.encrypt_workers, banks=len(summation.roster.banks)
-        )
-    return summation
+    if not isinstance(summation, SecureSummation):
+        yield summation
+        return
+    release = SecureSummation(
+        summation.policy, encrypt_workers=summation.encrypt_workers, banks=len(summation.roster.banks)
+    )
+    try:
+        yield release
+    finally:
+        release.close()
