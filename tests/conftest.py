@@ -31,34 +31,39 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-# The slowest files, longest first (CPU seconds per file, the test process and the node processes it starts, in a
-# 2-core `-n 2 --dist loadfile` run: docs/results/test_suite_cpu.json; the consortium files start five or more processes
-# each): loadfile hands whole files to the workers in this order (see pytest_configure), so the long ones start first
-# and the many short ones fill the gaps at the end.
+# The slowest files, longest first (CPU seconds of the whole machine per file, the test process, the node processes
+# and Ray's, in a one-worker run: docs/results/test_suite_wall.json's "per_file_busy"; the consortium files start five
+# or more processes each): loadfile hands whole files to the workers in this order (see pytest_configure), so the long
+# ones start first and the many short ones fill the gaps at the end.
 LONGEST_FIRST = (
+    "test_ray_executor.py",
     "test_consortium_faults.py",
     "test_fed2gnn_consortium.py",
-    "test_fuzz_services.py",
-    "test_gap_consortium.py",
-    "test_consortium_label_dp.py",
-    "test_consortium_privacy.py",
-    "test_pyg_consortium.py",
     "test_bank_consortium.py",
-    "test_consortium.py",
-    "test_graphfl_consortium.py",
-    "test_consortium_centroids.py",
-    "test_fgcl_consortium.py",
-    "test_fused_knn.py",
-    "test_approximate_knn.py",
-    "test_cli.py",
-    "test_backbones.py",
-    "test_simulation.py",
+    "test_fuzz_services.py",
+    "test_consortium_privacy.py",
+    "test_consortium_label_dp.py",
+    "test_pyg_consortium.py",
     "test_key_authority_service.py",
-    "test_board.py",
-    "test_dp_round.py",
     "test_key_authority.py",
-    "test_secure_simulation.py",
+    "test_fgcl_consortium.py",
+    "test_gap_consortium.py",
+    "test_cli.py",
+    "test_simulation.py",
+    "test_consortium.py",
+    "test_backbones.py",
+    "test_dp_round.py",
+    "test_board.py",
     "test_aggregator.py",
+    "test_secure_simulation.py",
+    "test_metrics.py",
+    "test_audit.py",
+    "test_splits.py",
+    "test_decryption_attacks.py",
+    "test_fused_knn.py",
+    "test_faiss_ivf.py",
+    "test_consortium_centroids.py",
+    "test_graphfl_consortium.py",
 )
 
 
