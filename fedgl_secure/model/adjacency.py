@@ -12,14 +12,22 @@ import scipy.sparse as sp
 
 
 def symmetric_normalize(matrix: sp.spmatrix) -> sp.csr_matrix:
-    """``D^-1/2 M D^-1/2`` with ``D`` the row sums of ``M``; rows with degree 0 stay 0."""
-    matrix = sp.csr_matrix(matrix, dtype=np.float64)
+    """``D^-1/2 M D^-1/2`` with ``D`` the row sums of ``M``; rows with degree 0 stay 0.
+
+    Each entry is scaled in place in a copy of ``M`` (``m_ij · d_i^-1/2 · d_j^-1/2``, in that order: the same
+    floats as the product with the diagonal on each side), so the result costs one matrix, not the three of the two
+    sparse products: at a 5,000,000-customer bank's pseudo graph (s = 10) a product is ~0.6 GB.
+    """
+    matrix = sp.csr_matrix(matrix, dtype=np.float64, copy=True)
+    matrix.sum_duplicates()  # canonical, as a sparse product's result is
     degree = np.asarray(matrix.sum(axis=1)).ravel()
     inv_sqrt = np.zeros_like(degree)
     positive = degree > 0
     inv_sqrt[positive] = degree[positive] ** -0.5
-    scale = sp.diags(inv_sqrt)
-    return (scale @ matrix @ scale).tocsr()
+    matrix.data *= np.repeat(inv_sqrt, np.diff(matrix.indptr))
+    matrix.data *= inv_sqrt[matrix.indices]
+    matrix.eliminate_zeros()  # a product keeps no zero it computes
+    return matrix
 
 
 def gcn_normalize(adjacency: sp.spmatrix) -> sp.csr_matrix:
@@ -37,16 +45,20 @@ def project_pseudo_graph(
     ``client_positions[i]`` is the global index of the client's local node ``i``.
     """
     n_local = client_positions.shape[0]
-    local_of = np.full(num_global_nodes, -1, dtype=np.int64)
-    local_of[client_positions] = np.arange(n_local)
-    row_neighbors = neighbors[client_positions]
+    # 32-bit local indices where they fit, and no n_local x s array the result does not need: at 5,000,000 customers
+    # and s = 10 each such array is 0.2-0.4 GB
+    index = np.int32 if max(n_local, num_global_nodes) < np.iinfo(np.int32).max else np.int64
+    local_of = np.full(num_global_nodes, -1, dtype=index)
+    local_of[client_positions] = np.arange(n_local, dtype=index)
+    local_cols = local_of[neighbors[client_positions]]
+    del local_of
     row_weights = weights[client_positions]
-    local_cols = local_of[row_neighbors]
     keep = (local_cols >= 0) & (row_weights > 0)
-    local_rows = np.broadcast_to(np.arange(n_local)[:, None], local_cols.shape)
-    return sp.csr_matrix(
-        (row_weights[keep].astype(np.float64), (local_rows[keep], local_cols[keep])), shape=(n_local, n_local)
-    )
+    local_rows = np.repeat(np.arange(n_local, dtype=index), np.count_nonzero(keep, axis=1))
+    local_cols = local_cols[keep]
+    values = row_weights[keep].astype(np.float64)
+    del row_weights, keep
+    return sp.csr_matrix((values, (local_rows, local_cols)), shape=(n_local, n_local))
 
 
 def fuse_pseudo_graph(
@@ -64,7 +76,10 @@ def fuse_pseudo_graph(
     """
     if projected_pseudo_graph is None or beta == 0.0 or projected_pseudo_graph.nnz == 0:
         return normalized_adjacency
-    fused = normalized_adjacency + beta * symmetric_normalize(projected_pseudo_graph)
+    scaled = symmetric_normalize(projected_pseudo_graph)
+    scaled.data *= beta  # in place: β · (...) would be one more matrix of Ā^(k)'s size
+    fused = normalized_adjacency + scaled
+    del scaled
     return symmetric_normalize(fused) if renormalize else fused.tocsr()
 
 
