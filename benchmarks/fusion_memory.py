@@ -1,12 +1,13 @@
-"""Peak memory of one bank's Eq. 9 fusion (project the pseudo graph onto its nodes, normalise it, add it to Â):
-the plain scipy expressions the engine used until now against the memory-lean ones of ``model/adjacency.py``, side
-by side in one run.
+"""Peak memory of one bank's Eq. 9 operator (project the pseudo graph onto its nodes, normalise it, add it to Â,
+hand the sum to torch as the training operator): the plain scipy expressions and the float32 copy the engine used
+until now against ``GraphTensors.adjacency``'s memory-lean path (``model/adjacency.fuse_global_pseudo_graph``,
+``SparseOperator.from_scipy``), side by side in one run.
 
 A 5,000,000-customer bank's round 2 peaked at 8,630.5 MiB (``docs/results/bank_5m_customers.json``), 2.7 GB above
 round 1, in building the fused operator. Both versions run here on the same bank and the same stand-in pseudo graph
 (``benchmarks/minibatch_training.py``: s uniformly drawn neighbours per node, weight 1/s), each in a child forked
 from the process that holds them, so each child starts from the same memory; a child's peak RSS above its RSS at the
-start is what its fusion allocated at most. The two results are compared bit for bit::
+start is what its fusion allocated at most. The two operators are compared bit for bit::
 
     python benchmarks/fusion_memory.py --data-dir /tmp/mb/banks_5000000 --customers 5000000 \
         --pseudo-neighbors 10 --output docs/results/fusion_memory_5m.json
@@ -25,11 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from fedgl_secure.data.bank_synth import synthetic_bank_schema
 from fedgl_secure.data.sources.bank_graph import load_bank_data
 from fedgl_secure.data.sources.declaration import FileSource
-from fedgl_secure.model.adjacency import fuse_pseudo_graph, gcn_normalize, project_pseudo_graph
+from fedgl_secure.model.adjacency import fuse_global_pseudo_graph, gcn_normalize
+from fedgl_secure.model.sparse import SparseOperator
 from fedgl_secure.seeding import numpy_stream
 
 BETA = 0.3  # benchmarks/minibatch_training.py's stand-in
@@ -59,13 +62,29 @@ def scipy_projection(neighbors, weights, positions, num_global_nodes) -> sp.csr_
     )
 
 
-def scipy_fusion(a_hat, neighbors, weights, positions, num_global_nodes) -> sp.csr_matrix:
+def scipy_operator(fused: sp.spmatrix) -> torch.Tensor:
+    """The training operator from a fused matrix through a float32 copy of the whole matrix (the engine's form until
+    now)."""
+    csr = sp.csr_matrix(fused, dtype=np.float32)
+    csr.sum_duplicates()
+    csr.sort_indices()
+    return torch.sparse_csr_tensor(
+        torch.as_tensor(csr.indptr, dtype=torch.int64),
+        torch.as_tensor(csr.indices, dtype=torch.int64),
+        torch.as_tensor(csr.data, dtype=torch.float32),
+        size=csr.shape,
+    )
+
+
+def scipy_fusion(a_hat, neighbors, weights, positions, num_global_nodes) -> torch.Tensor:
     projected = scipy_projection(neighbors, weights, positions, num_global_nodes)
-    return (a_hat + BETA * scipy_symmetric_normalize(projected)).tocsr()
+    return scipy_operator((a_hat + BETA * scipy_symmetric_normalize(projected)).tocsr())
 
 
-def lean_fusion(a_hat, neighbors, weights, positions, num_global_nodes) -> sp.csr_matrix:
-    return fuse_pseudo_graph(a_hat, project_pseudo_graph(neighbors, weights, positions, num_global_nodes), BETA)
+def lean_fusion(a_hat, neighbors, weights, positions, num_global_nodes) -> torch.Tensor:
+    """What ``GraphTensors.adjacency`` does now."""
+    fused = fuse_global_pseudo_graph(a_hat, neighbors, weights, positions, num_global_nodes, BETA)
+    return SparseOperator.from_scipy(fused).matrix
 
 
 FUSIONS = {"scipy-expressions": scipy_fusion, "lean": lean_fusion}
@@ -81,11 +100,11 @@ def _status_mib() -> dict[str, float]:
     return values
 
 
-def digest(matrix: sp.csr_matrix) -> str:
-    """SHA-256 of the CSR arrays: equal digests, equal matrices bit for bit."""
+def digest(matrix: torch.Tensor) -> str:
+    """SHA-256 of a CSR tensor's arrays: equal digests, equal operators bit for bit."""
     sha = hashlib.sha256()
-    for array in (matrix.indptr.astype(np.int64), matrix.indices.astype(np.int64), matrix.data):
-        sha.update(np.ascontiguousarray(array).tobytes())
+    for array in (matrix.crow_indices(), matrix.col_indices(), matrix.values()):
+        sha.update(array.contiguous().numpy().tobytes())
     return sha.hexdigest()
 
 
@@ -104,9 +123,11 @@ def measure_in_child(name: str, inputs: tuple) -> dict:
             "rss_at_start_mib": round(start, 1),
             "peak_rss_mib": round(memory["VmHWM"], 1),
             "allocated_at_peak_mib": round(memory["VmHWM"] - start, 1),
-            "result_mib": round((fused.data.nbytes + fused.indices.nbytes + fused.indptr.nbytes) / 2**20, 1),
+            "result_mib": round(
+                sum(a.nbytes for a in (fused.crow_indices(), fused.col_indices(), fused.values())) / 2**20, 1
+            ),
             "cpu_seconds": round(time.process_time() - cpu, 2),
-            "nnz": int(fused.nnz),
+            "nnz": int(fused.values().shape[0]),
             "sha256": digest(fused),
         }
         os.write(write, json.dumps(record).encode())

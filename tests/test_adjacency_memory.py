@@ -8,9 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from benchmark_scripts import load_benchmark
 
-from fedgl_secure.model.adjacency import fuse_pseudo_graph, gcn_normalize, project_pseudo_graph, symmetric_normalize
+from fedgl_secure.model.adjacency import (
+    fuse_global_pseudo_graph,
+    fuse_pseudo_graph,
+    gcn_normalize,
+    project_pseudo_graph,
+    symmetric_normalize,
+)
+from fedgl_secure.model.sparse import SparseOperator
 
 REFERENCE = load_benchmark("fusion_memory")  # the plain scipy expressions, the benchmark's baseline
 
@@ -48,3 +56,27 @@ def test_projection_and_fusion_are_the_scipy_expressions_bit_for_bit(seed, renor
     assert_same_bits(fused, REFERENCE.scipy_symmetric_normalize(expected) if renormalize else expected)
     assert_same_bits(projected, projected_before)  # scaled in a copy: the caller's matrices are left as they were
     assert_same_bits(a_hat, a_hat_before)
+    # from the M x s structure itself, the projection normalised in its own arrays: the same matrix again
+    assert_same_bits(
+        fuse_global_pseudo_graph(a_hat, neighbors, weights, positions, num_global, 0.3, renormalize), fused
+    )
+    assert_same_bits(a_hat, a_hat_before)
+
+    # the training operator: values cast alone, the same tensors as through a float32 copy of the whole matrix
+    operator, reference_operator = SparseOperator.from_scipy(fused).matrix, REFERENCE.scipy_operator(fused)
+    for mine, theirs in zip(
+        (operator.crow_indices(), operator.col_indices(), operator.values()),
+        (reference_operator.crow_indices(), reference_operator.col_indices(), reference_operator.values()),
+        strict=True,
+    ):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+
+
+def test_the_global_fusion_without_a_pseudo_graph_is_the_local_adjacency():
+    a_hat = gcn_normalize(sp.random(50, 50, density=0.1, random_state=0, format="csr"))
+    no_neighbours = np.zeros((60, 4), dtype=np.int32), np.zeros((60, 4), dtype=np.float32)
+    assert fuse_global_pseudo_graph(a_hat, *no_neighbours, np.arange(50), 60, 0.3) is a_hat
+    assert (
+        fuse_global_pseudo_graph(a_hat, np.ones((60, 4), dtype=np.int32), np.ones((60, 4)), np.arange(50), 60, 0.0)
+        is a_hat
+    )

@@ -10,12 +10,7 @@ import torch
 
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.engine.pseudo_graph import PseudoGraph
-from fedgl_secure.model.adjacency import (
-    fuse_pseudo_graph,
-    gcn_normalize,
-    project_pseudo_graph,
-    row_normalize_features,
-)
+from fedgl_secure.model.adjacency import fuse_global_pseudo_graph, gcn_normalize, row_normalize_features
 from fedgl_secure.model.sparse import SparseOperator
 
 
@@ -65,15 +60,17 @@ class GraphTensors:
 
     def adjacency(self, pseudo_graph: PseudoGraph | None, beta: float, renormalize: bool) -> SparseOperator:
         """This graph's Â, fused with its projection of the global pseudo graph (Eq. 9)."""
-        projected = None
-        if pseudo_graph is not None and beta > 0:
-            projected = project_pseudo_graph(
-                pseudo_graph.neighbors.cpu().numpy(),
-                pseudo_graph.weights.cpu().numpy(),
-                self.positions,
-                self.num_global_nodes,
-            )
-        fused = fuse_pseudo_graph(self.base_adjacency, projected, beta, renormalize)
+        if pseudo_graph is None:
+            return SparseOperator.from_scipy(self.base_adjacency, self.device)
+        fused = fuse_global_pseudo_graph(
+            self.base_adjacency,
+            pseudo_graph.neighbors.cpu().numpy(),
+            pseudo_graph.weights.cpu().numpy(),
+            self.positions,
+            self.num_global_nodes,
+            beta,
+            renormalize,
+        )
         return SparseOperator.from_scipy(fused, self.device)
 
     def local_pseudo_labels(self, global_labels: torch.Tensor | None) -> torch.Tensor | None:
