@@ -113,7 +113,7 @@ def decrypt_headers(sender: str) -> SearchStrategy[str]:
 
 
 HEADER_POOL_SIZE = 64
-"""Distinct headers of each format drawn once per run (see :func:`header_pool`)."""
+"""Headers of each format drawn once per run, the pool the fuzzer samples (see :func:`header_pool`)."""
 
 
 def header_pool(headers: SearchStrategy[str], size: int = HEADER_POOL_SIZE) -> SearchStrategy[str]:
