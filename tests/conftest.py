@@ -32,9 +32,10 @@ def pytest_configure(config):
 
 
 # The slowest files, longest first (CPU seconds of the whole machine per file, the test process, the node processes
-# and Ray's, in a one-worker run: docs/results/test_suite_wall.json's "per_file_busy"; the consortium files start five
-# or more processes each): loadfile hands whole files to the workers in this order (see pytest_configure), so the long
-# ones start first and the many short ones fill the gaps at the end.
+# and Ray's, in a one-worker run: docs/results/test_suite_wall.json's "per_file_busy", measured before dd0d223 and
+# 5c0eb1d; test_fuzz_services.py, test_fed2gnn_consortium.py and test_pyg_consortium.py are placed by their estimated
+# cost after those changes, not re-measured): loadfile hands whole files to the workers in this order (see
+# pytest_configure), so the long ones start first and the many short ones fill the gaps at the end.
 LONGEST_FIRST = (
     "test_ray_executor.py",
     "test_consortium_faults.py",
