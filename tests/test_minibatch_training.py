@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from benchmark_scripts import load_benchmark
 
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.engine.client import LocalTrainer
@@ -87,6 +88,25 @@ def test_sampled_rows_are_unbiased(graph):
         np.add.at(total, layer.sources, layer.operator.toarray()[0])
     full_row = operator[hub].toarray().ravel()
     assert np.abs(total / draws - full_row).sum() < 0.1 * full_row.sum()
+
+
+@pytest.mark.parametrize("fanout", [1, 4, 60])
+def test_the_sampler_draws_exactly_what_the_sort_based_reference_draws(graph, fanout):
+    """Same stream, same sample: the marks and partial ranking change the cost, not one kept entry or value
+    (the reference is benchmarks/neighbor_sampling.py's, which times the two side by side)."""
+    reference_sample_layer = load_benchmark("neighbor_sampling").reference_sample_layer
+    operator = graph.base_adjacency
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        targets = rng.choice(operator.shape[0], size=300, replace=False)
+        state = rng.bit_generator.state
+        layer = sample_layer(operator, targets, fanout, rng)
+        rng.bit_generator.state = state
+        sources, matrix = reference_sample_layer(operator, targets, fanout, rng)
+        assert np.array_equal(layer.sources, sources)
+        assert np.array_equal(layer.operator.indptr, matrix.indptr)
+        assert np.array_equal(layer.operator.indices, matrix.indices)
+        assert np.array_equal(layer.operator.data, matrix.data)
 
 
 def test_a_batch_touches_at_most_its_fanout_bound(graph):

@@ -70,27 +70,49 @@ def sample_layer(operator: sp.csr_matrix, targets: np.ndarray, fanout: int, rng:
     columns = operator.indices[positions].astype(np.int64)
     values = operator.data[positions].astype(np.float64)
     off_diagonal = columns != targets[owner]
-    degree = np.bincount(owner[off_diagonal], minlength=targets.shape[0])
-    # rank the off-diagonal entries of each row by a uniform key: the first `fanout` are a uniform sample
-    # without replacement (the stable sort keeps rows contiguous, so ranks are offsets from each row's start)
     off_owner = owner[off_diagonal]
-    order = np.lexsort((rng.random(off_owner.shape[0]), off_owner))
-    row_start = np.cumsum(degree) - degree
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.shape[0]) - row_start[off_owner[order]]
+    degree = np.bincount(off_owner, minlength=targets.shape[0])
     keep = np.ones(columns.shape[0], dtype=bool)
-    keep[off_diagonal] = rank < fanout
+    keep[off_diagonal] = _ranks_below(off_owner, degree, rng.random(off_owner.shape[0]), fanout)
     scale = np.maximum(degree / fanout, 1.0)
     values = np.where(off_diagonal, values * scale[owner], values)[keep]
     columns, owner = columns[keep], owner[keep]
-    new = np.setdiff1d(columns, targets, assume_unique=False)
-    sources = np.concatenate([targets, new])
-    order_of = np.argsort(sources, kind="stable")
-    local_columns = order_of[np.searchsorted(sources[order_of], columns)]
+    # the node ids this layer reads beyond its targets, ascending: a mark per node of the graph, O(entries), where a
+    # sort-based set difference spent a third of a 5,000,000-node bank's mini-batch round (py-spy)
+    reads = np.zeros(operator.shape[1], dtype=bool)
+    reads[columns] = True
+    reads[targets] = False
+    sources = np.concatenate([targets, np.flatnonzero(reads)])
+    local_index = np.empty(operator.shape[1], dtype=np.int64)  # only the entries at ``sources`` are ever read
+    local_index[sources] = np.arange(sources.shape[0])
     matrix = sp.csr_matrix(
-        (values.astype(np.float32), (owner, local_columns)), shape=(targets.shape[0], sources.shape[0])
+        (values.astype(np.float32), (owner, local_index[columns])), shape=(targets.shape[0], sources.shape[0])
     )
     return SampledLayer(targets=targets, sources=sources, operator=matrix)
+
+
+def _ranks_below(owner: np.ndarray, degree: np.ndarray, keys: np.ndarray, fanout: int) -> np.ndarray:
+    """For entries grouped by row (``owner`` non-decreasing, ``degree`` entries per row, one uniform ``key`` each):
+    whether an entry is among the ``fanout`` smallest keys of its row — a uniform sample without replacement.
+
+    Rows with at most ``fanout`` entries are kept whole. The longer ones are ranked a degree at a time: the rows of one
+    degree ``d`` form a ``rows x d`` matrix of keys, sorted along its rows (stable, so ties go to the earlier entry, as
+    a lexsort by row then key would) — many short sorts, 7x faster than one lexsort of every entry."""
+    kept = np.ones(owner.shape[0], dtype=bool)
+    long_rows = np.flatnonzero(degree > fanout)
+    if long_rows.size == 0:
+        return kept
+    row_start = np.cumsum(degree) - degree
+    lengths = degree[long_rows]
+    by_length = np.argsort(lengths, kind="stable")
+    for rows in np.split(long_rows[by_length], np.flatnonzero(np.diff(lengths[by_length])) + 1):
+        length = int(degree[rows[0]])
+        entries = row_start[rows][:, None] + np.arange(length)
+        order = np.argsort(keys[entries], axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(length), axis=1)
+        kept[entries] = rank < fanout
+    return kept
 
 
 def sample_batch(
