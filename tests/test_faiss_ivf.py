@@ -48,6 +48,24 @@ def test_recall_meets_the_target_on_20k_rows_deterministically(clustered_20k: to
 
 
 @pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_a_sample_of_rows_searched_alone_gets_the_neighbours_the_whole_graph_gives_them(
+    clustered_20k: torch.Tensor, similarity: str
+):
+    """What lets benchmarks/pseudo_graph_recall.py measure recall at 10^7 rows from 500 of them: a row's answer
+    depends on the row and the index only, not on which other rows are searched with it."""
+    s = 10
+    graph = discover_pseudo_graph(clustered_20k, s, similarity=similarity, backend="faiss_ivf")
+    h = torch.nn.functional.normalize(clustered_20k, dim=1) if similarity == "cosine" else clustered_20k
+    faiss = pseudo_graph._import_faiss()
+    with pseudo_graph._faiss_threads(faiss, torch.get_num_threads()):
+        index = faiss_ivf.build_index(faiss, h.numpy(), faiss_ivf.faiss_ivf_plan(20_000, mips=similarity == "dot"))
+        rows = torch.randperm(20_000, generator=torch.Generator().manual_seed(4))[:300]
+        ids, similarities = faiss_ivf.search_rows(faiss, index, h, rows, s)
+    assert torch.equal(ids.to(graph.neighbors.dtype), graph.neighbors[rows])
+    torch.testing.assert_close(pseudo_graph.pseudo_graph_weights(similarities), graph.weights[rows])
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
 def test_graph_is_valid_where_probed_lists_are_short(similarity: str):
     """s = 100 of 300 rows: some rows' probed lists hold fewer than s + 1 rows and are searched
     again over every list; the graph is still the exact one."""
