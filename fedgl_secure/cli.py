@@ -193,7 +193,10 @@ def simulate(
         config = build_config(values)
         # before the data's and the key ceremony's time is spent
         baseline = method_spec(config.method).baseline
-        check_executor(executor_choice, baseline=baseline, privacy=policy is not None, secure=secure)
+        policy_path = resolve_policy_path(policy) if secure or policy is not None else None
+        loaded_policy = _checked_policy(policy_path, secure)
+        has_dp = loaded_policy is not None and loaded_policy.has_dp
+        check_executor(executor_choice, baseline=baseline, privacy=has_dp)
         dataset_graph = None
         if clients is None:  # loaded here so that data.split (e.g. the paper's Table 3 random splits) applies
             from fedgl_secure.data.registry import load_dataset
@@ -203,8 +206,6 @@ def simulate(
             raise ConfigError("data.split: a consortium's banks bring their own train/validation/test split")
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
-        policy_path = resolve_policy_path(policy) if secure or policy is not None else None
-        loaded_policy = _checked_policy(policy_path, secure)
         summation = _secure_summation(loaded_policy, config, clients) if secure else None
         try:
             privacy = _federation_privacy(loaded_policy)

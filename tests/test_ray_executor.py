@@ -112,21 +112,25 @@ def test_too_many_actors_are_refused(local_ray, cora):
         )
 
 
-def test_simulate_cli_on_ray_writes_its_record(local_ray, tmp_path):
+@pytest.mark.parametrize("secure", [False, True])
+def test_simulate_cli_on_ray_writes_its_record(local_ray, tmp_path, secure):
+    """With --secure (the baseline policy: HE, no DP) the banks encrypt in their actors and the summary reports the
+    ciphertext bytes of every kind, as an in-process secure run does."""
     output = tmp_path / "run.json"
     args = ["simulate", "--method", "federated", "--rounds", "1", "--no-progress", "--device", "cpu"]
-    args += ["--output", str(output), "--executor", "ray"]
+    args += ["--output", str(output), "--executor", "ray", *(["--secure"] if secure else [])]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["rounds_run"] == 1 and json.loads(output.read_text())["rounds_run"] == 1
+    if secure:
+        assert summary["secure"]["wire_bytes"]["weights"] > 0
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--secure"], "--executor ray with --secure"),
-        (["--policy", str(REPO / "policies" / "baseline.toml")], "--executor ray with a privacy policy"),
+        (["--secure", "--policy", str(REPO / "policies" / "strict-dp.toml")], "--executor ray with a privacy policy"),
         (["--method", "centralized"], "the centralized and local baselines"),
         (["--ray-address", "localhost:6379"], "address and actors are Ray's"),
     ],
@@ -148,6 +152,51 @@ def test_settings_and_checks():
     with pytest.raises(ConfigError, match="--executor: actors"):
         executor_settings("ray", None, 0)
     assert executor_settings("ray", "ray://head:10001").address == "ray://head:10001"
-    check_executor(ExecutorSettings(), baseline=True, privacy=True, secure=True)  # in-process runs everything
-    with pytest.raises(ConfigError, match="--secure"):
-        check_executor(RAY, baseline=False, privacy=True, secure=True)
+    check_executor(ExecutorSettings(), baseline=True, privacy=True)  # in-process runs everything
+    check_executor(RAY, baseline=False, privacy=False)  # --secure included: its banks encrypt in their actors
+    with pytest.raises(ConfigError, match="with a privacy policy"):
+        check_executor(RAY, baseline=False, privacy=True)
+
+
+def test_a_secure_run_on_ray_encrypts_in_the_actors_and_gives_the_plaintext_model(local_ray, monkeypatch):
+    """Under --secure each bank's terms are encrypted in its actor: this process never encrypts (its own encryption
+    path is made to fail, its pool never starts), yet every upload is receipted, checked, summed and decrypted here,
+    and the model is the in-process plaintext twin's (the baseline policy packs values: CKKS sums the same quantised
+    integers, test_secure_simulation.py)."""
+    from fedgl_secure.crypto import secure_summation as secure_module
+    from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
+    from fedgl_secure.policy.schema import load_policy
+
+    dataset = synthetic_consortium(seed=0)
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 2}, "device": "cpu"})
+    policy = load_policy(REPO / "policies" / "baseline.toml")
+    plain_weights, secure_weights = [], []
+    plain = run_experiment(
+        config,
+        dataset,
+        progress=False,
+        summation=secure_module.QuantisedSummation(policy),
+        observer=lambda broadcast: plain_weights.append(broadcast.weights),
+    )
+
+    def never_here(*args, **kwargs):
+        raise AssertionError("a bank's terms were encrypted in the driver")
+
+    monkeypatch.setattr(secure_module, "make_upload", never_here)
+    summation = secure_module.SecureSummation(policy)
+    try:
+        on_ray = run_experiment(
+            config,
+            dataset,
+            progress=False,
+            summation=summation,
+            observer=lambda broadcast: secure_weights.append(broadcast.weights),
+            executor=RAY,
+        )
+        assert not summation.encryption.started
+        kinds = {receipt.kind for receipt in summation.accepted_receipts}
+        assert len(summation.accepted_receipts) == 2 * len(on_ray.local_test_accuracy) * len(kinds)
+    finally:
+        summation.close()
+    assert [h.val_accuracy for h in on_ray.history] == [h.val_accuracy for h in plain.history]
+    assert float((secure_weights[-1] - plain_weights[-1]).abs().max()) <= 1e-4

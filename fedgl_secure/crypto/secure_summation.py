@@ -53,6 +53,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedgl_secure.crypto import ckks, packing, residue_sum, threshold
+from fedgl_secure.crypto.bank_encryption import BankEncryption, EncryptedTerms
 from fedgl_secure.crypto.centring import bank_term, restore_sum, wire_reference
 from fedgl_secure.crypto.ceremony_messages import Roster
 from fedgl_secure.crypto.encryption_pool import POOL_MIN_CHUNKS, EncryptionPool, term_chunks
@@ -257,6 +258,10 @@ class SecureSummation:
         for client_id, contribution in contributions.items():
             if {kind: tensor.shape for kind, tensor in contribution.items()} != shapes:
                 raise CiphertextError(f"{bank_name(client_id)} uploads other kinds or shapes than the others")
+        return self._check_shapes(shapes)
+
+    def _check_shapes(self, shapes: dict[str, torch.Size]) -> dict[str, torch.Size]:
+        """``shapes``, once its kinds are all ones the policy lets leave a bank."""
         refused = sorted(set(shapes) - set(self.policy.allowed_kinds))
         if refused:
             raise PolicyError(
@@ -420,23 +425,49 @@ class SecureRound:
         self._checker.shutdown(wait=True, cancel_futures=True)
         self._fuser.shutdown(wait=True, cancel_futures=True)
 
-    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+    def bank_encryption(self) -> BankEncryption:
+        """What a bank needs to encrypt its terms of this round where it runs
+        (:mod:`~fedgl_secure.crypto.bank_encryption`), handed back to :meth:`add` as :class:`EncryptedTerms`."""
+        summation = self._summation
+        layouts = {kind: summation._layouts[kind] for kind in summation.policy.allowed_kinds}
+        context = summation.authority.public_context
+        return BankEncryption(context, summation.policy.he, layouts, len(self.ticket.participants), self._centre)
+
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor] | EncryptedTerms) -> None:
         """Bank ``client_id``'s pre-weighted terms: encrypted now (on the pool) or at once here, kind by kind, the
-        largest first."""
+        largest first — or already encrypted where the bank runs (:meth:`bank_encryption`), then only signed here."""
         summation = self._summation
         if client_id not in self._banks:
             raise PolicyError(f"{bank_name(client_id)} is not a participant of round {self.ticket.round}")
         if client_id in self._contributed:
             raise PolicyError(f"{bank_name(client_id)} already contributed to round {self.ticket.round}")
-        shapes = summation._check_kinds({client_id: contribution})
+        encrypted = isinstance(contribution, EncryptedTerms)
+        shapes = summation._check_shapes(
+            {kind: torch.Size(shape) for kind, shape in contribution.shapes.items()}
+            if encrypted
+            else {kind: tensor.shape for kind, tensor in contribution.items()}
+        )
         if not self._shapes:
             self._shapes, self._kinds = shapes, summation._largest_first(shapes)
             he, layouts = summation.policy.he, summation._layouts
             per_bank = sum(term_chunks(he, layouts[kind], shapes[kind].numel()) for kind in self._kinds)
-            self._on_pool = summation.encryption.use_for(per_bank * len(self._banks))
+            self._on_pool = not encrypted and summation.encryption.use_for(per_bank * len(self._banks))
         elif shapes != self._shapes:
             raise CiphertextError(f"{bank_name(client_id)} uploads other kinds or shapes than the others")
         self._contributed.add(client_id)
+        if encrypted:
+            for kind in self._kinds:  # signed and checked by _checked_upload, as an encryption pool's result is
+                done: Future = Future()
+                done.set_result(contribution.terms[kind])
+                self._jobs[kind][client_id] = done
+        else:
+            self._encrypt_here(client_id, contribution)
+        for kind in self._kinds:  # checked as each arrives: what is left for result() is the last bank's
+            self._checks[kind][client_id] = self._checker.submit(self._checked_upload, client_id, kind)
+
+    def _encrypt_here(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None:
+        """Bank ``client_id``'s terms encrypted in this process: on the pool's workers, or at once here."""
+        summation = self._summation
         participants = len(self.ticket.participants)
         for kind in self._kinds:
             term = finite_term(kind, bank_term(kind, contribution[kind], self._centre))
@@ -459,8 +490,6 @@ class SecureRound:
             spent = time.perf_counter() - begun
             self._busy[client_id] += spent
             self._encrypting += spent
-        for kind in self._kinds:  # checked as each arrives: what is left for result() is the last bank's
-            self._checks[kind][client_id] = self._checker.submit(self._checked_upload, client_id, kind)
 
     def result(self) -> dict[str, torch.Tensor]:
         """The round's sums, kind by kind, once every participant has contributed: the aggregator fuses each kind on

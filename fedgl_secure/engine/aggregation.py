@@ -9,11 +9,14 @@ consortium share every other line of the algorithm.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from fedgl_secure.errors import ConfigError
+
+if TYPE_CHECKING:  # tenseal's import is paid only where a round is really encrypted
+    from fedgl_secure.crypto.bank_encryption import BankEncryption, EncryptedTerms
 
 
 def client_weight(num_nodes: int) -> float:
@@ -57,9 +60,14 @@ class RoundSum(Protocol):
     """One round's sum in the making: each client's terms added as the client finishes, the sums at the end. A
     context manager: leaving it before :meth:`result` abandons the round."""
 
-    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor]) -> None: ...
+    def add(self, client_id: int, contribution: Mapping[str, torch.Tensor] | EncryptedTerms) -> None: ...
 
     def result(self) -> dict[str, torch.Tensor]: ...
+
+    def bank_encryption(self) -> BankEncryption | None:
+        """How a bank encrypts its terms for this round where it runs (then :meth:`add` takes them encrypted), or
+        None where the round is not encrypted."""
+        ...
 
     def __enter__(self) -> RoundSum: ...
 
@@ -94,6 +102,9 @@ class CollectedRound:
 
     def result(self) -> dict[str, torch.Tensor]:
         return self.summation(self.round_number, self.contributions, reference=self.reference)
+
+    def bank_encryption(self) -> None:
+        return None  # a summation of plain terms
 
 
 def open_round(

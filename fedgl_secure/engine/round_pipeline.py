@@ -17,6 +17,7 @@ and *record* (the ledgers and the run's observer, which see every broadcast).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,6 +30,7 @@ from fedgl_secure.model.backbones import build_backbone
 from fedgl_secure.seeding import torch_stream
 
 if TYPE_CHECKING:
+    from fedgl_secure.crypto.bank_encryption import BankEncryption
     from fedgl_secure.methods.base import Broadcast
     from fedgl_secure.privacy.dp_round import FederationPrivacy
 
@@ -64,18 +66,35 @@ def method_initial_parameters(method, config: ExperimentConfig, num_features: in
     return model.flat_parameters()
 
 
-# A round's contributions of one stage: ``contribute(stage, participants, broadcast)`` yields each participant's
-# pre-weighted terms as ``(client id, terms)``, in ``participants``' order (the simulation's executors:
-# in this process, or on Ray actors holding the banks).
-Contribute = Callable[[str, Sequence[int], "Broadcast"], Iterable[tuple[int, Mapping[str, torch.Tensor]]]]
+@dataclass(frozen=True)
+class BankUpload:
+    """What a bank does with its terms of a stage before they leave it, made for each stage by :func:`run_stages`
+    and handed to the executor (picklable: it travels to a Ray actor with the stage): divide them by the public
+    ``normaliser`` w_max (:func:`~fedgl_secure.engine.aggregation.normalise_contribution`) and, where the executor
+    runs the bank in another process and the round is encrypted, encrypt them there (``encryption``: the open
+    round's :meth:`~fedgl_secure.engine.aggregation.RoundSum.bank_encryption`, None for plain sums)."""
+
+    normaliser: float
+    encryption: BankEncryption | None = None
+
+    def terms(self, contribution: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The bank's pre-weighted terms as they are uploaded (normalised; encrypted by the caller if it must)."""
+        return normalise_contribution(contribution, self.normaliser)
+
+
+# A round's contributions of one stage: ``contribute(stage, participants, broadcast, upload)`` yields each
+# participant's terms as ``(client id, terms)``, in ``participants``' order, each through ``upload`` (the
+# simulation's executors: in this process, where the round encrypts the plain terms itself, or on Ray actors,
+# which encrypt them in the bank's actor when ``upload.encryption`` is set and hand them over as ciphertexts).
+Contribute = Callable[[str, Sequence[int], "Broadcast", BankUpload], Iterable[tuple[int, object]]]
 
 
 def local_contributions(method, trainers: Sequence[LocalTrainer]) -> Contribute:
     """The contributions of ``trainers`` computed here, one client after the other, each as it is asked for."""
 
-    def contribute(stage: str, participants: Sequence[int], broadcast: Broadcast):
+    def contribute(stage: str, participants: Sequence[int], broadcast: Broadcast, upload: BankUpload):
         for k in participants:
-            yield k, method.stage_contribution(stage, trainers[k], broadcast)
+            yield k, upload.terms(method.stage_contribution(stage, trainers[k], broadcast))
 
     return contribute
 
@@ -110,8 +129,9 @@ def run_stages(
         # each client's terms go to the summation as soon as the client is done (a secure one encrypts them
         # while the next client trains)
         with open_round(summation, round_number, participants, reference=broadcast.weights) as round_sum:
-            for k, contribution in contribute(stage, participants, broadcast):
-                round_sum.add(k, normalise_contribution(contribution, weight_normaliser))
+            upload = BankUpload(weight_normaliser, round_sum.bank_encryption())
+            for k, terms in contribute(stage, participants, broadcast, upload):
+                round_sum.add(k, terms)
             sums = round_sum.result()
         broadcast = method.stage_update(stage, sums, round_number, broadcast)
     return broadcast

@@ -12,20 +12,21 @@ early stopping — stays with the caller, in this process, whichever executor ru
   and its own method object, built from the run's config and seed as here, so the random streams and the run
   record are the same. Ray is imported only when chosen.
 
-Under a privacy policy (the DP step, DP-SGD, a node mechanism inside the method) or ``--secure`` (CKKS
-encryption) the Ray executor refuses to run: those steps are taken in this process today, and running them here
-while the rest of a bank's work runs on its actor would misplace a bank's protection (:func:`check_executor`).
+Under ``--secure`` each bank's terms are encrypted in its actor (``BankUpload.encryption``,
+:mod:`fedgl_secure.crypto.bank_encryption`): ciphertexts, not terms, reach this process, which signs the receipts
+with the banks' keys (the simulation keeps every bank's keys here, as its key ceremony runs here), checks, adds and
+has them decrypted. Under a privacy policy (the DP step, DP-SGD, a node mechanism inside the method) the Ray
+executor refuses to run: those steps are taken in this process today, and running them here while the rest of a
+bank's work runs on its actor would misplace a bank's protection (:func:`check_executor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedgl_secure.engine.aggregation import PlaintextSummation, Summation
 from fedgl_secure.engine.client import LocalTrainer
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import SplitAccuracy, evaluate_model
@@ -38,6 +39,7 @@ from fedgl_secure.tomlio import format_validation_error
 if TYPE_CHECKING:
     from torch import nn
 
+    from fedgl_secure.engine.round_pipeline import BankUpload
     from fedgl_secure.methods.base import Broadcast
 
 
@@ -72,7 +74,7 @@ def executor_settings(kind: str = "in-process", address: str | None = None, acto
         raise ConfigError(f"--executor: {format_validation_error(error)}") from error
 
 
-def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool, secure: bool) -> None:
+def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool) -> None:
     """Refuse what the Ray executor cannot run as it promises (module doc): never a silent fall-back."""
     if settings.kind != "ray":
         return
@@ -80,12 +82,6 @@ def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool,
         raise ConfigError(
             "--executor ray: the centralized and local baselines exchange nothing between banks and run in one "
             "process; choose a federated method, or --executor in-process"
-        )
-    if secure:
-        raise ConfigError(
-            "--executor ray with --secure: each bank's CKKS encryption runs in the driver process, not in its Ray "
-            "actor, so the banks' terms would cross to the driver in clear; drop --secure, or use --executor "
-            "in-process"
         )
     if privacy:
         raise ConfigError(
@@ -95,19 +91,14 @@ def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool,
         )
 
 
-def is_secure(summation: Summation | None) -> bool:
-    """Whether ``summation`` is another than the plaintext one (CKKS, or with central noise)."""
-    return summation is not None and not isinstance(summation, PlaintextSummation)
-
-
 class BankExecutor(Protocol):
     """The banks' side of a simulation (module doc)."""
 
     num_banks: int
 
     def contribute(
-        self, stage: str, participants: Sequence[int], broadcast: Broadcast
-    ) -> Iterable[tuple[int, Mapping[str, torch.Tensor]]]: ...
+        self, stage: str, participants: Sequence[int], broadcast: Broadcast, upload: BankUpload
+    ) -> Iterable[tuple[int, object]]: ...
 
     def local_goal(self, best: Broadcast) -> list[SplitAccuracy]: ...
 

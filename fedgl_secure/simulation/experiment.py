@@ -57,7 +57,6 @@ from fedgl_secure.simulation.executors import (
     ExecutorSettings,
     InProcessExecutor,
     check_executor,
-    is_secure,
     local_trainers,
     training_graphs,
 )
@@ -205,7 +204,10 @@ def run_experiment(
     started = time.perf_counter()
     executor = executor or ExecutorSettings()
     spec = method_spec(config.method)  # the method's name never changes below, only its settings
-    check_executor(executor, baseline=spec.baseline, privacy=privacy is not None, secure=is_secure(summation))
+    if privacy is not None and not privacy.active and executor.kind == "ray":
+        # an HE-only policy: beyond encryption, which each bank's actor does, a bank applies nothing of its own
+        privacy = None
+    check_executor(executor, baseline=spec.baseline, privacy=privacy is not None)
     # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
     in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None

@@ -31,10 +31,12 @@ import numpy as np
 import ray
 import torch
 
+from fedgl_secure.crypto.bank_encryption import EncryptedTerms
 from fedgl_secure.data.graph import GraphDataset
 from fedgl_secure.engine.config import ExperimentConfig
 from fedgl_secure.engine.evaluation import SplitAccuracy
 from fedgl_secure.engine.graph_tensors import GraphTensors
+from fedgl_secure.engine.round_pipeline import BankUpload
 from fedgl_secure.errors import ConfigError, FedGLError
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods import build_method
@@ -128,6 +130,7 @@ class BankShard:
         training = config.training
         self.evaluator = method_model(self.method, num_features, training.hidden, num_classes, 0.0).to(device)
         self.broadcast: Broadcast | None = None
+        self.contexts: dict[str, object] = {}  # public CKKS contexts by fingerprint, loaded once (secure rounds)
 
     def ready(self) -> tuple[int, list[int]]:
         """This actor's process id and the banks it holds (once its set-up is done)."""
@@ -137,9 +140,13 @@ class BankShard:
         """The broadcast the next contributions start from."""
         self.broadcast = broadcast
 
-    def contribution(self, stage: str, k: int) -> dict[str, torch.Tensor]:
-        """Bank ``k``'s pre-weighted terms of ``stage``, from the last broadcast received."""
-        return self.method.stage_contribution(stage, self.trainers[k], self.broadcast)
+    def contribution(self, stage: str, k: int, upload: BankUpload) -> dict[str, torch.Tensor] | EncryptedTerms:
+        """Bank ``k``'s terms of ``stage`` from the last broadcast received, as it uploads them: normalised, and
+        encrypted here when the round is (so they leave this process as ciphertexts only)."""
+        terms = upload.terms(self.method.stage_contribution(stage, self.trainers[k], self.broadcast))
+        if upload.encryption is None:
+            return terms
+        return upload.encryption.encrypt(upload.encryption.load_context(self.contexts), terms)
 
     def local_goal(self, best: Broadcast) -> dict[int, SplitAccuracy]:
         """Each of this actor's banks' local goal with the best round's W̄."""
@@ -206,13 +213,15 @@ class RayExecutor:
         return actors
 
     def contribute(
-        self, stage: str, participants: Sequence[int], broadcast: Broadcast
-    ) -> Iterator[tuple[int, Mapping[str, torch.Tensor]]]:
-        """Each participant's terms of ``stage``, in ``participants``' order, as its actor returns them."""
+        self, stage: str, participants: Sequence[int], broadcast: Broadcast, upload: BankUpload
+    ) -> Iterator[tuple[int, Mapping[str, torch.Tensor] | EncryptedTerms]]:
+        """Each participant's terms of ``stage`` through ``upload`` (encrypted in its actor when the round is), in
+        ``participants``' order, as its actor returns them."""
         shared = ray.put(bank_view(broadcast))
         for actor in self._actors:
             actor.receive.remote(shared)
-        pending = deque((k, self._actor_of[k].contribution.remote(stage, k)) for k in participants)
+        step = ray.put(upload)  # the public context of a secure round travels once a stage, not once a bank
+        pending = deque((k, self._actor_of[k].contribution.remote(stage, k, step)) for k in participants)
         while pending:
             k, ref = pending.popleft()  # dropped once fetched, so the object store can let it go
             yield k, fetch(ref)
