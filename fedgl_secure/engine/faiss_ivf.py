@@ -31,7 +31,8 @@ adding the hub scan lifted it only to 0.971 / 0.967 for s = 10 / 100); HNSW with
 inner-product metric on the raw rows stalled at 0.74 for s = 100 (clustered dot, separate runs).
 Lists grow as √M while a row's s nearest draw closer as ``M^(-1/D)``, so at a fixed ``nprobe`` the
 scanned lists cover a row's neighbourhood at least as well at 10^7 rows as at 10^5. Acceptance at
-scale: docs/results/pseudo_graph_2500000.json and pseudo_graph_10000000.json.
+scale (``benchmarks/pseudo_graph_recall.py``, every case from 500 sampled rows; :func:`search_rows`):
+docs/results/pseudo_graph_recall_2_5m.json and pseudo_graph_recall_10m.json.
 
 **Determinism.** faiss' k-means has a fixed seed and the search scans each row's lists in a fixed
 order, so the same input on the same thread count gives the same graph.
