@@ -8,7 +8,8 @@ federation runs ``--rounds`` rounds. Reported per size, from the nodes' JSON log
 * seconds per round (the aggregator's ``round.applied`` ``seconds``: open -> applied);
 * per phase, from the services' own timings: the banks' ``round.uploaded`` ``phases`` (download, evaluation,
   training, encryption, upload), the aggregator's ``round.applied`` ``phases`` (aggregation, decryption, server
-  step) and its ``pseudo_graph.discovered`` ``seconds``; the time from the last bank's upload to
+  step) and its ``pseudo_graph.discovered`` ``seconds`` with the ``recall`` of the exact top-s the aggregator
+  measures on ``--recall-sample`` rows (default 500); the time from the last bank's upload to
   ``round.applied``; the start-up (data loading, enrolment, union index);
 * bytes on the wire per bank per round (``round.uploaded`` ``bytes``);
 * the peak resident memory of every node process (``VmHWM`` of ``/proc/<pid>/status``, polled);
@@ -51,6 +52,11 @@ NOTES = [
     "decryptions as the aggregator waits for them; "
     "server_step: fusion, pseudo labels, pseudo graph, broadcast encoding and storing).",
     "phases.pseudo_graph: the aggregator's pseudo_graph.discovered 'seconds' (part of server_step), with its backend.",
+    "phases.pseudo_graph_recall: the aggregator's pseudo_graph.discovered 'recall' (self_supervision.recall_sample = "
+    "--recall-sample rows whose exact top-s it computes after the search, engine/pseudo_graph_recall.py), mean "
+    "over the rounds; recall_ties counts a kept neighbour tying the s-th exact similarity as right (bank customers "
+    "with the same features have the same embedding, so exact top-s lists are often one choice among ties); "
+    "per round [recall, recall_ties] beside them.",
     "phases.after_last_upload_seconds: time from the last bank's round.uploaded to round.applied (log timestamps).",
     "startup_seconds: offsets from the start of the processes (node.started: after the imports; bank.data_loaded: "
     "tables read and graph built, its own 'seconds' in bank_data_read_seconds; bank.enrolled at the aggregator: "
@@ -174,7 +180,8 @@ def run_size(args, customers: int, work_dir: Path) -> dict:
         "device": "cpu",
         "federation": {"max_rounds": args.rounds, "patience": args.rounds + 10},
     }
-    experiment = apply_overrides(experiment, args.set)
+    recall = [f"self_supervision.recall_sample={args.recall_sample}"] if args.recall_sample else []
+    experiment = apply_overrides(experiment, [*recall, *args.set])
     root = work_dir / f"consortium-{customers}"
     shutil.rmtree(root, ignore_errors=True)
     write_loopback_consortium(
@@ -316,6 +323,11 @@ def summarise(customers, consortium, logs, outcome, wall_start, wall_seconds, pe
             "aggregator": mean_phases([e.get("phases") for e in applied]),
             "pseudo_graph": mean([float(e["seconds"]) for e in discovered if "seconds" in e]),
             "pseudo_graph_backend": sorted({str(e.get("backend")) for e in discovered}),
+            "pseudo_graph_recall": mean([float(e["recall"]) for e in discovered if e.get("recall") is not None]),
+            "pseudo_graph_recall_ties": mean(
+                [float(e["recall_ties"]) for e in discovered if e.get("recall_ties") is not None]
+            ),
+            "pseudo_graph_recall_per_round": [[e.get("recall"), e.get("recall_ties")] for e in discovered],
             "after_last_upload_seconds": after_last,
         },
         "bytes_per_bank_per_round": bytes_per_bank,
@@ -383,6 +395,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument(
+        "--recall-sample", type=int, default=500, help="rows the pseudo graph's recall is checked on (0: off)"
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="generated data and consortia (default: temp)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per size before giving up")
     parser.add_argument("--upload-seconds", type=float, default=1800.0, help="the policy's upload deadline")

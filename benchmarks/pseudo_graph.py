@@ -66,6 +66,7 @@ from fedgl_secure.engine.pseudo_graph import (
     discover_pseudo_graph,
     resolve_backend,
 )
+from fedgl_secure.engine.pseudo_graph_recall import recall_rows, sampled_recall
 
 TARGET_RATIO = 0.6
 TARGET_RSS_MB = 2048
@@ -182,36 +183,12 @@ def sample_recall(
     embeddings: torch.Tensor, graph: PseudoGraph, similarity: str, rows: int, seed: int, device: torch.device
 ) -> tuple[float, float, float]:
     """(mean recall of the exact top-s over ``rows`` random rows, the same counting ties at the s-th
-    similarity as right, seconds of that exact search).
-
-    The exact top-s of the sample is one torch product on ``device`` (no faiss needed, so it runs
-    where the backend ran, a GPU included)."""
-    points = embeddings
-    if similarity == "cosine":
-        points = torch.nn.functional.normalize(embeddings, p=2.0, dim=1)
-    sample = np.sort(np.random.default_rng(seed + 2).choice(points.shape[0], size=rows, replace=False))
-    sample_t = torch.from_numpy(sample)
+    similarity as right, seconds of that exact search): ``engine/pseudo_graph_recall.sampled_recall`` on
+    ``device`` (no faiss needed, so it runs where the backend ran, a GPU included)."""
+    sample = recall_rows(embeddings.shape[0], rows, seed + 2)
     started = time.perf_counter()
-    on_device = points.to(device)
-    step = max(1, 2**28 // points.shape[0])  # at most 1 GB of scores at a time
-    exact, tied = [], []
-    for first in range(0, rows, step):
-        chunk = sample_t[first : first + step].to(device)
-        scores = on_device[chunk] @ on_device.t()
-        scores[torch.arange(chunk.shape[0], device=device), chunk] = float("-inf")
-        values, ids = torch.topk(scores, graph.num_neighbors, dim=1)
-        kept = scores.gather(1, graph.neighbors[sample_t[first : first + step]].to(device))
-        # a kept neighbour tying the s-th exact similarity is as right as the one exact search listed
-        tied.append((kept >= values[:, -1:]).sum(dim=1).clamp(max=graph.num_neighbors).cpu())
-        exact.append(ids.cpu())
-        del scores
-    seconds = time.perf_counter() - started
-    del on_device
-    found = graph.neighbors[sample_t].tolist()
-    truths = torch.cat(exact).tolist()
-    recalls = [len(set(kept) & set(truth)) / graph.num_neighbors for kept, truth in zip(found, truths, strict=True)]
-    ties = torch.cat(tied).double().mean().item() / graph.num_neighbors
-    return float(np.mean(recalls)), ties, seconds
+    recall, ties = sampled_recall(embeddings.to(device), similarity, sample, graph.neighbors[sample])
+    return recall, ties, time.perf_counter() - started
 
 
 def faiss_exact_search(points: np.ndarray, k: int) -> float:

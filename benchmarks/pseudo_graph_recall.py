@@ -37,29 +37,11 @@ import numpy as np
 import torch
 
 from fedgl_secure.engine import faiss_ivf, pseudo_graph
+from fedgl_secure.engine.pseudo_graph_recall import sampled_recall
 
 DATA = ("clustered", "banks")
 SIMILARITIES = ("dot", "cosine")
 NEIGHBOURS = (10, 100)
-
-
-def exact_recalls(points: torch.Tensor, sample: torch.Tensor, found: torch.Tensor) -> tuple[float, float]:
-    """(recall, recall counting a kept neighbour tying the s-th exact similarity as right) of the sampled rows'
-    ``found`` neighbours against their exact top-s, from one score matrix a chunk of rows at a time, as
-    ``pseudo_graph.sample_recall`` computes them."""
-    s = found.shape[1]
-    step = max(1, 2**28 // points.shape[0])  # at most 1 GB of scores at a time
-    plain, tied = [], []
-    for first in range(0, sample.shape[0], step):
-        chunk, kept_ids = sample[first : first + step], found[first : first + step].long()
-        scores = points[chunk] @ points.t()
-        scores[torch.arange(chunk.shape[0]), chunk] = float("-inf")
-        values, exact = torch.topk(scores, s, dim=1)
-        kept = scores.gather(1, kept_ids)
-        tied.append((kept >= values[:, -1:]).sum(dim=1).clamp(max=s))
-        plain += [len(set(a) & set(b)) / s for a, b in zip(kept_ids.tolist(), exact.tolist(), strict=True)]
-        del scores
-    return float(np.mean(plain)), torch.cat(tied).double().mean().item() / s
 
 
 def peak_rss_mb() -> float:
@@ -85,7 +67,7 @@ def measure(args: argparse.Namespace, data: str, similarity: str, embeddings: to
             cpu, wall = time.process_time(), time.perf_counter()
             found, _ = faiss_ivf.search_rows(faiss, index, h, sample, s)
             search_cpu, search_wall = time.process_time() - cpu, time.perf_counter() - wall
-            recall, recall_ties = exact_recalls(h, sample, found)
+            recall, recall_ties = sampled_recall(h, similarity, sample, found)
             per_row_wall = search_wall / sample.shape[0]
             cases.append(
                 {

@@ -160,6 +160,12 @@ class SelfSupervisionConfig(_Section):
     renormalize_fused: bool = Field(False, description="re-normalise Eq. 9's sum symmetrically")
     pseudo_graph_at_eval: bool = Field(False, description="fuse the pseudo graph when evaluating W̄")
     backend: Literal["auto", "torch", "fused", "faiss", "ivf", "faiss_ivf"] = "auto"
+    recall_sample: int = Field(
+        0,
+        ge=0,
+        description="rows whose exact top-s the server computes each round to log the pseudo graph's recall "
+        "(engine/pseudo_graph_recall.py; 0: none)",
+    )
 
 
 class FGCLConfig(_Section):

@@ -13,6 +13,7 @@ from fedgl_secure.engine.config import ExperimentConfig, SelfSupervisionConfig
 from fedgl_secure.engine.fusion import fuse_node_values, scatter_to_global
 from fedgl_secure.engine.graph_tensors import GraphTensors
 from fedgl_secure.engine.pseudo_graph import discover_pseudo_graph, resolve_backend
+from fedgl_secure.engine.pseudo_graph_recall import recall_rows, sampled_recall
 from fedgl_secure.engine.pseudo_labels import global_pseudo_labels
 from fedgl_secure.log import get_logger
 from fedgl_secure.methods.base import (
@@ -121,13 +122,24 @@ class FedGL(FedAvg):
                 backend=self.ssl.backend,
                 device=self.server_device,
             )
+            seconds = round(time.perf_counter() - started, 3)
+            recall = recall_ties = None
+            if self.ssl.recall_sample:  # how right an approximate search was, on a sample of rows
+                rows = recall_rows(pseudo_graph.num_nodes, self.ssl.recall_sample, seed=round_number)
+                kept = pseudo_graph.neighbors[rows.to(pseudo_graph.neighbors.device)]
+                recall, recall_ties = (
+                    round(value, 4) for value in sampled_recall(fused_embeddings, self.ssl.similarity, rows, kept)
+                )
             # the step that grows fastest with M: logged on its own so a slow round can be placed
             get_logger(round=round_number).info(
                 "pseudo_graph.discovered",
                 nodes=pseudo_graph.num_nodes,
                 neighbors=pseudo_graph.num_neighbors,
                 backend=resolve_backend(self.ssl.backend, self.server_device, pseudo_graph.num_nodes)[0],
-                seconds=round(time.perf_counter() - started, 3),
+                seconds=seconds,
+                recall=recall,
+                recall_ties=recall_ties,
+                recall_sample=self.ssl.recall_sample or None,
             )
         return Broadcast(round_number, weights, pseudo_labels, pseudo_graph, fused_predictions)
 

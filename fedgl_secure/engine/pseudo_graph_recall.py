@@ -1,0 +1,48 @@
+"""How right an approximate pseudo graph (Eq. 15) is: the recall of the exact top-s on a sample of its rows.
+
+An approximate search (``faiss_ivf``, ``ivf``) keeps, per row, ``s`` neighbours it found among its candidates. For a
+sample of rows the exact top-s is one product of the sample against every row — ``rows x M x D`` multiply-adds, a
+second or two at ``M = 2.5·10^6`` for 500 rows — so a server can report how many of the true neighbours its graph
+kept without computing the exact graph (``self_supervision.recall_sample``; the aggregator logs it with the pseudo
+graph's seconds, and ``benchmarks/consortium_scale.py`` reports it beside them).
+
+``recall`` is the mean share of each sampled row's exact top-s that it kept; ``recall_ties`` also counts a kept
+neighbour as right when its exact similarity reaches the row's s-th largest (the two differ only where
+similarities tie).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def recall_rows(num_nodes: int, rows: int, seed: int) -> torch.Tensor:
+    """``rows`` distinct row ids of ``num_nodes`` (all of them if fewer), drawn with ``seed``, ascending."""
+    drawn = np.random.default_rng(seed).choice(num_nodes, size=min(rows, num_nodes), replace=False)
+    return torch.from_numpy(np.sort(drawn))
+
+
+def sampled_recall(
+    embeddings: torch.Tensor, similarity: str, rows: torch.Tensor, found: torch.Tensor
+) -> tuple[float, float]:
+    """(recall, recall counting ties) of ``found`` — the neighbours kept for ``rows``, ``len(rows) x s`` — against
+    the exact top-s of those rows among every row of ``embeddings`` (``M x D``; ``cosine`` normalises them first),
+    the row itself excluded. Scores are computed on ``embeddings``' device, at most 2^28 of them at a time."""
+    points = torch.nn.functional.normalize(embeddings, p=2.0, dim=1) if similarity == "cosine" else embeddings
+    s = found.shape[1]
+    if s == 0 or rows.numel() == 0:
+        return 1.0, 1.0
+    step = max(1, 2**28 // points.shape[0])
+    kept_share, tied = [], []
+    for first in range(0, rows.shape[0], step):
+        chunk = rows[first : first + step].to(points.device)
+        kept_ids = found[first : first + step].to(points.device, torch.int64)
+        scores = points[chunk] @ points.t()
+        scores[torch.arange(chunk.shape[0], device=points.device), chunk] = float("-inf")
+        values, exact = torch.topk(scores, s, dim=1)
+        kept = scores.gather(1, kept_ids)
+        tied.append((kept >= values[:, -1:]).sum(dim=1).clamp(max=s).cpu())
+        kept_share += [len(set(a) & set(b)) / s for a, b in zip(kept_ids.tolist(), exact.tolist(), strict=True)]
+        del scores
+    return float(np.mean(kept_share)), torch.cat(tied).double().mean().item() / s
