@@ -156,6 +156,21 @@ def test_settings_and_checks():
     check_executor(RAY, baseline=False, privacy=False)  # --secure included: its banks encrypt in their actors
     with pytest.raises(ConfigError, match="with a privacy policy"):
         check_executor(RAY, baseline=False, privacy=True)
+    with pytest.raises(ConfigError, match="in clear"):
+        check_executor(RAY, baseline=False, privacy=False, driver_encrypts=True)
+
+
+def test_a_summation_that_encrypts_in_the_driver_is_refused_on_ray():
+    """The quantised twin (like any summation but the plain and the streaming secure one) would take the banks' terms
+    in clear in the driver: refused before any Ray starts."""
+    from fedgl_secure.crypto.secure_summation import QuantisedSummation
+    from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
+    from fedgl_secure.policy.schema import load_policy
+
+    config = build_config({"method": "fedgl", "federation": {"max_rounds": 1}, "device": "cpu"})
+    summation = QuantisedSummation(load_policy(REPO / "policies" / "baseline.toml"))
+    with pytest.raises(ConfigError, match="in clear"):
+        run_experiment(config, synthetic_consortium(seed=0), progress=False, summation=summation, executor=RAY)
 
 
 def test_a_secure_run_on_ray_encrypts_in_the_actors_and_gives_the_plaintext_model(local_ray, monkeypatch):

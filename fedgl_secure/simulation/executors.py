@@ -74,10 +74,17 @@ def executor_settings(kind: str = "in-process", address: str | None = None, acto
         raise ConfigError(f"--executor: {format_validation_error(error)}") from error
 
 
-def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool) -> None:
-    """Refuse what the Ray executor cannot run as it promises (module doc): never a silent fall-back."""
+def check_executor(settings: ExecutorSettings, *, baseline: bool, privacy: bool, driver_encrypts: bool = False) -> None:
+    """Refuse what the Ray executor cannot run as it promises (module doc): never a silent fall-back.
+    ``driver_encrypts``: the summation would take the banks' terms in clear and protect them in this process
+    (any other than the plain sum whose rounds cannot hand encryption to the banks)."""
     if settings.kind != "ray":
         return
+    if driver_encrypts:
+        raise ConfigError(
+            "--executor ray: this summation protects the banks' terms in the driver process, so they would cross "
+            "from the banks' actors in clear; use the secure summation (--secure), or --executor in-process"
+        )
     if baseline:
         raise ConfigError(
             "--executor ray: the centralized and local baselines exchange nothing between banks and run in one "

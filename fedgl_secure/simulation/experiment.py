@@ -22,6 +22,7 @@ from fedgl_secure.data.partition import louvain_clients
 from fedgl_secure.data.sampling import make_clients, select_participants
 from fedgl_secure.engine.aggregation import (
     PlaintextSummation,
+    StreamingSummation,
     Summation,
     client_weight,
 )
@@ -207,7 +208,8 @@ def run_experiment(
     if privacy is not None and not privacy.active and executor.kind == "ray":
         # an HE-only policy: beyond encryption, which each bank's actor does, a bank applies nothing of its own
         privacy = None
-    check_executor(executor, baseline=spec.baseline, privacy=privacy is not None)
+    driver_encrypts = summation is not None and not isinstance(summation, (PlaintextSummation, StreamingSummation))
+    check_executor(executor, baseline=spec.baseline, privacy=privacy is not None, driver_encrypts=driver_encrypts)
     # a node mechanism inside its method (GAP, centroids): the engine's DP step is off, only ledgers are kept
     in_method = in_method_mechanism(privacy.policy) if privacy is not None else None
     method_privacy = None
