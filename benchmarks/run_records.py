@@ -7,7 +7,9 @@ code lives, "proven by identical results").
 
 Run ``record`` from the checkout whose code is recorded (a ``git worktree`` of the earlier commit for "before"): each
 run is ``python -m fedgl_secure`` started in that checkout's directory, which Python puts first on ``sys.path``,
-ahead of ``PYTHONPATH`` and of the installed package.
+ahead of ``PYTHONPATH`` and of the installed package. Record both sides on one host: torch's CPU kernels may take
+other vector paths on another CPU, and FedGL's and FGCL's records then differ from the sixth digit of a metric on
+(docs/results/run_records_host_check.json).
 
 ``record`` runs ``fedgl-secure simulate`` (one process per run, as a user would) for Cora seeds 0–2 under each of
 the configurations of :data:`CONFIGURATIONS` — FedGL, FGCL, GraphFL and Fed²GNN — and keeps each run record as
