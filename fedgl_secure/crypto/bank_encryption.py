@@ -12,7 +12,6 @@ receipts where the banks' signing keys are kept, checks and adds them exactly as
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,9 +21,8 @@ import torch
 
 from fedgl_secure.crypto import ckks, packing
 from fedgl_secure.crypto.centring import bank_term
-from fedgl_secure.crypto.encryption_pool import EncryptedTerm
-from fedgl_secure.crypto.receipts import c1_digest
-from fedgl_secure.crypto.upload import encrypt_term, finite_term, upload_c1
+from fedgl_secure.crypto.encryption_pool import EncryptedTerm, encrypt_with_digest
+from fedgl_secure.crypto.upload import finite_term
 from fedgl_secure.errors import PolicyError
 from fedgl_secure.policy.he import HEParameters
 
@@ -44,6 +42,7 @@ class BankEncryption:
     lets leave a bank (``None``: one float per slot), ``centre`` the broadcast W̄ as the banks download it."""
 
     public_context: bytes
+    fingerprint: str  # ckks.fingerprint(public_context), as the round computed it once
     he: HEParameters
     layouts: Mapping[str, packing.KindLayout | None]
     participants: int
@@ -51,10 +50,9 @@ class BankEncryption:
 
     def load_context(self, loaded: dict[str, ts.Context]) -> ts.Context:
         """The public context, loaded once per process: ``loaded`` maps fingerprints to contexts already loaded."""
-        fingerprint = ckks.fingerprint(self.public_context)
-        if fingerprint not in loaded:
-            loaded[fingerprint] = ckks.load_public_context(self.public_context)
-        return loaded[fingerprint]
+        if self.fingerprint not in loaded:
+            loaded[self.fingerprint] = ckks.load_public_context(self.public_context)
+        return loaded[self.fingerprint]
 
     def encrypt(self, context: ts.Context, contribution: Mapping[str, torch.Tensor]) -> EncryptedTerms:
         """``contribution`` (pre-weighted, normalised terms) encrypted under the public ``context``, kind by kind:
@@ -63,10 +61,15 @@ class BankEncryption:
         refused = sorted(set(contribution) - set(self.layouts))
         if refused:
             raise PolicyError(f"policy: kinds {refused} may not leave a bank (allowed: {sorted(self.layouts)})")
-        terms = {}
-        for kind, tensor in contribution.items():
-            started = time.perf_counter()
-            flat = finite_term(kind, bank_term(kind, tensor, self.centre))
-            chunks = encrypt_term(context, self.he, self.layouts[kind], self.participants, kind, flat)
-            terms[kind] = EncryptedTerm(chunks, c1_digest(upload_c1(context, chunks)), time.perf_counter() - started)
+        terms = {
+            kind: encrypt_with_digest(
+                context,
+                self.he,
+                self.layouts[kind],
+                self.participants,
+                kind,
+                finite_term(kind, bank_term(kind, tensor, self.centre)),
+            )
+            for kind, tensor in contribution.items()
+        }
         return EncryptedTerms(terms, {kind: tuple(tensor.shape) for kind, tensor in contribution.items()})

@@ -52,13 +52,25 @@ def _load_public_context(public_context: bytes) -> None:
     _worker_context.append(ckks.load_public_context(public_context))
 
 
+def encrypt_with_digest(
+    context: ts.Context,
+    params: HEParameters,
+    layout: packing.KindLayout | None,
+    participants: int,
+    kind: str,
+    values: np.ndarray,
+) -> EncryptedTerm:
+    """One term's chunks under the public ``context`` and the digest of their ``c1`` polynomials, timed: what a
+    bank's encryption hands to whoever signs its receipt (a pool worker's caller, or a simulated bank's round)."""
+    started = time.perf_counter()
+    chunks = encrypt_term(context, params, layout, participants, kind, values)
+    return EncryptedTerm(chunks, c1_digest(upload_c1(context, chunks)), time.perf_counter() - started)
+
+
 def _encrypt(
     params: HEParameters, layout: packing.KindLayout | None, participants: int, kind: str, values: np.ndarray
 ) -> EncryptedTerm:
-    started = time.perf_counter()
-    chunks = encrypt_term(_worker_context[0], params, layout, participants, kind, values)
-    c1_sha256 = c1_digest(upload_c1(_worker_context[0], chunks))
-    return EncryptedTerm(chunks, c1_sha256, time.perf_counter() - started)
+    return encrypt_with_digest(_worker_context[0], params, layout, participants, kind, values)
 
 
 def term_chunks(params: HEParameters, layout: packing.KindLayout | None, length: int) -> int:

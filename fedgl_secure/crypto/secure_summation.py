@@ -430,8 +430,14 @@ class SecureRound:
         (:mod:`~fedgl_secure.crypto.bank_encryption`), handed back to :meth:`add` as :class:`EncryptedTerms`."""
         summation = self._summation
         layouts = {kind: summation._layouts[kind] for kind in summation.policy.allowed_kinds}
-        context = summation.authority.public_context
-        return BankEncryption(context, summation.policy.he, layouts, len(self.ticket.participants), self._centre)
+        return BankEncryption(
+            summation.authority.public_context,
+            summation.fingerprint,
+            summation.policy.he,
+            layouts,
+            len(self.ticket.participants),
+            self._centre,
+        )
 
     def add(self, client_id: int, contribution: Mapping[str, torch.Tensor] | EncryptedTerms) -> None:
         """Bank ``client_id``'s pre-weighted terms: encrypted now (on the pool) or at once here, kind by kind, the
