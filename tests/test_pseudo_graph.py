@@ -285,10 +285,14 @@ def test_auto_backend_on_a_cpu_host_prefers_fused_then_faiss(monkeypatch: pytest
 
 
 def test_public_constants():
-    assert BACKENDS == ("auto", "torch", "fused", "faiss", "ivf", "faiss_ivf") and SIMILARITIES == ("dot", "cosine")
+    assert BACKENDS == ("auto", "torch", "fused", "faiss", "ivf", "faiss_ivf", "planar") and SIMILARITIES == (
+        "dot",
+        "cosine",
+    )
 
 
-# The approximate backends are tested in test_approximate_knn.py (ivf) and test_faiss_ivf.py (faiss_ivf).
+# The approximate backends are tested in test_approximate_knn.py (ivf) and test_faiss_ivf.py (faiss_ivf),
+# the planar one in test_planar_knn.py.
 
 
 def test_faiss_refuses_a_gpu_device():

@@ -159,7 +159,7 @@ class SelfSupervisionConfig(_Section):
     embedding: Literal["output", "hidden"] = Field("output", description="H: logits or hidden layer")
     renormalize_fused: bool = Field(False, description="re-normalise Eq. 9's sum symmetrically")
     pseudo_graph_at_eval: bool = Field(False, description="fuse the pseudo graph when evaluating W̄")
-    backend: Literal["auto", "torch", "fused", "faiss", "ivf", "faiss_ivf"] = "auto"
+    backend: Literal["auto", "torch", "fused", "faiss", "ivf", "faiss_ivf", "planar"] = "auto"
     recall_sample: int = Field(
         0,
         ge=0,

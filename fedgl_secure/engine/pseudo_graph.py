@@ -28,23 +28,23 @@ recall for time; both score every candidate exactly, so only the candidate sets 
   HNSW and ``ivf`` (benchmarks/knn_sweep.py, docs/results/knn_sweep.json: recall 0.997-1.0 at
   10^5 rows for both similarities and data kinds, s = 10 and 100); what ``auto`` runs on a CPU;
 
-* ``ivf``: our own inverted file (``approximate_knn``): spherical k-means lists of unit search keys
-  (``dot`` through the MIPS reduction, plus a list of the highest-norm rows that every row scans);
-  each row chooses its own nearest lists up to a fixed number of candidates, rows that chose
-  similar lists are searched in groups of 64 over the union of their lists with a bit mask per
-  list, every candidate scored exactly (on a CPU by ``probed_knn``'s fused kernel, on CUDA by
-  torch); what ``auto`` runs on a GPU, or on a CPU without faiss.
+* ``ivf``: our own inverted file (``approximate_knn``; each row probes its own nearest lists,
+  candidates scored by ``probed_knn``'s fused kernel on a CPU, by torch on CUDA); what ``auto``
+  runs on a GPU, or on a CPU without faiss. Recall at 2.5·10^6 and 10^7 rows:
+  docs/results/pseudo_graph_recall_*.json.
 
-Recall of the exact top-s, seconds and peak memory at 2.5·10^6 and 10^7 rows:
-docs/results/pseudo_graph_2500000.json, pseudo_graph_10000000.json.
+A binary outcome fuses two logits, and for ``H̄`` of two columns ``planar`` (``planar_knn``: arcs of
+the angle order for cosine, convex layers for dot) is exact in ``O(M log M)`` plus a few thousand
+scores per row.
 
 ``auto`` picks exact search up to ``APPROXIMATE_MIN_NODES`` rows (torch on a usable GPU, else
-fused from ``FUSED_MIN_NODES`` rows, else faiss) and above it ``faiss_ivf`` on a CPU with faiss,
-else ``ivf`` (on the GPU when there is one); any backend can be forced. Below the threshold
-results stay exact, so small runs (tests, the consortium-vs-simulation equality) are unaffected.
-All backends return the same ``PseudoGraph`` structure: ``M x s`` neighbours (never the node
-itself) and ``rownorm``-ed clamped weights (``faiss_ivf``: int32 ids while ``M < 2^31``); none
-holds more than a block (or a list) of rows' candidates besides that result.
+fused from ``FUSED_MIN_NODES`` rows, else faiss) and above it ``planar`` for two columns, else
+``faiss_ivf`` on a CPU with faiss, else ``ivf`` (on the GPU when there is one); any backend can
+be forced. Below the threshold results stay exact, so small runs (tests, the
+consortium-vs-simulation equality) are unaffected. All backends return the same ``PseudoGraph``
+structure: ``M x s`` neighbours (never the node itself) and ``rownorm``-ed clamped weights
+(``faiss_ivf``, ``planar``: int32 ids while ``M < 2^31``); none holds more than a block (or a
+list) of rows' candidates besides that result.
 """
 
 from __future__ import annotations
@@ -60,20 +60,17 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from fedgl_secure.engine import approximate_knn, faiss_ivf
+from fedgl_secure.engine import approximate_knn, faiss_ivf, planar_knn
 from fedgl_secure.errors import ConfigError
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
 SIMILARITIES = ("dot", "cosine")
-BACKENDS = ("auto", "torch", "fused", "faiss", "ivf", "faiss_ivf")
-# Above this many rows ``auto`` switches from exact search to ``ivf``.
-# Exact search grows as M²: ~12 s at 10^5 rows on 2 quiet cores with faiss, less with the fused kernel
-# (docs/results/pseudo_graph_100k.json, measured under load),
-# so ~75 s per round at 2·10^5, still tolerable for a server that runs a few hundred rounds, while
-# beyond it exact search soon dominates a round (the 3-bank consortium at M ≈ 2.5·10^5 timed out).
-# Up to here the graph stays exact, which every test and small consortium relies on.
+BACKENDS = ("auto", "torch", "fused", "faiss", "ivf", "faiss_ivf", "planar")
+# Above this many rows ``auto`` leaves the O(M²) exact search (~12 s at 10^5 rows on 2 quiet cores
+# with faiss, less fused: docs/results/pseudo_graph_100k.json; ~75 s per round at 2·10^5, tolerable
+# for a few hundred rounds; beyond, it dominates a round). Up to here every graph stays exact.
 APPROXIMATE_MIN_NODES = 200_000
 # On a GPU exact search stays affordable further (the M x M products run at GPU speed); above
 # this it switches too. See docs/results/pseudo_graph_cuda.json.
@@ -245,8 +242,9 @@ def discover_pseudo_graph(
             neighbours (DESIGN §3, pitfalls).
         backend: ``"torch"`` (exact, any device), ``"fused"`` and ``"faiss"`` (exact, CPU only),
             ``"faiss_ivf"`` (approximate, CPU only; ``faiss_ivf``), ``"ivf"`` (approximate, any
-            device; ``approximate_knn``) or ``"auto"``: exact up to ``APPROXIMATE_MIN_NODES`` rows
-            (``APPROXIMATE_MIN_NODES_CUDA`` on a GPU), above it ``faiss_ivf`` on a CPU with faiss,
+            device; ``approximate_knn``), ``"planar"`` (exact, CPU only, 2 columns; ``planar_knn``)
+            or ``"auto"``: exact up to ``APPROXIMATE_MIN_NODES`` rows (``APPROXIMATE_MIN_NODES_CUDA``
+            on a GPU), above it ``planar`` for 2 columns, else ``faiss_ivf`` on a CPU with faiss,
             else ``ivf``; exact means torch on a usable GPU, else fused from
             ``FUSED_MIN_NODES`` rows when numba imports, else faiss when installed, else torch.
             The first fused call in a fresh installation compiles its kernel (17-33 s on 2 busy
@@ -271,12 +269,13 @@ def discover_pseudo_graph(
         block_size = _positive_int("block_size", block_size)
     h = _validated_embeddings(embeddings)
     m = h.shape[0]
-    chosen, target = resolve_backend(backend, device, num_nodes=m)
+    chosen, target = resolve_backend(backend, device, num_nodes=m, num_dims=h.shape[1])
 
     s_eff = min(s, m - 1)
     if s_eff <= 0:  # zero or one node: nobody to connect to
         empty = torch.empty((m, 0))
         return PseudoGraph(empty.to(torch.int64), empty.to(torch.float32))
+    raw = h
     if similarity == "cosine":
         h = torch.nn.functional.normalize(h, p=2.0, dim=1)
 
@@ -295,6 +294,10 @@ def discover_pseudo_graph(
             _faiss_ivf_top_s(h.cpu().contiguous(), s_eff, similarity == "dot", bounds, show_build),
             len(bounds),
         )
+    elif chosen == "planar":
+        _check_no_overflow(h)
+        found = planar_knn.planar_top_s(raw.cpu(), s_eff, similarity)
+        blocks, steps = ((b, *drop_self(ids, top, b)) for b, ids, top in found), -(-m // planar_knn.BLOCK_ROWS) + 1
     elif chosen == "ivf":
         _check_no_overflow(h)
         threads = torch.get_num_threads()
@@ -311,7 +314,8 @@ def discover_pseudo_graph(
         bounds = _block_bounds(m, block_size or max(1, budget // (4 * m)))
         blocks, steps = _torch_top_s(h.to(target), s_eff, bounds), len(bounds)
 
-    neighbors = torch.empty((m, s_eff), dtype=neighbor_dtype(m) if chosen == "faiss_ivf" else torch.int64)
+    large = chosen in ("faiss_ivf", "planar")
+    neighbors = torch.empty((m, s_eff), dtype=neighbor_dtype(m) if large else torch.int64)
     weights = torch.empty((m, s_eff), dtype=torch.float32)
     show = steps > _PROGRESS_MIN_BLOCKS if progress is None else progress
     # closing(): an error mid-way must still run the generator's cleanup (faiss thread count).
@@ -320,7 +324,7 @@ def discover_pseudo_graph(
             if not torch.isfinite(top).all():
                 raise ConfigError(_OVERFLOW_MESSAGE)
             rows = rows.cpu() if isinstance(rows, torch.Tensor) else rows
-            neighbors[rows] = ids.cpu()
+            neighbors[rows] = ids.to(device="cpu", dtype=neighbors.dtype)
             weights[rows] = pseudo_graph_weights(top).cpu()
             bar.update(1)
     return PseudoGraph(neighbors, weights)
@@ -540,14 +544,18 @@ def _import_fused() -> ModuleType | None:
 
 
 def resolve_backend(
-    backend: str, device: torch.device | str | None = None, num_nodes: int | None = None
+    backend: str,
+    device: torch.device | str | None = None,
+    num_nodes: int | None = None,
+    num_dims: int | None = None,
 ) -> tuple[str, torch.device]:
-    """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss, faiss_ivf: the CPU).
+    """The backend ``discover_pseudo_graph`` will run and its device (fused, faiss, faiss_ivf, planar: the CPU).
 
-    ``num_nodes`` is ``M``: ``auto`` picks ``faiss_ivf`` (``ivf`` without faiss) above
-    ``APPROXIMATE_MIN_NODES`` on a CPU and ``ivf`` above ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU,
-    and on a CPU the fused kernel from ``FUSED_MIN_NODES`` (``None``: assume small). Public so
-    callers can log or record what ``"auto"`` chose on this host.
+    ``num_nodes`` is ``M`` and ``num_dims`` is ``D``: ``auto`` picks ``planar`` for ``D = 2``, else
+    ``faiss_ivf`` (``ivf`` without faiss), above ``APPROXIMATE_MIN_NODES`` on a CPU (and
+    ``APPROXIMATE_MIN_NODES_CUDA`` on a GPU, where the approximate one is ``ivf``), and on a CPU the
+    fused kernel from ``FUSED_MIN_NODES`` (``None``: assume small). Public so callers can log or
+    record what ``"auto"`` chose on this host.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -560,7 +568,9 @@ def resolve_backend(
             raise ConfigError(f"device {device!r} is not a valid torch device: {error}") from None
         if target.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {device!r} requested but CUDA is not available")
-    if backend in ("fused", "faiss", "faiss_ivf"):
+    if backend == "planar" and num_dims is not None and num_dims != 2:
+        raise ConfigError(f"backend 'planar' needs embeddings with 2 columns, got {num_dims}; use 'auto'")
+    if backend in ("fused", "faiss", "faiss_ivf", "planar"):
         if target is not None and target.type != "cpu":
             raise ConfigError(f"device {device!r} needs backend 'torch' or 'ivf': backend {backend!r} runs on the CPU")
         if backend == "fused" and _import_fused() is None:
@@ -576,6 +586,8 @@ def resolve_backend(
     # auto
     threshold = APPROXIMATE_MIN_NODES_CUDA if target.type == "cuda" else APPROXIMATE_MIN_NODES
     if num_nodes is not None and num_nodes > threshold:
+        if num_dims == 2:
+            return "planar", cpu
         if target.type == "cpu" and _import_faiss() is not None:
             return "faiss_ivf", cpu
         return "ivf", target

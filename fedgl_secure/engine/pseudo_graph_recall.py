@@ -28,12 +28,15 @@ def sampled_recall(
 ) -> tuple[float, float]:
     """(recall, recall counting ties) of ``found`` — the neighbours kept for ``rows``, ``len(rows) x s`` — against
     the exact top-s of those rows among every row of ``embeddings`` (``M x D``; ``cosine`` normalises them first),
-    the row itself excluded. Scores are computed on ``embeddings``' device, at most 2^28 of them at a time."""
-    points = torch.nn.functional.normalize(embeddings, p=2.0, dim=1) if similarity == "cosine" else embeddings
+    the row itself excluded. Scores are computed in float64 on ``embeddings``' device, at most 2^27 of them at a
+    time: in float32 two unit rows less than ~3·10^-4 radians apart both score 1.0, and at millions of two-column
+    rows hundreds of rows lie that close, so float32 rounding, not the search, would decide which of them count."""
+    points = embeddings.to(torch.float64)
+    points = torch.nn.functional.normalize(points, p=2.0, dim=1) if similarity == "cosine" else points
     s = found.shape[1]
     if s == 0 or rows.numel() == 0:
         return 1.0, 1.0
-    step = max(1, 2**28 // points.shape[0])
+    step = max(1, 2**27 // points.shape[0])
     kept_share, tied = [], []
     for first in range(0, rows.shape[0], step):
         chunk = rows[first : first + step].to(points.device)

@@ -135,7 +135,9 @@ class FedGL(FedAvg):
                 "pseudo_graph.discovered",
                 nodes=pseudo_graph.num_nodes,
                 neighbors=pseudo_graph.num_neighbors,
-                backend=resolve_backend(self.ssl.backend, self.server_device, pseudo_graph.num_nodes)[0],
+                backend=resolve_backend(
+                    self.ssl.backend, self.server_device, pseudo_graph.num_nodes, fused_embeddings.shape[1]
+                )[0],
                 seconds=seconds,
                 recall=recall,
                 recall_ties=recall_ties,
