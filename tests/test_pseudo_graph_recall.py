@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from fedgl_secure.data.benchmarks.synthetic import synthetic_consortium
 from fedgl_secure.engine.config import build_config
 from fedgl_secure.engine.pseudo_graph import discover_pseudo_graph
-from fedgl_secure.engine.pseudo_graph_recall import recall_rows, sampled_recall
+from fedgl_secure.engine.pseudo_graph_recall import cosine_rank_scores, recall_rows, sampled_recall
 from fedgl_secure.simulation.experiment import run_experiment
 
 
@@ -68,3 +68,24 @@ def test_the_fedgl_server_logs_its_pseudo_graphs_recall_each_round():
     assert len(discovered) == 2
     assert all(entry["recall"] == entry["recall_ties"] == 1.0 for entry in discovered)  # exact search, no ties
     assert all(entry["recall_sample"] == 40 for entry in discovered)
+
+
+def test_cosine_ranks_rows_closer_than_float64_cosines_resolve():
+    """Three rows 1e-9, 2e-9 and 3e-9 radians from the first all have float64 cosine 1.0 with it; ranked by the
+    distance between unit rows, keeping the two nearest is right and keeping the farthest is not even a tie."""
+    angles = torch.tensor([0.0, 3e-9, 1e-9, 2e-9], dtype=torch.float64)
+    rows = torch.stack([angles.cos(), angles.sin()], dim=1) * torch.tensor([[1.0], [2.0], [0.5], [3.0]])
+    assert (torch.nn.functional.normalize(rows, dim=1)[1:] @ torch.nn.functional.normalize(rows, dim=1)[0] == 1).all()
+    first = torch.tensor([0])
+    assert sampled_recall(rows, "cosine", first, torch.tensor([[2, 3]])) == (1.0, 1.0)
+    assert sampled_recall(rows, "cosine", first, torch.tensor([[1, 3]])) == (0.5, 0.5)
+
+
+def test_a_zero_row_scores_like_a_cosine_of_zero():
+    rows = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-1.0, 0.1], [0.0, 1.0]], dtype=torch.float64)
+    unit = torch.nn.functional.normalize(rows, dim=1)
+    scores = cosine_rank_scores(unit[:1], unit)
+    assert scores[0, 1] == -2.0  # a zero row, like the orthogonal one
+    assert scores[0, 3] == pytest.approx(-2.0)
+    assert scores[0, 2] < -2.01 and scores[0, 0] == 0.0
+    assert (cosine_rank_scores(torch.zeros(1, 2, dtype=torch.float64), unit) == -2.0).all()

@@ -27,12 +27,17 @@ def sampled_recall(
     embeddings: torch.Tensor, similarity: str, rows: torch.Tensor, found: torch.Tensor
 ) -> tuple[float, float]:
     """(recall, recall counting ties) of ``found`` — the neighbours kept for ``rows``, ``len(rows) x s`` — against
-    the exact top-s of those rows among every row of ``embeddings`` (``M x D``; ``cosine`` normalises them first),
-    the row itself excluded. Scores are computed in float64 on ``embeddings``' device, at most 2^27 of them at a
-    time: in float32 two unit rows less than ~3·10^-4 radians apart both score 1.0, and at millions of two-column
-    rows hundreds of rows lie that close, so float32 rounding, not the search, would decide which of them count."""
+    the exact top-s of those rows among every row of ``embeddings`` (``M x D``), the row itself excluded.
+
+    Scores are computed in float64 on ``embeddings``' device, at most 2^27 of them at a time, and cosine is ranked
+    by the distance between unit rows (:func:`cosine_rank_scores`): two unit rows less than ~3·10^-4 radians apart
+    both score a float32 cosine of 1.0, and float64 cosines still tie below ~10^-8 radians, while at millions of
+    rows hundreds of rows lie that close (noisy decryptions of customers with the same features), so rounding,
+    not the search, would decide which of them count.
+    """
     points = embeddings.to(torch.float64)
-    points = torch.nn.functional.normalize(points, p=2.0, dim=1) if similarity == "cosine" else points
+    if similarity == "cosine":
+        points = torch.nn.functional.normalize(points, p=2.0, dim=1)
     s = found.shape[1]
     if s == 0 or rows.numel() == 0:
         return 1.0, 1.0
@@ -41,7 +46,7 @@ def sampled_recall(
     for first in range(0, rows.shape[0], step):
         chunk = rows[first : first + step].to(points.device)
         kept_ids = found[first : first + step].to(points.device, torch.int64)
-        scores = points[chunk] @ points.t()
+        scores = cosine_rank_scores(points[chunk], points) if similarity == "cosine" else points[chunk] @ points.t()
         scores[torch.arange(chunk.shape[0], device=points.device), chunk] = float("-inf")
         values, exact = torch.topk(scores, s, dim=1)
         kept = scores.gather(1, kept_ids)
@@ -49,3 +54,13 @@ def sampled_recall(
         kept_share += [len(set(a) & set(b)) / s for a, b in zip(kept_ids.tolist(), exact.tolist(), strict=True)]
         del scores
     return float(np.mean(kept_share)), torch.cat(tied).double().mean().item() / s
+
+
+def cosine_rank_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Scores in the order of cosine similarity between unit ``queries`` and unit ``keys`` (zero rows stay zero):
+    ``−‖u − v‖²`` (``= 2 cos − 2``) from the differences themselves, which keep their precision where ``cos`` is 1
+    to the last bit; −2 (cosine 0) where either row is zero."""
+    scores = torch.cdist(queries, keys, compute_mode="donot_use_mm_for_euclid_dist").square_().neg_()
+    scores[:, (keys == 0).all(dim=1)] = -2.0
+    scores[(queries == 0).all(dim=1)] = -2.0
+    return scores
