@@ -34,6 +34,8 @@ def _embeddings(kind: str, m: int, seed: int) -> torch.Tensor:
     elif kind == "collinear":  # two logits that sum to 0: every row on one line through 0
         a = generator.standard_normal(m)
         rows = np.stack([a, -a], axis=1)
+    elif kind == "all_zero":
+        rows = np.zeros((m, 2))
     else:  # "few_directions": cosine ties everywhere
         rows = generator.integers(-1, 2, (m, 2)) * generator.uniform(0.5, 2.0, (m, 1))
     return torch.from_numpy(rows.astype(np.float32))
@@ -53,7 +55,7 @@ def _kept_values(h: torch.Tensor, neighbors: torch.Tensor, similarity: str) -> t
     return (h[:, None, :] * h[neighbors.long()]).sum(dim=-1).sort(dim=1, descending=True).values
 
 
-KINDS = ("gaussian", "clustered", "zeros_and_duplicates", "collinear", "few_directions")
+KINDS = ("gaussian", "clustered", "zeros_and_duplicates", "collinear", "few_directions", "all_zero")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -151,3 +153,16 @@ def test_cosine_orders_dense_angles_in_float64() -> None:
     graph = discover_pseudo_graph(h, 10, similarity="cosine", backend="planar")
     rows = recall_rows(50_000, 300, seed=0)
     assert sampled_recall(h, "cosine", rows, graph.neighbors[rows]) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_float64_embeddings_are_ranked_in_float64(similarity: str) -> None:
+    """Decrypted sums arrive as float64; customers with the same features differ only by the decryption's
+    noise, far below float32's resolution. The planar search ranks what it was given, so its neighbours are
+    the float64 top s."""
+    generator = np.random.default_rng(2)
+    centres = generator.standard_normal((100, 2)) * 3
+    h = torch.from_numpy(centres[generator.integers(0, 100, 40_000)] + 1e-8 * generator.standard_normal((40_000, 2)))
+    graph = discover_pseudo_graph(h, 10, similarity=similarity, backend="planar")
+    rows = recall_rows(40_000, 300, seed=0)
+    assert sampled_recall(h, similarity, rows, graph.neighbors[rows]) == (1.0, 1.0)

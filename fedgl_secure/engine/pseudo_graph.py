@@ -234,7 +234,8 @@ def discover_pseudo_graph(
     """Compute the global pseudo graph ``Ā = rownorm(topS(max(H̄ H̄ᵀ, 0)))`` (Eq. 15).
 
     Args:
-        embeddings: ``H̄``, ``M x D`` fused node embeddings (any real dtype; used as float32).
+        embeddings: ``H̄``, ``M x D`` fused node embeddings (any real dtype; used as float32, ranked
+            in the float64 they are promoted to by ``planar``).
         s: neighbours kept per node; ``s_eff = min(s, M - 1)`` because a node is never its own
             neighbour.
         similarity: ``"dot"`` (the paper's ``H̄ H̄ᵀ``) or ``"cosine"`` (rows L2-normalised first,
@@ -275,7 +276,6 @@ def discover_pseudo_graph(
     if s_eff <= 0:  # zero or one node: nobody to connect to
         empty = torch.empty((m, 0))
         return PseudoGraph(empty.to(torch.int64), empty.to(torch.float32))
-    raw = h
     if similarity == "cosine":
         h = torch.nn.functional.normalize(h, p=2.0, dim=1)
 
@@ -296,7 +296,7 @@ def discover_pseudo_graph(
         )
     elif chosen == "planar":
         _check_no_overflow(h)
-        found = planar_knn.planar_top_s(raw.cpu(), s_eff, similarity)
+        found = planar_knn.planar_top_s(embeddings.detach().to("cpu", torch.float64), s_eff, similarity)
         blocks, steps = ((b, *drop_self(ids, top, b)) for b, ids, top in found), -(-m // planar_knn.BLOCK_ROWS) + 1
     elif chosen == "ivf":
         _check_no_overflow(h)
