@@ -89,3 +89,13 @@ def test_a_zero_row_scores_like_a_cosine_of_zero():
     assert scores[0, 3] == pytest.approx(-2.0)
     assert scores[0, 2] < -2.01 and scores[0, 0] == 0.0
     assert (cosine_rank_scores(torch.zeros(1, 2, dtype=torch.float64), unit) == -2.0).all()
+
+
+def test_rows_of_one_direction_tie_whatever_their_lengths():
+    """Quantised embeddings share directions by the thousand: rows (2, -3)·k/8 all have cosine 1 with each other, though
+    their unit rows differ by float64 rounding; any s of them is an exact top-s."""
+    rows = torch.tensor([[2.0, -3.0], [0.25, -0.375], [0.75, -1.125], [1.625, -2.4375], [1.0, -1.5], [3.0, 1.0]])
+    first = torch.tensor([0])
+    for kept in ([1, 2], [2, 3], [3, 4], [1, 4]):
+        assert sampled_recall(rows, "cosine", first, torch.tensor([kept]))[1] == 1.0
+    assert sampled_recall(rows, "cosine", first, torch.tensor([[1, 5]]))[1] == 0.5

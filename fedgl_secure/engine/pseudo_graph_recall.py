@@ -8,13 +8,20 @@ graph's seconds, and ``benchmarks/consortium_scale.py`` reports it beside them).
 
 ``recall`` is the mean share of each sampled row's exact top-s that it kept; ``recall_ties`` also counts a kept
 neighbour as right when its exact similarity reaches the row's s-th largest (the two differ only where
-similarities tie).
+similarities tie; for cosine, within float64's rounding of the unit rows).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+# Cosine ties: rows of one direction and different lengths (the policy's packing quantises embeddings to steps,
+# so decrypted customers share directions by the thousand) have unit rows that differ by float64 rounding,
+# ~1e-16 a coordinate, so their ``−‖u − v‖²`` differ by up to ~1e-31 around 0. Scores within this of the s-th
+# largest count as tied with it: (8 ulp)², i.e. unit rows less than ~2e-15 apart, which is float64's rounding of
+# the unit rows rather than a difference of direction it can resolve.
+_UNIT_ROW_ROUNDING = (8 * float(torch.finfo(torch.float64).eps)) ** 2
 
 
 def recall_rows(num_nodes: int, rows: int, seed: int) -> torch.Tensor:
@@ -50,7 +57,8 @@ def sampled_recall(
         scores[torch.arange(chunk.shape[0], device=points.device), chunk] = float("-inf")
         values, exact = torch.topk(scores, s, dim=1)
         kept = scores.gather(1, kept_ids)
-        tied.append((kept >= values[:, -1:]).sum(dim=1).clamp(max=s).cpu())
+        tolerance = _UNIT_ROW_ROUNDING if similarity == "cosine" else 0.0
+        tied.append((kept >= values[:, -1:] - tolerance).sum(dim=1).clamp(max=s).cpu())
         kept_share += [len(set(a) & set(b)) / s for a, b in zip(kept_ids.tolist(), exact.tolist(), strict=True)]
         del scores
     return float(np.mean(kept_share)), torch.cat(tied).double().mean().item() / s
