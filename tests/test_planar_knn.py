@@ -138,8 +138,8 @@ def test_dot_blocks_search_only_their_arcs_and_stay_exact(kind: str, s: int) -> 
 def test_an_arc_keeps_fewer_points_than_the_layers() -> None:
     h = _embeddings("gaussian", 20_000, seed=9).numpy().astype(np.float64)
     layers = planar_knn.convex_layer_candidates(h, 11)
-    narrow = np.argsort(np.arctan2(h[:, 1], h[:, 0]))[:200]
-    kept = planar_knn.arc_candidates(h, layers, narrow, 11)
+    angles = np.sort(np.arctan2(h[:, 1], h[:, 0]))
+    kept = planar_knn.arc_candidates(h, layers, angles[0], angles[199], 11)
     assert 11 <= len(kept) < len(layers) // 2
 
 
@@ -166,3 +166,8 @@ def test_float64_embeddings_are_ranked_in_float64(similarity: str) -> None:
     graph = discover_pseudo_graph(h, 10, similarity=similarity, backend="planar")
     rows = recall_rows(40_000, 300, seed=0)
     assert sampled_recall(h, similarity, rows, graph.neighbors[rows]) == (1.0, 1.0)
+
+
+def test_overflowing_dot_similarities_raise_instead_of_returning_inf() -> None:
+    with pytest.raises(ConfigError, match="overflow float32"):
+        discover_pseudo_graph(torch.full((5, 2), 1e30), 2, similarity="dot", backend="planar")

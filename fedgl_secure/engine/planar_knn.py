@@ -63,7 +63,7 @@ def planar_top_s(
     columns, neighbours lie closer than float32 can tell apart (two unit rows less than ~3·10^-4
     radians apart both score a float32 cosine of 1.0, and hundreds of rows can lie that close).
     """
-    points = rows.numpy().astype(np.float64)
+    points = rows.to(torch.float64).numpy()  # no copy of rows that already are float64
     if similarity == "cosine":
         return cosine_top_s(points, s, block_rows)
     return dot_top_s(points, s, block_rows)
@@ -73,11 +73,11 @@ def cosine_top_s(
     points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS
 ) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
     """:func:`planar_top_s` for cosine: the ``s`` nearest angles on either side, ranked by angle."""
-    nonzero = np.flatnonzero(np.any(points != 0, axis=1))
+    has_direction = np.any(points != 0, axis=1)
+    nonzero, zero_rows = np.flatnonzero(has_direction), np.flatnonzero(~has_direction)
     angles = np.arctan2(points[nonzero, 1], points[nonzero, 0])
     by_angle = np.argsort(angles, kind="stable")
     order, angles = nonzero[by_angle], angles[by_angle]
-    zero_rows = np.setdiff1d(np.arange(points.shape[0]), order)
     if len(order) <= 2 * s + 1:
         # Too few directions for two disjoint arcs: every row is a candidate of every other.
         lengths = np.linalg.norm(points, axis=1, keepdims=True)
@@ -106,19 +106,21 @@ def dot_top_s(
     only those convex-layer points that can reach the top ``s + 1`` anywhere in its arc
     (:func:`arc_candidates`)."""
     layer_points = convex_layer_candidates(points, s + 1)
-    order = np.argsort(np.arctan2(points[:, 1], points[:, 0]), kind="stable")
+    angles = np.arctan2(points[:, 1], points[:, 0])
+    order = np.argsort(angles, kind="stable")
     rows = torch.from_numpy(points)
     for start in range(0, len(order), block_rows):
         block = order[start : start + block_rows]
-        ids = torch.from_numpy(arc_candidates(points, layer_points, block, s + 1))
+        arc = float(angles[block[0]]), float(angles[block[-1]])
+        ids = torch.from_numpy(arc_candidates(points, layer_points, *arc, s + 1))
         block_ids = torch.from_numpy(block)
         values, picked = torch.topk(rows[block_ids] @ rows[ids].t(), s + 1, dim=1)
         yield block_ids, ids[picked], values.to(torch.float32)
 
 
-def arc_candidates(points: np.ndarray, candidates: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+def arc_candidates(points: np.ndarray, candidates: np.ndarray, low: float, high: float, k: int) -> np.ndarray:
     """The ``candidates`` (indices into ``points``) that can be among the top ``k`` by inner product
-    with any direction in the arc spanned by the ``queries``' angles; ``k <= len(candidates)``.
+    with any direction of angle in ``[low, high]`` (``-π <= low <= high <= π``); ``k <= len(candidates)``.
 
     The ``k`` best at the arc's middle stay at or above their lowest score over the arc, ``bound``,
     so at every direction of the arc the ``k``-th best is at least ``bound``; a point whose highest
@@ -126,8 +128,6 @@ def arc_candidates(points: np.ndarray, candidates: np.ndarray, queries: np.ndarr
     the score ``r cos(θ − φ)`` peaks at ``r`` where ``θ`` lies inside it, else at an end, and
     bottoms at ``−r`` where ``θ + π`` lies inside, else at an end.
     """
-    angles = np.arctan2(points[queries, 1], points[queries, 0])
-    low, high = float(angles.min()), float(angles.max())
     pool = points[candidates]
     radii = np.hypot(pool[:, 0], pool[:, 1])
     theta = np.arctan2(pool[:, 1], pool[:, 0])

@@ -295,8 +295,8 @@ def discover_pseudo_graph(
             len(bounds),
         )
     elif chosen == "planar":
-        _check_no_overflow(h)
-        found = planar_knn.planar_top_s(embeddings.detach().to("cpu", torch.float64), s_eff, similarity)
+        # ranked in float64 (an overflow of the float32 similarities is caught below, as for every backend)
+        found = planar_knn.planar_top_s(embeddings.detach().cpu(), s_eff, similarity)
         blocks, steps = ((b, *drop_self(ids, top, b)) for b, ids, top in found), -(-m // planar_knn.BLOCK_ROWS) + 1
     elif chosen == "ivf":
         _check_no_overflow(h)
