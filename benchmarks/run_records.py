@@ -12,9 +12,13 @@ other vector paths on another CPU, and FedGL's and FGCL's records then differ fr
 (docs/results/run_records_host_check.json).
 
 ``record`` runs ``fedgl-secure simulate`` (one process per run, as a user would) for Cora seeds 0–2 under each of
-the configurations of :data:`CONFIGURATIONS` — FedGL, FGCL, GraphFL and Fed²GNN — and keeps each run record as
-``<name>-seed<k>.json``; it skips a record that is already there (resumable). A secure run under a DP policy is not
-among them: its noise (edges, encryption, flooding) comes from the OS CSPRNG, so two runs of one commit differ
+the configurations of :data:`CONFIGURATIONS` — FedGL, FGCL, GraphFL, Fed²GNN, and FedGL through the secure path
+(``--secure`` under the HE-only ``policies/baseline.toml``) — and keeps each run record as ``<name>-seed<k>.json``;
+it skips a record that is already there (resumable). The secure run is recordable because, without DP, its only
+randomness (the CKKS encryption and decryption-flooding noise) stays within the packing's guard bits and is removed
+when the decrypted registers are rounded to the packed integers (``crypto.packing.unpack``): two runs of one commit
+give equal records. A secure run under a DP policy is not among them: its noise
+(edges, flooding, the channels' Gaussians) comes from the OS CSPRNG, so two runs of one commit differ
 (``docs/results/run_records_issue28_moves.json``) and equality could never hold.
 
 ``compare`` checks that both directories hold the same records and that each pair is equal in every field but the
@@ -40,6 +44,8 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "graphfl": ["--method", "graphfl"],
     # Fed²GNN needs disjoint clients: the Louvain partition into as many clients as the other runs have
     "fed2gnn": ["--method", "fed2gnn", "--set", "federation.partition=louvain", "--set", "federation.num_clients=6"],
+    # the secure path: CKKS uploads, receipts, the key authority's checks and the decryption of the sums
+    "fedgl-secure": ["--method", "fedgl", "--secure"],
 }
 TIMING_FIELDS = frozenset({"wall_seconds", "seconds"})
 
