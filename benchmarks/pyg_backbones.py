@@ -15,6 +15,9 @@ host held the cores; the wall seconds are kept beside them. Also timed:
 * ``to_edges``: what the adapter pays once per operator (each FedGL round fuses a new Â'): the edge list and the
   dense features, against E = 10 epochs of a round.
 
+For the GCN the PyG model with ``F.dropout`` on its dense input (the PyG GCN up to 8d1270b) is timed in the same
+rotation: ``ratio_dense_over_stored_input_dropout`` is what dropping only the stored entries saves.
+
 Graphs: Cora (``--data-root`` / ``FEDGL_DATA``; skipped with a note when absent) and the synthetic bank graph at
 ``--nodes`` nodes (100 000 by default, average degree 10: 500 000 undirected edges, 100 sparse features).
 
@@ -72,6 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-rounds", type=int, default=300, help="its round cap (early stopping as usual)")
     parser.add_argument("--output", type=Path, default=Path("docs/results/pyg_backbones.json"))
     return parser.parse_args(argv)
+
+
+class DenseInputDropoutGCN(pyg_backbones.GCN):
+    """The PyG GCN as it was up to 8d1270b, the baseline of its input dropout: ``F.dropout`` (``nn.Dropout``) on the
+    dense features, N·F draws a step, where :class:`~fedgl_secure.model.pyg_backbones.StoredEntryDropout` draws one
+    per stored entry."""
+
+    def __init__(self, num_features: int, hidden: int, num_classes: int, dropout: float = 0.5) -> None:
+        super().__init__(num_features, hidden, num_classes, dropout)
+        self.input_dropout = torch.nn.Dropout(dropout)
 
 
 def pairs(num_features: int, num_classes: int) -> dict[str, tuple[Callable, Callable]]:
@@ -141,13 +154,19 @@ def time_graph(graph: GraphDataset, repeats: int) -> dict:
     epochs = {}
     for name, (engine, pyg) in pairs(graph.num_features, graph.num_classes).items():
         models = {"engine": engine(), "pyg": PyGBackbone(pyg()(graph.num_features, HIDDEN, graph.num_classes, 0.5))}
+        if name == "gcn":
+            models["dense"] = PyGBackbone(DenseInputDropoutGCN(graph.num_features, HIDDEN, graph.num_classes, 0.5))
         for model in models.values():
             model.reset_parameters(torch.Generator().manual_seed(0))
         steps = {key: training_step(model, features, adjacency, labels, train_mask) for key, model in models.items()}
-        epochs[name] = {
-            **comparison(interleaved(steps, repeats)),
-            "parameters": int(models["engine"].flat_parameters().numel()),
-        }
+        seconds = interleaved(steps, repeats)
+        epochs[name] = {**comparison(seconds), "parameters": int(models["engine"].flat_parameters().numel())}
+        if "dense" in seconds:
+            epochs[name]["pyg_dense_input_dropout_cpu_seconds"] = seconds["dense"]["cpu"]
+            epochs[name]["ratio_pyg_dense_input_dropout_over_engine"] = (
+                seconds["dense"]["cpu"] / seconds["engine"]["cpu"]
+            )
+            epochs[name]["ratio_dense_over_stored_input_dropout"] = seconds["dense"]["cpu"] / seconds["pyg"]["cpu"]
         print(f"  {name}: PyG / engine {epochs[name]['ratio_pyg_over_engine']:.2f} (CPU seconds)", flush=True)
     result["epoch"] = epochs
     result["load_average_1min_after_epochs"] = os.getloadavg()[0]

@@ -259,3 +259,7 @@ def test_the_benchmark_writes_each_backbones_ratio(tmp_path, monkeypatch):
         ratio = timing["pyg_cpu_seconds"] / timing["engine_cpu_seconds"]
         assert timing["ratio_pyg_over_engine"] == pytest.approx(ratio)
     assert graph["to_edges"]["share_of_a_round_of_10_epochs"] > 0
+    gcn = graph["epoch"]["gcn"]
+    assert gcn["ratio_dense_over_stored_input_dropout"] == pytest.approx(
+        gcn["pyg_dense_input_dropout_cpu_seconds"] / gcn["pyg_cpu_seconds"]
+    )
