@@ -17,9 +17,9 @@ fused Â') handed over as ``edge_index`` + ``edge_weight``, and follows the decl
 Dropout draws from the bank's stream through the adapter. On the input it is :class:`StoredEntryDropout`: bag-of-words
 and TF-IDF features are mostly zeros, which stay zero under any mask, so only the stored (non-zero) entries draw —
 ``F.dropout``'s distribution at a fraction of its cost (``F.dropout`` draws N·F numbers, and Wiki's TF-IDF features
-are 13 % non-zero, Cora's bag of words 1.3 %), as the engine's own backbones drop the stored values of their sparse
-features. On the hidden layer it is PyG's ``F.dropout``. The masks differ from the engine's (another generator), so
-the two agree exactly in evaluation and in distribution in training.
+are 13.0 % non-zero, Cora's bag of words 1.27 %: the datasets' README), as the engine's own backbones drop the
+stored values of their sparse features. On the hidden layer it is PyG's ``F.dropout``. The masks differ from the
+engine's (another generator), so the two agree exactly in evaluation and in distribution in training.
 """
 
 from __future__ import annotations
