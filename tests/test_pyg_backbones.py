@@ -4,7 +4,10 @@ its checks, and FedGL trained in the simulation with both."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -163,6 +166,31 @@ def test_input_dropout_finds_the_stored_entries_of_each_new_input():
     dropout(first)
     dropped = dropout(second)
     assert torch.all(dropped[second == 0] == 0) and torch.any(dropped[(first == 0) & (second != 0)] != 0)
+
+
+def tensors_in(value: object) -> list[torch.Tensor]:
+    """The tensors held in ``value`` directly or inside tuples and lists (not behind weak references)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [tensor for item in value for tensor in tensors_in(item)]
+    return []
+
+
+def test_input_dropout_neither_keeps_its_input_alive_nor_copies_it_with_the_model():
+    """The cached positions refer to the input weakly: dropping the features frees them, and a deep copy of a trained
+    model (a bank's session snapshot) does not carry a bank's feature matrix."""
+    model = pyg_backbones.GCN(num_features=300, hidden=4, num_classes=3)
+    x = bag_of_words(4)
+    graph = torch.tensor([[0, 1], [1, 0]])
+    model(x, graph, torch.ones(2))
+    copied = copy.deepcopy(model)
+    held = [tensor for value in vars(copied.input_dropout).values() for tensor in tensors_in(value)]
+    assert held and not any(tensor.shape == x.shape for tensor in held)  # the positions, not the features
+    alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert alive() is None
 
 
 def test_input_dropout_is_the_identity_in_evaluation_and_without_a_rate():

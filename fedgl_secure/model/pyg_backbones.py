@@ -24,6 +24,8 @@ engine's (another generator), so the two agree exactly in evaluation and in dist
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,17 +38,18 @@ class StoredEntryDropout(nn.Module):
     """Inverted dropout of a dense input's non-zero entries: each kept with probability ``1 − p`` and scaled by
     ``1 / (1 − p)``, zeros left zero — ``F.dropout`` in distribution, drawing one number per stored entry rather than
     per entry (module docstring). The positions of the stored entries are found once per input tensor: the adapter
-    hands the same feature tensor to every epoch of a round."""
+    hands the same feature tensor to every epoch of a round. The input is recognised through a weak reference, so
+    the module neither keeps a bank's features alive nor carries them into a copy of the model."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
         self.p = p
-        self._stored: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._stored: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
 
     def stored_positions(self, x: torch.Tensor) -> torch.Tensor:
         """Flat indices of ``x``'s non-zero entries, recomputed only for another tensor."""
-        if self._stored is None or self._stored[0] is not x:
-            self._stored = (x, torch.flatten(x).nonzero().squeeze(1))
+        if self._stored is None or self._stored[0]() is not x:
+            self._stored = (weakref.ref(x), torch.flatten(x).nonzero().squeeze(1))
         return self._stored[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
