@@ -69,6 +69,19 @@ def planar_top_s(
     return dot_top_s(points, s, block_rows)
 
 
+def block_count(rows: torch.Tensor, s: int, similarity: str, block_rows: int = BLOCK_ROWS) -> int:
+    """How many blocks :func:`planar_top_s` yields for these arguments (a progress bar's total): blocks of
+    ``block_rows`` rows, over every row for dot and where cosine has too few directions for two arcs, else over the
+    rows with a direction plus one block of the rows without."""
+    m = rows.shape[0]
+    if similarity != "cosine":
+        return -(-m // block_rows)
+    with_direction = int(torch.count_nonzero(torch.any(rows != 0, dim=1)))
+    if with_direction <= 2 * s + 1:
+        return -(-m // block_rows)
+    return -(-with_direction // block_rows) + (with_direction < m)
+
+
 def cosine_top_s(
     points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS
 ) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
