@@ -13,6 +13,11 @@ For every (dataset, method) cell both files hold, with the per-seed global test 
 
 The verdict (``all_within``) is true when every compared cell is within the reference's seed range; the command
 exits non-zero otherwise, naming the cells that are not.
+
+``--reference-cells FILE`` (repeatable) replaces the reference's cells with those FILE holds (same dataset and
+method), later files winning: for cells whose default settings changed after the reference table was run (Wiki's
+self-supervision settings, chosen on validation later), so that both sides ran the same configuration. Each compared
+cell names the file its reference came from (``reference_file``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -44,11 +50,25 @@ def compare_cell(reference: dict, candidate: dict) -> dict:
     }
 
 
-def compare(reference: dict, candidate: dict) -> dict:
-    """Every cell both tables hold, by dataset then method."""
+def merge_references(tables: Sequence[tuple[str, dict]]) -> tuple[dict, dict]:
+    """The cells of several Table 2 files, a later file's cell replacing an earlier one's, and the file each came
+    from (by dataset then method)."""
+    merged: dict[str, dict] = {}
+    sources: dict[str, dict[str, str]] = {}
+    for name, table in tables:
+        for dataset, methods in table.items():
+            merged.setdefault(dataset, {}).update(methods)
+            sources.setdefault(dataset, {}).update(dict.fromkeys(methods, name))
+    return merged, sources
+
+
+def compare(reference: dict, candidate: dict, sources: dict | None = None) -> dict:
+    """Every cell both tables hold, by dataset then method; ``sources`` (from :func:`merge_references`) names each
+    reference cell's file."""
     cells = {
         dataset: {
             method: compare_cell(reference[dataset][method], cell)
+            | ({"reference_file": sources[dataset][method]} if sources else {})
             for method, cell in methods.items()
             if method in reference.get(dataset, {})
         }
@@ -70,11 +90,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reference", type=Path)
     parser.add_argument("candidate", type=Path)
+    parser.add_argument(
+        "--reference-cells",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a Table 2 file whose cells replace the reference's (repeatable, later files win; module doc)",
+    )
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--note", default="", help="what the candidate ran (backbone, command), kept in the JSON")
     args = parser.parse_args()
-    result = compare(json.loads(args.reference.read_text()), json.loads(args.candidate.read_text()))
-    record = {"reference": str(args.reference), "candidate": str(args.candidate), "note": args.note, **result}
+    references = [args.reference, *args.reference_cells]
+    reference, sources = merge_references([(str(path), json.loads(path.read_text())) for path in references])
+    result = compare(reference, json.loads(args.candidate.read_text()), sources if args.reference_cells else None)
+    record = {
+        "reference": str(args.reference),
+        **({"reference_cells": [str(path) for path in args.reference_cells]} if args.reference_cells else {}),
+        "candidate": str(args.candidate),
+        "note": args.note,
+        **result,
+    }
     args.output.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
     if not result["compared"]:

@@ -47,3 +47,24 @@ def test_the_command_exits_non_zero_naming_the_cells_outside(tmp_path):
     finished = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True)
     assert finished.returncode != 0 and "cora/fedgl" in finished.stderr
     assert json.loads(output.read_text())["outside"] == ["cora/fedgl"]
+
+
+def test_reference_cells_replace_the_reference_and_name_their_file(tmp_path):
+    """A cell run again under changed settings replaces the reference's; the others stay, each naming its file."""
+    reference, rerun, candidate = tmp_path / "reference.json", tmp_path / "rerun.json", tmp_path / "candidate.json"
+    reference.write_text(json.dumps(REFERENCE))
+    rerun.write_text(json.dumps({"cora": {"fedgl": cell([0.70, 0.72, 0.71])}}))
+    candidate.write_text(json.dumps({"cora": {"federated": cell([0.80]), "fedgl": cell([0.71])}}))
+    output = tmp_path / "compare.json"
+    command = [sys.executable, str(REPO / "benchmarks/table2_compare.py"), str(reference), str(candidate)]
+    finished = subprocess.run(
+        [*command, "--reference-cells", str(rerun), "--output", str(output)], capture_output=True, text=True
+    )
+    assert finished.returncode == 0, finished.stderr
+    record = json.loads(output.read_text())
+    federated, fedgl = record["cells"]["cora"]["federated"], record["cells"]["cora"]["fedgl"]
+    assert fedgl["reference_mean"] == pytest.approx(0.71) and fedgl["reference_file"] == str(rerun)
+    assert federated["reference_mean"] == pytest.approx(0.80) and federated["reference_file"] == str(reference)
+    assert record["reference_cells"] == [str(rerun)] and record["all_within"]
+    without = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True)
+    assert without.returncode != 0 and "cora/fedgl" in without.stderr  # 0.71 is below the original 0.81-0.83
