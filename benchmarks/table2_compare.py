@@ -103,10 +103,10 @@ def main() -> None:
     args = parser.parse_args()
     references = [args.reference, *args.reference_cells]
     reference, sources = merge_references([(str(path), json.loads(path.read_text())) for path in references])
-    result = compare(reference, json.loads(args.candidate.read_text()), sources if args.reference_cells else None)
+    result = compare(reference, json.loads(args.candidate.read_text()), sources)
     record = {
         "reference": str(args.reference),
-        **({"reference_cells": [str(path) for path in args.reference_cells]} if args.reference_cells else {}),
+        "reference_cells": [str(path) for path in args.reference_cells],
         "candidate": str(args.candidate),
         "note": args.note,
         **result,

@@ -39,6 +39,9 @@ import numpy as np
 import torch
 from scipy.spatial import ConvexHull, QhullError
 
+# What each search yields, block by block: (rows, ids of their top s + 1, similarities).
+Blocks = Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]
+
 # Rows ranked per block: bounds the (rows x candidates) float64 scores held at once (~256 MB at
 # 2,000 candidates).
 BLOCK_ROWS = 16384
@@ -52,12 +55,10 @@ _FENCE_MARGIN = 1e-9
 _ARC_MARGIN = 1e-9
 
 
-def planar_top_s(
-    rows: torch.Tensor, s: int, similarity: str, block_rows: int = BLOCK_ROWS
-) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
-    """Yield ``(rows, ids, similarities)``: the exact top ``s + 1`` of every row of ``H̄`` (``rows``,
-    ``M x 2``) by ``similarity`` (``"dot"`` or ``"cosine"``), its own id possibly among them
-    (``pseudo_graph.drop_self`` removes it); ``1 <= s < M``.
+def planar_top_s(rows: torch.Tensor, s: int, similarity: str, block_rows: int = BLOCK_ROWS) -> tuple[int, Blocks]:
+    """The exact top ``s + 1`` of every row of ``H̄`` (``rows``, ``M x 2``) by ``similarity`` (``"dot"`` or
+    ``"cosine"``), its own id possibly among them (``pseudo_graph.drop_self`` removes it); ``1 <= s < M``: how many
+    blocks there are (a progress bar's total) and the blocks, each ``(rows, ids, similarities)``.
 
     Rows are ranked in float64 and their similarities returned as float32: at millions of rows in two
     columns, neighbours lie closer than float32 can tell apart (two unit rows less than ~3·10^-4
@@ -66,25 +67,14 @@ def planar_top_s(
     points = rows.to(torch.float64).numpy()  # no copy of rows that already are float64
     if similarity == "cosine":
         return cosine_top_s(points, s, block_rows)
-    return dot_top_s(points, s, block_rows)
+    return _block_total(len(points), block_rows), dot_top_s(points, s, block_rows)
 
 
-def block_count(rows: torch.Tensor, s: int, similarity: str, block_rows: int = BLOCK_ROWS) -> int:
-    """How many blocks :func:`planar_top_s` yields for these arguments (a progress bar's total): blocks of
-    ``block_rows`` rows, over every row for dot and where cosine has too few directions for two arcs, else over the
-    rows with a direction plus one block of the rows without."""
-    m = rows.shape[0]
-    if similarity != "cosine":
-        return -(-m // block_rows)
-    with_direction = int(torch.count_nonzero(torch.any(rows != 0, dim=1)))
-    if with_direction <= 2 * s + 1:
-        return -(-m // block_rows)
-    return -(-with_direction // block_rows) + (with_direction < m)
+def _block_total(rows: int, block_rows: int) -> int:
+    return -(-rows // block_rows)
 
 
-def cosine_top_s(
-    points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS
-) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
+def cosine_top_s(points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS) -> tuple[int, Blocks]:
     """:func:`planar_top_s` for cosine: the ``s`` nearest angles on either side, ranked by angle."""
     has_direction = np.any(points != 0, axis=1)
     nonzero, zero_rows = np.flatnonzero(has_direction), np.flatnonzero(~has_direction)
@@ -95,8 +85,14 @@ def cosine_top_s(
         # Too few directions for two disjoint arcs: every row is a candidate of every other.
         lengths = np.linalg.norm(points, axis=1, keepdims=True)
         unit = np.divide(points, lengths, out=np.zeros_like(points), where=lengths > 0)
-        yield from candidates_top_s(unit, _with_some(order, zero_rows, s + 1), s, block_rows)
-        return
+        candidates = _with_some(order, zero_rows, s + 1)
+        return _block_total(len(points), block_rows), candidates_top_s(unit, candidates, s, block_rows)
+    total = _block_total(len(order), block_rows) + (len(zero_rows) > 0)
+    return total, _arc_top_s(order, angles, zero_rows, s, block_rows)
+
+
+def _arc_top_s(order: np.ndarray, angles: np.ndarray, zero_rows: np.ndarray, s: int, block_rows: int) -> Blocks:
+    """:func:`cosine_top_s`'s blocks: rows of no direction first, then the rows in ``order`` of their ``angles``."""
     if len(zero_rows):
         # No direction, similarity 0 to every row: any rows, all of weight 0.
         ids = torch.from_numpy(np.broadcast_to(order[: s + 1], (len(zero_rows), s + 1)).copy())
@@ -112,9 +108,7 @@ def cosine_top_s(
         yield torch.from_numpy(order[positions]), ids, torch.cos(nearest).to(torch.float32)
 
 
-def dot_top_s(
-    points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS
-) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
+def dot_top_s(points: np.ndarray, s: int, block_rows: int = BLOCK_ROWS) -> Blocks:
     """:func:`planar_top_s` for dot: rows in blocks of neighbouring angles, each block scored against
     only those convex-layer points that can reach the top ``s + 1`` anywhere in its arc
     (:func:`arc_candidates`)."""
@@ -158,9 +152,7 @@ def _within(angles: np.ndarray, low: float, high: float) -> np.ndarray:
     return (angles - low) % (2 * np.pi) <= high - low
 
 
-def candidates_top_s(
-    points: np.ndarray, candidates: np.ndarray, s: int, block_rows: int = BLOCK_ROWS
-) -> Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None, None]:
+def candidates_top_s(points: np.ndarray, candidates: np.ndarray, s: int, block_rows: int = BLOCK_ROWS) -> Blocks:
     """Yield ``(rows, ids, similarities)``: every row's top ``s + 1`` by inner product among
     ``candidates`` (at least ``s + 1`` rows), its own id possibly among them."""
     ids = torch.from_numpy(np.sort(candidates))

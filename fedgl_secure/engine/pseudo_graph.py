@@ -296,9 +296,8 @@ def discover_pseudo_graph(
         )
     elif chosen == "planar":
         # ranked in float64 (an overflow of the float32 similarities is caught below, as for every backend)
-        rows = embeddings.detach().cpu()
-        steps = planar_knn.block_count(rows, s_eff, similarity)
-        blocks = ((b, *drop_self(ids, top, b)) for b, ids, top in planar_knn.planar_top_s(rows, s_eff, similarity))
+        steps, found = planar_knn.planar_top_s(embeddings.detach().cpu(), s_eff, similarity)
+        blocks = ((b, *drop_self(ids, top, b)) for b, ids, top in found)
     elif chosen == "ivf":
         _check_no_overflow(h)
         threads = torch.get_num_threads()
